@@ -1,0 +1,48 @@
+"""Ids: random non-zero signed 64-bit integers, and their 8-byte big-endian wire form.
+
+Zero is reserved: it is the XOR identity, so an id of 0 would vanish from the ledger.
+Ids are signed int64 so that they fit numpy ``int64`` columns and Avro ``long``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+_I64 = struct.Struct(">q")
+
+
+def new_id() -> int:
+    """One random non-zero int64."""
+    while True:
+        value = int.from_bytes(os.urandom(8), "big", signed=True)
+        if value != 0:
+            return value
+
+
+def new_ids(n: int) -> np.ndarray:
+    """``n`` random non-zero int64 ids as a numpy array."""
+    out = np.frombuffer(os.urandom(8 * n), dtype=np.int64).copy()
+    zero = out == 0
+    while zero.any():  # probability 2**-64 per id; the loop is for correctness, not speed
+        out[zero] = np.frombuffer(os.urandom(8 * int(zero.sum())), dtype=np.int64)
+        zero = out == 0
+    return out
+
+
+def encode_id(value: int) -> bytes:
+    """8 bytes, big-endian, two's complement: the key of persist and ledger records."""
+    return _I64.pack(value)
+
+
+def decode_id(data: bytes) -> int:
+    if len(data) != 8:
+        raise ValueError(f"an id is 8 bytes, got {len(data)}")
+    return int(_I64.unpack(data)[0])
+
+
+def ledger_partition(srid: int, partitions: int) -> int:
+    """Which partition of persist / acks / ledger owns ``srid``: ``srid mod P`` (non-negative)."""
+    return srid % partitions

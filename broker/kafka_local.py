@@ -1,0 +1,491 @@
+"""An embedded single-node Kafka 4.x (KRaft, broker + controller) from Maven-resolved jars.
+
+It is the default Kafka of the demo and the tests. Nothing is downloaded by hand: Maven
+resolves ``org.apache.kafka:kafka_2.13`` (+ ``kafka-tools`` for the console clients and a
+log4j2 slf4j binding) into the local Maven repository; the resolved classpath is cached in
+``<home>/maven/kafka-<version>.classpath`` and reused while every jar on it still exists.
+
+Start-up order:
+1. resolve the classpath (Maven, once per machine);
+2. write ``server.properties`` with two free loopback ports (bound to port 0, then released);
+3. ``kafka.tools.StorageTool format --standalone`` with a fresh cluster id;
+4. start ``kafka.Kafka`` and wait until an admin client can create a topic.
+If the broker dies because a port was taken between steps 2 and 4, steps 2-4 run again with
+new ports: a taken port means another port, not a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from broker.errors import LocalKafkaError
+
+log = logging.getLogger(__name__)
+
+# Newest first; the first one Maven resolves wins. REPLAYBROKER_KAFKA_VERSION pins one.
+KAFKA_VERSIONS = ("4.3.1", "4.2.0", "4.1.1")
+LOG4J_VERSION = "2.24.3"
+SLF4J_VERSION = "2.0.17"
+MAVEN_TIMEOUT_S = 900
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+
+
+def home() -> Path:
+    """Cache and state directory: ``$REPLAYBROKER_HOME`` or ``~/.cache/replaybroker``."""
+    root = os.environ.get("REPLAYBROKER_HOME") or Path.home() / ".cache" / "replaybroker"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_run_dir() -> Path:
+    return home() / "run" / "kafka"
+
+
+# --------------------------------------------------------------------------- Maven
+
+
+def _require(tool: str, how: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise LocalKafkaError(f"no `{tool}` on PATH: {how}")
+    return path
+
+
+def require_java() -> str:
+    return _require(
+        "java", "the embedded Kafka needs a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)"
+    )
+
+
+def _pom(coordinates: Sequence[tuple[str, str, str]]) -> str:
+    deps = "".join(
+        f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"
+        for g, a, v in coordinates
+    )
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        "<groupId>replaybroker.local</groupId><artifactId>resolve</artifactId><version>1</version>"
+        f"<packaging>pom</packaging><dependencies>{deps}</dependencies></project>"
+    )
+
+
+# Some poms (Spark's) declare extra repositories that may be unreachable; route every
+# repository to Maven Central unless the user has Maven settings of their own.
+MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-for-all</id><mirrorOf>*</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+
+
+def _maven_settings_args() -> list[str]:
+    explicit = os.environ.get("REPLAYBROKER_MAVEN_SETTINGS")
+    if explicit:
+        return ["-s", explicit]
+    if (Path.home() / ".m2" / "settings.xml").exists():
+        return []
+    path = home() / "maven" / "settings.xml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(MAVEN_SETTINGS)
+    return ["-s", str(path)]
+
+
+def resolve_classpath(name: str, coordinates: Sequence[tuple[str, str, str]]) -> list[str]:
+    """Resolve ``coordinates`` (group, artifact, version) and their runtime closure with Maven.
+
+    Cached per ``name``; a cache whose jars vanished is resolved again.
+    """
+    cache = home() / "maven" / f"{name}.classpath"
+    if cache.exists():
+        jars = [j for j in cache.read_text().strip().split(os.pathsep) if j]
+        if jars and all(Path(j).exists() for j in jars):
+            return jars
+    mvn = _require("mvn", "jars are resolved with Maven (Debian: apt-get install maven)")
+    work = home() / "maven" / name
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_pom(coordinates))
+    out = work / "classpath.txt"
+    cmd = [mvn, "-q", "-B", *_maven_settings_args(), "dependency:build-classpath"]
+    cmd.append(f"-Dmdep.outputFile={out}")
+    log.info("resolving %s with Maven", ", ".join(":".join(c) for c in coordinates))
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise LocalKafkaError(f"Maven timed out resolving {name}") from exc
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        artifacts = ", ".join(":".join(c) for c in coordinates)
+        raise LocalKafkaError(f"Maven could not resolve {artifacts}:\n" + "\n".join(tail))
+    cache.write_text(out.read_text().strip())
+    return [j for j in out.read_text().strip().split(os.pathsep) if j]
+
+
+def kafka_coordinates(version: str) -> list[tuple[str, str, str]]:
+    return [
+        ("org.apache.kafka", "kafka_2.13", version),
+        ("org.apache.kafka", "kafka-tools", version),
+        ("org.apache.logging.log4j", "log4j-slf4j2-impl", LOG4J_VERSION),
+        ("org.slf4j", "slf4j-api", SLF4J_VERSION),
+    ]
+
+
+def kafka_classpath() -> tuple[str, list[str]]:
+    """(Kafka version, jars): the newest version of KAFKA_VERSIONS that resolves."""
+    pinned = os.environ.get("REPLAYBROKER_KAFKA_VERSION")
+    versions = (pinned,) if pinned else KAFKA_VERSIONS
+    errors = []
+    for version in versions:
+        try:
+            return version, resolve_classpath(f"kafka-{version}", kafka_coordinates(version))
+        except LocalKafkaError as exc:
+            errors.append(str(exc))
+    raise LocalKafkaError("no Kafka version could be resolved:\n" + "\n\n".join(errors))
+
+
+def spark_kafka_connector_jars(pyspark_version: str | None = None) -> list[str]:
+    """Jars of ``spark-sql-kafka-0-10_2.13:<pyspark version>`` and its non-Spark dependencies.
+
+    Resolved into the local Maven repository so Spark loads them with ``spark.jars`` and no
+    network at run time. Spark's own jars (scope ``provided``) are not on the list.
+    """
+    if pyspark_version is None:
+        import pyspark
+
+        pyspark_version = pyspark.__version__
+    coordinates = [("org.apache.spark", "spark-sql-kafka-0-10_2.13", pyspark_version)]
+    return resolve_classpath(f"spark-sql-kafka-{pyspark_version}", coordinates)
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def free_port() -> int:
+    """A free loopback port: bind port 0 and let the kernel choose."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --------------------------------------------------------------------------- broker
+
+# Tuned for one node and for tests: single-partition internal topics, no rebalance delay,
+# a log cleaner that compacts within seconds (topics still choose segment.ms and the dirty
+# ratio themselves), share groups on, no topic auto-creation (a misspelt topic is an error).
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data_dir}
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.session.timeout.ms=10000
+group.consumer.min.session.timeout.ms=6000
+log.cleaner.enable=true
+log.cleaner.backoff.ms=200
+log.cleaner.min.compaction.lag.ms=0
+log.cleaner.dedupe.buffer.size=16777216
+log.retention.check.interval.ms=5000
+log.segment.delete.delay.ms=1000
+file.delete.delay.ms=1000
+"""
+
+LOG4J2_PROPERTIES = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = INFO
+"""
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    """What a running embedded broker leaves in ``<run dir>/state.json``."""
+
+    pid: int
+    bootstrap: str
+    port: int
+    controller_port: int
+    run_dir: str
+    kafka_version: str
+    cluster_id: str
+    started_at: float
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child counts as gone.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def read_state(run_dir: Path) -> BrokerState | None:
+    path = Path(run_dir) / "state.json"
+    if not path.exists():
+        return None
+    try:
+        return BrokerState(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return None
+
+
+def running_state(run_dir: Path) -> BrokerState | None:
+    """The state of the broker of ``run_dir`` if its process is alive and its port answers."""
+    state = read_state(run_dir)
+    if state and _pid_alive(state.pid) and _port_open(state.port):
+        return state
+    return None
+
+
+def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
+    """Ready = an admin client created a topic (the controller and the broker both work)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    port = int(bootstrap.rsplit(":", 1)[1])
+    while not _port_open(port):  # before any client exists, so librdkafka logs no refusals
+        if proc.poll() is not None:
+            raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        if time.monotonic() > deadline:
+            raise LocalKafkaError(f"Kafka did not open port {port} within {READY_TIMEOUT_S:.0f}s")
+        time.sleep(0.1)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000})
+    name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        try:
+            admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=5)[name].result(timeout=5)
+            admin.delete_topics([name], operation_timeout=5)
+            return
+        except Exception:  # noqa: BLE001 - any failure here means "not ready yet"
+            time.sleep(0.25)
+    raise LocalKafkaError(f"Kafka did not become ready within {READY_TIMEOUT_S:.0f}s")
+
+
+class LocalKafka:
+    """One embedded broker in ``run_dir`` (data, logs, ``state.json``).
+
+    Use as a context manager in-process, or ``start(detach=True)`` to leave it running for
+    ``replaybroker kafka up``; ``stop`` works on either from the state file.
+    """
+
+    def __init__(self, run_dir: Path | str | None = None, *, heap: str = "768m") -> None:
+        self.run_dir = Path(run_dir) if run_dir else default_run_dir()
+        self.heap = heap
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.state: BrokerState | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        if self.state is None:
+            raise LocalKafkaError("the embedded Kafka is not running")
+        return self.state.bootstrap
+
+    def start(self, *, detach: bool = False, attempts: int = 3) -> BrokerState:
+        running = running_state(self.run_dir)
+        if running is not None:
+            self.state = running
+            return running
+        require_java()
+        version, jars = kafka_classpath()
+        last: LocalKafkaError | None = None
+        for _ in range(attempts):
+            try:
+                self.state = self._start_once(version, jars, detach=detach)
+                return self.state
+            except LocalKafkaError as exc:
+                last = exc
+                log.warning("embedded Kafka failed to start (%s); retrying on new ports", exc)
+        assert last is not None
+        raise last
+
+    def _start_once(self, version: str, jars: list[str], *, detach: bool) -> BrokerState:
+        java = require_java()
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        data_dir = self.run_dir / "data"
+        data_dir.mkdir(parents=True)
+        port, controller_port = free_port(), free_port()
+        while controller_port == port:
+            controller_port = free_port()
+        props = self.run_dir / "server.properties"
+        props.write_text(
+            SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
+        )
+        log4j = self.run_dir / "log4j2.properties"
+        log4j.write_text(
+            LOG4J2_PROPERTIES.format(log_file=self.run_dir / "server.log", level="INFO")
+        )
+        classpath = os.pathsep.join(jars)
+        jvm = [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC"]
+        jvm += [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        cluster_id = uuid.uuid4().hex[:22]
+        fmt = subprocess.run(
+            [*jvm, "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if fmt.returncode != 0:
+            raise LocalKafkaError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
+        out = open(self.run_dir / "kafka.out", "wb")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [*jvm, "kafka.Kafka", str(props)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+        out.close()
+        state = BrokerState(
+            pid=self.proc.pid,
+            bootstrap=f"127.0.0.1:{port}",
+            port=port,
+            controller_port=controller_port,
+            run_dir=str(self.run_dir),
+            kafka_version=version,
+            cluster_id=cluster_id,
+            started_at=time.time(),
+        )
+        try:
+            _wait_ready(state.bootstrap, self.proc, time.monotonic() + READY_TIMEOUT_S)
+        except LocalKafkaError as exc:
+            _terminate(self.proc.pid)
+            tail = _tail(self.run_dir / "server.log") or _tail(self.run_dir / "kafka.out")
+            raise LocalKafkaError(f"{exc}; last log lines:\n{tail}") from exc
+        (self.run_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        log.info("embedded Kafka %s ready at %s (run dir %s)", version, state.bootstrap, self.run_dir)
+        return state
+
+    def stop(self) -> bool:
+        """Stop the broker of ``run_dir``; True when one was running."""
+        state = self.state or read_state(self.run_dir)
+        if state is None:
+            return False
+        stopped = _terminate(state.pid)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        with contextlib.suppress(FileNotFoundError):
+            (self.run_dir / "state.json").unlink()
+        self.state = None
+        return stopped
+
+    def __enter__(self) -> LocalKafka:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate(pid: int) -> bool:
+    """SIGTERM, wait up to STOP_TIMEOUT_S for a clean shutdown, then SIGKILL."""
+    if not _pid_alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    return True
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+@contextlib.contextmanager
+def embedded_kafka(run_dir: Path | str | None = None) -> Iterator[LocalKafka]:
+    kafka = LocalKafka(run_dir)
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+def main_up(run_dir: Path | None = None) -> int:
+    """``replaybroker kafka up``: start detached, or report the running broker."""
+    kafka = LocalKafka(run_dir)
+    existing = running_state(kafka.run_dir)
+    if existing is not None:
+        print(
+            f"already running: Kafka {existing.kafka_version} (pid {existing.pid}, "
+            f"run dir {existing.run_dir})",
+            file=sys.stderr,
+        )
+        print(existing.bootstrap)
+        return 0
+    started = time.monotonic()
+    state = kafka.start(detach=True)
+    print(
+        f"started Kafka {state.kafka_version} in {time.monotonic() - started:.1f}s "
+        f"(pid {state.pid}, run dir {state.run_dir})",
+        file=sys.stderr,
+    )
+    print(state.bootstrap)
+    return 0

@@ -1,0 +1,229 @@
+"""The ledger's semantics in plain Python: a dict of small objects, one pair at a time.
+
+Two uses: the oracle of the property tests (``LedgerTable`` must return the same results on
+any sequence of operations) and the "plain Python dict fold" baseline of the benchmark
+(DESIGN §9). It mirrors ``LedgerTable`` method for method and returns the same result types;
+results are sorted by srid (``LedgerTable`` leaves their order unspecified).
+
+``reject_duplicate_roots=False`` folds every persist record, even a second one for a srid
+that is registered: that is the unsafe naive fold the tests use to show that a duplicated
+root event completes a tree early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker.ledger.table import (
+    FAILED,
+    REGISTERED,
+    ChangelogDelta,
+    Entries,
+    Entry,
+    Expired,
+    Registered,
+    Removed,
+)
+
+
+@dataclass
+class RefEntry:
+    value: int = 0
+    registered: bool = False
+    failed: bool = False
+    logged: bool = False
+    dirty: bool = True
+    offset: int = -1
+    deadline: int = 0
+
+    @property
+    def durable_flags(self) -> int:
+        return (REGISTERED if self.registered else 0) | (FAILED if self.failed else 0)
+
+
+def _removed(items: list[tuple[int, int]]) -> Removed:
+    items.sort()
+    return Removed(
+        np.array([s for s, _ in items], dtype=np.int64),
+        np.array([o for _, o in items], dtype=np.int64),
+    )
+
+
+def _entries(items: list[tuple[int, RefEntry]]) -> Entries:
+    items.sort(key=lambda item: item[0])
+    return Entries(
+        srids=np.array([s for s, _ in items], dtype=np.int64),
+        values=np.array([e.value for _, e in items], dtype=np.int64),
+        flags=np.array([e.durable_flags for _, e in items], dtype=np.uint8),
+        offsets=np.array([e.offset for _, e in items], dtype=np.int64),
+        deadlines=np.array([e.deadline for _, e in items], dtype=np.int32),
+    )
+
+
+class ReferenceLedger:
+    """``LedgerTable`` as a dict: srid -> ``RefEntry``."""
+
+    def __init__(self, *, reject_duplicate_roots: bool = True) -> None:
+        self.entries_by_srid: dict[int, RefEntry] = {}
+        self.reject_duplicate_roots = reject_duplicate_roots
+        self._left_logged: set[int] = set()
+
+    def _leave(self, srid: int, *, record_tombstone: bool = True) -> RefEntry:
+        entry = self.entries_by_srid.pop(srid)
+        if entry.logged and record_tombstone:
+            self._left_logged.add(srid)
+        return entry
+
+    def _complete(self, srid: int, entry: RefEntry) -> bool:
+        return entry.registered and not entry.failed and entry.value == 0
+
+    def fold(self, srids: np.ndarray, xors: np.ndarray, orphan_deadline: int) -> Removed:
+        touched: dict[int, None] = {}
+        for srid, x in zip(srids.tolist(), xors.tolist(), strict=True):
+            if srid == 0:
+                raise ValueError("srid 0 is not a valid id")
+            entry = self.entries_by_srid.get(srid)
+            if entry is None:
+                entry = self.entries_by_srid[srid] = RefEntry(deadline=orphan_deadline)
+            entry.value ^= x  # Python ints: the XOR of two int64 values stays in int64
+            entry.dirty = True
+            touched[srid] = None
+        done: list[tuple[int, int]] = []
+        for srid in touched:
+            entry = self.entries_by_srid[srid]
+            if self._complete(srid, entry):
+                self._leave(srid)
+                done.append((srid, entry.offset))
+        return _removed(done)
+
+    def register(
+        self,
+        srids: np.ndarray,
+        root_xors: np.ndarray,
+        offsets: np.ndarray,
+        deadlines: np.ndarray,
+    ) -> Registered:
+        duplicates = np.zeros(len(srids), dtype=bool)
+        touched: dict[int, None] = {}
+        rows = zip(
+            srids.tolist(), root_xors.tolist(), offsets.tolist(), deadlines.tolist(), strict=True
+        )
+        for i, (srid, root, offset, deadline) in enumerate(rows):
+            if srid == 0:
+                raise ValueError("srid 0 is not a valid id")
+            entry = self.entries_by_srid.get(srid)
+            if entry is None:
+                entry = self.entries_by_srid[srid] = RefEntry()
+            if entry.registered and self.reject_duplicate_roots:
+                duplicates[i] = True
+                continue
+            entry.value ^= root
+            entry.registered = True
+            entry.offset = offset
+            entry.deadline = deadline
+            entry.dirty = True
+            touched[srid] = None
+        done: list[tuple[int, int]] = []
+        for srid in touched:
+            entry = self.entries_by_srid.get(srid)
+            if entry is not None and self._complete(srid, entry):
+                self._leave(srid)
+                done.append((srid, entry.offset))
+        return Registered(_removed(done), duplicates)
+
+    def mark_failed(self, srids: np.ndarray, orphan_deadline: int) -> None:
+        for srid in srids.tolist():
+            if srid == 0:
+                raise ValueError("srid 0 is not a valid id")
+            entry = self.entries_by_srid.get(srid)
+            if entry is None:
+                entry = self.entries_by_srid[srid] = RefEntry(deadline=orphan_deadline)
+            if not entry.failed:
+                entry.failed = True
+                entry.dirty = True
+
+    def take_failed(self) -> Removed:
+        out = [
+            (srid, self._leave(srid).offset)
+            for srid, entry in list(self.entries_by_srid.items())
+            if entry.registered and entry.failed
+        ]
+        return _removed(out)
+
+    def expire(self, now_tick: int) -> Expired:
+        timed_out: list[tuple[int, int]] = []
+        orphans: list[tuple[int, int]] = []
+        for srid, entry in list(self.entries_by_srid.items()):
+            if entry.deadline <= now_tick:
+                self._leave(srid)
+                (timed_out if entry.registered else orphans).append((srid, entry.offset))
+        return Expired(_removed(timed_out), _removed(orphans))
+
+    def take_dirty(self) -> ChangelogDelta:
+        dirty = [(s, e) for s, e in self.entries_by_srid.items() if e.dirty]
+        for _, entry in dirty:
+            entry.dirty = False
+            entry.logged = True
+        gone = sorted(s for s in self._left_logged if s not in self.entries_by_srid)
+        self._left_logged.clear()
+        return ChangelogDelta(_entries(dirty), np.array(gone, dtype=np.int64))
+
+    def restore(
+        self,
+        srids: np.ndarray,
+        values: np.ndarray,
+        flags: np.ndarray,
+        offsets: np.ndarray,
+        deadlines: np.ndarray,
+    ) -> None:
+        rows = zip(
+            srids.tolist(),
+            values.tolist(),
+            flags.tolist(),
+            offsets.tolist(),
+            deadlines.tolist(),
+            strict=True,
+        )
+        for srid, value, flag, offset, deadline in rows:
+            if srid == 0:
+                raise ValueError("srid 0 is not a valid id")
+            self.entries_by_srid[srid] = RefEntry(
+                value=value,
+                registered=bool(flag & REGISTERED),
+                failed=bool(flag & FAILED),
+                logged=True,
+                dirty=False,
+                offset=offset,
+                deadline=deadline,
+            )
+
+    def remove(self, srids: np.ndarray) -> None:
+        for srid in srids.tolist():
+            if srid in self.entries_by_srid:
+                self._leave(srid, record_tombstone=False)
+
+    def get(self, srid: int) -> Entry | None:
+        entry = self.entries_by_srid.get(srid)
+        if entry is None:
+            return None
+        return Entry(
+            srid=srid,
+            value=entry.value,
+            offset=entry.offset,
+            deadline=entry.deadline,
+            registered=entry.registered,
+            failed=entry.failed,
+            logged=entry.logged,
+            dirty=entry.dirty,
+        )
+
+    def entries(self) -> Entries:
+        return _entries(list(self.entries_by_srid.items()))
+
+    def __len__(self) -> int:
+        return len(self.entries_by_srid)
+
+    def __contains__(self, srid: object) -> bool:
+        return srid in self.entries_by_srid

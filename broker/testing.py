@@ -1,0 +1,118 @@
+"""Kafka for integration tests (ours and our users'): one broker chosen at runtime.
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` is set -> use that cluster;
+2. else a Docker engine answers -> a testcontainers Kafka container (KRaft, Kafka 3.9);
+3. else -> the embedded local Kafka (``broker.kafka_local``).
+
+``REPLAYBROKER_KAFKA_BACKEND`` (``env``, ``testcontainers``, ``local``) forces one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("env", "testcontainers", "local")
+# cp-kafka 7.9 ships Apache Kafka 3.9 (KRaft, transactions, KIP-447).
+TESTCONTAINERS_IMAGE = os.environ.get("REPLAYBROKER_KAFKA_IMAGE", "confluentinc/cp-kafka:7.9.0")
+
+
+def docker_available(timeout: float = 3.0) -> bool:
+    """True when a Docker engine answers a ping (a CLI without an engine is not enough)."""
+    try:
+        import docker
+
+        client = docker.DockerClient.from_env(timeout=int(timeout))
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "no engine"
+        return False
+
+
+def choose_backend(
+    env: Mapping[str, str] | None = None, docker_ping: Callable[[], bool] = docker_available
+) -> str:
+    """Which Kafka the tests use; pure so the choice itself is unit-tested."""
+    env = os.environ if env is None else env
+    forced = env.get("REPLAYBROKER_KAFKA_BACKEND")
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"REPLAYBROKER_KAFKA_BACKEND={forced!r}; expected one of {BACKENDS}")
+        return forced
+    if env.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "env"
+    if docker_ping():
+        return "testcontainers"
+    return "local"
+
+
+@dataclass(frozen=True)
+class KafkaCluster:
+    bootstrap_servers: str
+    backend: str
+
+
+@contextlib.contextmanager
+def kafka_cluster(backend: str | None = None) -> Iterator[KafkaCluster]:
+    """Yield a running Kafka for the duration of a test session."""
+    backend = backend or choose_backend()
+    log.warning("Kafka for tests: %s", backend)
+    if backend == "env":
+        yield KafkaCluster(os.environ["KAFKA_BOOTSTRAP_SERVERS"], backend)
+    elif backend == "testcontainers":
+        from testcontainers.community.kafka import KafkaContainer
+
+        container = KafkaContainer(TESTCONTAINERS_IMAGE).with_kraft()
+        for name, value in {
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+            "KAFKA_LOG_CLEANER_BACKOFF_MS": "200",
+            "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+        }.items():
+            container.with_env(name, value)
+        with container as started:
+            yield KafkaCluster(started.get_bootstrap_server(), backend)
+    elif backend == "local":
+        from broker.kafka_local import LocalKafka
+
+        with tempfile.TemporaryDirectory(prefix="replaybroker-kafka-") as run_dir:
+            kafka = LocalKafka(run_dir)
+            kafka.start()
+            try:
+                yield KafkaCluster(kafka.bootstrap, backend)
+            finally:
+                kafka.stop()
+    else:
+        raise ValueError(f"unknown Kafka backend {backend!r}")
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A topic / group / namespace name no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def create_topics(
+    bootstrap_servers: str,
+    topics: Mapping[str, int],
+    config: Mapping[str, str] | None = None,
+) -> None:
+    """Create ``{name: partitions}`` (replication 1) and wait until they exist."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    futures = admin.create_topics(
+        [NewTopic(n, p, 1, config=dict(config or {})) for n, p in topics.items()],
+        operation_timeout=30,
+    )
+    for future in futures.values():
+        future.result(timeout=30)

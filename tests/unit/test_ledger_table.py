@@ -1,0 +1,322 @@
+"""LedgerTable, table-driven: each case is a script of operations and what each must return.
+
+Ids are fixed 64-bit constants so that no subset of them XORs to 0 by accident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from broker.ids import new_ids
+from broker.ledger.table import (
+    DURABLE_FLAGS,
+    FAILED,
+    REGISTERED,
+    Entry,
+    LedgerTable,
+)
+
+# srids (two of one ledger partition mod 4, plus the extremes of int64)
+S1 = 0x1F3A_5C7E_9B2D_4E61
+S2 = S1 + 4
+S_MIN = -(2**63)
+S_MAX = 2**63 - 1
+# record ids
+A = 0x2B7E_1516_28AE_D2A6
+B = 0x3243_F6A8_885A_308D
+C = 0x1319_8A2E_0370_7344
+D = -0x5A4F_2E1C_9B3D_7A11
+E = 0x0A40_9382_2299_F31D
+F = -0x082E_FA98_EC4E_6C89
+
+ORPHAN = 50  # orphan deadline (tick) used by every fold / fail step
+TIMEOUT = 300  # deadline (tick) of every persist record
+
+Step = tuple[str, Any, Any]
+
+
+def root(srid: int, *children: int, offset: int = 7) -> tuple[int, int, int, int]:
+    """A persist record: (srid, root_xor, offset, deadline)."""
+    x = 0
+    for c in children:
+        x ^= c
+    return (srid, x, offset, TIMEOUT)
+
+
+def event(srid: int, record: int, *children: int) -> tuple[int, int]:
+    """A task's event for input ``record``: ack and anchoring in one value."""
+    x = record
+    for c in children:
+        x ^= c
+    return (srid, x)
+
+
+# fan-out tree of S1: source emits A, B; A -> C, D; B -> E; C, D, E are leaves
+FANOUT_EVENTS = [event(S1, A, C, D), event(S1, B, E), event(S1, C), event(S1, D), event(S1, E)]
+
+CASES: dict[str, list[Step]] = {
+    "leaf only": [
+        ("register", [root(S1, A)], ([], [False])),
+        ("entry", S1, {"registered": True, "value": A}),
+        ("fold", [event(S1, A)], [S1]),
+        ("entry", S1, None),
+    ],
+    "fan-out, events in tree order": [
+        ("register", [root(S1, A, B)], ([], [False])),
+        ("fold", FANOUT_EVENTS[:4], []),
+        ("fold", FANOUT_EVENTS[4:], [S1]),
+    ],
+    "fan-out, one batch, reverse order": [
+        ("register", [root(S1, A, B)], ([], [False])),
+        ("fold", FANOUT_EVENTS[::-1], [S1]),
+    ],
+    "events before the root": [
+        ("fold", FANOUT_EVENTS, []),
+        ("entry", S1, {"registered": False, "deadline": ORPHAN}),
+        ("register", [root(S1, A, B, offset=11)], ([S1], [False])),
+        ("entry", S1, None),
+    ],
+    "two trees interleaved in one batch": [
+        ("register", [root(S1, A), root(S2, B)], ([], [False, False])),
+        ("fold", [event(S2, B, C), event(S1, A), event(S2, C)], [S1, S2]),
+    ],
+    "duplicated task event only delays": [
+        ("register", [root(S1, A, B)], ([], [False])),
+        ("fold", [*FANOUT_EVENTS, event(S1, C)], []),  # C's event twice: as if missing
+        ("fold", [event(S1, C)], [S1]),  # a third copy makes the count odd again
+    ],
+    "explicit failure before registration": [
+        ("fail", [S1], None),
+        ("fold", FANOUT_EVENTS, []),
+        ("take_failed", None, []),  # not registered: nothing to replay yet
+        ("register", [root(S1, A, B, offset=9)], ([], [False])),  # value 0, but failed
+        ("entry", S1, {"registered": True, "failed": True, "value": 0}),
+        ("take_failed", None, [(S1, 9)]),
+        ("entry", S1, None),
+    ],
+    "explicit failure after registration": [
+        ("register", [root(S1, A, B, offset=5)], ([], [False])),
+        ("fail", [S1], None),
+        ("fold", FANOUT_EVENTS, []),  # failure wins over completion
+        ("take_failed", None, [(S1, 5)]),
+        ("take_failed", None, []),
+    ],
+    "duplicate root is refused": [
+        ("register", [root(S1, A, B)], ([], [False])),
+        ("register", [root(S1, A, B)], ([], [True])),  # folding it would give value 0
+        ("entry", S1, {"registered": True, "value": A ^ B}),
+        ("fold", FANOUT_EVENTS, [S1]),
+    ],
+    "duplicate root inside one batch": [
+        ("register", [root(S1, A), root(S1, A), root(S2, B)], ([], [False, True, False])),
+        ("entry", S1, {"value": A}),
+    ],
+    "late event after completion is an orphan that expires": [
+        ("register", [root(S1, A)], ([], [False])),
+        ("fold", [event(S1, A)], [S1]),
+        ("fold", [event(S1, A)], []),
+        ("entry", S1, {"registered": False, "value": A, "deadline": ORPHAN}),
+        ("expire", ORPHAN - 1, ([], [])),
+        ("expire", ORPHAN, ([], [S1])),
+        ("entry", S1, None),
+    ],
+    "timeout of a registered entry": [
+        ("register", [root(S1, A, offset=3), root(S2, B, offset=4)], ([], [False, False])),
+        ("fold", [event(S2, B)], [S2]),
+        ("expire", TIMEOUT - 1, ([], [])),
+        ("expire", TIMEOUT, ([(S1, 3)], [])),
+        ("fold", [event(S1, A)], []),  # too late: an orphan now
+    ],
+    "root registered after its orphan deadline passed": [
+        ("fold", [event(S1, A)], []),
+        ("expire", ORPHAN, ([], [S1])),
+        ("register", [root(S1, A)], ([], [False])),  # the early event is lost: times out
+        ("expire", TIMEOUT, ([(S1, 7)], [])),
+    ],
+    "extreme srids": [
+        ("register", [root(S_MIN, A), root(S_MAX, B)], ([], [False, False])),
+        ("fold", [event(S_MIN, A)], [S_MIN]),
+        ("entry", S_MIN, None),
+        ("fold", [event(S_MIN, C)], []),  # reuses INT64_MIN's own tombstone slot
+        ("entry", S_MIN, {"registered": False, "value": C}),
+        ("fold", [event(S_MAX, B)], [S_MAX]),
+    ],
+}
+
+
+def _run(table: LedgerTable, steps: list[Step]) -> None:
+    for i, (op, arg, expected) in enumerate(steps):
+        where = f"step {i} {op}"
+        if op == "register":
+            s, x, o, d = (np.array(col) for col in zip(*arg, strict=True))
+            completed, duplicates = table.register(s, x, o, d.astype(np.int32))
+            got: Any = (sorted(completed.srids.tolist()), duplicates.tolist())
+        elif op == "fold":
+            s, x = (np.array(col, dtype=np.int64) for col in zip(*arg, strict=True))
+            got = sorted(table.fold(s, x, ORPHAN).srids.tolist())
+        elif op == "fail":
+            table.mark_failed(np.array(arg), ORPHAN)
+            got = None
+        elif op == "take_failed":
+            failed = table.take_failed()
+            got = sorted(zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True))
+        elif op == "expire":
+            timed_out, orphans = table.expire(arg)
+            t = sorted(zip(timed_out.srids.tolist(), timed_out.offsets.tolist(), strict=True))
+            got = (t, sorted(orphans.srids.tolist()))
+        elif op == "entry":
+            entry = table.get(arg)
+            if expected is None:
+                assert entry is None, where
+            else:
+                assert entry is not None, where
+                for field, value in expected.items():
+                    assert getattr(entry, field) == value, f"{where}: {field}"
+            continue
+        else:
+            raise AssertionError(f"unknown op {op}")
+        assert got == expected, where
+
+
+@pytest.mark.parametrize("steps", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("capacity", [8, 1024])
+def test_fold_cases(steps: list[Step], capacity: int) -> None:
+    _run(LedgerTable(capacity), steps)
+
+
+def test_entry_fields_and_flags() -> None:
+    table = LedgerTable()
+    table.register(np.array([S1]), np.array([A]), np.array([17]), np.array([99], np.int32))
+    assert table.get(S1) == Entry(
+        srid=S1,
+        value=A,
+        offset=17,
+        deadline=99,
+        registered=True,
+        failed=False,
+        logged=False,
+        dirty=True,
+    )
+    assert S1 in table
+    assert S2 not in table
+    assert 0 not in table
+    assert len(table) == 1
+    assert table.nbytes == table.capacity * (8 + 8 + 8 + 4 + 1)
+    assert table.bytes_per_entry == table.nbytes
+    assert LedgerTable().bytes_per_entry == float("inf")
+    assert DURABLE_FLAGS == REGISTERED | FAILED
+
+
+def test_srid_zero_is_rejected() -> None:
+    table = LedgerTable()
+    with pytest.raises(ValueError, match="srid 0"):
+        table.fold(np.array([5, 0, -5]), np.array([1, 2, 3]), ORPHAN)
+    with pytest.raises(ValueError, match="srid 0"):
+        table.register(np.array([0]), np.array([1]), np.array([1]), np.array([1]))
+    assert len(table) == 0
+
+
+def test_mismatched_columns_are_rejected() -> None:
+    with pytest.raises(ValueError, match="xors"):
+        LedgerTable().fold(np.array([1, 2]), np.array([1]), ORPHAN)
+
+
+def test_empty_batches() -> None:
+    table = LedgerTable()
+    empty = np.empty(0, np.int64)
+    assert len(table.fold(empty, empty, ORPHAN)) == 0
+    completed, duplicates = table.register(empty, empty, empty, empty)
+    assert len(completed) == 0
+    assert duplicates.shape == (0,)
+    table.mark_failed(empty, ORPHAN)
+    table.remove(empty)
+    table.restore(empty, empty, empty, empty, empty)
+    assert len(table) == 0
+    assert len(table.expire(10**6).timed_out) == 0
+
+
+@pytest.mark.parametrize(("initial", "n"), [(8, 5_000), (1024, 40_000), (16, 200_000)])
+def test_growth_past_several_rehashes(initial: int, n: int) -> None:
+    table = LedgerTable(initial)
+    srids = new_ids(n)
+    roots = new_ids(n)
+    batches = np.array_split(np.arange(n), 7)
+    for b in batches:
+        completed, duplicates = table.register(
+            srids[b], roots[b], b.astype(np.int64), np.full(b.size, TIMEOUT, np.int32)
+        )
+        assert len(completed) == 0
+        assert not duplicates.any()
+    assert len(table) == n
+    assert table.capacity >= initial * 8
+    assert n <= 0.75 * table.capacity
+    for i in (0, n // 2, n - 1):
+        entry = table.get(int(srids[i]))
+        assert entry is not None
+        assert (entry.value, entry.offset) == (int(roots[i]), i)
+    # every tree completes with one leaf event carrying its root id, in shuffled order
+    order = np.random.default_rng(0).permutation(n)
+    done = table.fold(srids[order], roots[order], ORPHAN)
+    assert sorted(done.srids.tolist()) == sorted(srids.tolist())
+    assert np.array_equal(np.sort(done.offsets), np.arange(n))
+    assert len(table) == 0
+
+
+def test_deletes_then_reinsert_reuses_tombstones() -> None:
+    """Constant churn: completing and re-creating entries must not grow the table."""
+    table = LedgerTable(1024)
+    rng = np.random.default_rng(1)
+    live = new_ids(600)
+    table.fold(live, np.ones(600, np.int64), ORPHAN)
+    capacity = table.capacity
+    for _ in range(200):
+        # remove 100 (as changelog tombstones would), insert 100 new, re-insert 20 removed
+        gone = rng.choice(live, 100, replace=False)
+        table.remove(gone)
+        fresh = np.concatenate([new_ids(80), gone[:20]])
+        table.fold(fresh, np.ones(100, np.int64), ORPHAN)
+        live = np.concatenate([np.setdiff1d(live, gone), fresh])
+        assert len(table) == live.size
+    assert table.capacity == capacity
+    assert sorted(table.entries().srids.tolist()) == sorted(live.tolist())
+    for srid in live[:50]:
+        assert srid in table
+    assert table.get(int(gone[-1])) is None
+
+
+def test_drained_table_shrinks() -> None:
+    table = LedgerTable(8)
+    srids = new_ids(20_000)
+    table.fold(srids, np.ones(srids.size, np.int64), ORPHAN)
+    big = table.capacity
+    table.remove(srids[100:])
+    # the next insertions that need a rebuild give the memory back
+    for _ in range(10):
+        table.fold(new_ids(2_000), np.ones(2_000, np.int64), ORPHAN)
+        table.remove(np.setdiff1d(table.entries().srids, srids[:100]))
+    assert table.capacity < big
+    assert len(table) == 100
+    assert all(int(s) in table for s in srids[:100])
+
+
+def test_fibonacci_hash_spreads_one_ledger_partition() -> None:
+    """srids of one ledger partition share srid mod P; their home slots must not."""
+    table = LedgerTable(1 << 12)
+    srids = new_ids(3_000)
+    srids = srids - (srids % 16) + 3  # all in ledger partition 3 of 16
+    srids = srids[srids != 0]
+    homes = table._home(srids)
+    assert np.unique(homes).size > 0.6 * srids.size  # uniform: ~0.71; low 12 bits: 0.09
+
+
+def test_expire_skips_scan_until_earliest_deadline() -> None:
+    table = LedgerTable()
+    table.register(np.array([S1]), np.array([A]), np.array([1]), np.array([100], np.int32))
+    table.fold(np.array([S2]), np.array([B]), 40)
+    assert len(table.expire(39).orphans) == 0
+    assert table.expire(40).orphans.srids.tolist() == [S2]
+    assert len(table.expire(99).timed_out) == 0
+    assert table.expire(100).timed_out.srids.tolist() == [S1]
