@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from broker.errors import ReplayBrokerError
 
@@ -77,6 +78,67 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Any:
+    from broker.settings import KafkaSettings
+
+    return KafkaSettings.from_env(resolve_bootstrap(getattr(args, "bootstrap", None)))
+
+
+def _parse_data_topics(specs: list[str]) -> dict[str, int]:
+    out = {}
+    for spec in specs:
+        name, _, n = spec.rpartition(":")
+        if not name or not n.isdigit():
+            raise ReplayBrokerError(f"--data-topic takes NAME:PARTITIONS, got {spec!r}")
+        out[name] = int(n)
+    return out
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from broker import topics
+
+    settings = _settings(args)
+    ns = topics.Namespace(args.namespace)
+    data = _parse_data_topics(args.data_topic or [])
+    if args.action == "create":
+        if args.partitions is None:
+            raise ReplayBrokerError("topics create needs --partitions")
+        created = topics.create(settings, ns, args.partitions, data)
+        for name in created:
+            print(f"created {name}")
+    P = topics.check(settings, ns, data)
+    print(f"namespace {ns.name}: ok, {P} ledger partitions")
+    return 0
+
+
+def _cmd_acker(args: argparse.Namespace) -> int:
+    from broker.acker import Acker, AckerConfig
+
+    config = AckerConfig(
+        commit_interval_ms=args.commit_interval_ms,
+        orphan_ttl_ms=args.orphan_ttl_ms,
+        **({"instance_id": args.instance_id} if args.instance_id else {}),
+    )
+    Acker(_settings(args), args.namespace, config).run(install_signals=True)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker.status import status
+
+    result = status(_settings(args), args.namespace)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result).decode() + "\n")
+        return 0
+    sources = result.pop("sources")
+    for name, value in result.items():
+        where = f"   ({sources[name]})" if name in sources else ""
+        print(f"{name:>24}: {value}{where}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.demo import main_demo
 
@@ -95,6 +157,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     setup = sub.add_parser("setup", help="resolve the Kafka and Spark connector jars (Maven)")
     setup.set_defaults(func=_cmd_setup)
+
+    top = sub.add_parser("topics", help="create or check a namespace's topics")
+    top.add_argument("action", choices=["create", "check"])
+    top.add_argument("--bootstrap")
+    top.add_argument("--namespace", required=True)
+    top.add_argument("--partitions", type=int, help="ledger partitions P (create)")
+    top.add_argument("--data-topic", action="append", metavar="NAME:PARTITIONS")
+    top.set_defaults(func=_cmd_topics)
+
+    acker = sub.add_parser("acker", help="run an acker (SIGTERM stops it cleanly)")
+    acker.add_argument("--bootstrap")
+    acker.add_argument("--namespace", required=True)
+    acker.add_argument("--instance-id", help="stable id of this instance (default: host name)")
+    acker.add_argument("--commit-interval-ms", type=int, default=100)
+    acker.add_argument("--orphan-ttl-ms", type=int, default=60_000)
+    acker.set_defaults(func=_cmd_acker)
+
+    st = sub.add_parser("status", help="pending, completed, replayed, DLQ of a namespace")
+    st.add_argument("--bootstrap")
+    st.add_argument("--namespace", required=True)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
 
     part = sub.add_parser("partition", help="print the partition index of each string key")
     part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka")

@@ -403,6 +403,18 @@ def get_partitioner(name: str) -> Partitioner:
 
 
 def partition_keys(partitioner: str, num_partitions: int, keys: list[str]) -> list[int]:
-    """One partition per string key (``replaybroker partition``)."""
+    """One partition per string key (``replaybroker partition``).
+
+    Bad input is a :class:`ConfigurationError` (the CLI reports it in one line), not the
+    ``ValueError`` the partitioners raise. Keys are hashed as UTF-8: a key that is not text
+    (a command-line argument of non-UTF-8 bytes arrives with lone surrogates) is refused.
+    """
     partition = get_partitioner(partitioner).partition
-    return [partition(key, num_partitions) for key in keys]
+    if num_partitions < 1:
+        raise ConfigurationError(
+            f"the number of partitions must be at least 1, got {num_partitions}"
+        )
+    try:
+        return [partition(key, num_partitions) for key in keys]
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(f"key {exc.object!r} is not valid UTF-8 text") from None

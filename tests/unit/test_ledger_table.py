@@ -320,3 +320,14 @@ def test_expire_skips_scan_until_earliest_deadline() -> None:
     assert table.expire(40).orphans.srids.tolist() == [S2]
     assert len(table.expire(99).timed_out) == 0
     assert table.expire(100).timed_out.srids.tolist() == [S1]
+
+
+def test_int32_max_deadline_never_expires() -> None:
+    table = LedgerTable(8)
+    table.register(np.array([S1]), np.array([A]), np.array([1]), np.array([2**40]))
+    table.fold(np.array([S2]), np.array([B]), 2**40)  # clamped to INT32_MAX as well
+    for now in (2**31 - 2, 2**31 - 1, 2**40):
+        timed_out, orphans = table.expire(now)
+        assert len(timed_out) == len(orphans) == 0
+    assert len(table) == 2
+    assert table.get(S1) is not None

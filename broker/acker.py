@@ -1,0 +1,575 @@
+"""The acker service: folds persist records and XOR events into the ledger, exactly once.
+
+One loop per process serves many ledger partitions. Inputs ``ns.persist[i]`` and
+``ns.acks[i]`` are read ``read_committed`` in one consumer group; state per partition is a
+``LedgerTable`` (broker.ledger), backed by the compacted changelog ``ns.ledger[i]``.
+
+Commit (every ``commit_interval_ms``), ONE Kafka transaction holding, in this order:
+1. expiry: entries past their deadline time out, orphans are dropped; failed entries are
+   taken - each timed-out or failed srid is replayed or dead-lettered (broker.replay);
+2. tombstones to ``ns.persist`` for completed, replayed and dead-lettered srids;
+3. replay records (persist + ``<topic>.replay``), DLQ and quarantine records;
+4. changelog: upserts for entries that changed and are alive, tombstones for entries that
+   left (entries born and gone inside one interval never touch it), and the partition's
+   counters;
+5. the input offsets (``send_offsets_to_transaction``).
+A crash anywhere before the commit aborts all of it; the next owner restores the changelog
+and resumes from the committed offsets - each event is reflected exactly once, the cut is
+consistent like a barrier snapshot, with Kafka's transaction log as the barrier.
+
+Partition assignment uses the ``range`` assignor: it gives partition i of persist and of acks
+to the same member (cooperative-sticky balances each topic on its own and would split them).
+On assignment, committed offsets are fetched first (``require_stable``: this waits out any
+transaction a dead owner left open), then the changelog is read to its end, then input
+consumption resumes - so restored state and input positions come from the same commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from broker import ids
+from broker.errors import DecodeError, ReplayBrokerError
+from broker.ledger.clock import Clock, SystemClock, Ticker
+from broker.ledger.table import LedgerTable, Removed
+from broker.replay import Outgoing, PayloadCache, PersistFetcher, decide, quarantine_record
+from broker.schemas import (
+    COUNTERS_KEY,
+    LedgerEntry,
+    PersistedRecord,
+    XorBatch,
+    decode_counters,
+    encode_counters,
+)
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, check
+
+log = logging.getLogger(__name__)
+
+COUNTERS = (
+    "registered",  # persist records folded
+    "duplicate_roots",  # persist records refused because the srid was registered already
+    "folded",  # (srid, xor) pairs folded
+    "fail_marks",  # explicit failure marks received
+    "completed",  # trees completed -> persist tombstone
+    "timed_out",  # registered entries past their deadline
+    "failed",  # entries failed explicitly (replayed or dead-lettered)
+    "replayed",  # new attempts published to <topic>.replay
+    "dlq",  # records dead-lettered after max attempts
+    "orphans",  # unregistered entries dropped after the orphan TTL (late or stray events)
+    "quarantined",  # undecodable or misrouted input messages, kept in the DLQ
+    "payload_fetches",  # replays whose payload came from ns.persist, not the cache
+)
+
+
+def default_instance_id() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class AckerConfig:
+    commit_interval_ms: int = 100
+    orphan_ttl_ms: int = 60_000
+    tick_ms: int = 100
+    batch_size: int = 20_000
+    poll_timeout_s: float = 0.02
+    # Stable per instance: a restarted instance fences its predecessor and aborts its open
+    # transaction at once, instead of waiting for transaction_timeout_ms.
+    instance_id: str = field(default_factory=default_instance_id)
+    transaction_timeout_ms: int = 10_000
+    replay_cache_entries: int = 20_000
+    stats_interval_s: float = 10.0
+    # False folds without transactions: ONLY to show what breaks (tests); never in production.
+    exactly_once: bool = True
+
+
+@dataclass
+class PartitionState:
+    """One ledger partition: the table, its cumulative counters, and the outputs due."""
+
+    table: LedgerTable
+    counters: dict[str, int]
+    # This instance's decisions, over all partitions it ever owned (shared by all states).
+    totals: dict[str, int] = field(default_factory=dict)
+    counters_dirty: bool = False
+    tombstones: list[int] = field(default_factory=list)
+    failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
+
+    def count(self, name: str, n: int = 1) -> None:
+        if n:
+            self.counters[name] = self.counters.get(name, 0) + n
+            self.totals[name] = self.totals.get(name, 0) + n
+            self.counters_dirty = True
+
+
+class Acker:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        namespace: str | Namespace,
+        config: AckerConfig | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.config = config or AckerConfig()
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.ticker = Ticker.starting_at(self.clock, self.config.tick_ms)
+        self.P = check(settings, self.ns)
+        self.group_id = f"{self.ns.name}.acker"
+        self.states: dict[int, PartitionState] = {}
+        self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._positions: dict[tuple[str, int], int] = {}
+        self._outgoing: list[Outgoing] = []
+        self._stop = threading.Event()
+        self._cache = PayloadCache(self.config.replay_cache_entries)
+        self._fetcher = PersistFetcher(settings, self.ns)
+        self._last_commit = time.monotonic()
+        self._last_stats = time.monotonic()
+        self.commits = 0
+        producer_conf: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        if self.config.exactly_once:
+            producer_conf["transactional.id"] = f"{self.ns.name}.acker.{self.config.instance_id}"
+            producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
+        self._producer = Producer(settings.producer_config(**producer_conf))
+        if self.config.exactly_once:
+            self._producer.init_transactions(60)
+        self._consumer = Consumer(
+            settings.consumer_config(
+                self.group_id,
+                **{
+                    "partition.assignment.strategy": "range",
+                    "isolation.level": "read_committed",
+                    "enable.auto.offset.store": False,
+                    "session.timeout.ms": 10_000,
+                    "heartbeat.interval.ms": 1_000,
+                    "fetch.wait.max.ms": 20,
+                    "max.poll.interval.ms": 60_000,
+                },
+            )
+        )
+        self._restorer = Consumer(
+            settings.consumer_config(
+                None,
+                **{
+                    "group.id": f"{self.ns.name}.acker.restore",
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                },
+            )
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(
+        self,
+        *,
+        install_signals: bool = False,
+        until: Callable[[Acker], bool] | None = None,
+    ) -> None:
+        """Serve until ``stop()``/SIGTERM/SIGINT (or ``until(self)`` is true); then commit what
+        was folded and leave the group cleanly."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self._consumer.subscribe(
+            [self.ns.persist, self.ns.acks],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("acker %s serving %s (P=%d)", self.config.instance_id, self.ns.name, self.P)
+        try:
+            while not self._stop.is_set():
+                self.step()
+                if until is not None and until(self):
+                    break
+            self.commit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()  # revokes: _on_revoke commits what is left
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._restorer.close()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._fetcher.close()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._producer.flush(10)
+        self._log_stats()
+
+    # ------------------------------------------------------------------ assignment
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lps = sorted({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
+        if lps != acks:
+            log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
+        started = time.monotonic()
+        # Stable committed offsets first: waits for any transaction a dead owner left open.
+        committed = consumer.committed(partitions, timeout=60)
+        for lp in lps:
+            self.states[lp] = self._restore(lp)
+        assigned = []
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            assigned.append(TopicPartition(tp.topic, tp.partition, offset))
+        consumer.assign(assigned)
+        log.info(
+            "assigned ledger partitions %s (%d entries restored in %.2fs)",
+            lps,
+            sum(len(self.states[lp].table) for lp in lps),
+            time.monotonic() - started,
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        with contextlib.suppress(ReplayBrokerError):
+            self.commit()
+        self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Someone else owns them now: nothing of ours may be committed for them.
+        self._abort()
+        self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+
+    def _drop(self, lps: set[int]) -> None:
+        for lp in lps:
+            self.states.pop(lp, None)
+        self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+
+    def _restore(self, lp: int) -> PartitionState:
+        """Read ``ns.ledger[lp]`` to its end: the last record of each key wins."""
+        latest: dict[bytes, bytes | None] = {}
+        tp = TopicPartition(self.ns.ledger, lp)
+        low, high = self._restorer.get_watermark_offsets(tp, timeout=30)
+        if high > low:
+            self._restorer.assign([TopicPartition(self.ns.ledger, lp, OFFSET_BEGINNING)])
+            try:
+                done = False
+                while not done:
+                    for msg in self._restorer.consume(10_000, 0.5):
+                        err = msg.error()
+                        if err is None:
+                            latest[msg.key()] = msg.value()
+                        elif err.code() == KafkaError._PARTITION_EOF:
+                            done = True
+                        else:
+                            raise KafkaException(err)
+            finally:
+                self._restorer.unassign()
+        counters: dict[str, int] = {}
+        raw_counters = latest.pop(COUNTERS_KEY, None)
+        if raw_counters:
+            counters, _ = decode_counters(raw_counters)
+        live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
+        table = LedgerTable()
+        if live:
+            entries = [LedgerEntry.decode(v) for _, v in live]
+            table.restore(
+                np.array([ids.decode_id(k) for k, _ in live], dtype=np.int64),
+                np.array([e.value for e in entries], dtype=np.int64),
+                np.array([e.flags for e in entries], dtype=np.uint8),
+                np.array([e.persist_offset for e in entries], dtype=np.int64),
+                self.ticker.ticks_of(np.array([e.deadline_ms for e in entries], dtype=np.int64)),
+            )
+            table.take_dirty()  # restored entries are LOGGED already
+        return PartitionState(table, counters, self.totals)
+
+    # ------------------------------------------------------------------ folding
+
+    def step(self) -> int:
+        """Poll once, fold what came, commit when the interval is due. Returns messages read."""
+        msgs = self._consumer.consume(self.config.batch_size, self.config.poll_timeout_s)
+        if msgs:
+            self._fold_messages(msgs)
+        now = time.monotonic()
+        if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:
+            self.commit()
+        if now - self._last_stats >= self.config.stats_interval_s:
+            self._log_stats()
+        return len(msgs)
+
+    def _fold_messages(self, msgs: list[Message]) -> None:
+        persist: dict[int, list[Message]] = defaultdict(list)
+        acks: dict[int, list[Message]] = defaultdict(list)
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", err)
+                continue
+            topic, partition = msg.topic(), msg.partition()
+            if partition not in self.states:
+                continue  # revoked while in flight
+            self._positions[(topic, partition)] = msg.offset() + 1
+            (persist if topic == self.ns.persist else acks)[partition].append(msg)
+        for lp, batch in persist.items():
+            self._register(lp, batch)
+        for lp, batch in acks.items():
+            self._fold(lp, batch)
+
+    def _orphan_tick(self) -> int:
+        return self.ticker.tick_of(self.clock.now_ms() + self.config.orphan_ttl_ms)
+
+    def _quarantine(self, st: PartitionState, msg: Message, why: str) -> None:
+        st.count("quarantined")
+        log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        self._outgoing.append(
+            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), why)
+        )
+
+    def _register(self, lp: int, batch: list[Message]) -> None:
+        st = self.states[lp]
+        records: list[PersistedRecord] = []
+        offsets: list[int] = []
+        for msg in batch:
+            value = msg.value()
+            if value is None:
+                continue  # a tombstone: a completion (ours or a previous owner's)
+            key = msg.key()
+            try:
+                if key is None or len(key) != 8:
+                    raise DecodeError("persist key is not an 8-byte srid")
+                record = PersistedRecord.decode(value)
+                if ids.decode_id(key) != record.srid:
+                    raise DecodeError("persist key and record srid differ")
+                if record.srid == 0 or ids.ledger_partition(record.srid, self.P) != lp:
+                    raise DecodeError(f"srid {record.srid} does not belong to ledger partition {lp}")
+            except DecodeError as exc:
+                self._quarantine(st, msg, str(exc))
+                continue
+            records.append(record)
+            offsets.append(msg.offset())
+        if not records:
+            return
+        srids = np.array([r.srid for r in records], dtype=np.int64)
+        deadlines = self.ticker.ticks_of(
+            np.array([r.created_ms + r.timeout_ms for r in records], dtype=np.int64)
+        )
+        result = st.table.register(
+            srids,
+            np.array([r.root_xor for r in records], dtype=np.int64),
+            np.array(offsets, dtype=np.int64),
+            deadlines,
+        )
+        dup = int(result.duplicates.sum())
+        st.count("registered", len(records) - dup)
+        if dup:
+            st.count("duplicate_roots", dup)
+            log.warning("refused %d duplicate persist records in partition %d", dup, lp)
+        done = set(result.completed.srids.tolist())
+        for record, is_dup in zip(records, result.duplicates.tolist(), strict=True):
+            if not is_dup and record.srid not in done:
+                self._cache.put(record)
+        self._completed(st, result.completed)
+
+    def _fold(self, lp: int, batch: list[Message]) -> None:
+        st = self.states[lp]
+        srids, xors, failed = [], [], []
+        for msg in batch:
+            try:
+                xb = XorBatch.decode(msg.value())
+                if xb.ledger_partition != lp:
+                    raise DecodeError(f"batch for ledger partition {xb.ledger_partition} sent to {lp}")
+                for arr in (xb.srids, xb.failed):
+                    if arr.size and (np.any(arr == 0) or np.any(arr % self.P != lp)):
+                        raise DecodeError(f"batch holds srids of other ledger partitions than {lp}")
+            except DecodeError as exc:
+                self._quarantine(st, msg, str(exc))
+                continue
+            srids.append(xb.srids)
+            xors.append(xb.xors)
+            if xb.failed.size:
+                failed.append(xb.failed)
+        orphan_tick = self._orphan_tick()
+        if srids:
+            s = np.concatenate(srids)
+            if s.size:
+                st.count("folded", int(s.size))
+                self._completed(st, st.table.fold(s, np.concatenate(xors), orphan_tick))
+        if failed:
+            f = np.concatenate(failed)
+            st.count("fail_marks", int(f.size))
+            st.table.mark_failed(f, orphan_tick)
+
+    def _completed(self, st: PartitionState, done: Removed) -> None:
+        if len(done):
+            srids = done.srids.tolist()
+            st.count("completed", len(srids))
+            st.tombstones.extend(srids)
+            self._cache.discard_many(srids)
+
+    # ------------------------------------------------------------------ commit
+
+    def _collect_failures(self) -> None:
+        tick = self.ticker.current_tick(self.clock.now_ms())
+        for st in self.states.values():
+            expired = st.table.expire(tick)
+            st.count("orphans", len(expired.orphans))
+            st.count("timed_out", len(expired.timed_out))
+            for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
+                st.failures.append((srid, offset, "timeout"))
+            failed = st.table.take_failed()
+            st.count("failed", len(failed))
+            for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
+                st.failures.append((srid, offset, "failed"))
+
+    def _decide_failures(self, lp: int, st: PartitionState, out: list[Outgoing]) -> None:
+        now_ms = self.clock.now_ms()
+        pending = st.failures
+        st.failures = []
+        for srid, offset, reason in pending:
+            record = self._cache.pop(srid)
+            if record is None:
+                try:
+                    record = self._fetcher.fetch(lp, offset, srid)
+                    st.count("payload_fetches")
+                except (DecodeError, KafkaException) as exc:
+                    # Never drop a failed record: try again at the next commit.
+                    log.error("cannot read payload of %d (%s); retrying", srid, exc)
+                    st.failures.append((srid, offset, reason))
+                    continue
+            decision = decide(self.ns, record, reason, now_ms, self.P)
+            st.count(decision.kind if decision.kind == "dlq" else "replayed")
+            out.extend(decision.records)
+            st.tombstones.append(srid)
+
+    def commit(self) -> None:
+        """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets."""
+        self._last_commit = time.monotonic()
+        self._collect_failures()
+        out, self._outgoing = self._outgoing, []
+        for lp, st in self.states.items():
+            self._decide_failures(lp, st, out)
+        if any(st.failures for st in self.states.values()):
+            # A payload could not be read: commit nothing now (the changelog would forget
+            # the failed entry before its replay exists); everything decided so far waits.
+            self._outgoing = out + self._outgoing
+            return
+        changelog: list[tuple[int, bytes, bytes | None]] = []
+        tombstones: list[tuple[int, int]] = []
+        for lp, st in self.states.items():
+            tombstones.extend((lp, srid) for srid in st.tombstones)
+            st.tombstones = []
+            delta = st.table.take_dirty()
+            up = delta.upserts
+            if len(up):
+                deadlines = self.ticker.ms_of_ticks(up.deadlines).tolist()
+                for srid, value, flags, offset, deadline in zip(
+                    up.srids.tolist(), up.values.tolist(), up.flags.tolist(), up.offsets.tolist(), deadlines,
+                    strict=True,
+                ):
+                    changelog.append((lp, ids.encode_id(srid), LedgerEntry(value, flags, offset, deadline).encode()))
+            for srid in delta.tombstones.tolist():
+                changelog.append((lp, ids.encode_id(srid), None))
+            if st.counters_dirty:
+                changelog.append((lp, COUNTERS_KEY, encode_counters(st.counters, self.clock.now_ms())))
+                st.counters_dirty = False
+        positions = [TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
+        if not (out or changelog or tombstones or positions):
+            return
+        self._positions = {}
+        try:
+            if self.config.exactly_once:
+                self._producer.begin_transaction()
+            for lp, srid in tombstones:
+                self._produce(self.ns.persist, key=ids.encode_id(srid), value=None, partition=lp)
+            for rec in out:
+                self._produce(rec.topic, key=rec.key, value=rec.value, partition=rec.partition, headers=list(rec.headers))
+            for lp, key, value in changelog:
+                self._produce(self.ns.ledger, key=key, value=value, partition=lp)
+            if self.config.exactly_once:
+                if positions:
+                    self._producer.send_offsets_to_transaction(
+                        positions, self._consumer.consumer_group_metadata(), 30
+                    )
+                self._producer.commit_transaction(60)
+            else:
+                if self._producer.flush(60):
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
+                if positions:
+                    self._consumer.commit(offsets=positions, asynchronous=False)
+        except KafkaException as exc:
+            self._on_commit_error(exc)
+            return
+        self.commits += 1
+
+    def _produce(self, topic: str, **kwargs: object) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def _abort(self) -> None:
+        if self.config.exactly_once:
+            with contextlib.suppress(KafkaException):
+                self._producer.abort_transaction(30)
+
+    def _on_commit_error(self, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args else None
+        fatal = bool(err is not None and hasattr(err, "fatal") and err.fatal())
+        log.error("commit failed (%s); %s", err, "fatal, stopping" if fatal else "aborting and rewinding")
+        if fatal:
+            # Fenced: another instance took over with our transactional id. Stop; never
+            # write again with this producer.
+            self.stop()
+            raise ReplayBrokerError(f"acker fenced or failed fatally: {err}") from exc
+        self._abort()
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """After an aborted commit the in-memory state is ahead of Kafka: restore every owned
+        partition from the changelog and seek the inputs back to the committed offsets."""
+        lps = list(self.states)
+        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
+        committed = self._consumer.committed(tps, timeout=60)
+        for lp in lps:
+            self.states[lp] = self._restore(lp)
+        self._positions = {}
+        for tp in committed:
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+
+    # ------------------------------------------------------------------ stats
+
+    def counters(self) -> dict[str, int]:
+        """This instance's decisions since it started, plus ``pending`` in what it owns now.
+
+        (The cumulative per-partition counters, over every owner, are in the changelog:
+        ``replaybroker status`` reads them.)"""
+        return {**self.totals, "pending": sum(len(st.table) for st in self.states.values())}
+
+    def _log_stats(self) -> None:
+        self._last_stats = time.monotonic()
+        c = self.counters()
+        log.info(
+            "acker %s partitions=%s %s",
+            self.config.instance_id,
+            sorted(self.states),
+            " ".join(f"{k}={v}" for k, v in c.items()),
+        )

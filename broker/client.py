@@ -1,0 +1,481 @@
+"""Clients: ``Source`` puts records under the broker's guarantee, ``Task`` processes them.
+
+Headers on every tracked data record (8-byte big-endian ids):
+``rb-srid`` (this attempt), ``rb-id`` (this record), ``rb-origin`` (first attempt),
+``rb-attempt`` (ASCII int).
+
+The XOR ledger (DESIGN §4): every record id is XORed into its srid exactly twice - once by
+its creator (the source's persist record, or the parent's task event) and once by its
+consumer's task event. A task's event for input r is ONE value ``r.id ^ child_1.id ^ ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from broker import ids
+from broker.errors import ConfigurationError, DeliveryError
+from broker.partitioning import get_partitioner
+from broker.schemas import PersistedRecord, XorBatch
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, check, partition_counts
+
+log = logging.getLogger(__name__)
+
+H_SRID, H_ID, H_ORIGIN, H_ATTEMPT = "rb-srid", "rb-id", "rb-origin", "rb-attempt"
+RB_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT})
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+def tracking_headers(srid: int, record_id: int, origin: int, attempt: int) -> list[tuple[str, bytes]]:
+    return [
+        (H_SRID, ids.encode_id(srid)),
+        (H_ID, ids.encode_id(record_id)),
+        (H_ORIGIN, ids.encode_id(origin)),
+        (H_ATTEMPT, str(attempt).encode()),
+    ]
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """The rb-* headers of a data record, decoded."""
+
+    srid: int
+    record_id: int
+    origin: int
+    attempt: int
+
+    @classmethod
+    def from_headers(cls, headers: Headers | None) -> Tracking | None:
+        """None when the record is not tracked (no or malformed rb-* headers)."""
+        if not headers:
+            return None
+        found = {k: v for k, v in headers if k in RB_HEADERS}
+        try:
+            return cls(
+                srid=ids.decode_id(found[H_SRID] or b""),
+                record_id=ids.decode_id(found[H_ID] or b""),
+                origin=ids.decode_id(found.get(H_ORIGIN) or found[H_SRID] or b""),
+                attempt=int(found.get(H_ATTEMPT) or b"1"),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+def _to_bytes(value: bytes | str | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return value.encode()
+
+
+# --------------------------------------------------------------------------- Source
+
+
+@dataclass(frozen=True)
+class SendResult:
+    srid: int
+    record_id: int
+    key_hash_partition: int
+    origin: int
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    timeout_ms: int = 30_000
+    max_attempts: int = 5
+    # Data topic -> partitioner name ("kafka" or "spark"); unlisted topics use "kafka".
+    partitioners: Mapping[str, str] = field(default_factory=dict)
+    producer: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Source:
+    """Puts records under the broker's guarantee.
+
+    ``send`` produces the ``PersistedRecord`` to ``ns.persist[srid mod P]`` (persisting IS
+    registering: it carries the root's creation event) and then the data record to the key's
+    partition of the data topic. A persist record that fails to deliver raises
+    ``DeliveryError`` from a later ``send`` or from ``flush`` (the data record may be out
+    already: that is at-least-once, not loss).
+
+    With ``transactional_id`` the persist and data records of a batch commit atomically::
+
+        with source.transaction():
+            for key, value in batch:
+                source.send("orders", key, value)
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        namespace: str | Namespace,
+        config: SourceConfig | None = None,
+        *,
+        transactional_id: str | None = None,
+    ) -> None:
+        self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.config = config or SourceConfig()
+        self.settings = settings
+        self.ledger_partitions = check(settings, self.ns)
+        overrides: dict[str, Any] = {"linger.ms": 5, **self.config.producer}
+        if transactional_id:
+            overrides["transactional.id"] = transactional_id
+        self._producer = Producer(settings.producer_config(**overrides))
+        self._transactional = transactional_id is not None
+        if self._transactional:
+            self._producer.init_transactions(30)
+        self._in_transaction = False
+        self._partitions: dict[str, int] = {}
+        self._failures: list[DeliveryError] = []
+        self.sent = 0
+
+    def _data_partitions(self, topic: str) -> int:
+        n = self._partitions.get(topic)
+        if n is None:
+            n = partition_counts(self.settings, [topic])[topic]
+            if n is None:
+                raise ConfigurationError(f"data topic {topic} does not exist")
+            self._partitions[topic] = n
+        return n
+
+    def _on_persist(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._failures.append(DeliveryError(f"persist record not delivered: {err}", record=msg))
+
+    def _raise_failures(self) -> None:
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise failures[0]
+
+    def key_hash_partition(self, topic: str, key: bytes | None) -> int:
+        n = self._data_partitions(topic)
+        if key is None:
+            return random.randrange(n)
+        return get_partitioner(self.config.partitioners.get(topic, "kafka")).partition(key, n)
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | str | None,
+        value: bytes | str | None,
+        headers: Headers | None = None,
+        *,
+        timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> SendResult:
+        self._producer.poll(0)
+        self._raise_failures()
+        if self._transactional and not self._in_transaction:
+            raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
+        key_b, value_b = _to_bytes(key), _to_bytes(value)
+        user_headers = tuple((k, _to_bytes(v)) for k, v in (headers or ()) if k not in RB_HEADERS)
+        srid, record_id = ids.new_id(), ids.new_id()
+        partition = self.key_hash_partition(topic, key_b)
+        persisted = PersistedRecord(
+            srid=srid,
+            origin=srid,
+            attempt=1,
+            root_xor=record_id,
+            record_id=record_id,
+            topic=topic,
+            key_hash_partition=partition,
+            partitioner=self.config.partitioners.get(topic, "kafka"),
+            key=key_b,
+            value=value_b,
+            headers=user_headers,
+            created_ms=int(time.time() * 1000),
+            timeout_ms=timeout_ms or self.config.timeout_ms,
+            max_attempts=max_attempts or self.config.max_attempts,
+        )
+        self._produce(
+            self.ns.persist,
+            key=ids.encode_id(srid),
+            value=persisted.encode(),
+            partition=ids.ledger_partition(srid, self.ledger_partitions),
+            on_delivery=self._on_persist,
+        )
+        self._produce(
+            topic,
+            key=key_b,
+            value=value_b,
+            partition=partition,
+            headers=[*user_headers, *tracking_headers(srid, record_id, srid, 1)],
+        )
+        self.sent += 1
+        return SendResult(srid, record_id, partition, srid)
+
+    def _produce(self, topic: str, **kwargs: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        remaining = self._producer.flush(timeout)
+        self._raise_failures()
+        if remaining:
+            raise DeliveryError(f"{remaining} records not delivered within {timeout}s")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Any:
+        if not self._transactional:
+            raise ConfigurationError("Source.transaction() needs a transactional_id")
+        self._producer.begin_transaction()
+        self._in_transaction = True
+        try:
+            yield self
+            self._producer.commit_transaction(60)
+        except BaseException:
+            with contextlib.suppress(KafkaException):
+                self._producer.abort_transaction(30)
+            raise
+        finally:
+            self._in_transaction = False
+        self._raise_failures()
+
+    def close(self) -> None:
+        if not self._transactional:
+            self.flush()
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- Task
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    tracking: Tracking | None
+
+
+class TaskContext:
+    """Handed to user code for one input record: ``emit`` children, or ``fail`` the input."""
+
+    def __init__(self, task: Task, record: TaskRecord) -> None:
+        self._task = task
+        self.record = record
+        self.children_xor = 0
+        self.children = 0
+        self.failed: str | None = None
+
+    def emit(
+        self,
+        topic: str,
+        key: bytes | str | None,
+        value: bytes | str | None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> int:
+        """Produce a child anchored to the input's tree; returns its record id.
+
+        Untracked inputs produce untracked children (plain records)."""
+        user = [(k, _to_bytes(v)) for k, v in (headers or ()) if k not in RB_HEADERS]
+        tracking = self.record.tracking
+        child_id = 0
+        if tracking is not None:
+            child_id = ids.new_id()
+            self.children_xor ^= child_id
+            user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
+        kwargs: dict[str, Any] = {"key": _to_bytes(key), "value": _to_bytes(value), "headers": user}
+        if partition is not None:
+            kwargs["partition"] = partition
+        self._task._produce(topic, **kwargs)
+        self.children += 1
+        return child_id
+
+    def fail(self, reason: str = "failed") -> None:
+        """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
+        self.failed = reason
+
+
+Handler = Callable[[TaskRecord, TaskContext], None]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    batch_size: int = 1000
+    poll_timeout_s: float = 0.1
+    # An exception in user code fails the input (replay) instead of stopping the task.
+    fail_on_exception: bool = True
+    consumer: Mapping[str, Any] = field(default_factory=dict)
+    producer: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskCounters:
+    processed: int = 0
+    acked: int = 0
+    failed: int = 0
+    untracked: int = 0
+    emitted: int = 0
+    errors: int = 0
+    retried_batches: int = 0
+
+
+class Task:
+    """A consume loop that acks every input with one XOR event.
+
+    Per poll batch:
+    1. for each input, user code runs and emits children (fresh ids, inherited srid/origin);
+    2. ONE event per input, ``input.id ^ children``, is queued by ledger partition, or a fail
+       mark when the input was failed;
+    3. one ``XorBatch`` per ledger partition goes to ``ns.acks[partition]``;
+    4. after the children and the events are delivered, the input offsets are committed.
+    A crash between 3 and 4 reprocesses the batch: its events are folded twice, which can
+    only delay completion (DESIGN §4), never complete a tree early.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        namespace: str | Namespace,
+        topics: Iterable[str],
+        group_id: str,
+        handler: Handler,
+        config: TaskConfig | None = None,
+    ) -> None:
+        self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.config = config or TaskConfig()
+        self.topics = list(topics)
+        self.ledger_partitions = check(settings, self.ns)
+        self.handler = handler
+        self.counters = TaskCounters()
+        self._producer = Producer(settings.producer_config(**{"linger.ms": 2, **self.config.producer}))
+        self._consumer = Consumer(
+            settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
+        )
+        self._delivery_errors: list[str] = []
+        self._stop = threading.Event()
+        self.name = f"{group_id}@{os.getpid()}"
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._delivery_errors.append(str(err))
+
+    def _produce(self, topic: str, **kwargs: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, on_delivery=self._on_delivery, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, *, max_idle_s: float | None = None, install_signals: bool = False) -> TaskCounters:
+        """Process until ``stop()`` (or SIGTERM with ``install_signals``), or until no input
+        arrived for ``max_idle_s``. Shuts down cleanly: flush, commit, close."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self._consumer.subscribe(self.topics)
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                batch = self._consumer.consume(self.config.batch_size, self.config.poll_timeout_s)
+                if not batch:
+                    if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                self.process_batch(batch)
+        finally:
+            self.close()
+        return self.counters
+
+    def process_batch(self, batch: list[Message]) -> None:
+        events: dict[int, tuple[list[int], list[int], list[int]]] = defaultdict(lambda: ([], [], []))
+        offsets: dict[tuple[str, int], int] = {}
+        first: dict[tuple[str, int], int] = {}
+        for msg in batch:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", msg.error())
+                continue
+            tp = (msg.topic(), msg.partition())
+            first.setdefault(tp, msg.offset())
+            offsets[tp] = msg.offset() + 1
+            self._handle(msg, events)
+        for lp, (srids, xors, failed) in events.items():
+            value = XorBatch(
+                lp,
+                np.asarray(srids, dtype=np.int64),
+                np.asarray(xors, dtype=np.int64),
+                np.asarray(failed, dtype=np.int64),
+                self.name,
+            ).encode()
+            self._produce(self.ns.acks, value=value, partition=lp)
+        self._producer.flush()
+        if self._delivery_errors:
+            # Not delivered: do not commit; rewind so the whole batch runs again.
+            errors, self._delivery_errors = self._delivery_errors, []
+            log.warning("%d deliveries failed (%s); reprocessing the batch", len(errors), errors[0])
+            self.counters.retried_batches += 1
+            for (topic, partition), offset in first.items():
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            return
+        if offsets:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+            )
+
+    def _handle(self, msg: Message, events: dict[int, tuple[list[int], list[int], list[int]]]) -> None:
+        headers = tuple(msg.headers() or ())
+        record = TaskRecord(
+            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers,
+            Tracking.from_headers(headers),
+        )
+        ctx = TaskContext(self, record)
+        self.counters.processed += 1
+        try:
+            self.handler(record, ctx)
+        except Exception as exc:
+            self.counters.errors += 1
+            if not self.config.fail_on_exception:
+                raise
+            log.warning("handler failed on %s[%d]@%d: %r", msg.topic(), msg.partition(), msg.offset(), exc)
+            ctx.fail(f"exception: {type(exc).__name__}: {exc}")
+        self.counters.emitted += ctx.children
+        tracking = record.tracking
+        if tracking is None:
+            self.counters.untracked += 1
+            return
+        srids, xors, failed = events[ids.ledger_partition(tracking.srid, self.ledger_partitions)]
+        if ctx.failed is not None:
+            failed.append(tracking.srid)
+            self.counters.failed += 1
+        else:
+            srids.append(tracking.srid)
+            xors.append(tracking.record_id ^ ctx.children_xor)
+            self.counters.acked += 1
+
+    def close(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._producer.flush(30)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()

@@ -1,0 +1,188 @@
+"""Replay and dead-lettering of failed source records (DESIGN §6).
+
+Pure decisions plus the payload cache and fetcher; the acker produces the results inside its
+transaction. A replay of srid ``s`` is a fresh attempt ``s'``:
+
+- ``PersistedRecord(s')``: attempt + 1, same origin, same key-hash partition, the failure
+  appended to its history; it registers ``s'`` with whichever acker owns ``s' mod P``;
+- the data record on ``<topic>.replay`` at the SAME partition index as the original, so per
+  key order and locality survive; headers carry ``s'``, a new record id, origin, attempt;
+- a tombstone for ``s`` (done by the acker); events that arrive later for ``s`` are orphans.
+
+After ``max_attempts`` attempts the record goes to ``ns.dlq`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from broker import ids
+from broker.client import tracking_headers
+from broker.errors import DecodeError
+from broker.schemas import Failure, PersistedRecord
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, replay_topic
+
+log = logging.getLogger(__name__)
+
+H_REASON = "rb-reason"
+H_ATTEMPTS = "rb-attempts"
+H_TOPIC = "rb-topic"
+H_PARTITION = "rb-key-hash-partition"
+H_HISTORY = "rb-history"
+H_SOURCE = "rb-source"
+H_PARTITIONER = "rb-partitioner"
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One record the acker must produce in its transaction."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one failed srid: a replay (persist + data) or a DLQ record."""
+
+    kind: str  # "replay" | "dlq"
+    records: tuple[Outgoing, ...]
+    new_srid: int | None = None
+
+
+def decide(
+    ns: Namespace, record: PersistedRecord, reason: str, now_ms: int, ledger_partitions: int
+) -> Decision:
+    """Replay ``record`` (attempt + 1) or dead-letter it after ``max_attempts``."""
+    failure = Failure(record.srid, record.attempt, reason, now_ms)
+    history = (*record.history, failure)
+    if record.attempt >= record.max_attempts:
+        return Decision("dlq", (dlq_record(ns, record, history, reason),))
+    srid, record_id = ids.new_id(), ids.new_id()
+    again = replace(
+        record,
+        srid=srid,
+        attempt=record.attempt + 1,
+        root_xor=record_id,
+        record_id=record_id,
+        created_ms=now_ms,
+        history=history,
+    )
+    persist = Outgoing(
+        ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode()
+    )
+    data = Outgoing(
+        replay_topic(record.topic),
+        record.key_hash_partition,
+        record.key,
+        record.value,
+        (*record.headers, *tracking_headers(srid, record_id, record.origin, again.attempt)),
+    )
+    return Decision("replay", (persist, data), new_srid=srid)
+
+
+def _history_json(history: Sequence[Failure]) -> bytes:
+    return orjson.dumps(
+        [{"srid": f.srid, "attempt": f.attempt, "reason": f.reason, "at_ms": f.at_ms} for f in history]
+    )
+
+
+def dlq_record(
+    ns: Namespace, record: PersistedRecord, history: Sequence[Failure], reason: str
+) -> Outgoing:
+    """Original key, value and headers, plus why, how often, where, and the full history."""
+    headers = (
+        *record.headers,
+        (H_REASON, reason.encode()),
+        (H_ATTEMPTS, str(record.attempt).encode()),
+        (H_TOPIC, record.topic.encode()),
+        (H_PARTITION, str(record.key_hash_partition).encode()),
+        (H_PARTITIONER, record.partitioner.encode()),
+        (H_HISTORY, _history_json(history)),
+        ("rb-origin", ids.encode_id(record.origin)),
+    )
+    return Outgoing(ns.dlq, 0, record.key, record.value, headers)
+
+
+def quarantine_record(
+    ns: Namespace, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, why: str
+) -> Outgoing:
+    """Bad input (undecodable, misrouted): kept byte for byte in the DLQ with the reason."""
+    headers = (
+        (H_REASON, f"quarantine: {why}".encode()),
+        (H_SOURCE, f"{topic}/{partition}/{offset}".encode()),
+    )
+    return Outgoing(ns.dlq, 0, key, value, headers)
+
+
+class PayloadCache:
+    """Bounded srid -> PersistedRecord cache of the newest registrations (LRU by insertion).
+
+    A replay usually happens within the timeout of its registration, so most payloads are
+    still here; the rest are fetched from ``ns.persist`` at the stored offset.
+    """
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self.max_entries = max_entries
+        self._items: OrderedDict[int, PersistedRecord] = OrderedDict()
+
+    def put(self, record: PersistedRecord) -> None:
+        if self.max_entries <= 0:
+            return
+        self._items[record.srid] = record
+        if len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+    def pop(self, srid: int) -> PersistedRecord | None:
+        return self._items.pop(srid, None)
+
+    def discard_many(self, srids: Sequence[int]) -> None:
+        items = self._items
+        if items:
+            for srid in srids:
+                items.pop(srid, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class PersistFetcher:
+    """Reads single persist records by offset (read_committed, no group)."""
+
+    def __init__(self, settings: KafkaSettings, ns: Namespace) -> None:
+        self.ns = ns
+        self._consumer = Consumer(
+            settings.consumer_config(
+                None,
+                **{
+                    "group.id": f"{ns.name}.acker.fetch",
+                    "enable.auto.offset.store": False,
+                    "fetch.wait.max.ms": 10,
+                },
+            )
+        )
+
+    def fetch(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> PersistedRecord:
+        self._consumer.assign([TopicPartition(self.ns.persist, partition, offset)])
+        try:
+            msg = self._consumer.poll(timeout_s)
+        finally:
+            self._consumer.unassign()
+        if msg is None or msg.error():
+            raise DecodeError(f"persist record of {srid} not readable at {partition}@{offset}: {msg and msg.error()}")
+        if msg.offset() != offset or msg.key() != ids.encode_id(srid):
+            raise DecodeError(f"persist {partition}@{offset} does not hold srid {srid}")
+        return PersistedRecord.decode(msg.value())
+
+    def close(self) -> None:
+        self._consumer.close()
