@@ -81,6 +81,12 @@ COUNTERS = (
 )
 
 
+# Persist tombstones say why the srid left: completed, replay (superseded by a new attempt)
+# or dlq. Consumers watching completions read this header (broker.completions).
+H_OUTCOME = "rb-outcome"
+OUTCOME_COMPLETED = b"completed"
+
+
 def default_instance_id() -> str:
     return socket.gethostname()
 
@@ -111,7 +117,7 @@ class PartitionState:
     # This instance's decisions, over all partitions it ever owned (shared by all states).
     totals: dict[str, int] = field(default_factory=dict)
     counters_dirty: bool = False
-    tombstones: list[int] = field(default_factory=list)
+    tombstones: list[tuple[int, bytes]] = field(default_factory=list)  # srid, outcome
     failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
 
     def count(self, name: str, n: int = 1) -> None:
@@ -420,7 +426,7 @@ class Acker:
         if len(done):
             srids = done.srids.tolist()
             st.count("completed", len(srids))
-            st.tombstones.extend(srids)
+            st.tombstones.extend((srid, OUTCOME_COMPLETED) for srid in srids)
             self._cache.discard_many(srids)
 
     # ------------------------------------------------------------------ commit
@@ -456,7 +462,7 @@ class Acker:
             decision = decide(self.ns, record, reason, now_ms, self.P)
             st.count(decision.kind if decision.kind == "dlq" else "replayed")
             out.extend(decision.records)
-            st.tombstones.append(srid)
+            st.tombstones.append((srid, decision.kind.encode()))
 
     def commit(self) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets."""
@@ -471,9 +477,9 @@ class Acker:
             self._outgoing = out + self._outgoing
             return
         changelog: list[tuple[int, bytes, bytes | None]] = []
-        tombstones: list[tuple[int, int]] = []
+        tombstones: list[tuple[int, int, bytes]] = []
         for lp, st in self.states.items():
-            tombstones.extend((lp, srid) for srid in st.tombstones)
+            tombstones.extend((lp, srid, outcome) for srid, outcome in st.tombstones)
             st.tombstones = []
             delta = st.table.take_dirty()
             up = delta.upserts
@@ -496,8 +502,14 @@ class Acker:
         try:
             if self.config.exactly_once:
                 self._producer.begin_transaction()
-            for lp, srid in tombstones:
-                self._produce(self.ns.persist, key=ids.encode_id(srid), value=None, partition=lp)
+            for lp, srid, outcome in tombstones:
+                self._produce(
+                    self.ns.persist,
+                    key=ids.encode_id(srid),
+                    value=None,
+                    partition=lp,
+                    headers=[(H_OUTCOME, outcome)],
+                )
             for rec in out:
                 self._produce(rec.topic, key=rec.key, value=rec.value, partition=rec.partition, headers=list(rec.headers))
             for lp, key, value in changelog:

@@ -117,6 +117,7 @@ def _cmd_acker(args: argparse.Namespace) -> int:
     config = AckerConfig(
         commit_interval_ms=args.commit_interval_ms,
         orphan_ttl_ms=args.orphan_ttl_ms,
+        exactly_once=not args.unsafe_no_transactions,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
@@ -172,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     acker.add_argument("--instance-id", help="stable id of this instance (default: host name)")
     acker.add_argument("--commit-interval-ms", type=int, default=100)
     acker.add_argument("--orphan-ttl-ms", type=int, default=60_000)
+    acker.add_argument(
+        "--unsafe-no-transactions",
+        action="store_true",
+        help="fold WITHOUT transactions - loses exactly-once; only to demonstrate what breaks",
+    )
     acker.set_defaults(func=_cmd_acker)
 
     st = sub.add_parser("status", help="pending, completed, replayed, DLQ of a namespace")
@@ -190,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", help="existing Kafka (default: embedded)")
     demo.add_argument("--records", type=int, default=10_000)
     demo.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    demo.add_argument("--fail-rate", type=float, default=0.0, help="first attempts failed explicitly")
+    demo.add_argument("--drop-rate", type=float, default=0.0, help="first attempts never acked")
+    demo.add_argument("--timeout", type=float, default=30.0, help="per-record timeout, seconds")
+    demo.add_argument("--max-attempts", type=int, default=5)
+    demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

@@ -282,6 +282,7 @@ class TaskContext:
         self.children_xor = 0
         self.children = 0
         self.failed: str | None = None
+        self.unacked = False
 
     def emit(
         self,
@@ -307,6 +308,11 @@ class TaskContext:
         self._task._produce(topic, **kwargs)
         self.children += 1
         return child_id
+
+    def skip_ack(self) -> None:
+        """Send no event for this input (failure injection: as if the ack were lost). The
+        source record then completes only through its timeout and a replay."""
+        self.unacked = True
 
     def fail(self, reason: str = "failed") -> None:
         """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
@@ -334,6 +340,7 @@ class TaskCounters:
     untracked: int = 0
     emitted: int = 0
     errors: int = 0
+    unacked: int = 0
     retried_batches: int = 0
 
 
@@ -469,6 +476,8 @@ class Task:
         if ctx.failed is not None:
             failed.append(tracking.srid)
             self.counters.failed += 1
+        elif ctx.unacked:
+            self.counters.unacked += 1
         else:
             srids.append(tracking.srid)
             xors.append(tracking.record_id ^ ctx.children_xor)

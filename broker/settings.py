@@ -82,6 +82,7 @@ class KafkaSettings:
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
             "client.id": self.client_id,
+            "log_level": 4,  # librdkafka: warnings and worse
         }
         if self.sasl_mechanism:
             conf["sasl.mechanism"] = self.sasl_mechanism

@@ -1,0 +1,104 @@
+"""Watching outcomes: every srid leaves ``ns.persist`` with a tombstone whose ``rb-outcome``
+header says why - ``completed`` (its tree completed), ``replay`` (superseded by a new attempt)
+or ``dlq`` (dead-lettered). No extra topic: the ledger's own tombstones are the feed.
+
+``OutcomeLog`` folds the persist topic into per-origin outcomes; the demo and the tests use it
+as an independent view of what the acker decided.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from confluent_kafka import Message
+
+from broker import ids
+from broker.acker import H_OUTCOME
+from broker.errors import DecodeError
+from broker.schemas import PersistedRecord
+from broker.settings import KafkaSettings
+from broker.status import read_to_end
+from broker.topics import Namespace, partition_counts
+
+
+@dataclass
+class OutcomeLog:
+    """srid -> origin from persist records; outcomes from tombstones (in log order)."""
+
+    origin_of: dict[int, int] = field(default_factory=dict)
+    attempt_of: dict[int, int] = field(default_factory=dict)
+    # origin -> list of (srid, outcome, tombstone timestamp ms)
+    outcomes: dict[int, list[tuple[int, str, int]]] = field(default_factory=lambda: defaultdict(list))
+    live: set[int] = field(default_factory=set)
+    unknown_tombstones: int = 0
+
+    def add(self, msg: Message) -> None:
+        key = msg.key()
+        if key is None or len(key) != 8:
+            return
+        srid = ids.decode_id(key)
+        value = msg.value()
+        if value is not None:
+            try:
+                record = PersistedRecord.decode(value)
+            except DecodeError:
+                return
+            self.origin_of[srid] = record.origin
+            self.attempt_of[srid] = record.attempt
+            self.live.add(srid)
+            return
+        headers = dict(msg.headers() or ())
+        outcome = (headers.get(H_OUTCOME) or b"?").decode()
+        origin = self.origin_of.get(srid)
+        self.live.discard(srid)
+        if origin is None:
+            self.unknown_tombstones += 1
+            return
+        self.outcomes[origin].append((srid, outcome, msg.timestamp()[1]))
+
+    def completed_origins(self) -> dict[int, int]:
+        """origin -> number of completions (exactly one is right)."""
+        return {
+            o: n for o, events in self.outcomes.items()
+            if (n := sum(1 for _, outcome, _ in events if outcome == "completed"))
+        }
+
+    def dlq_origins(self) -> set[int]:
+        return {o for o, events in self.outcomes.items() if any(e[1] == "dlq" for e in events)}
+
+    def replays(self) -> int:
+        return sum(1 for events in self.outcomes.values() for e in events if e[1] == "replay")
+
+    def pending_origins(self) -> set[int]:
+        return {self.origin_of[s] for s in self.live}
+
+
+def read_outcomes(settings: KafkaSettings, ns: Namespace) -> OutcomeLog:
+    log = OutcomeLog()
+    partitions = partition_counts(settings, [ns.persist])[ns.persist] or 0
+    for msg in read_to_end(settings, ns.persist, partitions):
+        log.add(msg)
+    return log
+
+
+class OutcomeTail:
+    """Tails ``ns.persist`` (read_committed) into an ``OutcomeLog`` as outcomes happen."""
+
+    def __init__(self, settings: KafkaSettings, ns: Namespace) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.log = OutcomeLog()
+        partitions = partition_counts(settings, [ns.persist])[ns.persist] or 0
+        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": f"{ns.name}.outcomes"}))
+        self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(partitions)])
+
+    def poll(self, timeout_s: float = 0.2) -> int:
+        msgs = self._consumer.consume(10_000, timeout_s)
+        for msg in msgs:
+            if msg.error() is None:
+                self.log.add(msg)
+        return len(msgs)
+
+    def close(self) -> None:
+        self._consumer.close()
