@@ -30,7 +30,8 @@ def read_to_end(settings: KafkaSettings, topic: str, partitions: int) -> list[An
         )
     )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    out, eof = [], set()
+    out: list[Any] = []
+    eof: set[int] = set()
     try:
         while len(eof) < partitions:
             for msg in consumer.consume(10_000, 1.0):
@@ -38,7 +39,7 @@ def read_to_end(settings: KafkaSettings, topic: str, partitions: int) -> list[An
                 if err is None:
                     out.append(msg)
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
+                    eof.add(msg.partition() or 0)
                 else:
                     raise KafkaException(err)
     finally:

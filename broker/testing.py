@@ -29,7 +29,7 @@ def docker_available(timeout: float = 3.0) -> bool:
     try:
         import docker
 
-        client = docker.DockerClient.from_env(timeout=int(timeout))
+        client = docker.from_env(timeout=int(timeout))  # type: ignore[attr-defined]
         try:
             return bool(client.ping())
         finally:

@@ -166,7 +166,9 @@ def check(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = (
             + "\n- ".join(problems)
             + f"\n(create it with: replaybroker topics create --namespace {ns.name} ...)"
         )
-    return int(next(iter(ledger_counts.values())))
+    count = next(iter(ledger_counts.values()))
+    assert count is not None
+    return count
 
 
 def _check_compaction(settings: KafkaSettings, topics: list[str]) -> list[str]:
@@ -186,4 +188,4 @@ def data_topics_of(settings: KafkaSettings, names: Iterable[str]) -> dict[str, i
     missing = [t for t, n in counts.items() if n is None]
     if missing:
         raise TopologyError(f"data topics do not exist: {', '.join(missing)}")
-    return {t: int(n) for t, n in counts.items() if n is not None}
+    return {t: n for t, n in counts.items() if n is not None}
