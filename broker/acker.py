@@ -103,6 +103,9 @@ class AckerConfig:
     instance_id: str = field(default_factory=default_instance_id)
     transaction_timeout_ms: int = 10_000
     replay_cache_entries: int = 20_000
+    # Tail the changelog of every partition this instance does not own, so a takeover is
+    # a catch-up read instead of a full restore (DESIGN §5: standby replicas).
+    standby: bool = False
     stats_interval_s: float = 10.0
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
@@ -144,6 +147,10 @@ class Acker:
         self.P = check(settings, self.ns)
         self.group_id = f"{self.ns.name}.acker"
         self.states: dict[int, PartitionState] = {}
+        # Partitions not owned: lp -> (state, next changelog offset). Warm states of revoked
+        # partitions, and with ``standby`` every other partition, tailed as it changes.
+        self.standby: dict[int, tuple[PartitionState, int]] = {}
+        self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._positions: dict[tuple[str, int], int] = {}
         self._outgoing: list[Outgoing] = []
@@ -184,8 +191,19 @@ class Acker:
                 },
             )
         )
+        self._standby_consumer = self._make_standby_consumer()
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _make_standby_consumer(self) -> Consumer | None:
+        if not self.config.standby:
+            return None
+        return Consumer(
+            self.settings.consumer_config(
+                None,
+                **{"group.id": f"{self.ns.name}.acker.standby", "isolation.level": "read_committed"},
+            )
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -201,6 +219,7 @@ class Acker:
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self._assign_standby()
         self._consumer.subscribe(
             [self.ns.persist, self.ns.acks],
             on_assign=self._on_assign,
@@ -222,6 +241,9 @@ class Acker:
             self._consumer.close()  # revokes: _on_revoke commits what is left
         with contextlib.suppress(KafkaException, RuntimeError):
             self._restorer.close()
+        if self._standby_consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._standby_consumer.close()
         with contextlib.suppress(KafkaException, RuntimeError):
             self._fetcher.close()
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -236,74 +258,143 @@ class Acker:
         if lps != acks:
             log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
         started = time.monotonic()
-        # Stable committed offsets first: waits for any transaction a dead owner left open.
+        # Stable committed offsets first: waits for any transaction a dead owner left open,
+        # so the changelog read below ends after everything those offsets reflect.
         committed = consumer.committed(partitions, timeout=60)
+        read = warm = 0
         for lp in lps:
-            self.states[lp] = self._restore(lp)
+            standby = self.standby.pop(lp, None)
+            if standby is None:
+                self.states[lp], n = self._load(lp, None, OFFSET_BEGINNING)
+            else:
+                self.states[lp], n = self._load(lp, standby[0], standby[1])
+                warm += 1
+            read += n
+        self._assign_standby()
         assigned = []
         for tp in committed:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             assigned.append(TopicPartition(tp.topic, tp.partition, offset))
         consumer.assign(assigned)
+        seconds = time.monotonic() - started
+        self.last_assignment = {
+            "partitions": lps,
+            "from_standby": warm,
+            "changelog_records_read": read,
+            "entries": sum(len(self.states[lp].table) for lp in lps),
+            "seconds": seconds,
+        }
         log.info(
-            "assigned ledger partitions %s (%d entries restored in %.2fs)",
-            lps,
-            sum(len(self.states[lp].table) for lp in lps),
-            time.monotonic() - started,
+            "assigned ledger partitions %s: %d from standby/warm state, %d changelog records read, "
+            "%d entries, %.3fs",
+            lps, warm, read, self.last_assignment["entries"], seconds,
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        with contextlib.suppress(ReplayBrokerError):
+        lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
+        clean = True
+        try:
             self.commit()
-        self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        except ReplayBrokerError:
+            clean = False
+        # After a successful commit a partition's table equals its changelog: keep it as a
+        # warm standby, so getting the partition back (range rebalances are eager) costs a
+        # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
+        clean = clean and not self._outgoing
+        for lp in lps:
+            st = self.states.pop(lp, None)
+            if st is not None and clean and not st.failures and not st.tombstones:
+                self.standby[lp] = (st, self._changelog_end(lp))
+        self._drop(lps)
+        self._assign_standby()
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Someone else owns them now: nothing of ours may be committed for them.
+        # Someone else owns them now: nothing of ours may be committed for them, and the
+        # tables may be ahead of their changelogs.
         self._abort()
         self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        self._assign_standby()
 
     def _drop(self, lps: set[int]) -> None:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
 
-    def _restore(self, lp: int) -> PartitionState:
-        """Read ``ns.ledger[lp]`` to its end: the last record of each key wins."""
+    def _changelog_end(self, lp: int) -> int:
+        _, high = self._restorer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), timeout=30)
+        return int(high)
+
+    def _assign_standby(self) -> None:
+        """With ``standby``, tail the changelog of every partition this instance does not own."""
+        if self._standby_consumer is None:
+            return
+        for lp in range(self.P):
+            if lp not in self.states and lp not in self.standby:
+                self.standby[lp] = (self._empty_state(), OFFSET_BEGINNING)
+        self._standby_consumer.assign(
+            [TopicPartition(self.ns.ledger, lp, offset) for lp, (_, offset) in self.standby.items()]
+        )
+
+    def _poll_standby(self) -> None:
+        if self._standby_consumer is None or not self.standby:
+            return
+        latest: dict[int, dict[bytes, bytes | None]] = defaultdict(dict)
+        for msg in self._standby_consumer.consume(10_000, 0):
+            if msg.error() is None and msg.partition() in self.standby:
+                latest[msg.partition()][msg.key() or b""] = msg.value()
+                st, _ = self.standby[msg.partition()]
+                self.standby[msg.partition()] = (st, msg.offset() + 1)
+        for lp, records in latest.items():
+            self._apply(self.standby[lp][0], records)
+
+    def _empty_state(self) -> PartitionState:
+        return PartitionState(LedgerTable(), {}, self.totals)
+
+    def _load(self, lp: int, st: PartitionState | None, start: int) -> tuple[PartitionState, int]:
+        """Read ``ns.ledger[lp]`` from ``start`` to its end onto ``st`` (a fresh state when
+        None). The last record of each key wins, so re-reading records a state already
+        reflects is harmless. Returns the state and the number of records read."""
         latest: dict[bytes, bytes | None] = {}
-        tp = TopicPartition(self.ns.ledger, lp)
-        low, high = self._restorer.get_watermark_offsets(tp, timeout=30)
-        if high > low:
-            self._restorer.assign([TopicPartition(self.ns.ledger, lp, OFFSET_BEGINNING)])
+        read = 0
+        low, high = self._restorer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), timeout=30)
+        if high > max(low, start):
+            self._restorer.assign([TopicPartition(self.ns.ledger, lp, start)])
             try:
                 done = False
                 while not done:
                     for msg in self._restorer.consume(10_000, 0.5):
                         err = msg.error()
                         if err is None:
-                            latest[msg.key()] = msg.value()
+                            latest[msg.key() or b""] = msg.value()
+                            read += 1
                         elif err.code() == KafkaError._PARTITION_EOF:
                             done = True
                         else:
                             raise KafkaException(err)
             finally:
                 self._restorer.unassign()
-        counters: dict[str, int] = {}
+        st = st if st is not None else self._empty_state()
+        self._apply(st, latest)
+        return st, read
+
+    def _apply(self, st: PartitionState, latest: dict[bytes, bytes | None]) -> None:
+        """Apply changelog records (the last per key) to a table: upserts and tombstones."""
         raw_counters = latest.pop(COUNTERS_KEY, None)
         if raw_counters:
-            counters, _ = decode_counters(raw_counters)
+            st.counters, _ = decode_counters(raw_counters)
+        gone = [k for k, v in latest.items() if v is None and len(k) == 8]
+        if gone:
+            st.table.remove(np.array([ids.decode_id(k) for k in gone], dtype=np.int64))
         live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
-        table = LedgerTable()
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
-            table.restore(
+            st.table.restore(
                 np.array([ids.decode_id(k) for k, _ in live], dtype=np.int64),
                 np.array([e.value for e in entries], dtype=np.int64),
                 np.array([e.flags for e in entries], dtype=np.uint8),
                 np.array([e.persist_offset for e in entries], dtype=np.int64),
                 self.ticker.ticks_of(np.array([e.deadline_ms for e in entries], dtype=np.int64)),
             )
-            table.take_dirty()  # restored entries are LOGGED already
-        return PartitionState(table, counters, self.totals)
 
     # ------------------------------------------------------------------ folding
 
@@ -315,6 +406,7 @@ class Acker:
         now = time.monotonic()
         if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:
             self.commit()
+            self._poll_standby()
         if now - self._last_stats >= self.config.stats_interval_s:
             self._log_stats()
         return len(msgs)
@@ -562,7 +654,7 @@ class Acker:
         tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
         committed = self._consumer.committed(tps, timeout=60)
         for lp in lps:
-            self.states[lp] = self._restore(lp)
+            self.states[lp], _ = self._load(lp, None, OFFSET_BEGINNING)
         self._positions = {}
         for tp in committed:
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))

@@ -118,6 +118,7 @@ def _cmd_acker(args: argparse.Namespace) -> int:
         commit_interval_ms=args.commit_interval_ms,
         orphan_ttl_ms=args.orphan_ttl_ms,
         exactly_once=not args.unsafe_no_transactions,
+        standby=args.standby,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
@@ -173,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     acker.add_argument("--instance-id", help="stable id of this instance (default: host name)")
     acker.add_argument("--commit-interval-ms", type=int, default=100)
     acker.add_argument("--orphan-ttl-ms", type=int, default=60_000)
+    acker.add_argument(
+        "--standby",
+        action="store_true",
+        help="tail the changelog of partitions this instance does not own (fast takeover)",
+    )
     acker.add_argument(
         "--unsafe-no-transactions",
         action="store_true",

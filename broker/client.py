@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from broker import ids
 from broker.errors import ConfigurationError, DeliveryError
 from broker.partitioning import get_partitioner
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import Failure, PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, partition_counts
 
@@ -180,25 +180,76 @@ class Source:
         self._raise_failures()
         if self._transactional and not self._in_transaction:
             raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
-        key_b, value_b = _to_bytes(key), _to_bytes(value)
+        key_b = _to_bytes(key)
+        return self._send_first_attempt(
+            topic, key_b, _to_bytes(value), headers, None, self.key_hash_partition(topic, key_b),
+            self.config.partitioners.get(topic, "kafka"), (), timeout_ms, max_attempts,
+        )
+
+    def resend(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None = None,
+        *,
+        origin: int,
+        key_hash_partition: int,
+        partitioner: str = "kafka",
+        history: Sequence[Failure] = (),
+        timeout_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> SendResult:
+        """Send a record again as a FRESH source record that keeps its ``origin`` (DLQ
+        redrive): new srid and record id, attempt 1, to ``topic`` (not its replay topic) at the
+        ``key_hash_partition`` stored the first time - not recomputed, so key order and
+        locality hold even if the partitioner setting changed. ``history`` (the earlier
+        rounds) is carried into the new persist record, so a later DLQ entry shows it all."""
+        self._producer.poll(0)
+        self._raise_failures()
+        if self._transactional and not self._in_transaction:
+            raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
+        if not 0 <= key_hash_partition < self._data_partitions(topic):
+            raise ConfigurationError(
+                f"{topic} has {self._data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
+            )
+        return self._send_first_attempt(
+            topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
+            timeout_ms, max_attempts,
+        )
+
+    def _send_first_attempt(
+        self,
+        topic: str,
+        key_b: bytes | None,
+        value_b: bytes | None,
+        headers: Headers | None,
+        origin: int | None,
+        partition: int,
+        partitioner: str,
+        history: tuple[Failure, ...],
+        timeout_ms: int | None,
+        max_attempts: int | None,
+    ) -> SendResult:
         user_headers = tuple((k, _to_bytes(v)) for k, v in (headers or ()) if k not in RB_HEADERS)
         srid, record_id = ids.new_id(), ids.new_id()
-        partition = self.key_hash_partition(topic, key_b)
+        origin = srid if origin is None else origin
         persisted = PersistedRecord(
             srid=srid,
-            origin=srid,
+            origin=origin,
             attempt=1,
             root_xor=record_id,
             record_id=record_id,
             topic=topic,
             key_hash_partition=partition,
-            partitioner=self.config.partitioners.get(topic, "kafka"),
+            partitioner=partitioner,
             key=key_b,
             value=value_b,
             headers=user_headers,
             created_ms=int(time.time() * 1000),
             timeout_ms=timeout_ms or self.config.timeout_ms,
             max_attempts=max_attempts or self.config.max_attempts,
+            history=history,
         )
         self._produce(
             self.ns.persist,
@@ -212,10 +263,26 @@ class Source:
             key=key_b,
             value=value_b,
             partition=partition,
-            headers=[*user_headers, *tracking_headers(srid, record_id, srid, 1)],
+            headers=[*user_headers, *tracking_headers(srid, record_id, origin, 1)],
         )
         self.sent += 1
-        return SendResult(srid, record_id, partition, srid)
+        return SendResult(srid, record_id, partition, origin)
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int = 0,
+        headers: Headers | None = None,
+    ) -> None:
+        """Produce a plain, untracked record with this source's producer - inside the current
+        transaction when transactional, so bookkeeping (e.g. DLQ redrive markers) commits
+        atomically with the records sent."""
+        if self._transactional and not self._in_transaction:
+            raise ConfigurationError("a transactional Source produces inside `with source.transaction():`")
+        self._produce(topic, key=key, value=value, partition=partition, headers=list(headers or ()))
 
     def _produce(self, topic: str, **kwargs: Any) -> None:
         while True:

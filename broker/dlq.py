@@ -1,0 +1,495 @@
+"""The dead-letter queue ``ns.dlq``: list what is in it, redrive dead-lettered records.
+
+``ns.dlq`` holds two kinds of entries (broker.replay writes both):
+
+- a dead-lettered **record**: a source record that failed ``max_attempts`` times. Original
+  key, value and user headers, then ``rb-reason``, ``rb-attempts``, ``rb-topic``,
+  ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` (JSON: every attempt's srid,
+  reason and time) and ``rb-origin``;
+- **quarantined input**: the bytes of a message the acker could not use (undecodable,
+  misrouted), with ``rb-reason`` ``quarantine: ...`` and ``rb-source`` ``topic/partition/offset``.
+  It is not a source record, so it is never redriven.
+
+Redrive re-injects a dead-lettered record as a FRESH source record with the SAME origin
+(sinks deduplicate by origin): new srid, attempt 1, into the original data topic (not its
+replay topic) at the original key-hash partition, history carried over plus a note. What was
+redriven is remembered in the compacted topic ``ns.dlq.redriven``, keyed by the srid of the
+dead-lettered attempt (unique per DLQ entry; a redriven record that dead-letters again is a
+new entry with a new srid, and can be redriven again). One redrive run:
+
+1. creates a transactional ``Source`` whose id is fixed per namespace: ``init_transactions``
+   fences any other redrive of the namespace still running and waits out its transaction;
+2. reads the markers (read_committed) and the DLQ to their ends, and selects the entries;
+3. per chunk, ONE transaction holds the persist records, the data records and the markers,
+   so a crash either injects a chunk and remembers it, or does neither. Running it twice
+   therefore never injects twice, and a run that was cut short continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import Message
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from broker import ids
+from broker.client import Source, SourceConfig
+from broker.errors import TopologyError
+from broker.replay import (
+    H_ATTEMPTS,
+    H_HISTORY,
+    H_PARTITION,
+    H_PARTITIONER,
+    H_REASON,
+    H_SOURCE,
+    H_TOPIC,
+)
+from broker.schemas import Failure
+from broker.settings import KafkaSettings
+from broker.status import read_to_end
+from broker.topics import COMPACTED, Namespace, check, partition_counts
+
+H_ORIGIN = "rb-origin"
+# Headers the acker appends to a dead-lettered record, after the user's own headers.
+DLQ_HEADERS = frozenset({H_REASON, H_ATTEMPTS, H_TOPIC, H_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN})
+
+RECORD, QUARANTINE, UNKNOWN = "record", "quarantine", "unknown"
+REDRIVE_NOTE = "redrive"  # reason prefix of the note a redrive appends to the history
+REDRIVE_CHUNK = 1000  # entries per redrive transaction
+
+
+def redriven_topic(ns: Namespace) -> str:
+    """Compacted markers of what was redriven: key = srid of the dead-lettered attempt."""
+    return f"{ns.dlq}.redriven"
+
+
+# --------------------------------------------------------------------------- entries
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def preview(data: bytes | None, limit: int = 80) -> str | None:
+    """Text for a human: UTF-8 when it is, else ``0x`` + hex; cut at ``limit`` characters."""
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "0x" + data.hex()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _int(value: bytes | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def _history(raw: bytes | None) -> tuple[Failure, ...] | None:
+    """None when absent or malformed."""
+    if raw is None:
+        return None
+    try:
+        items = orjson.loads(raw)
+        return tuple(
+            Failure(int(f["srid"]), int(f["attempt"]), str(f["reason"]), int(f["at_ms"])) for f in items
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class DlqEntry:
+    """One message of ``ns.dlq``, decoded. ``kind`` is ``record``, ``quarantine`` or
+    ``unknown`` (neither: headers missing or malformed; never redriven)."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    kind: str
+    reason: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()  # the user's own headers
+    # dead-lettered records
+    origin: int | None = None
+    attempts: int | None = None
+    topic: str | None = None
+    key_hash_partition: int | None = None
+    partitioner: str | None = None
+    history: tuple[Failure, ...] = ()
+    # quarantined input: where it was read
+    source: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.partition}@{self.offset}"
+
+    @property
+    def marker_key(self) -> bytes:
+        """Names this entry in ``ns.dlq.redriven``: the srid of the dead-lettered attempt."""
+        if self.history:
+            return ids.encode_id(self.history[-1].srid)
+        return f"dlq:{self.where}".encode()
+
+    @classmethod
+    def from_message(cls, msg: Message) -> DlqEntry:
+        headers = list(msg.headers() or ())
+        # The acker appends its headers after the user's: peel them off the end, so a user
+        # header that happens to share a name is kept as the user's.
+        rb: dict[str, bytes | None] = {}
+        while headers and headers[-1][0] in DLQ_HEADERS and headers[-1][0] not in rb:
+            name, value = headers.pop()
+            rb[name] = value
+        if H_SOURCE in dict(headers) and not rb:
+            # quarantined input: rb-reason, rb-source and nothing of the user's
+            found = dict(headers)
+            rb = {H_REASON: found.get(H_REASON)}
+            headers = []
+            source = _text(found.get(H_SOURCE))
+        else:
+            source = None
+        common: dict[str, Any] = {
+            "partition": msg.partition() or 0,
+            "offset": msg.offset() or 0,
+            "timestamp_ms": msg.timestamp()[1],
+            "reason": _text(rb.get(H_REASON)) or "",
+            "key": msg.key(),
+            "value": msg.value(),
+            "headers": tuple(headers),
+        }
+        if source is not None:
+            return cls(kind=QUARANTINE, source=source, **common)
+        origin_raw = rb.get(H_ORIGIN)
+        history = _history(rb.get(H_HISTORY))
+        try:
+            origin = ids.decode_id(origin_raw or b"")
+        except ValueError:
+            origin = None
+        topic = _text(rb.get(H_TOPIC))
+        partition = _int(rb.get(H_PARTITION))
+        if origin is None or not topic or partition is None or history is None:
+            return cls(kind=UNKNOWN, **common)
+        return cls(
+            kind=RECORD,
+            origin=origin,
+            attempts=_int(rb.get(H_ATTEMPTS)),
+            topic=topic,
+            key_hash_partition=partition,
+            partitioner=_text(rb.get(H_PARTITIONER)) or "kafka",
+            history=history,
+            **common,
+        )
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None or ms <= 0:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What a redrive remembers about one DLQ entry."""
+
+    origin: int | None
+    new_srid: int
+    dlq: str
+    at_ms: int
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"origin": self.origin, "new_srid": self.new_srid, "dlq": self.dlq, "at_ms": self.at_ms}
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Marker | None:
+        try:
+            d = orjson.loads(data)
+            return cls(d.get("origin"), int(d["new_srid"]), str(d["dlq"]), int(d["at_ms"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+
+def entry_json(entry: DlqEntry, marker: Marker | None = None, value_limit: int = 200) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "dlq_partition": entry.partition,
+        "dlq_offset": entry.offset,
+        "timestamp_ms": entry.timestamp_ms,
+        "timestamp": _iso(entry.timestamp_ms),
+        "kind": entry.kind,
+        "reason": entry.reason,
+        "key": preview(entry.key, value_limit),
+        "value": preview(entry.value, value_limit),
+        "value_bytes": None if entry.value is None else len(entry.value),
+    }
+    if entry.kind == QUARANTINE and entry.source:
+        parts = entry.source.rsplit("/", 2)  # topic/partition/offset (topic names have no "/")
+        out["source"] = (
+            {"topic": parts[0], "partition": _int(parts[1].encode()), "offset": _int(parts[2].encode())}
+            if len(parts) == 3
+            else {"raw": entry.source}
+        )
+    if entry.kind == RECORD:
+        at = [f.at_ms for f in entry.history]
+        out.update(
+            {
+                "origin": entry.origin,
+                "attempts": entry.attempts,
+                "topic": entry.topic,
+                "key_hash_partition": entry.key_hash_partition,
+                "partitioner": entry.partitioner,
+                "history": [
+                    {"srid": f.srid, "attempt": f.attempt, "reason": f.reason, "at_ms": f.at_ms, "at": _iso(f.at_ms)}
+                    for f in entry.history
+                ],
+                "first_failure": _iso(min(at)) if at else None,
+                "last_failure": _iso(max(at)) if at else None,
+                "headers": {k: preview(v, value_limit) for k, v in entry.headers},
+                "redriven": None
+                if marker is None
+                else {"new_srid": marker.new_srid, "at_ms": marker.at_ms, "at": _iso(marker.at_ms)},
+            }
+        )
+    return out
+
+
+def format_entry(entry: DlqEntry, marker: Marker | None = None) -> str:
+    d = entry_json(entry, marker, value_limit=80)
+    lines = [f"{entry.where}  {d['timestamp']}  {entry.kind}  reason: {entry.reason}"]
+    lines.append(f"    key: {d['key']!r}  value ({d['value_bytes']} bytes): {d['value']!r}")
+    if entry.kind == QUARANTINE:
+        lines.append(f"    quarantined from {entry.source}")
+    elif entry.kind == RECORD:
+        lines.append(
+            f"    origin {entry.origin}  attempts {entry.attempts}  topic {entry.topic}  "
+            f"key-hash partition {entry.key_hash_partition} ({entry.partitioner})"
+        )
+        for f in d["history"]:
+            lines.append(f"    #{f['attempt']} srid {f['srid']} at {f['at']}: {f['reason']}")
+        if marker is not None:
+            lines.append(f"    redriven at {_iso(marker.at_ms)} as srid {marker.new_srid}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _partitions(settings: KafkaSettings, topic: str) -> int | None:
+    return partition_counts(settings, [topic])[topic]
+
+
+def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = None) -> list[DlqEntry]:
+    """Every committed DLQ entry (oldest first per partition, partitions in order)."""
+    n = _partitions(settings, ns.dlq)
+    if n is None:
+        raise TopologyError(f"topic {ns.dlq} does not exist")
+    entries = [DlqEntry.from_message(m) for m in read_to_end(settings, ns.dlq, n)]
+    entries.sort(key=lambda e: (e.partition, e.offset))
+    return entries if limit is None else entries[:limit]
+
+
+def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
+    """marker key -> Marker, from ``ns.dlq.redriven`` (empty when the topic does not exist)."""
+    topic = redriven_topic(ns)
+    n = _partitions(settings, topic)
+    markers: dict[bytes, Marker] = {}
+    if n is None:
+        return markers
+    for msg in read_to_end(settings, topic, n):
+        key, value = msg.key(), msg.value()
+        if key is None:
+            continue
+        marker = Marker.decode(value) if value is not None else None
+        if marker is None:
+            markers.pop(key, None)
+        else:
+            markers[key] = marker
+    return markers
+
+
+def list_entries(
+    settings: KafkaSettings, namespace: str, limit: int | None = None
+) -> list[tuple[DlqEntry, Marker | None]]:
+    ns = Namespace(namespace)
+    markers = read_markers(settings, ns)
+    return [(e, markers.get(e.marker_key) if e.kind == RECORD else None) for e in read_entries(settings, ns, limit)]
+
+
+# --------------------------------------------------------------------------- redrive
+
+
+@dataclass
+class RedrivePlan:
+    selected: list[DlqEntry] = field(default_factory=list)
+    quarantined: int = 0  # quarantined input or unreadable entries: never redriven
+    already_redriven: int = 0
+    not_matching: int = 0  # excluded by --reason-prefix / --origin
+
+
+def plan_redrive(
+    entries: Iterable[DlqEntry],
+    markers: dict[bytes, Marker],
+    *,
+    reason_prefix: str | None = None,
+    origins: Sequence[int] | None = None,
+) -> RedrivePlan:
+    """Pure selection: records (never quarantined input) not redriven yet that match."""
+    plan = RedrivePlan()
+    wanted = set(origins) if origins else None
+    seen: set[bytes] = set()
+    for entry in entries:
+        if entry.kind != RECORD:
+            plan.quarantined += 1
+        elif entry.marker_key in markers or entry.marker_key in seen:
+            plan.already_redriven += 1
+        elif (reason_prefix is not None and not entry.reason.startswith(reason_prefix)) or (
+            wanted is not None and entry.origin not in wanted
+        ):
+            plan.not_matching += 1
+        else:
+            seen.add(entry.marker_key)
+            plan.selected.append(entry)
+    return plan
+
+
+@dataclass
+class Redriven:
+    entry: DlqEntry
+    srid: int
+    key_hash_partition: int
+
+
+@dataclass
+class RedriveResult:
+    plan: RedrivePlan
+    redriven: list[Redriven] = field(default_factory=list)
+    dry_run: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "redriven": len(self.redriven) if not self.dry_run else 0,
+            "selected": len(self.plan.selected),
+            "skipped_quarantined": self.plan.quarantined,
+            "skipped_already_redriven": self.plan.already_redriven,
+            "skipped_not_matching": self.plan.not_matching,
+            "dry_run": self.dry_run,
+            "records": [
+                {
+                    "origin": r.entry.origin,
+                    "dlq": r.entry.where,
+                    "topic": r.entry.topic,
+                    "key_hash_partition": r.key_hash_partition,
+                    "new_srid": r.srid,
+                }
+                for r in self.redriven
+            ]
+            if not self.dry_run
+            else [{"origin": e.origin, "dlq": e.where, "topic": e.topic} for e in self.plan.selected],
+        }
+
+
+def ensure_redriven_topic(settings: KafkaSettings, ns: Namespace, timeout_s: float = 30.0) -> str:
+    topic = redriven_topic(ns)
+    if _partitions(settings, topic) is not None:
+        return topic
+    admin = AdminClient(settings.client_config())
+    future = admin.create_topics([NewTopic(topic, 1, 1, config=dict(COMPACTED))], operation_timeout=30)[topic]
+    try:
+        future.result(timeout=60)
+    except Exception as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+    deadline = time.monotonic() + timeout_s
+    while _partitions(settings, topic) is None:
+        if time.monotonic() > deadline:
+            raise TopologyError(f"{topic} not visible after creation")
+        time.sleep(0.1)
+    return topic
+
+
+def redrive(
+    settings: KafkaSettings,
+    namespace: str,
+    *,
+    reason_prefix: str | None = None,
+    origins: Sequence[int] | None = None,
+    timeout_ms: int | None = None,
+    max_attempts: int | None = None,
+    dry_run: bool = False,
+    chunk: int = REDRIVE_CHUNK,
+) -> RedriveResult:
+    """Re-inject selected DLQ records as fresh source records with their origin; see the
+    module doc for why running it twice does not inject twice."""
+    ns = Namespace(namespace)
+    check(settings, ns)
+    if dry_run:
+        plan = plan_redrive(
+            read_entries(settings, ns), read_markers(settings, ns), reason_prefix=reason_prefix, origins=origins
+        )
+        return RedriveResult(plan, dry_run=True)
+    marker_topic = ensure_redriven_topic(settings, ns)
+    defaults = SourceConfig()
+    config = SourceConfig(
+        timeout_ms=timeout_ms or defaults.timeout_ms, max_attempts=max_attempts or defaults.max_attempts
+    )
+    # Fence first (step 1), read after: whatever an earlier run committed is visible now.
+    source = Source(settings, ns, config, transactional_id=f"{ns.name}.dlq-redrive")
+    try:
+        plan = plan_redrive(
+            read_entries(settings, ns), read_markers(settings, ns), reason_prefix=reason_prefix, origins=origins
+        )
+        result = RedriveResult(plan)
+        for start in range(0, len(plan.selected), chunk):
+            done: list[Redriven] = []
+            with source.transaction():
+                for entry in plan.selected[start : start + chunk]:
+                    done.append(_redrive_one(source, ns, marker_topic, entry))
+            result.redriven.extend(done)
+        return result
+    finally:
+        with contextlib.suppress(Exception):
+            source.close()
+
+
+def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEntry) -> Redriven:
+    assert entry.origin is not None and entry.topic is not None and entry.key_hash_partition is not None
+    now_ms = int(time.time() * 1000)
+    last = entry.history[-1] if entry.history else None
+    note = Failure(
+        last.srid if last else 0,
+        entry.attempts or (last.attempt if last else 0),
+        f"{REDRIVE_NOTE}: from {ns.dlq} {entry.where} ({entry.reason}); attempts restart at 1",
+        now_ms,
+    )
+    sent = source.resend(
+        entry.topic,
+        entry.key,
+        entry.value,
+        entry.headers,
+        origin=entry.origin,
+        key_hash_partition=entry.key_hash_partition,
+        partitioner=entry.partitioner or "kafka",
+        history=(*entry.history, note),
+    )
+    marker = Marker(entry.origin, sent.srid, f"{ns.dlq} {entry.where}", now_ms)
+    source.produce(marker_topic, entry.marker_key, marker.encode())
+    return Redriven(entry, sent.srid, sent.key_hash_partition)
+
+
+def parse_origin(text: str) -> int:
+    """An origin id as printed by ``dlq list`` (signed decimal) or as 0x-prefixed hex of its
+    8 bytes."""
+    text = text.strip()
+    if text.lower().startswith("0x"):
+        return ids.decode_id(bytes.fromhex(text[2:].rjust(16, "0")))
+    return int(text)

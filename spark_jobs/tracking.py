@@ -1,0 +1,108 @@
+"""The rb-* tracking headers as Spark SQL expressions, evaluated in the JVM.
+
+Ids travel as 8-byte big-endian two's-complement headers (``broker.ids.encode_id``). Spark has
+no binary->long cast under ANSI mode (the default since 4.0), and ``conv(hex(b), 16, 10)`` is
+unsigned: ids with the top bit set come out as 2**64 - |id| and overflow ``bigint``. A
+negative *target* base makes ``conv`` signed, so
+
+    CAST(conv(hex(b), 16, -10) AS BIGINT)
+
+reads ``FFFFFFFFFFFFFFFF`` as -1 and ``8000000000000000`` as -2**63 (tested on the edges).
+The way back is ``unhex(lpad(hex(id), 16, '0'))``: ``hex`` of a bigint is the two's
+complement digits, 16 of them for negative ids, fewer (hence the ``lpad``) for positive ones.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, RB_HEADERS
+
+SRID, RECORD_ID, ORIGIN, ATTEMPT = "srid", "record_id", "origin", "attempt"
+TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT)
+IS_REPLAY = "is_replay"
+
+
+def header_value(headers: Column | str, name: str) -> Column:
+    """The value of header ``name`` (the last one when repeated, as ``Tracking`` reads it);
+    null when absent."""
+    matching = F.filter(F.col(headers) if isinstance(headers, str) else headers, lambda h: h["key"] == name)
+    return F.try_element_at(matching, F.lit(-1))["value"]
+
+
+def id_from_bytes(data: Column) -> Column:
+    """8 bytes big-endian -> signed bigint; null unless exactly 8 bytes."""
+    return F.when(
+        F.octet_length(data) == 8, F.conv(F.hex(data), 16, -10).cast("bigint")
+    )
+
+
+def id_to_bytes(value: Column) -> Column:
+    """Signed bigint -> 8 bytes big-endian (``broker.ids.encode_id``)."""
+    return F.unhex(F.lpad(F.hex(value), 16, "0"))
+
+
+def int64_le_hex(value: Column) -> Column:
+    """The 16 hex digits of ``value`` as little-endian int64 (the packing of ``XorBatch``)."""
+    be = F.lpad(F.hex(value), 16, "0")
+    return F.concat(*[F.substring(be, pos, 2) for pos in range(15, 0, -2)])
+
+
+def new_id() -> Column:
+    """A random non-zero bigint per row (xxhash64 of a random UUID: 64 mixed random bits).
+
+    Non-deterministic: pin the rows (``localCheckpoint``) before using the ids twice."""
+    h = F.xxhash64(F.expr("uuid()"))
+    return F.when(h == 0, F.lit(1).cast("bigint")).otherwise(h)
+
+
+def tracking_columns(headers: Column | str = "headers") -> dict[str, Column]:
+    """srid, record_id, origin, attempt decoded from the headers column of the Kafka source.
+
+    Like ``broker.client.Tracking.from_headers``: origin defaults to the srid and attempt to 1;
+    a record whose srid or record id is missing, malformed or 0 (the XOR identity: the acker
+    refuses it) or whose attempt is not a number is untracked - all four columns null.
+    """
+    srid = id_from_bytes(header_value(headers, H_SRID))
+    record_id = id_from_bytes(header_value(headers, H_ID))
+    origin_raw = header_value(headers, H_ORIGIN)
+    origin = F.when(origin_raw.isNull(), srid).otherwise(id_from_bytes(origin_raw))
+    attempt_raw = header_value(headers, H_ATTEMPT)
+    attempt = F.when(attempt_raw.isNull(), F.lit(1)).otherwise(
+        attempt_raw.cast("string").try_cast("int")
+    )
+    tracked = (
+        srid.isNotNull()
+        & (srid != 0)
+        & record_id.isNotNull()
+        & (record_id != 0)
+        & origin.isNotNull()
+        & attempt.isNotNull()
+    )
+    return {
+        SRID: F.when(tracked, srid),
+        RECORD_ID: F.when(tracked, record_id),
+        ORIGIN: F.when(tracked, origin),
+        ATTEMPT: F.when(tracked, attempt),
+    }
+
+
+def tracking_headers(srid: Column, record_id: Column, origin: Column, attempt: Column) -> Column:
+    """The rb-* headers of a tracked record as the Kafka sink's ``headers`` column type."""
+
+    def header(name: str, value: Column) -> Column:
+        return F.struct(F.lit(name).alias("key"), value.alias("value"))
+
+    return F.array(
+        header(H_SRID, id_to_bytes(srid)),
+        header(H_ID, id_to_bytes(record_id)),
+        header(H_ORIGIN, id_to_bytes(origin)),
+        header(H_ATTEMPT, attempt.cast("string").cast("binary")),
+    )
+
+
+def user_headers(headers: Column) -> Column:
+    """``headers`` without the rb-* ones (they are re-issued for every emitted record)."""
+    names = sorted(RB_HEADERS)
+    return F.filter(headers, lambda h: ~h["key"].isin(names))

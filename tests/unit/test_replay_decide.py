@@ -1,0 +1,233 @@
+"""Replay decisions (broker.replay, DESIGN §6): pure functions of the failed attempt's
+PersistedRecord - no Kafka. A replay is a fresh attempt on ``<topic>.replay`` at the same
+key-hash partition; after ``max_attempts`` the record is dead-lettered with its history."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+
+from broker import ids
+from broker.client import Tracking
+from broker.replay import (
+    H_ATTEMPTS,
+    H_HISTORY,
+    H_PARTITION,
+    H_PARTITIONER,
+    H_REASON,
+    H_SOURCE,
+    H_TOPIC,
+    Decision,
+    PayloadCache,
+    decide,
+    quarantine_record,
+)
+from broker.schemas import Failure, PersistedRecord
+from broker.topics import Namespace
+
+NS = Namespace("unit-ns")
+NOW = 1_700_000_123_456
+FIRST = PersistedRecord(
+    srid=0x1F3A_5C7E_9B2D_4E61,
+    origin=0x1F3A_5C7E_9B2D_4E61,
+    attempt=1,
+    root_xor=0x2B7E_1516_28AE_D2A6,
+    record_id=0x2B7E_1516_28AE_D2A6,
+    topic="orders",
+    key_hash_partition=5,
+    key=b"customer-7",
+    value=b'{"order": 7}',
+    created_ms=1_700_000_000_000,
+    partitioner="spark",
+    headers=(("trace", b"abc"), ("nullable", None)),
+    timeout_ms=30_000,
+    max_attempts=3,
+)
+
+
+def _headers(decision_headers: tuple[tuple[str, bytes | None], ...]) -> dict[str, bytes | None]:
+    keys = [k for k, _ in decision_headers]
+    assert len(keys) == len(set(keys)), f"duplicate headers: {keys}"
+    return dict(decision_headers)
+
+
+def _replay(
+    record: PersistedRecord, reason: str = "timeout", P: int = 8, now: int = NOW
+) -> tuple[Decision, PersistedRecord]:
+    decision = decide(NS, record, reason, now, P)
+    assert decision.kind == "replay"
+    persist, _data = decision.records
+    return decision, PersistedRecord.decode(persist.value)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def test_replay_is_a_new_attempt_of_the_same_origin() -> None:
+    decision, again = _replay(FIRST, "timeout")
+    assert decision.new_srid is not None and decision.new_srid not in (0, FIRST.srid)
+    assert again.srid == decision.new_srid
+    assert again.attempt == FIRST.attempt + 1
+    assert again.origin == FIRST.origin
+    assert again.key_hash_partition == FIRST.key_hash_partition
+    assert again.record_id not in (0, FIRST.record_id)
+    assert again.root_xor == again.record_id  # the replayed data record is the new root
+    assert again.created_ms == NOW  # the new deadline counts from the replay
+    # the payload and its routing are unchanged
+    for name in ("topic", "key", "value", "headers", "partitioner", "timeout_ms", "max_attempts"):
+        assert getattr(again, name) == getattr(FIRST, name), name
+    assert again.history == (Failure(FIRST.srid, 1, "timeout", NOW),)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 7, 16, 64])
+def test_new_srid_is_persisted_in_its_own_ledger_partition(P: int) -> None:
+    seen = set()
+    for _ in range(2000):
+        decision = decide(NS, FIRST, "failed", NOW, P)
+        persist = decision.records[0]
+        assert decision.new_srid is not None
+        assert persist.topic == NS.persist
+        assert persist.key == ids.encode_id(decision.new_srid)
+        assert persist.partition == decision.new_srid % P
+        assert 0 <= persist.partition < P
+        assert PersistedRecord.decode(persist.value).srid == decision.new_srid
+        seen.add(persist.partition)
+    assert seen == set(range(P))  # new srids are random: every partition is reached
+
+
+def test_replayed_data_record_goes_to_the_replay_topic_at_the_key_hash_partition() -> None:
+    decision, again = _replay(FIRST, "failed", P=4)
+    data = decision.records[1]
+    assert data.topic == "orders.replay"
+    assert data.partition == FIRST.key_hash_partition
+    assert (data.key, data.value) == (FIRST.key, FIRST.value)
+    headers = _headers(data.headers)
+    assert headers["trace"] == b"abc" and headers["nullable"] is None  # user headers kept
+    tracking = Tracking.from_headers(data.headers)
+    assert tracking == Tracking(
+        srid=again.srid, record_id=again.record_id, origin=FIRST.origin, attempt=2
+    )
+    assert headers["rb-attempt"] == b"2"
+
+
+def test_replays_chain_until_max_attempts_then_dead_letter() -> None:
+    record = FIRST
+    srids = [record.srid]
+    for attempt in (2, 3):
+        _, record = _replay(record, f"reason-{attempt - 1}", now=NOW + attempt)
+        assert record.attempt == attempt and record.origin == FIRST.origin
+        srids.append(record.srid)
+    assert len(set(srids)) == 3
+    assert [f.attempt for f in record.history] == [1, 2]
+    assert [f.srid for f in record.history] == srids[:2]
+
+    final = decide(NS, record, "timeout", NOW + 9, 4)
+    assert final.kind == "dlq" and final.new_srid is None
+    (dlq,) = final.records
+    assert dlq.topic == NS.dlq and dlq.partition == 0
+    assert (dlq.key, dlq.value) == (FIRST.key, FIRST.value)
+    headers = _headers(dlq.headers)
+    assert headers[H_REASON] == b"timeout"
+    assert headers[H_ATTEMPTS] == b"3"
+    assert headers[H_TOPIC] == b"orders"
+    assert headers[H_PARTITION] == b"5"
+    assert headers[H_PARTITIONER] == b"spark"
+    assert headers["rb-origin"] == ids.encode_id(FIRST.origin)
+    assert headers["trace"] == b"abc" and headers["nullable"] is None
+    history = orjson.loads(headers[H_HISTORY] or b"")
+    assert history == [
+        {"srid": srids[0], "attempt": 1, "reason": "reason-1", "at_ms": NOW + 2},
+        {"srid": srids[1], "attempt": 2, "reason": "reason-2", "at_ms": NOW + 3},
+        {"srid": srids[2], "attempt": 3, "reason": "timeout", "at_ms": NOW + 9},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "kind"),
+    [(1, 1, "dlq"), (1, 2, "replay"), (2, 2, "dlq"), (5, 3, "dlq"), (4, 5, "replay")],
+)
+def test_dead_letter_exactly_from_max_attempts_on(
+    attempt: int, max_attempts: int, kind: str
+) -> None:
+    record = dataclasses.replace(FIRST, attempt=attempt, max_attempts=max_attempts)
+    decision = decide(NS, record, "failed", NOW, 4)
+    assert decision.kind == kind
+    assert len(decision.records) == (1 if kind == "dlq" else 2)
+
+
+def test_decide_is_pure() -> None:
+    """The failed attempt itself is not changed; two decisions draw different srids."""
+    before = dataclasses.replace(FIRST)
+    a, b = decide(NS, FIRST, "timeout", NOW, 4), decide(NS, FIRST, "timeout", NOW, 4)
+    assert before == FIRST
+    assert a.new_srid != b.new_srid
+
+
+def test_null_key_and_value_replay() -> None:
+    record = dataclasses.replace(FIRST, key=None, value=None, headers=())
+    decision, again = _replay(record)
+    data = decision.records[1]
+    assert data.key is None and data.value is None
+    assert again.key is None and again.value is None
+    assert {k for k, _ in data.headers} == {"rb-srid", "rb-id", "rb-origin", "rb-attempt"}
+
+
+# --------------------------------------------------------------------------- quarantine
+
+
+def test_quarantine_keeps_the_message_byte_for_byte_with_the_reason() -> None:
+    out = quarantine_record(NS, NS.acks, 3, 1234, None, b"\xff\x00garbage", "empty XorBatch")
+    assert out.topic == NS.dlq and out.partition == 0
+    assert out.key is None and out.value == b"\xff\x00garbage"
+    headers = _headers(out.headers)
+    assert headers[H_REASON] == b"quarantine: empty XorBatch"
+    assert headers[H_SOURCE] == f"{NS.acks}/3/1234".encode()
+
+    out = quarantine_record(NS, NS.persist, 0, 0, b"\x01" * 8, None, "x")
+    assert (out.key, out.value) == (b"\x01" * 8, None)
+
+
+# --------------------------------------------------------------------------- payload cache
+
+
+def _record(srid: int) -> PersistedRecord:
+    return dataclasses.replace(FIRST, srid=srid)
+
+
+def test_payload_cache_is_bounded_and_evicts_the_oldest() -> None:
+    cache = PayloadCache(max_entries=3)
+    for srid in range(1, 6):
+        cache.put(_record(srid))
+        assert len(cache) == min(srid, 3)
+    assert cache.pop(1) is None and cache.pop(2) is None  # evicted, oldest first
+    assert cache.pop(4) == _record(4)
+    assert cache.pop(4) is None  # pop removes
+    assert len(cache) == 2
+
+
+def test_payload_cache_discard_many() -> None:
+    cache = PayloadCache(max_entries=10)
+    for srid in range(1, 8):
+        cache.put(_record(srid))
+    cache.discard_many([2, 3, 99])
+    assert len(cache) == 5
+    assert cache.pop(2) is None and cache.pop(3) is None
+    assert cache.pop(7) == _record(7)
+
+
+def test_payload_cache_of_size_zero_keeps_nothing() -> None:
+    cache = PayloadCache(max_entries=0)
+    cache.put(_record(1))
+    assert len(cache) == 0 and cache.pop(1) is None
+    cache.discard_many([1])
+
+
+def test_payload_cache_bound_holds_under_many_puts() -> None:
+    cache = PayloadCache(max_entries=100)
+    for srid in range(1, 10_001):
+        cache.put(_record(srid))
+    assert len(cache) == 100
+    assert cache.pop(9_900) is None
+    assert all(cache.pop(s) is not None for s in range(9_901, 10_001))

@@ -1,0 +1,328 @@
+"""Avro codecs (broker.schemas): round trips, and DecodeError for everything that is not a
+well-formed value of the expected schema - garbage, truncation, trailing bytes, emptiness
+and values of another schema - so the acker can quarantine bad input instead of dying."""
+
+from __future__ import annotations
+
+import io
+
+import fastavro
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import DecodeError
+from broker.schemas import (
+    XOR_BATCH,
+    Failure,
+    LedgerEntry,
+    PersistedRecord,
+    XorBatch,
+    decode_counters,
+    encode_counters,
+)
+
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+ids64 = st.integers(I64_MIN, I64_MAX).filter(bool)
+optional_bytes = st.none() | st.binary(max_size=64)
+
+RECORD = PersistedRecord(
+    srid=0x1F3A_5C7E_9B2D_4E61,
+    origin=-0x5A4F_2E1C_9B3D_7A11,
+    attempt=3,
+    root_xor=I64_MIN,
+    record_id=I64_MAX,
+    topic="orders",
+    key_hash_partition=7,
+    key=b"customer-42",
+    value=b'{"order": 1}',
+    created_ms=1_700_000_000_123,
+    partitioner="spark",
+    headers=(("trace", b"\x00\xff"), ("empty", None), ("text", b"")),
+    timeout_ms=600_000,
+    max_attempts=9,
+    history=(
+        Failure(srid=-1, attempt=1, reason="timeout", at_ms=1_700_000_000_000),
+        Failure(srid=I64_MAX, attempt=2, reason="failed: injected \u00e9", at_ms=1_700_000_000_100),
+    ),
+)
+BATCH = XorBatch(
+    ledger_partition=5,
+    srids=np.array([5, -3, I64_MIN + 1, I64_MAX - 2], dtype=np.int64),
+    xors=np.array([1, I64_MIN, -1, I64_MAX], dtype=np.int64),
+    failed=np.array([13, -11], dtype=np.int64),
+    producer="leaf@1234",
+)
+ENTRY = LedgerEntry(value=I64_MIN, flags=3, persist_offset=-1, deadline_ms=1_700_000_030_000)
+COUNTERS = {"completed": 10_000, "replayed": 0, "quarantined": 2**40}
+
+
+def _batches_equal(a: XorBatch, b: XorBatch) -> bool:
+    return (
+        a.ledger_partition == b.ledger_partition
+        and a.producer == b.producer
+        and all(
+            x.dtype == np.int64 and np.array_equal(x, y)
+            for x, y in ((b.srids, a.srids), (b.xors, a.xors), (b.failed, a.failed))
+        )
+    )
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_persisted_record_round_trip() -> None:
+    assert PersistedRecord.decode(RECORD.encode()) == RECORD
+
+
+def test_persisted_record_defaults_and_null_payload() -> None:
+    minimal = PersistedRecord(
+        srid=1,
+        origin=1,
+        attempt=1,
+        root_xor=2,
+        record_id=2,
+        topic="t",
+        key_hash_partition=0,
+        key=None,
+        value=None,
+        created_ms=0,
+    )
+    decoded = PersistedRecord.decode(minimal.encode())
+    assert decoded == minimal
+    assert (decoded.partitioner, decoded.timeout_ms, decoded.max_attempts) == ("kafka", 30_000, 5)
+    assert decoded.headers == () and decoded.history == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    srid=ids64,
+    origin=ids64,
+    root=ids64,
+    attempt=st.integers(1, 2**31 - 1),
+    key=optional_bytes,
+    value=optional_bytes,
+    headers=st.lists(st.tuples(st.text(max_size=8), optional_bytes), max_size=4),
+    topic=st.text(min_size=1, max_size=30),
+)
+def test_persisted_record_round_trip_property(
+    srid: int,
+    origin: int,
+    root: int,
+    attempt: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+    topic: str,
+) -> None:
+    record = PersistedRecord(
+        srid=srid,
+        origin=origin,
+        attempt=attempt,
+        root_xor=root,
+        record_id=root,
+        topic=topic,
+        key_hash_partition=attempt % 64,
+        key=key,
+        value=value,
+        created_ms=attempt,
+        headers=tuple(headers),
+    )
+    assert PersistedRecord.decode(record.encode()) == record
+
+
+def test_xor_batch_round_trip() -> None:
+    assert _batches_equal(XorBatch.decode(BATCH.encode()), BATCH)
+
+
+def test_xor_batch_empty_arrays_round_trip() -> None:
+    empty = np.empty(0, dtype=np.int64)
+    batch = XorBatch(0, empty, empty, empty)
+    decoded = XorBatch.decode(batch.encode())
+    assert _batches_equal(decoded, batch)
+    assert decoded.srids.size == decoded.xors.size == decoded.failed.size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lp=st.integers(0, 2**31 - 1),
+    pairs=st.lists(st.tuples(ids64, st.integers(I64_MIN, I64_MAX)), max_size=50),
+    failed=st.lists(ids64, max_size=10),
+)
+def test_xor_batch_round_trip_property(
+    lp: int, pairs: list[tuple[int, int]], failed: list[int]
+) -> None:
+    batch = XorBatch(
+        lp,
+        np.array([s for s, _ in pairs], dtype=np.int64),
+        np.array([x for _, x in pairs], dtype=np.int64),
+        np.array(failed, dtype=np.int64),
+        "p",
+    )
+    assert _batches_equal(XorBatch.decode(batch.encode()), batch)
+
+
+def test_xor_batch_arrays_travel_as_packed_little_endian_int64() -> None:
+    """The Avro ``bytes`` fields hold ``<i8`` arrays - whatever the caller's byte order - so
+    any reader (the JVM side included) decodes them with a plain ``frombuffer``."""
+    big_endian = XorBatch(
+        1,
+        BATCH.srids.astype(">i8"),
+        BATCH.xors.astype(">i8"),
+        BATCH.failed.astype(">i8"),
+    )
+    raw = fastavro.schemaless_reader(io.BytesIO(big_endian.encode()), XOR_BATCH, None)
+    assert isinstance(raw, dict)
+    assert raw["srids"] == BATCH.srids.astype("<i8").tobytes()
+    assert raw["xors"] == BATCH.xors.astype("<i8").tobytes()
+    assert raw["failed"] == BATCH.failed.astype("<i8").tobytes()
+    # first srid, 5, spelled out byte by byte: least significant byte first
+    assert raw["srids"][:8] == b"\x05" + b"\x00" * 7
+    for field in ("srids", "xors", "failed"):
+        assert np.array_equal(np.frombuffer(raw[field], dtype="<i8"), getattr(BATCH, field))
+
+
+def test_xor_batch_decodes_hand_packed_arrays() -> None:
+    """A producer that packs the arrays itself (as the Spark job does) is understood."""
+    srids = np.array([9, -7], dtype="<i8")
+    xors = np.array([I64_MAX, I64_MIN], dtype="<i8")
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(
+        buf,
+        XOR_BATCH,
+        {
+            "ledger_partition": 1,
+            "srids": srids.tobytes(),
+            "xors": xors.tobytes(),
+            "failed": b"",
+            "producer": "jvm",
+        },
+    )
+    decoded = XorBatch.decode(buf.getvalue())
+    assert decoded.srids.dtype == decoded.xors.dtype == np.int64
+    assert decoded.srids.tolist() == [9, -7]
+    assert decoded.xors.tolist() == [I64_MAX, I64_MIN]
+    assert decoded.failed.size == 0 and decoded.producer == "jvm"
+
+
+def test_xor_batch_refuses_to_encode_unequal_arrays() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        XorBatch(
+            0, np.array([1, 2], dtype=np.int64), np.array([1], dtype=np.int64), np.empty(0)
+        ).encode()
+
+
+def test_ledger_entry_round_trip() -> None:
+    assert LedgerEntry.decode(ENTRY.encode()) == ENTRY
+    other = LedgerEntry(value=I64_MAX, flags=0, persist_offset=2**40, deadline_ms=0)
+    assert LedgerEntry.decode(other.encode()) == other
+
+
+def test_counters_round_trip() -> None:
+    assert decode_counters(encode_counters(COUNTERS, 1_700_000_000_999)) == (
+        COUNTERS,
+        1_700_000_000_999,
+    )
+    assert decode_counters(encode_counters({}, 0)) == ({}, 0)
+
+
+# --------------------------------------------------------------------------- bad input
+
+DECODERS = {
+    "PersistedRecord": PersistedRecord.decode,
+    "XorBatch": XorBatch.decode,
+    "LedgerEntry": LedgerEntry.decode,
+    "LedgerCounters": decode_counters,
+}
+ENCODED = {
+    "PersistedRecord": RECORD.encode(),
+    "XorBatch": BATCH.encode(),
+    "LedgerEntry": ENTRY.encode(),
+    "LedgerCounters": encode_counters(COUNTERS, 1),
+}
+
+
+@pytest.mark.parametrize("schema", DECODERS)
+@pytest.mark.parametrize("empty", [None, b""], ids=["none", "zero-bytes"])
+def test_empty_value_is_a_decode_error(schema: str, empty: bytes | None) -> None:
+    with pytest.raises(DecodeError, match="empty"):
+        DECODERS[schema](empty)
+
+
+@pytest.mark.parametrize("schema", DECODERS)
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\xff" * 16,  # a varint that never ends
+        b"\x01",  # a negative zig-zag length prefix / nothing after it
+        b"not avro at all, just text",
+        bytes(range(256)),
+    ],
+    ids=["endless-varint", "one-byte", "text", "all-bytes"],
+)
+def test_garbage_is_a_decode_error(schema: str, garbage: bytes) -> None:
+    with pytest.raises(DecodeError):
+        DECODERS[schema](garbage)
+
+
+@pytest.mark.parametrize("schema", DECODERS)
+def test_random_bytes_never_escape_as_another_exception(schema: str) -> None:
+    """Whatever random bytes decode to, the only error a decoder raises is DecodeError."""
+    rng = np.random.default_rng(20241121)
+    decoded = 0
+    for _ in range(2000):
+        data = rng.bytes(int(rng.integers(1, 80)))
+        try:
+            DECODERS[schema](data)
+            decoded += 1
+        except DecodeError:
+            pass
+    assert decoded < 2000 // 2, "most random bytes must not be well-formed values"
+
+
+@pytest.mark.parametrize("schema", DECODERS)
+def test_every_truncation_is_a_decode_error(schema: str) -> None:
+    data = ENCODED[schema]
+    for n in range(1, len(data)):
+        with pytest.raises(DecodeError):
+            DECODERS[schema](data[:n])
+
+
+@pytest.mark.parametrize("schema", DECODERS)
+@pytest.mark.parametrize(
+    "extra", [b"\x00", b"\x02\x04", b"\x7ftail"], ids=["zero", "varints", "tail"]
+)
+def test_trailing_bytes_are_a_decode_error(schema: str, extra: bytes) -> None:
+    with pytest.raises(DecodeError, match="trailing"):
+        DECODERS[schema](ENCODED[schema] + extra)
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual"), [(e, a) for e in DECODERS for a in ENCODED if e != a]
+)
+def test_a_value_of_another_schema_is_a_decode_error(expected: str, actual: str) -> None:
+    with pytest.raises(DecodeError):
+        DECODERS[expected](ENCODED[actual])
+
+
+@pytest.mark.parametrize(
+    ("srids", "xors", "failed"),
+    [
+        (b"\x01" * 7, b"\x01" * 7, b""),  # not a multiple of 8
+        (b"\x01" * 16, b"\x01" * 8, b""),  # srids and xors differ in length
+        (b"", b"", b"\x01" * 9),  # failed not a multiple of 8
+    ],
+    ids=["odd-length", "unequal", "odd-failed"],
+)
+def test_malformed_xor_batch_arrays_are_a_decode_error(
+    srids: bytes, xors: bytes, failed: bytes
+) -> None:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(
+        buf,
+        XOR_BATCH,
+        {"ledger_partition": 0, "srids": srids, "xors": xors, "failed": failed, "producer": ""},
+    )
+    with pytest.raises(DecodeError, match="malformed"):
+        XorBatch.decode(buf.getvalue())
