@@ -141,6 +141,45 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker import dlq
+
+    settings = _settings(args)
+    if args.action == "list":
+        listed = dlq.list_entries(settings, args.namespace, args.limit)
+        if args.json:
+            sys.stdout.write(orjson.dumps([dlq.entry_json(e, m) for e, m in listed]).decode() + "\n")
+        else:
+            for entry, marker in listed:
+                print(dlq.format_entry(entry, marker))
+            print(f"{len(listed)} entries in {args.namespace}.dlq", file=sys.stderr)
+        return 0
+    result = dlq.redrive(
+        settings,
+        args.namespace,
+        reason_prefix=args.reason_prefix,
+        origins=[dlq.parse_origin(o) for o in args.origin or ()] or None,
+        timeout_ms=int(args.timeout * 1000) if args.timeout else None,
+        max_attempts=args.max_attempts,
+        dry_run=args.dry_run,
+    )
+    summary = result.summary()
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        verb = "would redrive" if args.dry_run else "redrove"
+        for r in summary["records"]:
+            print(f"{verb} origin {r['origin']} from {args.namespace}.dlq {r['dlq']} to {r['topic']}")
+        print(
+            f"{verb} {summary['selected']}; skipped: {summary['skipped_quarantined']} quarantined, "
+            f"{summary['skipped_already_redriven']} already redriven, "
+            f"{summary['skipped_not_matching']} not matching"
+        )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.demo import main_demo
 
@@ -208,6 +247,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-attempts", type=int, default=5)
     demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
     demo.set_defaults(func=_cmd_demo)
+
+    dl = sub.add_parser("dlq", help="list the dead-letter queue, or redrive records from it")
+    dl.add_argument("action", choices=["list", "redrive"])
+    dl.add_argument("--bootstrap")
+    dl.add_argument("--namespace", required=True)
+    dl.add_argument("--json", action="store_true")
+    dl.add_argument("--limit", type=int, help="list: the first N entries")
+    dl.add_argument("--reason-prefix", help="redrive: only entries whose reason starts with this")
+    dl.add_argument(
+        "--origin", nargs="+", action="extend", metavar="ID",
+        help="redrive: only these origin ids (as `dlq list` prints them, or 0x hex)",
+    )
+    dl.add_argument("--dry-run", action="store_true", help="redrive: show what would be redriven")
+    dl.add_argument("--timeout", type=float, help="redrive: per-record timeout, seconds (default 30)")
+    dl.add_argument("--max-attempts", type=int, help="redrive: attempts before the DLQ again (default 5)")
+    dl.set_defaults(func=_cmd_dlq)
     return parser
 
 

@@ -1,0 +1,387 @@
+"""Acking from ``foreachBatch``: the user's batch function, then one XOR event per srid.
+
+``Acking(bootstrap, namespace, handler)`` is the function to hand to ``foreachBatch``. For each
+micro-batch, in this order:
+
+1. the handler runs on the batch (tracking columns included) and writes its own sinks; it may
+   return a ``BatchResult`` naming the inputs that failed and the children to emit;
+2. children (``Emit``) get fresh record ids, pinned with ``localCheckpoint`` so the ids written
+   are the ids XORed, and are written to their topic with the parent's rb-* headers and a
+   new ``rb-id``;
+3. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
+   children's ids (DESIGN §4: ``r.id ^ child_1.id ^ ...``, summed over every input of that
+   srid in the batch), or a fail mark when any of its inputs failed; per ledger partition
+   ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in SQL too;
+4. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
+   and produces it to ``ns.acks[partition]``, waiting for delivery.
+
+Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
+without acks: its srids time out and are replayed (at-least-once; sinks dedup by origin). A
+batch that runs twice (restart from the checkpoint) folds its events twice, which the ledger
+treats as a missing event: a later completion or a timeout, never an early completion.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaError, Message, Producer
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from broker.errors import ConfigurationError, DeliveryError
+from broker.schemas import XorBatch
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, check
+from spark_jobs.reader import as_settings, kafka_options
+from spark_jobs.tracking import (
+    ATTEMPT,
+    IS_REPLAY,
+    ORIGIN,
+    RECORD_ID,
+    SRID,
+    int64_le_hex,
+    new_id,
+    tracking_columns,
+    tracking_headers,
+    user_headers,
+)
+
+log = logging.getLogger(__name__)
+
+CHILD_ID = "child_id"
+_HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Children for another fault-tolerant topic, anchored to their parents' trees.
+
+    ``frame`` has ``value`` (string or binary), optional ``key``, ``partition`` and
+    ``headers`` (user headers; rb-* ones are replaced), and the parent's ``srid``,
+    ``origin`` and ``attempt`` carried over from the input rows. Children of untracked
+    parents (null srid) are written untracked.
+    """
+
+    topic: str
+    frame: DataFrame
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What the handler tells the acker about its batch.
+
+    ``failed``: a boolean Column over the batch's rows, or a DataFrame with a ``srid`` column
+    (every srid in it fails). Failed srids are replayed at once (or dead-lettered after their
+    max attempts); every other tracked input is acked.
+    """
+
+    failed: Column | DataFrame | None = None
+    emits: Sequence[Emit] = ()
+
+
+BatchHandler = Callable[[DataFrame, int], BatchResult | None]
+
+
+def _default_name() -> str:
+    return f"spark@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class AckingConfig:
+    name: str = field(default_factory=_default_name)  # XorBatch.producer, for diagnosis
+    # 16 bytes a pair: 50 000 pairs is 800 kB, under Kafka's default 1 MB message limit.
+    max_pairs_per_message: int = 50_000
+    cache_batch: bool = True  # the handler and the ack step both read the batch
+    delivery_timeout_s: float = 60.0
+    producer: Mapping[str, Any] = field(default_factory=dict)  # librdkafka overrides (acks)
+    sink_options: Mapping[str, str] = field(default_factory=dict)  # Spark Kafka sink (emits)
+    history: int = 1000  # BatchStats kept
+
+
+@dataclass
+class BatchStats:
+    batch_id: int
+    inputs: int = 0
+    untracked: int = 0
+    replay_inputs: int = 0
+    srids: int = 0
+    pairs: int = 0
+    fail_marks: int = 0
+    children: int = 0
+    messages: int = 0
+    handler_s: float = 0.0
+    ack_s: float = 0.0
+
+
+STAT_FIELDS = ("inputs", "untracked", "replay_inputs", "srids", "pairs", "fail_marks", "children", "messages")
+
+
+# --------------------------------------------------------------------------- events (pure Spark)
+
+
+def with_tracking(batch: DataFrame) -> DataFrame:
+    """``batch`` with the tracking columns, decoding ``headers`` if they are not there yet."""
+    if SRID in batch.columns and RECORD_ID in batch.columns:
+        return batch
+    if "headers" not in batch.columns:
+        raise ConfigurationError(
+            "the batch has neither tracking columns nor headers: read it with "
+            "spark_jobs.read_with_replay (or the Kafka source with includeHeaders=true)"
+        )
+    return batch.withColumns(tracking_columns("headers"))
+
+
+def xor_events(
+    inputs: DataFrame,
+    ledger_partitions: int,
+    failed: Column | DataFrame | None = None,
+    children: Sequence[DataFrame] = (),
+) -> DataFrame:
+    """One row per ledger partition (plus one with a null partition counting untracked
+    inputs): ``ledger_partition``, ``srids``/``xors``/``failed`` as packed little-endian int64
+    bytes, and the counts ``inputs, replay_inputs, children, srids, pairs, fail_marks``.
+
+    ``children`` are DataFrames of ``srid, child_id``. Everything per row runs in the JVM;
+    the result is at most P + 1 rows.
+    """
+    fail_flag = F.lit(False)
+    if isinstance(failed, Column):
+        fail_flag = F.coalesce(failed, F.lit(False))
+    replay_flag = F.col(IS_REPLAY).cast("int") if IS_REPLAY in inputs.columns else F.lit(0)
+    rows = inputs.select(
+        F.col(SRID).alias("srid"),
+        F.col(RECORD_ID).alias("x"),
+        (fail_flag & F.col(SRID).isNotNull()).alias("fail"),
+        F.lit(1).alias("n_inputs"),
+        F.coalesce(replay_flag, F.lit(0)).alias("n_replays"),
+        F.lit(0).alias("n_children"),
+    )
+    for child in children:
+        rows = rows.unionByName(
+            child.where(F.col(SRID).isNotNull()).select(
+                F.col(SRID).alias("srid"),
+                F.col(CHILD_ID).alias("x"),
+                F.lit(False).alias("fail"),
+                F.lit(0).alias("n_inputs"),
+                F.lit(0).alias("n_replays"),
+                F.lit(1).alias("n_children"),
+            )
+        )
+    if isinstance(failed, DataFrame):
+        rows = rows.unionByName(
+            failed.where(F.col(SRID).isNotNull()).select(
+                F.col(SRID).alias("srid"),
+                F.lit(0).cast("bigint").alias("x"),
+                F.lit(True).alias("fail"),
+                F.lit(0).alias("n_inputs"),
+                F.lit(0).alias("n_replays"),
+                F.lit(0).alias("n_children"),
+            )
+        )
+    per_srid = rows.groupBy("srid").agg(
+        F.bit_xor("x").alias("xor"),
+        F.bool_or("fail").alias("fail"),
+        F.sum("n_inputs").alias("n_inputs"),
+        F.sum("n_replays").alias("n_replays"),
+        F.sum("n_children").alias("n_children"),
+    )
+    # A zero XOR changes nothing in the ledger; sending it would only make an orphan entry.
+    is_pair = ~F.col("fail") & (F.col("xor") != 0)
+    per_partition = per_srid.groupBy(
+        F.pmod(F.col("srid"), F.lit(ledger_partitions)).alias("ledger_partition")
+    ).agg(
+        F.collect_list(F.when(is_pair, F.struct("srid", "xor"))).alias("pairs"),
+        F.collect_list(F.when(F.col("fail"), F.col("srid"))).alias("fails"),
+        F.sum("n_inputs").alias("inputs"),
+        F.sum("n_replays").alias("replay_inputs"),
+        F.sum("n_children").alias("children"),
+        F.count("srid").alias("srids"),
+    )
+
+    def packed(array: Column, element: Callable[[Column], Column]) -> Column:
+        return F.unhex(F.array_join(F.transform(array, lambda v: int64_le_hex(element(v))), ""))
+
+    return per_partition.select(
+        "ledger_partition",
+        packed(F.col("pairs"), lambda p: p["srid"]).alias("srids"),
+        packed(F.col("pairs"), lambda p: p["xor"]).alias("xors"),
+        packed(F.col("fails"), lambda s: s).alias("failed"),
+        F.col("inputs").cast("long").alias("inputs"),
+        F.coalesce(F.col("replay_inputs"), F.lit(0)).cast("long").alias("replay_inputs"),
+        F.col("children").cast("long").alias("children"),
+        F.col("srids").cast("long").alias("srids"),
+        F.size("pairs").cast("long").alias("pairs"),
+        F.size("fails").cast("long").alias("fail_marks"),
+    )
+
+
+def collect_xor_batches(
+    events: DataFrame, producer: str = "", max_pairs: int = 50_000
+) -> tuple[list[XorBatch], dict[str, int]]:
+    """Collect ``xor_events`` (a few rows) and cut it into ``XorBatch`` values of at most
+    ``max_pairs`` pairs (and fail marks); also returns the summed counts."""
+    batches: list[XorBatch] = []
+    counts = dict.fromkeys(("inputs", "replay_inputs", "children", "srids", "pairs", "fail_marks", "untracked"), 0)
+    empty = np.zeros(0, dtype=np.int64)
+    for row in events.collect():
+        if row["ledger_partition"] is None:
+            counts["untracked"] += int(row["inputs"] or 0)
+            continue
+        for name in ("inputs", "replay_inputs", "children", "srids", "pairs", "fail_marks"):
+            counts[name] += int(row[name] or 0)
+        lp = int(row["ledger_partition"])
+        srids = np.frombuffer(bytes(row["srids"]), dtype="<i8")
+        xors = np.frombuffer(bytes(row["xors"]), dtype="<i8")
+        fails = np.frombuffer(bytes(row["failed"]), dtype="<i8")
+        for start in range(0, max(len(srids), len(fails)), max_pairs):
+            end = start + max_pairs
+            batches.append(
+                XorBatch(
+                    lp,
+                    srids[start:end] if start < len(srids) else empty,
+                    xors[start:end] if start < len(xors) else empty,
+                    fails[start:end] if start < len(fails) else empty,
+                    producer,
+                )
+            )
+    return batches, counts
+
+
+# --------------------------------------------------------------------------- the wrapper
+
+
+class Acking:
+    """``foreachBatch(Acking(bootstrap, namespace, handler))``: run ``handler(batch, batch_id)``
+    and ack every tracked input of the batch (module docstring for the order of things)."""
+
+    def __init__(
+        self,
+        bootstrap: str | KafkaSettings,
+        namespace: str | Namespace,
+        handler: BatchHandler,
+        config: AckingConfig | None = None,
+    ) -> None:
+        self.settings = as_settings(bootstrap)
+        self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.handler = handler
+        self.config = config or AckingConfig()
+        self.ledger_partitions = check(self.settings, self.ns)
+        self._producer: Producer | None = None
+        self._delivery_errors: list[str] = []
+        self.history: deque[BatchStats] = deque(maxlen=self.config.history)
+        self.totals: dict[str, int] = dict.fromkeys(("batches", *STAT_FIELDS), 0)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        batch = with_tracking(batch)
+        if self.config.cache_batch:
+            batch = batch.persist()
+        try:
+            result = self.handler(batch, batch_id) or BatchResult()
+            handled = time.monotonic()
+            children = [self._emit(emit) for emit in result.emits]
+            events = xor_events(batch, self.ledger_partitions, result.failed, children)
+            xor_batches, counts = collect_xor_batches(
+                events, self.config.name, self.config.max_pairs_per_message
+            )
+            self._send(xor_batches)
+        finally:
+            if self.config.cache_batch:
+                batch.unpersist()
+        stats = BatchStats(batch_id, messages=len(xor_batches), **counts)
+        stats.handler_s = handled - started
+        stats.ack_s = time.monotonic() - handled
+        self.history.append(stats)
+        self.totals["batches"] += 1
+        for name in STAT_FIELDS:
+            self.totals[name] += getattr(stats, name)
+        log.info("batch %d acked: %s", batch_id, asdict(stats))
+
+    # ------------------------------------------------------------------ children
+
+    def _emit(self, emit: Emit) -> DataFrame:
+        """Write the children with fresh ids; return ``srid, child_id`` for the events."""
+        frame = emit.frame
+        missing = {"value", SRID, ORIGIN, ATTEMPT} - set(frame.columns)
+        if missing:
+            raise ConfigurationError(
+                f"children for {emit.topic} lack {sorted(missing)}: carry the parent's srid, "
+                "origin and attempt over from the input rows"
+            )
+        # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
+        pinned = frame.withColumn(CHILD_ID, F.when(F.col(SRID).isNotNull(), new_id())).localCheckpoint(
+            eager=True
+        )
+        own = (
+            user_headers(F.col("headers"))
+            if "headers" in frame.columns
+            else F.array().cast(_HEADERS_TYPE)
+        )
+        headers = F.when(
+            F.col(SRID).isNotNull(),
+            F.concat(own, tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT))),
+        ).otherwise(own)
+        columns = [
+            F.col("key") if "key" in frame.columns else F.lit(None).cast("binary").alias("key"),
+            F.col("value"),
+            headers.alias("headers"),
+        ]
+        if "partition" in frame.columns:
+            columns.append(F.col("partition").cast("int").alias("partition"))
+        (
+            pinned.select(*columns)
+            .write.format("kafka")
+            .options(**kafka_options(self.settings))
+            .option("kafka.enable.idempotence", "true")
+            .option("kafka.acks", "all")
+            .options(**self.config.sink_options)
+            .option("topic", emit.topic)
+            .save()
+        )
+        return pinned.select(SRID, CHILD_ID)
+
+    # ------------------------------------------------------------------ acks
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._delivery_errors.append(str(err))
+
+    def _send(self, batches: list[XorBatch]) -> None:
+        if not batches:
+            return
+        if self._producer is None:
+            self._producer = Producer(
+                self.settings.producer_config(**{"linger.ms": 2, **self.config.producer})
+            )
+        producer = self._producer
+        for xb in batches:
+            value = xb.encode()
+            while True:
+                try:
+                    producer.produce(
+                        self.ns.acks, value=value, partition=xb.ledger_partition, on_delivery=self._on_delivery
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        remaining = producer.flush(self.config.delivery_timeout_s)
+        if self._delivery_errors or remaining:
+            errors, self._delivery_errors = self._delivery_errors, []
+            # The batch fails; Spark runs it again, or its srids time out and replay.
+            raise DeliveryError(
+                f"acks not delivered ({remaining} pending, errors: {errors[:3]})"
+            )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.config.delivery_timeout_s)
+            self._producer = None
