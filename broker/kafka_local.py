@@ -119,6 +119,8 @@ def resolve_classpath(name: str, coordinates: Sequence[tuple[str, str, str]]) ->
     (work / "pom.xml").write_text(_pom(coordinates))
     out = work / "classpath.txt"
     cmd = [mvn, "-q", "-B", *_maven_settings_args(), "dependency:build-classpath"]
+    if os.environ.get("REPLAYBROKER_MAVEN_REPO"):  # another local repository (e.g. a cold one)
+        cmd.append(f"-Dmaven.repo.local={os.environ['REPLAYBROKER_MAVEN_REPO']}")
     cmd.append(f"-Dmdep.outputFile={out}")
     log.info("resolving %s with Maven", ", ".join(":".join(c) for c in coordinates))
     try:

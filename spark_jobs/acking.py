@@ -147,8 +147,8 @@ def xor_events(
     children: Sequence[DataFrame] = (),
 ) -> DataFrame:
     """One row per ledger partition (plus one with a null partition counting untracked
-    inputs): ``ledger_partition``, ``srids``/``xors``/``failed`` as packed little-endian int64
-    bytes, and the counts ``inputs, replay_inputs, children, srids, pairs, fail_marks``.
+    inputs): ``ledger_partition``, ``srids_le``/``xors_le``/``failed_le`` as packed
+    little-endian int64 bytes (aligned), and the counts ``inputs, replay_inputs, children, srids, pairs, fail_marks``.
 
     ``children`` are DataFrames of ``srid, child_id``. Everything per row runs in the JVM;
     the result is at most P + 1 rows.
@@ -212,9 +212,9 @@ def xor_events(
 
     return per_partition.select(
         "ledger_partition",
-        packed(F.col("pairs"), lambda p: p["srid"]).alias("srids"),
-        packed(F.col("pairs"), lambda p: p["xor"]).alias("xors"),
-        packed(F.col("fails"), lambda s: s).alias("failed"),
+        packed(F.col("pairs"), lambda p: p["srid"]).alias("srids_le"),
+        packed(F.col("pairs"), lambda p: p["xor"]).alias("xors_le"),
+        packed(F.col("fails"), lambda s: s).alias("failed_le"),
         F.col("inputs").cast("long").alias("inputs"),
         F.coalesce(F.col("replay_inputs"), F.lit(0)).cast("long").alias("replay_inputs"),
         F.col("children").cast("long").alias("children"),
@@ -239,9 +239,9 @@ def collect_xor_batches(
         for name in ("inputs", "replay_inputs", "children", "srids", "pairs", "fail_marks"):
             counts[name] += int(row[name] or 0)
         lp = int(row["ledger_partition"])
-        srids = np.frombuffer(bytes(row["srids"]), dtype="<i8")
-        xors = np.frombuffer(bytes(row["xors"]), dtype="<i8")
-        fails = np.frombuffer(bytes(row["failed"]), dtype="<i8")
+        srids = np.frombuffer(bytes(row["srids_le"]), dtype="<i8")
+        xors = np.frombuffer(bytes(row["xors_le"]), dtype="<i8")
+        fails = np.frombuffer(bytes(row["failed_le"]), dtype="<i8")
         for start in range(0, max(len(srids), len(fails)), max_pairs):
             end = start + max_pairs
             batches.append(

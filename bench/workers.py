@@ -1,0 +1,405 @@
+"""The processes of a benchmark run: ``python -m bench.workers ROLE CONFIG_JSON``.
+
+Each role is one process of the measured topology, so the pipeline and its baselines run
+with the same process layout (one producing process, one consuming process per hop):
+
+========== ===================================================================
+role       what it is
+========== ===================================================================
+source     ``broker.client.Source``: persist record + data record per send
+producer   raw confluent-kafka ``Producer`` (the baselines' producing side)
+task       ``broker.client.Task`` with a leaf handler (or failure injection)
+consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
+share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
+tail       the pipeline's completion point: tails ``ns.persist`` for tombstones
+           with ``rb-outcome=completed`` (and ``<topic>.replay`` for replays)
+========== ===================================================================
+
+Protocol: a worker writes JSON lines on stdout - ``{"event": "ready"}`` once set up,
+``{"event": "progress", "count": n}`` (completion points, every 0.1 s while it changes) and
+``{"event": "done", ...}`` last. Producing workers read commands as JSON lines on stdin
+(``send``: n records now; ``run``: for a duration at a rate; ``exit``). Consuming workers
+run until SIGTERM, then save their per-record timings (wall-clock seconds / milliseconds,
+comparable across processes of one host) to ``config["out"]`` (``.npz``) and report done.
+Logging and librdkafka chatter go to stderr, which the runner sends to a log file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+log = logging.getLogger("bench.workers")
+
+VALUE_BYTES = 100
+KEYS = 1000  # distinct keys, spread over the data topic's partitions by murmur2
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(orjson.dumps({"event": event, **fields}, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    sys.stdout.flush()
+
+
+def record_value(i: int) -> bytes:
+    """A 100-byte value (the same records for the pipeline and the baselines)."""
+    head = b"%012d|" % i
+    return head + b"x" * (VALUE_BYTES - len(head))
+
+
+def record_key(i: int) -> bytes:
+    return b"key-%d" % (i % KEYS)
+
+
+def fraction(srid: int, salt: bytes) -> float:
+    """A deterministic draw in [0, 1) per srid (failure injection, as in broker.demo)."""
+    digest = hashlib.blake2b(srid.to_bytes(8, "big", signed=True) + salt, digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _settings(config: dict[str, Any]) -> Any:
+    from broker.settings import KafkaSettings
+
+    return KafkaSettings.from_env(config["bootstrap"])
+
+
+class _Stop:
+    """SIGTERM / SIGINT set a flag; the loops check it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: self.event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.event.set())
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.count = 0
+        self._reported = -1
+        self._at = 0.0
+
+    def maybe_report(self, now: float) -> None:
+        if self.count != self._reported and now - self._at >= 0.1:
+            self._reported, self._at = self.count, now
+            emit("progress", count=self.count)
+
+
+# --------------------------------------------------------------------------- producing side
+
+
+def _paced_send(send: Callable[[int], None], poll: Callable[[], None], n: int | None, duration: float | None,
+                rate: float | None, start_index: int) -> tuple[int, float, float]:
+    """Call ``send(i)`` as fast as possible or at ``rate``/s, for ``n`` records or ``duration``
+    seconds. Pacing releases the records due every millisecond (no burst longer than 1 ms)."""
+    sent = 0
+    t0 = time.time()
+    end = t0 + duration if duration is not None else None
+    i = start_index
+    while True:
+        now = time.time()
+        if (n is not None and sent >= n) or (end is not None and now >= end):
+            break
+        if rate is not None:
+            due = int((now - t0) * rate) + 1
+            if n is not None:
+                due = min(due, n)
+            if sent >= due:
+                poll()
+                time.sleep(0.0005)
+                continue
+            burst = due - sent
+        else:
+            burst = 256 if n is None else min(256, n - sent)
+        for _ in range(burst):
+            send(i)
+            i += 1
+        sent += burst
+    return sent, t0, time.time()
+
+
+def _producer_loop(send: Callable[[int], None], poll: Callable[[], None], flush: Callable[[], None]) -> None:
+    emit("ready")
+    index = 0
+    for line in sys.stdin:
+        cmd = orjson.loads(line)
+        if cmd["cmd"] == "exit":
+            break
+        n = cmd.get("n")
+        sent, t0, t1 = _paced_send(send, poll, n, cmd.get("duration"), cmd.get("rate"), index)
+        index += sent
+        flush()
+        emit("sent", n=sent, t0=t0, t1=t1, flushed=time.time())
+    emit("done", total=index)
+
+
+def run_source(config: dict[str, Any]) -> None:
+    from broker.client import Source, SourceConfig
+
+    source = Source(
+        _settings(config),
+        config["namespace"],
+        SourceConfig(timeout_ms=config.get("timeout_ms", 30_000), max_attempts=config.get("max_attempts", 5)),
+    )
+    topic = config["topic"]
+    _producer_loop(
+        lambda i: source.send(topic, record_key(i), record_value(i)),
+        lambda: source._producer.poll(0),
+        source.flush,
+    )
+    source.close()
+
+
+def run_producer(config: dict[str, Any]) -> None:
+    from confluent_kafka import Producer
+
+    # The Source's producer settings: idempotent, acks=all, lz4, murmur2, linger 5 ms.
+    producer = Producer(_settings(config).producer_config(**{"linger.ms": 5}))
+    topic = config["topic"]
+
+    def send(i: int) -> None:
+        while True:
+            try:
+                producer.produce(topic, record_value(i), record_key(i))
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
+
+
+# --------------------------------------------------------------------------- consuming side
+
+
+def run_task(config: dict[str, Any]) -> None:
+    """``Task`` over the data topic and its replay topic. ``fail_rate`` / ``drop_rate`` inject
+    failures on first attempts: failed inputs are replayed at once, dropped (never acked)
+    ones after their timeout. The wall time of each injected failure is reported."""
+    from broker.client import Task, TaskContext, TaskRecord
+    from broker.topics import replay_topic
+
+    fail_rate = float(config.get("fail_rate", 0.0))
+    drop_rate = float(config.get("drop_rate", 0.0))
+    failed_at: dict[int, float] = {}
+    dropped: list[int] = []
+
+    def handler(record: TaskRecord, ctx: TaskContext) -> None:
+        tracking = record.tracking
+        if tracking is None or tracking.attempt != 1 or not (fail_rate or drop_rate):
+            return  # a leaf: the ack is the input's own id
+        draw = fraction(tracking.origin, b"bench-inject")
+        if draw < fail_rate:
+            failed_at[tracking.origin] = time.time()
+            ctx.fail("bench: injected failure")
+        elif draw < fail_rate + drop_rate:
+            dropped.append(tracking.origin)
+            ctx.skip_ack()
+
+    topic = config["topic"]
+    task = Task(_settings(config), config["namespace"], [topic, replay_topic(topic)], config["group"], handler)
+    signal.signal(signal.SIGINT, lambda *_: task.stop())
+    emit("ready")
+    counters = task.run(install_signals=True)
+    emit(
+        "done",
+        processed=counters.processed,
+        acked=counters.acked,
+        failed=counters.failed,
+        unacked=counters.unacked,
+        failed_at=[[o, t] for o, t in failed_at.items()],
+        dropped=dropped,
+    )
+
+
+def _consumer_conf(config: dict[str, Any], group: str | None, **extra: Any) -> dict[str, Any]:
+    # Same fetch settings for every completion point, so latencies compare like for like.
+    return _settings(config).consumer_config(group, **{"fetch.wait.max.ms": 20, **extra})
+
+
+def run_consumer(config: dict[str, Any]) -> None:
+    """Raw baseline: consume, note the time, commit the batch's offsets asynchronously."""
+    from confluent_kafka import Consumer
+
+    stop = _Stop()
+    consumer = Consumer(_consumer_conf(config, config["group"], **{"isolation.level": "read_uncommitted"}))
+    consumer.subscribe([config["topic"]])
+    progress = _Progress()
+    recv: list[np.ndarray] = []
+    created: list[np.ndarray] = []
+    emit("ready")
+    try:
+        while not stop:
+            msgs = consumer.consume(1000, 0.05)
+            now = time.time()
+            if msgs:
+                ts = [m.timestamp()[1] for m in msgs if m.error() is None]
+                if ts:
+                    created.append(np.array(ts, dtype=np.int64))
+                    recv.append(np.full(len(ts), now))
+                    progress.count += len(ts)
+                    consumer.commit(asynchronous=True)
+            progress.maybe_report(now)
+    finally:
+        consumer.close()
+    _save(config, recv=recv, created_ms=created)
+    emit("done", count=progress.count)
+
+
+def run_share(config: dict[str, Any]) -> None:
+    """KIP-932 baseline: a share-group member that ACCEPTs every record explicitly; a record
+    is complete when the broker confirms its acknowledgement (commit callback)."""
+    from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+
+    stop = _Stop()
+    progress = _Progress()
+    recv: list[np.ndarray] = []
+    errors: list[str] = []
+
+    def on_commit(offsets: dict[Any, set[int]], exc: Exception | None) -> None:
+        if exc is not None:
+            errors.append(str(exc))
+            return
+        n = sum(len(v) for v in offsets.values())
+        if n:
+            recv.append(np.full(n, time.time()))
+            progress.count += n
+
+    conf = _consumer_conf(config, config["group"])
+    for key in ("enable.auto.commit", "auto.offset.reset", "isolation.level", "partition.assignment.strategy"):
+        conf.pop(key, None)  # not share-consumer properties
+    conf["share.acknowledgement.mode"] = "explicit"
+    conf["log_level"] = 3  # the "Preview" notice is a warning
+    consumer = ShareConsumer(conf)
+    consumer.set_acknowledgement_commit_callback(on_commit)
+    consumer.subscribe([config["topic"]])
+    emit("ready")
+    try:
+        while not stop:
+            msgs = consumer.poll(0.05)
+            for m in msgs:
+                if m.error() is None:
+                    consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+                else:
+                    errors.append(str(m.error()))
+            if len(msgs):
+                consumer.commit_async()
+            progress.maybe_report(time.time())
+        consumer.commit_sync(10)
+    except KafkaException as exc:
+        errors.append(str(exc))
+    finally:
+        try:
+            consumer.close()
+        except KafkaException as exc:
+            errors.append(str(exc))
+    _save(config, recv=recv)
+    emit("done", count=progress.count, errors=errors[:5])
+
+
+def run_tail(config: dict[str, Any]) -> None:
+    """The pipeline's completion point. A record completes when the acker's transaction
+    holding its persist tombstone (``rb-outcome: completed``) commits: this read_committed
+    consumer then sees it. Latency = receive time - persist record timestamp (CreateTime,
+    taken in ``Source.send``); the tombstone's own CreateTime (the acker's decision, before
+    its commit) is kept too."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    stop = _Stop()
+    persist = config["persist"]
+    tps = [TopicPartition(persist, p, OFFSET_BEGINNING) for p in range(config["partitions"])]
+    replay = config.get("replay_topic")
+    if replay:
+        tps += [TopicPartition(replay, p, OFFSET_BEGINNING) for p in range(config["partitions"])]
+    consumer = Consumer(_consumer_conf(config, None, **{"group.id": f"{config['namespace']}.bench-tail"}))
+    consumer.assign(tps)
+    keep_all = bool(replay)
+    persisted: dict[bytes, int] = {}  # srid key -> persist CreateTime (ms)
+    first_persist: dict[bytes, int] = {}
+    progress = _Progress()
+    recv: list[float] = []
+    created: list[int] = []
+    decided: list[int] = []
+    outcomes: dict[str, int] = {}
+    replays: list[tuple[bytes, int, float]] = []  # origin key, attempt, receive time
+    emit("ready")
+    try:
+        while not stop:
+            msgs = consumer.consume(10_000, 0.05)
+            now = time.time()
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                if m.topic() != persist:
+                    headers = dict(m.headers() or ())
+                    replays.append((headers.get("rb-origin") or b"", int(headers.get("rb-attempt") or b"0"), now))
+                    continue
+                key = m.key()
+                if m.value() is not None:
+                    persisted[key] = m.timestamp()[1]
+                    if keep_all:
+                        first_persist.setdefault(key, m.timestamp()[1])
+                    continue
+                outcome = (dict(m.headers() or ()).get("rb-outcome") or b"?").decode()
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                t_persist = persisted.pop(key, None)
+                if outcome == "completed" and t_persist is not None:
+                    recv.append(now)
+                    created.append(t_persist)
+                    decided.append(m.timestamp()[1])
+                    progress.count += 1
+            progress.maybe_report(now)
+    finally:
+        consumer.close()
+    extra: dict[str, Any] = {}
+    if keep_all:
+        extra["replay_origin"] = [int.from_bytes(o, "big", signed=True) if len(o) == 8 else 0 for o, _, _ in replays]
+        extra["replay_attempt"] = [a for _, a, _ in replays]
+        extra["replay_recv"] = [t for _, _, t in replays]
+        extra["first_origin"] = [int.from_bytes(k, "big", signed=True) for k in first_persist]
+        extra["first_persist_ms"] = list(first_persist.values())
+    _save(
+        config,
+        recv=[np.array(recv)],
+        created_ms=[np.array(created, dtype=np.int64)],
+        decided_ms=[np.array(decided, dtype=np.int64)],
+        **{k: [np.array(v)] for k, v in extra.items()},
+    )
+    emit("done", count=progress.count, outcomes=outcomes, pending=len(persisted))
+
+
+def _save(config: dict[str, Any], **arrays: list[np.ndarray]) -> None:
+    out = {k: (np.concatenate(v) if v else np.empty(0)) for k, v in arrays.items()}
+    np.savez(config["out"], **out)  # type: ignore[arg-type]
+
+
+ROLES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "source": run_source,
+    "producer": run_producer,
+    "task": run_task,
+    "consumer": run_consumer,
+    "share": run_share,
+    "tail": run_tail,
+}
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    role, config = argv[0], orjson.loads(argv[1])
+    ROLES[role](config)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,305 @@
+"""The reference topology end to end on a real Kafka (issue #3):
+
+    Source -> orders -> fan-out task (1-3 children) -> enriched -> leaf task
+                 \\______________ ns.persist / ns.acks ______________/ -> acker (subprocess)
+
+Checked against a ground truth the test keeps itself, never against the acker's word:
+
+- the tasks record every event they send (srid, xor), so the test knows each tree's events;
+- ``ns.acks`` and ``ns.persist`` use ``LogAppendTime``: every event and every completion
+  tombstone carries the BROKER's append time, one clock for both;
+- a completion is early if its tombstone was appended before the last event of its tree, or
+  if any event of the tree is missing from ``ns.acks`` up to that moment (DESIGN §4: the
+  value can only reach 0 when the whole tree has been folded).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from broker import ids, topics
+from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
+from broker.schemas import XorBatch
+from broker.settings import KafkaSettings
+from broker.status import read_to_end, status
+from broker.testing import unique_name
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 10_000
+P = 4
+TIMEOUT_MS = 600_000  # no timeout may fire during the test: completion is folding alone
+RUN_DEADLINE_S = 60.0
+COMPACTION_DEADLINE_S = 60.0
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+# Compaction within seconds: small segments, clean at any dirty ratio. Tombstones stay long
+# (the test reads them after the run); values shadowed by a tombstone go at the first clean.
+PERSIST_OVERRIDES = {
+    **LOG_APPEND_TIME,
+    "segment.ms": "500",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "600000",
+}
+
+
+def fan_out_of(origin: int) -> int:
+    """How many children the fan-out task emits for a tree: 1, 2 or 3, fixed per origin."""
+    return 1 + origin % 3
+
+
+class GroundTruth:
+    """The events the tasks sent, recorded by the tasks themselves: srid -> [xor, ...]."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: dict[int, list[int]] = defaultdict(list)
+
+    def record(self, srid: int, xor: int) -> None:
+        with self._lock:
+            self.events[srid].append(xor)
+
+
+class PersistWatch:
+    """Tails ``ns.persist`` (read_committed) from the beginning: srid -> tombstones."""
+
+    def __init__(self, settings: KafkaSettings, ns: topics.Namespace) -> None:
+        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
+        self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(P)])
+        # srid -> [(outcome, broker append time ms)]
+        self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        self.completed: set[int] = set()
+
+    def poll(self, timeout_s: float = 0.2) -> None:
+        for msg in self._consumer.consume(10_000, timeout_s):
+            if msg.error() is not None:
+                raise KafkaException(msg.error())
+            if msg.value() is not None or len(msg.key() or b"") != 8:
+                continue
+            ts_type, ts = msg.timestamp()
+            assert ts_type == TIMESTAMP_LOG_APPEND_TIME
+            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
+            srid = ids.decode_id(msg.key())
+            self.tombstones[srid].append((outcome, ts))
+            if outcome == "completed":
+                self.completed.add(srid)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list[tuple[int, int]]]:
+    """Every event in ``ns.acks``: srid -> [(xor, broker append time ms)]."""
+    events: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for msg in read_to_end(settings, ns.acks, P):
+        ts_type, ts = msg.timestamp()
+        assert ts_type == TIMESTAMP_LOG_APPEND_TIME
+        batch = XorBatch.decode(msg.value())
+        for srid, xor in zip(batch.srids.tolist(), batch.xors.tolist(), strict=True):
+            events[srid].append((xor, ts))
+    return events
+
+
+def early_or_missing_completions(
+    sent: dict[int, int],
+    truth: GroundTruth,
+    watch: PersistWatch,
+    events: dict[int, list[tuple[int, int]]],
+) -> list[str]:
+    """Every sent srid completed exactly once, and not before its whole tree was acked."""
+    problems = []
+    for srid, origin in sent.items():
+        expected = truth.events.get(srid, [])
+        if len(expected) != 1 + fan_out_of(origin):
+            problems.append(f"{srid}: the tasks sent {len(expected)} events, tree has {1 + fan_out_of(origin)}")
+        outcomes = watch.tombstones.get(srid, [])
+        done = [ts for outcome, ts in outcomes if outcome == "completed"]
+        if len(done) != 1 or len(outcomes) != 1:
+            problems.append(f"{srid}: tombstones {outcomes} (want exactly one 'completed')")
+        if not done:
+            continue
+        seen = events.get(srid, [])
+        last = max((ts for _, ts in seen), default=None)
+        if last is None or done[0] < last:
+            problems.append(f"{srid}: completed at {done[0]}, its last event was appended at {last}")
+        missing = Counter(expected) - Counter(x for x, ts in seen if ts <= done[0])
+        if missing:
+            problems.append(f"{srid}: completed at {done[0]} before {sum(missing.values())} of its events")
+    return problems
+
+
+def start_acker(bootstrap: str, ns: topics.Namespace, log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "acker", "--bootstrap", bootstrap,
+             "--namespace", ns.name, "--instance-id", f"{ns.name}-acker"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_acker(acker: subprocess.Popen[bytes]) -> int:
+    if acker.poll() is None:
+        acker.terminate()
+        try:
+            acker.wait(30)
+        except subprocess.TimeoutExpired:
+            acker.kill()
+            acker.wait()
+    return acker.returncode
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[dict[str, object]]:
+    """Topics, both tasks running in threads, the acker as its own process."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("pipeline"))
+    orders, enriched = f"{ns.name}.orders", f"{ns.name}.enriched"
+    topics.create(
+        settings, ns, P, {orders: P, enriched: P},
+        overrides={ns.persist: PERSIST_OVERRIDES, ns.acks: LOG_APPEND_TIME},
+    )
+    truth = GroundTruth()
+
+    def fan_out(record: TaskRecord, ctx: TaskContext) -> None:
+        tracking = record.tracking
+        assert tracking is not None
+        event = tracking.record_id
+        for i in range(fan_out_of(tracking.origin)):
+            event ^= ctx.emit(enriched, record.key, (record.value or b"") + b"|%d" % i)
+        truth.record(tracking.srid, event)
+
+    def leaf(record: TaskRecord, ctx: TaskContext) -> None:
+        assert record.tracking is not None
+        truth.record(record.tracking.srid, record.tracking.record_id)
+
+    tasks = [
+        Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out),
+        Task(settings, ns, [enriched], unique_name("leaf"), leaf),
+    ]
+    threads = [threading.Thread(target=t.run, daemon=True) for t in tasks]
+    for thread in threads:
+        thread.start()
+    log_path = tmp_path / "acker.log"
+    acker = start_acker(bootstrap, ns, log_path)
+    watch = PersistWatch(settings, ns)
+    try:
+        yield {
+            "settings": settings, "ns": ns, "orders": orders, "truth": truth, "tasks": tasks,
+            "acker": acker, "watch": watch, "log": log_path,
+        }
+    finally:
+        for task in tasks:
+            task.stop()
+        for thread in threads:
+            thread.join(30)
+        stop_acker(acker)
+        watch.close()
+
+
+def test_every_record_completes_once_never_early_and_persist_compacts_empty(
+    pipeline: dict[str, object], bootstrap: str
+) -> None:
+    settings: KafkaSettings = pipeline["settings"]  # type: ignore[assignment]
+    ns: topics.Namespace = pipeline["ns"]  # type: ignore[assignment]
+    truth: GroundTruth = pipeline["truth"]  # type: ignore[assignment]
+    watch: PersistWatch = pipeline["watch"]  # type: ignore[assignment]
+    acker: subprocess.Popen[bytes] = pipeline["acker"]  # type: ignore[assignment]
+    log_path: Path = pipeline["log"]  # type: ignore[assignment]
+    orders = str(pipeline["orders"])
+
+    sent: dict[int, int] = {}  # srid -> origin
+    with Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS)) as source:
+        for i in range(RECORDS):
+            result = source.send(orders, f"customer-{i % 997}", b"order-%d" % i)
+            sent[result.srid] = result.origin
+            if i % 1000 == 0:
+                watch.poll(0)
+    assert len(sent) == RECORDS
+
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while not watch.completed >= sent.keys():
+        assert acker.poll() is None, f"the acker died:\n{tail(log_path)}"
+        assert time.monotonic() < deadline, (
+            f"{len(sent.keys() - watch.completed)} of {RECORDS} records did not complete:\n{tail(log_path)}"
+        )
+        watch.poll(0.2)
+    for task in pipeline["tasks"]:  # type: ignore[attr-defined]
+        task.stop()
+    assert stop_acker(acker) == 0, tail(log_path)
+    watch.poll(0.5)
+
+    # Ground truth: each tree completed once, after its last event, with all its events in.
+    events = read_events(settings, ns)
+    problems = early_or_missing_completions(sent, truth, watch, events)
+    assert not problems, f"{len(problems)} problems, e.g.:\n" + "\n".join(problems[:10])
+    assert watch.tombstones.keys() == sent.keys()
+
+    # The acker's own counters (exactly-once, in the changelog) agree with the ground truth.
+    counters = status(settings, ns.name)["counters"]
+    assert counters.get("registered") == RECORDS
+    assert counters.get("completed") == RECORDS
+    assert counters.get("folded") == sum(len(v) for v in events.values())
+    for name in ("duplicate_roots", "timed_out", "failed", "replayed", "dlq", "orphans", "quarantined"):
+        assert counters.get(name, 0) == 0, (name, counters)
+
+    # After the cleaner ran, ns.persist holds no live value: every record was released.
+    assert_persist_compacts_to_tombstones(settings, ns)
+
+
+def assert_persist_compacts_to_tombstones(settings: KafkaSettings, ns: topics.Namespace) -> None:
+    """Poll until a read of ``ns.persist`` from the beginning finds no non-null value.
+
+    The cleaner never touches the active segment, so each round appends one tombstone of an
+    unused srid per partition (the acker ignores tombstones): once ``segment.ms`` has passed
+    that append rolls the segment, and the values and their tombstones become cleanable."""
+    producer = Producer(settings.producer_config())
+    deadline = time.monotonic() + COMPACTION_DEADLINE_S
+    try:
+        while True:
+            for p in range(P):
+                producer.produce(ns.persist, key=ids.encode_id(P * 2**40 + p), value=None, partition=p)
+            assert producer.flush(30) == 0
+            live = [m for m in read_to_end(settings, ns.persist, P) if m.value() is not None]
+            if not live:
+                return
+            assert time.monotonic() < deadline, f"{len(live)} values still in {ns.persist} after compaction"
+            time.sleep(0.5)  # give the cleaner a turn (poll interval, not synchronisation)
+    finally:
+        producer.flush(10)
+
+
+def test_read_events_sees_the_broker_clock(bootstrap: str) -> None:
+    """LogAppendTime overrides really reach the namespace's topics (the ground truth relies
+    on one clock for events and tombstones)."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("clock"))
+    topics.create(settings, ns, P, overrides={ns.persist: PERSIST_OVERRIDES, ns.acks: LOG_APPEND_TIME})
+    producer = Producer(settings.producer_config())
+    producer.produce(ns.acks, value=b"x", partition=0, timestamp=1_000)
+    assert producer.flush(30) == 0
+    (msg,) = read_to_end(settings, ns.acks, P)
+    ts_type, ts = msg.timestamp()
+    assert ts_type == TIMESTAMP_LOG_APPEND_TIME and ts > 1_000
+    err = KafkaError  # noqa: F841 - keeps the import used by PersistWatch type checks
