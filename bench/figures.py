@@ -1,0 +1,124 @@
+"""The figures of DESIGN §9: their keys, units and targets, and how one is recorded.
+
+Every key is present in every run. A figure is ``{"value": number, "unit": ...}`` or, when
+it could not be measured, ``{"value": None, "unavailable": "<why>"}`` - never a made-up
+number. Ratios are figures too (``unit: "x"``). A figure with a target also carries
+``target`` (text) and ``met`` (bool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
+
+
+def size_label(n: int) -> str:
+    """10_000 -> "1e4"."""
+    exp = len(str(n)) - 1
+    return f"1e{exp}" if n == 10**exp else str(n)
+
+
+@dataclass(frozen=True)
+class Spec:
+    key: str
+    unit: str
+    what: str
+    # (comparison, bound): ">=" or "<=" against a number; None = no target.
+    target: tuple[str, float] | None = None
+
+
+def _specs() -> list[Spec]:
+    specs = [
+        Spec("throughput.pipeline_rps", "records/s", "completed source records/s, source -> task -> acker"),
+        Spec("throughput.raw_rps", "records/s", "raw confluent-kafka produce -> consume, same records"),
+        Spec("throughput.share_rps", "records/s", "KIP-932 share group, explicit ACCEPT per record"),
+        Spec("throughput.pipeline_vs_raw", "x", "pipeline / raw throughput", (">=", 0.5)),
+        Spec("throughput.pipeline_vs_share", "x", "pipeline / share-group throughput", (">=", 1.0)),
+    ]
+    for n in FOLD_SIZES:
+        s = size_label(n)
+        specs += [
+            Spec(f"fold.{s}.table_pairs_per_s", "pairs/s", f"LedgerTable.fold, {s} pending entries, one core", (">=", 2e6)),
+            Spec(f"fold.{s}.dict_pairs_per_s", "pairs/s", f"plain Python dict fold, {s} pending entries"),
+            Spec(f"fold.{s}.table_vs_dict", "x", "LedgerTable / dict fold rate"),
+            Spec(f"fold.{s}.table_bytes_per_entry", "B", f"LedgerTable bytes per pending entry at {s}", ("<=", 48.0)),
+            Spec(f"fold.{s}.dict_bytes_per_entry", "B", f"dict fold bytes per pending entry at {s}"),
+        ]
+    specs += [
+        Spec("latency.load_rps", "records/s", "offered load: 50 % of the measured pipeline throughput"),
+        Spec("latency.pipeline_p50_ms", "ms", "persist -> completed tombstone visible (read_committed), p50"),
+        Spec("latency.pipeline_p99_ms", "ms", "persist -> completed tombstone visible (read_committed), p99"),
+        Spec("latency.raw_p50_ms", "ms", "raw produce -> consume at the same rate, p50"),
+        Spec("latency.raw_p99_ms", "ms", "raw produce -> consume at the same rate, p99"),
+        Spec("latency.p99_budget_ms", "ms", "target for the pipeline p99: commit interval + 100 ms"),
+        Spec("latency.p99_vs_raw", "x", "pipeline p99 / raw p99"),
+        Spec("replay.timeout_ms", "ms", "configured per-record timeout"),
+        Spec("replay.after_fail_p50_ms", "ms", "explicit fail (task) -> replay record visible, p50"),
+        Spec("replay.after_fail_p99_ms", "ms", "explicit fail (task) -> replay record visible, p99"),
+        Spec("replay.after_timeout_p50_ms", "ms", "persist of a never-acked record -> replay visible, p50"),
+        Spec("replay.after_timeout_p99_ms", "ms", "persist of a never-acked record -> replay visible, p99"),
+        Spec("replay.after_fail_vs_timeout", "x", "replay-after-fail p99 / configured timeout"),
+        Spec("replay.after_timeout_vs_timeout", "x", "replay-after-timeout p99 / configured timeout"),
+        Spec("restore.entries", "entries", "live entries in the changelog partition restored"),
+        Spec("restore.seconds", "s", "Acker._restore of that partition"),
+        Spec("restore.entries_per_s", "entries/s", "changelog restore rate"),
+    ]
+    return specs
+
+
+SPECS: dict[str, Spec] = {s.key: s for s in _specs()}
+FIGURE_KEYS: tuple[str, ...] = tuple(SPECS)
+
+
+class Figures:
+    """The figures of one run, filled section by section."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, Any]] = {}
+
+    def set(self, key: str, value: float | None, *, unavailable: str | None = None, **extra: Any) -> None:
+        spec = SPECS[key]
+        if value is None or not _finite(value) or value <= 0:
+            reason = unavailable or (f"not a positive number: {value!r}" if value is not None else "not measured")
+            self.values[key] = {"value": None, "unit": spec.unit, "unavailable": reason, **extra}
+            return
+        entry: dict[str, Any] = {"value": _round(float(value)), "unit": spec.unit, **extra}
+        if spec.target is not None:
+            op, bound = spec.target
+            entry["target"] = f"{op} {bound:g}"
+            entry["met"] = bool(value >= bound if op == ">=" else value <= bound)
+        self.values[key] = entry
+
+    def unavailable(self, keys: list[str] | tuple[str, ...], reason: str) -> None:
+        for key in keys:
+            if key not in self.values:
+                self.set(key, None, unavailable=reason)
+
+    def ratio(self, key: str, num: str, den: str) -> None:
+        a, b = self.value(num), self.value(den)
+        if a is None or b is None:
+            missing = num if a is None else den
+            self.set(key, None, unavailable=f"{missing} unavailable")
+        else:
+            self.set(key, a / b)
+
+    def value(self, key: str) -> float | None:
+        entry = self.values.get(key)
+        return None if entry is None else entry.get("value")
+
+    def complete(self, reason: str = "not measured in this run") -> dict[str, dict[str, Any]]:
+        """Every key, in the registry's order; missing ones marked unavailable."""
+        self.unavailable(FIGURE_KEYS, reason)
+        return {k: self.values[k] for k in FIGURE_KEYS}
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def _round(x: float) -> float:
+    if abs(x) >= 100:
+        return round(x, 1)
+    return float(f"{x:.4g}")
