@@ -96,7 +96,7 @@ class Pipeline:
         def run() -> None:
             try:
                 target()
-            except BaseException as exc:  # surfaced by close()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait() and close()
                 self.errors.append(exc)
 
         thread = threading.Thread(target=run, name=name, daemon=True)
@@ -340,11 +340,9 @@ def test_replays_of_a_key_keep_their_partition_and_failure_order(pipelines: Any)
     failed_seq: dict[bytes, list[int]] = defaultdict(list)
     dropped_seq: dict[bytes, list[int]] = defaultdict(list)
     for s in p.seen:  # the task's order per key = the order of the failures
-        if s.tracking.attempt == 1 and s.key in partition_of:
+        if s.tracking.attempt == 1 and s.key in partition_of and s.action != "ack":
             seq = int((s.value or b"").split(b":")[1])
-            (failed_seq if s.action == "fail" else dropped_seq if s.action == "drop" else {}).setdefault(
-                s.key, []
-            ).append(seq) if s.action != "ack" else None
+            (failed_seq if s.action == "fail" else dropped_seq)[s.key].append(seq)
     replayed: dict[bytes, list[tuple[int, int]]] = defaultdict(list)  # key -> (partition, seq)
     for msg in sorted(p.read(p.replay), key=lambda m: (m.partition(), m.offset())):
         replayed[msg.key()].append((msg.partition(), int(msg.value().split(b":")[1])))
@@ -395,11 +393,17 @@ def test_manual_clock_stepped_past_the_deadline_replays_without_waiting(pipeline
     result = p.source.send(p.topic, b"k", b"v")
     p.source.flush()
     p.wait(lambda: acker.counters()["registered"] >= 1 and bool(p.seen), "registration and the drop")
-    clock.advance(300_000)  # half-way: nothing happens
-    p.wait(lambda: acker.commits >= 3, "a few commits", limit_s=30)
+    clock.advance(300_000)  # half-way: nothing expires
+    # Two commit rounds begin after the step, so the first one (which expires with the new
+    # time) has finished. (_last_commit: when the acker's latest commit round began.)
+    for _ in range(2):
+        mark = time.monotonic()
+        p.wait(lambda mark=mark: acker._last_commit > mark, "a commit round", limit_s=30)
     assert acker.counters()["timed_out"] == 0 and not p.tail.log.replays()
 
-    clock.advance(300_000 + 200)  # past the deadline (+ up to a tick of rounding)
+    # Past the deadline: created_ms is the wall time of the send, a moment after the clock's
+    # start, so step well beyond start + timeout.
+    clock.advance(360_000)
     p.wait(p.completed({result.origin}), "the replay to complete")
     counters = acker.counters()
     assert (counters["timed_out"], counters["replayed"], counters["completed"]) == (1, 1, 1)

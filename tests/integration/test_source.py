@@ -1,0 +1,93 @@
+"""Source guarantees: a persist record that fails is a failed send; a transactional batch
+commits persist and data records together or not at all; headers and partitions are right."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from broker import ids, topics
+from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, Source, SourceConfig
+from broker.errors import DeliveryError
+from broker.partitioning import kafka_partition, spark_partition
+from broker.schemas import PersistedRecord
+from broker.settings import KafkaSettings
+from broker.status import read_to_end
+from broker.testing import unique_name
+
+pytestmark = pytest.mark.integration
+
+
+def _namespace(settings: KafkaSettings, data_partitions: int = 5, **overrides: dict[str, str]) -> tuple[topics.Namespace, str]:
+    ns = topics.Namespace(unique_name("src"))
+    data = f"{ns.name}.orders"
+    topics.create(settings, ns, 3, {data: data_partitions}, overrides={ns.persist: overrides.get("persist", {})})
+    return ns, data
+
+
+def test_send_persists_then_publishes_with_tracking_headers(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings)
+    source = Source(settings, ns)
+    results = [source.send(data, f"key-{i}", f"value-{i}", headers=[("trace", b"t")]) for i in range(200)]
+    source.close()
+    persisted = {PersistedRecord.decode(m.value()).srid: (m, PersistedRecord.decode(m.value()))
+                 for m in read_to_end(settings, ns.persist, 3)}
+    published = read_to_end(settings, data, 5)
+    assert len(persisted) == len(published) == 200
+    by_srid = {r.srid: r for r in results}
+    for msg in published:
+        headers = dict(msg.headers())
+        srid = ids.decode_id(headers[H_SRID])
+        result = by_srid[srid]
+        assert ids.decode_id(headers[H_ID]) == result.record_id
+        assert ids.decode_id(headers[H_ORIGIN]) == srid == result.origin
+        assert headers[H_ATTEMPT] == b"1" and headers["trace"] == b"t"
+        assert msg.partition() == result.key_hash_partition == kafka_partition(msg.key(), 5)
+        persist_msg, record = persisted[srid]
+        assert persist_msg.key() == ids.encode_id(srid)
+        assert persist_msg.partition() == srid % 3  # ledger partition
+        assert record.root_xor == record.record_id == result.record_id
+        assert record.key_hash_partition == msg.partition() and record.value == msg.value()
+        assert record.headers == (("trace", b"t"),)
+
+
+def test_spark_partitioner_is_selectable_per_topic(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, data_partitions=7)
+    source = Source(settings, ns, SourceConfig(partitioners={data: "spark"}))
+    results = {f"k{i}": source.send(data, f"k{i}", b"v") for i in range(100)}
+    source.close()
+    for key, result in results.items():
+        assert result.key_hash_partition == spark_partition(key, 7)
+    for msg in read_to_end(settings, data, 7):
+        assert msg.partition() == spark_partition(msg.key().decode(), 7)
+
+
+def test_a_persist_record_that_fails_is_a_failed_send(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, persist={"max.message.bytes": "2000"})
+    source = Source(settings, ns)
+    source.send(data, "small", b"x")
+    source.flush()
+    source.send(data, "big", os.urandom(5000))  # incompressible: the persist topic refuses it
+    with pytest.raises(DeliveryError, match="persist record not delivered"):
+        source.flush()
+
+
+def test_transactional_batches_commit_or_abort_together(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings)
+    source = Source(settings, ns, transactional_id=unique_name("source"))
+    with source.transaction():
+        for i in range(50):
+            source.send(data, f"c{i}", b"committed")
+    with pytest.raises(RuntimeError, match="boom"), source.transaction():
+        for i in range(50):
+            source.send(data, f"a{i}", b"aborted")
+        raise RuntimeError("boom")
+    persisted = read_to_end(settings, ns.persist, 3)  # read_committed
+    published = read_to_end(settings, data, 5)
+    assert len(persisted) == len(published) == 50
+    assert {m.value() for m in published} == {b"committed"}
