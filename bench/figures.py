@@ -62,7 +62,7 @@ def _specs() -> list[Spec]:
         Spec("replay.after_fail_vs_timeout", "x", "replay-after-fail p99 / configured timeout"),
         Spec("replay.after_timeout_vs_timeout", "x", "replay-after-timeout p99 / configured timeout"),
         Spec("restore.entries", "entries", "live entries in the changelog partition restored"),
-        Spec("restore.seconds", "s", "Acker._restore of that partition"),
+        Spec("restore.seconds", "s", "the acker's restore path (Acker._load from the start)"),
         Spec("restore.entries_per_s", "entries/s", "changelog restore rate"),
     ]
     return specs

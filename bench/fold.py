@@ -105,6 +105,42 @@ def _dict_entry_bytes(srids: np.ndarray, values: np.ndarray) -> float:
     return (after - before - holders) / m
 
 
+def _table_rate(n: int, srids: np.ndarray, roots: np.ndarray, rng: np.random.Generator,
+                seconds: float) -> tuple[float, float, LedgerTable]:
+    """(fold pairs/s, register entries/s, the table) with ``n`` registered entries."""
+    table = LedgerTable()
+    t0 = time.perf_counter()
+    for start in range(0, n, 1_000_000):
+        stop = min(start + 1_000_000, n)
+        table.register(srids[start:stop], roots[start:stop], np.arange(start, stop, dtype=np.int64),
+                       np.full(stop - start, DEADLINE, np.int64))
+    register_rate = n / (time.perf_counter() - t0)
+    assert len(table) == n, "register lost entries"
+    rate = _timed_rate(lambda s, x: table.fold(s, x, ORPHAN_DEADLINE), lambda c: _batches(rng, srids, c), seconds)
+    assert len(table) == n, "random xors completed a tree"
+    return rate, register_rate, table
+
+
+def _dict_rate(n: int, srids: np.ndarray, roots: np.ndarray, rng: np.random.Generator,
+               seconds: float) -> tuple[float, float]:
+    """(fold pairs/s, bytes per entry) of the dict fold with ``n`` registered entries."""
+    entry_bytes = _dict_entry_bytes(srids, roots)
+    gc.disable()  # building millions of lists would trigger full collections
+    try:
+        d = {
+            s: [v, REGISTERED, o, DEADLINE]
+            for s, v, o in zip(srids.tolist(), roots.tolist(), range(n), strict=True)
+        }
+        dict_bytes = entry_bytes + sys.getsizeof(d) / n
+        rate = _timed_rate(lambda s, x: dict_fold(d, s, x, ORPHAN_DEADLINE), lambda c: _batches(rng, srids, c),
+                           seconds)
+        assert len(d) == n
+    finally:
+        gc.enable()
+    gc.collect()
+    return rate, dict_bytes
+
+
 def measure(figures: Figures, *, quick: bool, sizes: tuple[int, ...] = FOLD_SIZES,
             progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
     """Fill ``fold.*``; returns the raw series for the plot."""
@@ -127,18 +163,9 @@ def measure(figures: Figures, *, quick: bool, sizes: tuple[int, ...] = FOLD_SIZE
             continue
         srids = new_ids(n)
         roots = new_ids(n)
-        table = LedgerTable()
-        t0 = time.perf_counter()
-        for start in range(0, n, 1_000_000):
-            stop = start + 1_000_000
-            table.register(srids[start:stop], roots[start:stop], np.arange(start, min(stop, n), dtype=np.int64),
-                           np.full(min(stop, n) - start, DEADLINE, np.int64))
-        register_rate = n / (time.perf_counter() - t0)
-        assert len(table) == n, "register lost entries"
+        rate, register_rate, table = _table_rate(n, srids, roots, rng, seconds)
         figures.set(f"fold.{label}.table_bytes_per_entry", table.bytes_per_entry,
                     capacity=table.capacity, load=round(n / table.capacity, 3))
-        rate = _timed_rate(lambda s, x: table.fold(s, x, ORPHAN_DEADLINE), lambda c: _batches(rng, srids, c), seconds)
-        assert len(table) == n, "random xors completed a tree"
         figures.set(f"fold.{label}.table_pairs_per_s", rate, batch=BATCH, register_rate=round(register_rate))
         series["sizes"].append(n)
         series["table_rate"].append(rate)
@@ -153,24 +180,10 @@ def measure(figures: Figures, *, quick: bool, sizes: tuple[int, ...] = FOLD_SIZE
             series["dict_rate"].append(None)
             series["dict_bytes"].append(None)
             continue
-        entry_bytes = _dict_entry_bytes(srids, roots)
-        gc.disable()
-        try:
-            d = {
-                s: [v, REGISTERED, o, DEADLINE]
-                for s, v, o in zip(srids.tolist(), roots.tolist(), range(n), strict=True)
-            }
-            dict_bytes = entry_bytes + sys.getsizeof(d) / n
-            dict_rate = _timed_rate(lambda s, x: dict_fold(d, s, x, ORPHAN_DEADLINE),
-                                    lambda c: _batches(rng, srids, c), seconds)
-            assert len(d) == n
-            del d
-        finally:
-            gc.enable()
+        dict_rate, dict_bytes = _dict_rate(n, srids, roots, rng, seconds)
         figures.set(f"fold.{label}.dict_pairs_per_s", dict_rate, batch=BATCH)
         figures.set(f"fold.{label}.dict_bytes_per_entry", dict_bytes)
         figures.ratio(f"fold.{label}.table_vs_dict", f"fold.{label}.table_pairs_per_s", f"fold.{label}.dict_pairs_per_s")
         series["dict_rate"].append(dict_rate)
         series["dict_bytes"].append(dict_bytes)
-        gc.collect()
     return series

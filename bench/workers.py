@@ -153,8 +153,12 @@ def run_source(config: dict[str, Any]) -> None:
         SourceConfig(timeout_ms=config.get("timeout_ms", 30_000), max_attempts=config.get("max_attempts", 5)),
     )
     topic = config["topic"]
+
+    def send(i: int) -> None:
+        source.send(topic, record_key(i), record_value(i))
+
     _producer_loop(
-        lambda i: source.send(topic, record_key(i), record_value(i)),
+        send,
         lambda: source._producer.poll(0),
         source.flush,
     )
@@ -191,6 +195,7 @@ def run_task(config: dict[str, Any]) -> None:
 
     fail_rate = float(config.get("fail_rate", 0.0))
     drop_rate = float(config.get("drop_rate", 0.0))
+    inject_from = int(config.get("inject_from", 0))  # records before this index: the warm-up
     failed_at: dict[int, float] = {}
     dropped: list[int] = []
 
@@ -198,6 +203,8 @@ def run_task(config: dict[str, Any]) -> None:
         tracking = record.tracking
         if tracking is None or tracking.attempt != 1 or not (fail_rate or drop_rate):
             return  # a leaf: the ack is the input's own id
+        if inject_from and int((record.value or b"0")[:12]) < inject_from:
+            return
         draw = fraction(tracking.origin, b"bench-inject")
         if draw < fail_rate:
             failed_at[tracking.origin] = time.time()
@@ -222,6 +229,17 @@ def run_task(config: dict[str, Any]) -> None:
     )
 
 
+def _available(consumer: Any, n: int, timeout: float) -> list[Any]:
+    """Wait up to ``timeout`` for the FIRST message only, then take what is already fetched.
+
+    ``Consumer.consume(n, timeout)`` waits until it has ``n`` messages or the timeout
+    passes, which adds up to ``timeout`` of latency to every batch at moderate rates."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(n - 1, 0)]
+
+
 def _consumer_conf(config: dict[str, Any], group: str | None, **extra: Any) -> dict[str, Any]:
     # Same fetch settings for every completion point, so latencies compare like for like.
     return _settings(config).consumer_config(group, **{"fetch.wait.max.ms": 20, **extra})
@@ -240,7 +258,7 @@ def run_consumer(config: dict[str, Any]) -> None:
     emit("ready")
     try:
         while not stop:
-            msgs = consumer.consume(1000, 0.05)
+            msgs = _available(consumer, 1000, 0.05)
             now = time.time()
             if msgs:
                 ts = [m.timestamp()[1] for m in msgs if m.error() is None]
@@ -335,7 +353,7 @@ def run_tail(config: dict[str, Any]) -> None:
     emit("ready")
     try:
         while not stop:
-            msgs = consumer.consume(10_000, 0.05)
+            msgs = _available(consumer, 10_000, 0.05)
             now = time.time()
             for m in msgs:
                 if m.error() is not None:

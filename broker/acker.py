@@ -188,6 +188,9 @@ class Acker:
                     "group.id": f"{self.ns.name}.acker.restore",
                     "enable.partition.eof": True,
                     "isolation.level": "read_committed",
+                    # EOF is only seen when a fetch comes back empty, and the broker holds
+                    # an empty fetch (and the requests queued behind it) for this long.
+                    "fetch.wait.max.ms": 10,
                 },
             )
         )
@@ -362,7 +365,9 @@ class Acker:
             try:
                 done = False
                 while not done:
-                    for msg in self._restorer.consume(10_000, 0.5):
+                    # consume() waits out its whole timeout unless 10 000 messages arrive:
+                    # a long one would cost every restored partition a second, however small.
+                    for msg in self._restorer.consume(10_000, 0.05):
                         err = msg.error()
                         if err is None:
                             latest[msg.key() or b""] = msg.value()
@@ -536,7 +541,9 @@ class Acker:
             for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "failed"))
 
-    def _decide_failures(self, lp: int, st: PartitionState, out: list[Outgoing]) -> None:
+    def _decide_failures(
+        self, lp: int, st: PartitionState, decided: list[tuple[int, int, tuple[Outgoing, ...]]]
+    ) -> None:
         now_ms = self.clock.now_ms()
         pending = st.failures
         st.failures = []
@@ -553,7 +560,7 @@ class Acker:
                     continue
             decision = decide(self.ns, record, reason, now_ms, self.P)
             st.count(decision.kind if decision.kind == "dlq" else "replayed")
-            out.extend(decision.records)
+            decided.append((record.created_ms, offset, decision.records))
             st.tombstones.append((srid, decision.kind.encode()))
 
     def commit(self) -> None:
@@ -561,8 +568,16 @@ class Acker:
         self._last_commit = time.monotonic()
         self._collect_failures()
         out, self._outgoing = self._outgoing, []
+        decided: list[tuple[int, int, tuple[Outgoing, ...]]] = []
         for lp, st in self.states.items():
-            self._decide_failures(lp, st, out)
+            self._decide_failures(lp, st, decided)
+        # Failures come out of the table in srid / slot order. Produce the replays in the
+        # order the originals were persisted instead - created_ms, then the persist offset
+        # (exact within a ledger partition) - so the failures of one key decided in one
+        # commit keep the key's order on <topic>.replay.
+        decided.sort(key=lambda d: (d[0], d[1]))
+        for _, _, records in decided:
+            out.extend(records)
         if any(st.failures for st in self.states.values()):
             # A payload could not be read: commit nothing now (the changelog would forget
             # the failed entry before its replay exists); everything decided so far waits.

@@ -186,6 +186,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return main_demo(args)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from bench.cli import main_bench
+
+    return main_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replaybroker", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -247,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-attempts", type=int, default=5)
     demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
     demo.set_defaults(func=_cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure the DESIGN §9 figures beside their baselines (bench/)")
+    from bench.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
 
     dl = sub.add_parser("dlq", help="list the dead-letter queue, or redrive records from it")
     dl.add_argument("action", choices=["list", "redrive"])

@@ -140,6 +140,7 @@ class Source:
         self._in_transaction = False
         self._partitions: dict[str, int] = {}
         self._failures: list[DeliveryError] = []
+        self._on_persist = self._persist_callback(self._failures)
         self.sent = 0
 
     def _data_partitions(self, topic: str) -> int:
@@ -151,14 +152,21 @@ class Source:
             self._partitions[topic] = n
         return n
 
-    def _on_persist(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._failures.append(DeliveryError(f"persist record not delivered: {err}", record=msg))
+    @staticmethod
+    def _persist_callback(failures: list[DeliveryError]) -> Callable[[KafkaError | None, Message], None]:
+        # A closure over the list, not a bound method: the producer must not hold the Source
+        # (a reference cycle would keep its Kafka clients alive until garbage collection).
+        def on_persist(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append(DeliveryError(f"persist record not delivered: {err}", record=msg))
+
+        return on_persist
 
     def _raise_failures(self) -> None:
         if self._failures:
-            failures, self._failures = self._failures, []
-            raise failures[0]
+            first = self._failures[0]
+            self._failures.clear()
+            raise first
 
     def key_hash_partition(self, topic: str, key: bytes | None) -> int:
         n = self._data_partitions(topic)

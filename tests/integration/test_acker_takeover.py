@@ -32,7 +32,7 @@ def _start_acker(bootstrap: str, ns: str, instance: str, log_path: Path, standby
             "--instance-id", instance]
     if standby:
         args.append("--standby")
-    return subprocess.Popen(args, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return subprocess.Popen(args, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
 
 
 def _assignments(log_path: Path) -> list[tuple[list[int], int, int]]:
@@ -77,7 +77,7 @@ def test_survivor_takes_over_partitions_of_a_killed_acker(bootstrap: str, tmp_pa
         ackers[victim].wait()
         _wait(lambda: len(_assignments(logs[survivor])) > before
               and len(_assignments(logs[survivor])[-1][0]) == 4, 60, "the survivor to own all partitions")
-        partitions, from_standby, records_read = _assignments(logs[survivor])[-1]
+        _, from_standby, records_read = _assignments(logs[survivor])[-1]
         # Range rebalances are eager: the survivor's own partitions come back warm. With
         # --standby the victim's were tailed all along, so the takeover reads (almost) nothing;
         # without it their ~1500 logged entries are read from the changelog.

@@ -3,6 +3,7 @@ a taken port means another port, not a crash."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_maven_failure_names_the_artifact(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("REPLAYBROKER_HOME", str(tmp_path))
-    with pytest.raises(LocalKafkaError, match="org.apache.kafka:kafka-does-not-exist:0.0.1"):
+    with pytest.raises(LocalKafkaError, match=re.escape("org.apache.kafka:kafka-does-not-exist:0.0.1")):
         kafka_local.resolve_classpath(
             "bogus", [("org.apache.kafka", "kafka-does-not-exist", "0.0.1")]
         )

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,16 +29,17 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
+    KafkaError,
     KafkaException,
+    Message,
     Producer,
     TopicPartition,
 )
 
 from broker import ids, topics
 from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
-from broker.schemas import XorBatch
+from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
 from broker.settings import KafkaSettings
-from broker.status import read_to_end, status
 from broker.testing import unique_name
 
 pytestmark = pytest.mark.integration
@@ -86,8 +88,9 @@ class PersistWatch:
         self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
         self.completed: set[int] = set()
 
-    def poll(self, timeout_s: float = 0.2) -> None:
-        for msg in self._consumer.consume(10_000, timeout_s):
+    def poll(self, timeout_s: float = 0.2) -> int:
+        msgs = self._consumer.consume(10_000, timeout_s)
+        for msg in msgs:
             if msg.error() is not None:
                 raise KafkaException(msg.error())
             if msg.value() is not None or len(msg.key() or b"") != 8:
@@ -99,15 +102,56 @@ class PersistWatch:
             self.tombstones[srid].append((outcome, ts))
             if outcome == "completed":
                 self.completed.add(srid)
+        return len(msgs)
+
+    def drain(self) -> None:
+        while self.poll(0.3):
+            pass
 
     def close(self) -> None:
         self._consumer.close()
 
 
+def read_all(settings: KafkaSettings, topic: str, partitions: int = P) -> list[Message]:
+    """Every committed message of ``topic``, read from the beginning to the end."""
+    consumer = Consumer(
+        settings.consumer_config(
+            None,
+            **{"group.id": unique_name("read"), "enable.partition.eof": True, "fetch.wait.max.ms": 10},
+        )
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    out: list[Message] = []
+    eof: set[int] = set()
+    try:
+        while len(eof) < partitions:
+            for msg in consumer.consume(10_000, 0.1):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition())
+                else:
+                    raise KafkaException(err)
+    finally:
+        consumer.close()
+    return out
+
+
+def read_counters(settings: KafkaSettings, ns: topics.Namespace) -> dict[str, int]:
+    """The acker's exactly-once counters: the last ``__counters__`` of each changelog partition."""
+    latest = {m.partition(): m.value() for m in read_all(settings, ns.ledger) if m.key() == COUNTERS_KEY}
+    total: Counter[str] = Counter()
+    for value in latest.values():
+        if value is not None:
+            total.update(decode_counters(value)[0])
+    return dict(total)
+
+
 def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list[tuple[int, int]]]:
     """Every event in ``ns.acks``: srid -> [(xor, broker append time ms)]."""
     events: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for msg in read_to_end(settings, ns.acks, P):
+    for msg in read_all(settings, ns.acks):
         ts_type, ts = msg.timestamp()
         assert ts_type == TIMESTAMP_LOG_APPEND_TIME
         batch = XorBatch.decode(msg.value())
@@ -119,7 +163,7 @@ def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list
 def early_or_missing_completions(
     sent: dict[int, int],
     truth: GroundTruth,
-    watch: PersistWatch,
+    tombstones: dict[int, list[tuple[str, int]]],
     events: dict[int, list[tuple[int, int]]],
 ) -> list[str]:
     """Every sent srid completed exactly once, and not before its whole tree was acked."""
@@ -128,7 +172,7 @@ def early_or_missing_completions(
         expected = truth.events.get(srid, [])
         if len(expected) != 1 + fan_out_of(origin):
             problems.append(f"{srid}: the tasks sent {len(expected)} events, tree has {1 + fan_out_of(origin)}")
-        outcomes = watch.tombstones.get(srid, [])
+        outcomes = tombstones.get(srid, [])
         done = [ts for outcome, ts in outcomes if outcome == "completed"]
         if len(done) != 1 or len(outcomes) != 1:
             problems.append(f"{srid}: tombstones {outcomes} (want exactly one 'completed')")
@@ -169,8 +213,20 @@ def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+@dataclass
+class Pipeline:
+    settings: KafkaSettings
+    ns: topics.Namespace
+    orders: str
+    truth: GroundTruth
+    tasks: list[Task]
+    acker: subprocess.Popen[bytes]
+    watch: PersistWatch
+    log: Path
+
+
 @pytest.fixture
-def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[dict[str, object]]:
+def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[Pipeline]:
     """Topics, both tasks running in threads, the acker as its own process."""
     settings = KafkaSettings.from_env(bootstrap)
     ns = topics.Namespace(unique_name("pipeline"))
@@ -204,10 +260,7 @@ def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[dict[str, object]]:
     acker = start_acker(bootstrap, ns, log_path)
     watch = PersistWatch(settings, ns)
     try:
-        yield {
-            "settings": settings, "ns": ns, "orders": orders, "truth": truth, "tasks": tasks,
-            "acker": acker, "watch": watch, "log": log_path,
-        }
+        yield Pipeline(settings, ns, orders, truth, tasks, acker, watch, log_path)
     finally:
         for task in tasks:
             task.stop()
@@ -218,20 +271,14 @@ def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[dict[str, object]]:
 
 
 def test_every_record_completes_once_never_early_and_persist_compacts_empty(
-    pipeline: dict[str, object], bootstrap: str
+    pipeline: Pipeline,
 ) -> None:
-    settings: KafkaSettings = pipeline["settings"]  # type: ignore[assignment]
-    ns: topics.Namespace = pipeline["ns"]  # type: ignore[assignment]
-    truth: GroundTruth = pipeline["truth"]  # type: ignore[assignment]
-    watch: PersistWatch = pipeline["watch"]  # type: ignore[assignment]
-    acker: subprocess.Popen[bytes] = pipeline["acker"]  # type: ignore[assignment]
-    log_path: Path = pipeline["log"]  # type: ignore[assignment]
-    orders = str(pipeline["orders"])
+    settings, ns, watch, acker = pipeline.settings, pipeline.ns, pipeline.watch, pipeline.acker
 
     sent: dict[int, int] = {}  # srid -> origin
     with Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS)) as source:
         for i in range(RECORDS):
-            result = source.send(orders, f"customer-{i % 997}", b"order-%d" % i)
+            result = source.send(pipeline.orders, f"customer-{i % 997}", b"order-%d" % i)
             sent[result.srid] = result.origin
             if i % 1000 == 0:
                 watch.poll(0)
@@ -239,24 +286,25 @@ def test_every_record_completes_once_never_early_and_persist_compacts_empty(
 
     deadline = time.monotonic() + RUN_DEADLINE_S
     while not watch.completed >= sent.keys():
-        assert acker.poll() is None, f"the acker died:\n{tail(log_path)}"
+        assert acker.poll() is None, f"the acker died:\n{tail(pipeline.log)}"
         assert time.monotonic() < deadline, (
-            f"{len(sent.keys() - watch.completed)} of {RECORDS} records did not complete:\n{tail(log_path)}"
+            f"{len(sent.keys() - watch.completed)} of {RECORDS} records did not complete:\n"
+            + tail(pipeline.log)
         )
         watch.poll(0.2)
-    for task in pipeline["tasks"]:  # type: ignore[attr-defined]
+    for task in pipeline.tasks:
         task.stop()
-    assert stop_acker(acker) == 0, tail(log_path)
-    watch.poll(0.5)
+    assert stop_acker(acker) == 0, tail(pipeline.log)
+    watch.drain()  # a second completion of any srid would show up here
 
     # Ground truth: each tree completed once, after its last event, with all its events in.
     events = read_events(settings, ns)
-    problems = early_or_missing_completions(sent, truth, watch, events)
+    problems = early_or_missing_completions(sent, pipeline.truth, watch.tombstones, events)
     assert not problems, f"{len(problems)} problems, e.g.:\n" + "\n".join(problems[:10])
     assert watch.tombstones.keys() == sent.keys()
 
     # The acker's own counters (exactly-once, in the changelog) agree with the ground truth.
-    counters = status(settings, ns.name)["counters"]
+    counters = read_counters(settings, ns)
     assert counters.get("registered") == RECORDS
     assert counters.get("completed") == RECORDS
     assert counters.get("folded") == sum(len(v) for v in events.values())
@@ -280,7 +328,7 @@ def assert_persist_compacts_to_tombstones(settings: KafkaSettings, ns: topics.Na
             for p in range(P):
                 producer.produce(ns.persist, key=ids.encode_id(P * 2**40 + p), value=None, partition=p)
             assert producer.flush(30) == 0
-            live = [m for m in read_to_end(settings, ns.persist, P) if m.value() is not None]
+            live = [m for m in read_all(settings, ns.persist) if m.value() is not None]
             if not live:
                 return
             assert time.monotonic() < deadline, f"{len(live)} values still in {ns.persist} after compaction"
@@ -298,6 +346,30 @@ def test_read_events_sees_the_broker_clock(bootstrap: str) -> None:
     producer = Producer(settings.producer_config())
     producer.produce(ns.acks, value=b"x", partition=0, timestamp=1_000)
     assert producer.flush(30) == 0
-    (msg,) = read_to_end(settings, ns.acks, P)
+    (msg,) = read_all(settings, ns.acks)
     ts_type, ts = msg.timestamp()
     assert ts_type == TIMESTAMP_LOG_APPEND_TIME and ts > 1_000
+
+
+def test_the_ground_truth_check_catches_early_double_and_missing_completions() -> None:
+    """The check above must be able to fail: fed made-up logs, it names each fault."""
+    origin = 3  # fan-out 1: the tree is the root's fan-out event and one leaf event
+    truth = GroundTruth()
+    for srid in (3, 6, 9, 12):
+        truth.record(srid, 0xA)
+        truth.record(srid, 0xB)
+    events = {s: [(0xA, 100), (0xB, 200)] for s in (3, 6, 9, 12)}
+    tombstones = {
+        3: [("completed", 200)],  # right: after the last event (same ms is allowed)
+        6: [("completed", 150)],  # early: before the leaf's event
+        9: [("completed", 300), ("completed", 400)],  # completed twice
+        # 12: never completed
+    }
+    events[3].append((0xC, 100))  # an extra event is not a fault of the completion
+    sent = {3: origin, 6: 6, 9: 9, 12: 12}
+    problems = early_or_missing_completions(sent, truth, tombstones, events)
+    assert not [p for p in problems if p.startswith("3:")], problems
+    assert any(p.startswith("6:") and "last event" in p for p in problems), problems
+    assert any(p.startswith("6:") and "before 1 of its events" in p for p in problems), problems
+    assert any(p.startswith("9:") and "exactly one" in p for p in problems), problems
+    assert any(p.startswith("12:") and "exactly one" in p for p in problems), problems

@@ -1,0 +1,143 @@
+"""Throughput (pipeline vs raw vs share group) and completion latency at 50 % of peak.
+
+See ``bench.hops`` for how each system runs and what "complete" means for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bench.figures import Figures
+from bench.hops import Env, HopRun, read_all, run_hop
+from bench.procs import BenchError
+
+Progress = Callable[[float, str], None]
+
+
+def _share_unavailable_reason(exc: BaseException) -> str:
+    text = str(exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    hints = [line.strip() for line in text.splitlines() if any(
+        word in line for word in ("UNSUPPORTED", "Unsupported", "not supported", "INVALID", "share", "Share"))]
+    detail = f" ({hints[0][:200]})" if hints and hints[0] not in first else ""
+    return f"share-group run failed: {first[:300]}{detail}"
+
+
+def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: float,
+                       progress: Progress | None = None, skip_share: bool = False) -> dict[str, Any]:
+    """Fill ``throughput.*``. Returns the runs' summaries for the report."""
+    runs: dict[str, Any] = {}
+    systems = ["raw", "share", "pipeline"]
+    for i, system in enumerate(systems):
+        step = (lambda f, i=i, s=system: progress((i + f) / len(systems), s)) if progress else None
+        if step:
+            step(0.0)
+        if system == "share" and skip_share:
+            figures.set("throughput.share_rps", None, unavailable="skipped (--skip-share)")
+            continue
+        try:
+            run = run_hop(env, system, duration=duration, warm=warm, on_progress=step,
+                          warmup_timeout=45.0 if system == "share" else 90.0)
+        except Exception as exc:
+            if system != "share":
+                raise
+            # e.g. a broker without KIP-932 (Kafka < 4.1, or share groups disabled)
+            figures.set("throughput.share_rps", None, unavailable=_share_unavailable_reason(exc))
+            runs[system] = {"error": str(exc)[:2000]}
+            continue
+        rate = run.throughput()
+        runs[system] = _summary(run)
+        figures.set(f"throughput.{system}_rps", rate, sent=run.sent, window_s=round(run.t1 - run.t0 - warm, 2))
+        if system == "share" and run.done.get("share") and run.done["share"].get("errors"):  # type: ignore[union-attr]
+            runs[system]["errors"] = run.done["share"]["errors"]  # type: ignore[index]
+    figures.ratio("throughput.pipeline_vs_raw", "throughput.pipeline_rps", "throughput.raw_rps")
+    figures.ratio("throughput.pipeline_vs_share", "throughput.pipeline_rps", "throughput.share_rps")
+    return runs
+
+
+def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
+                    progress: Progress | None = None) -> dict[str, Any]:
+    """Fill ``latency.*`` at ``rate`` records/s (50 % of the pipeline's measured peak)."""
+    figures.set("latency.load_rps", rate)
+    figures.set("latency.p99_budget_ms", env.commit_interval_ms + 100.0)
+    series: dict[str, Any] = {"rate": rate}
+    for i, system in enumerate(("raw", "pipeline")):
+        step = (lambda f, i=i, s=system: progress((i + f) / 2, s)) if progress else None
+        if step:
+            step(0.0)
+        run = run_hop(env, system, duration=duration, rate=rate, drain=True, drain_timeout=60 + duration * 4,
+                      on_progress=step)
+        lat = run.latencies_ms()
+        if lat.size == 0:
+            raise BenchError(f"{system}: no latencies recorded")
+        p50, p99 = np.percentile(lat, [50, 99])
+        figures.set(f"latency.{system}_p50_ms", float(p50), samples=int(lat.size))
+        figures.set(f"latency.{system}_p99_ms", float(p99), samples=int(lat.size), max_ms=round(float(lat.max()), 1))
+        series[system] = lat
+        series[f"{system}_cpu"] = run.cpu_report(per_sent=True)
+        if system == "pipeline":
+            series["breakdown"] = breakdown(env, run)
+    pipeline_p99 = figures.values["latency.pipeline_p99_ms"]
+    if pipeline_p99.get("value") is not None:
+        budget = env.commit_interval_ms + 100.0
+        pipeline_p99["target"] = f"<= {budget:g} (commit interval + 100 ms)"
+        pipeline_p99["met"] = bool(pipeline_p99["value"] <= budget)
+    figures.ratio("latency.p99_vs_raw", "latency.pipeline_p99_ms", "latency.raw_p99_ms")
+    return series
+
+
+def breakdown(env: Env, run: HopRun) -> dict[str, dict[str, float]]:
+    """Where a completion's latency goes, from the CreateTimes the producers set:
+
+    1. ``persist -> ack event``: the source's persist record to the task's XorBatch holding
+       the srid's event (source linger, task consume batching, handler, produce);
+    2. ``ack event -> tombstone``: the acker fetching the event, folding it and waiting for
+       its next commit (the tombstone's CreateTime is taken when the commit produces it);
+    3. ``tombstone -> visible``: the transaction commit and the tail's fetch.
+    """
+    from broker import ids, topics
+    from broker.schemas import XorBatch
+
+    assert run.namespace is not None
+    ns = topics.Namespace(run.namespace)
+    persist: dict[int, int] = {}
+    tombstone: dict[int, int] = {}
+    for m in read_all(env, ns.persist, env.partitions):
+        srid = ids.decode_id(m.key())
+        (persist if m.value() is not None else tombstone)[srid] = m.timestamp()[1]
+    ack: dict[int, int] = {}
+    batch_sizes = []
+    for m in read_all(env, ns.acks, env.partitions):
+        xb = XorBatch.decode(m.value())
+        batch_sizes.append(int(xb.srids.size))
+        for srid in xb.srids.tolist():
+            ack.setdefault(srid, m.timestamp()[1])
+    t0_ms = run.t0 * 1000
+    both = [s for s, t in persist.items() if t >= t0_ms and s in ack and s in tombstone]
+    stages = {
+        "persist -> ack event": np.array([ack[s] - persist[s] for s in both], dtype=float),
+        "ack event -> tombstone": np.array([tombstone[s] - ack[s] for s in both], dtype=float),
+    }
+    decided = run.extra.get("decided_ms")
+    if decided is not None and decided.size == run.recv.size:
+        stages["tombstone -> visible"] = run.recv * 1000 - decided
+        stages["persist -> tombstone"] = decided - run.created_ms
+    out = {name: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
+           for name, v in stages.items() if v.size}
+    out["xor_batch"] = {"mean_events": float(np.mean(batch_sizes)) if batch_sizes else 0.0,
+                        "batches": float(len(batch_sizes))}
+    return out
+
+
+def _summary(run: HopRun) -> dict[str, Any]:
+    return {
+        "sent": run.sent,
+        "send_seconds": round(run.t1 - run.t0, 3),
+        "completed_after_start": int(run.recv.size),
+        "throughput_rps": round(run.throughput(), 1),
+        "cpu": run.cpu_report(),
+        "recv_rel": (run.recv - run.t0),
+    }

@@ -1,0 +1,287 @@
+"""The run's outputs: ``<stamp>.json``, ``<stamp>.md`` (figures beside their baselines) and
+``<stamp>-*.png`` plots (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from bench.figures import FOLD_SIZES, SPECS, size_label
+
+# (figure, its key, baseline, the baseline's key, ratio key)
+Row = tuple[str, str, str, str | None, str | None]
+
+
+def _rows() -> list[Row]:
+    rows: list[Row] = [
+        ("throughput, completed records/s", "throughput.pipeline_rps", "raw produce -> consume",
+         "throughput.raw_rps", "throughput.pipeline_vs_raw"),
+        ("throughput, completed records/s", "throughput.pipeline_rps", "share group, explicit ACCEPT",
+         "throughput.share_rps", "throughput.pipeline_vs_share"),
+    ]
+    for n in FOLD_SIZES:
+        s = size_label(n)
+        rows.append((f"fold pairs/s/core, {s} pending", f"fold.{s}.table_pairs_per_s", "plain dict fold",
+                     f"fold.{s}.dict_pairs_per_s", f"fold.{s}.table_vs_dict"))
+    for n in FOLD_SIZES:
+        s = size_label(n)
+        rows.append((f"bytes per pending entry, {s}", f"fold.{s}.table_bytes_per_entry", "plain dict fold",
+                     f"fold.{s}.dict_bytes_per_entry", None))
+    rows += [
+        ("completion latency p50 ms (50 % load)", "latency.pipeline_p50_ms", "raw produce -> consume p50",
+         "latency.raw_p50_ms", None),
+        ("completion latency p99 ms (50 % load)", "latency.pipeline_p99_ms", "raw produce -> consume p99",
+         "latency.raw_p99_ms", "latency.p99_vs_raw"),
+        ("replay after explicit fail p50 ms", "replay.after_fail_p50_ms", "configured timeout", "replay.timeout_ms",
+         None),
+        ("replay after explicit fail p99 ms", "replay.after_fail_p99_ms", "configured timeout", "replay.timeout_ms",
+         "replay.after_fail_vs_timeout"),
+        ("replay after timeout p50 ms", "replay.after_timeout_p50_ms", "configured timeout", "replay.timeout_ms",
+         None),
+        ("replay after timeout p99 ms", "replay.after_timeout_p99_ms", "configured timeout", "replay.timeout_ms",
+         "replay.after_timeout_vs_timeout"),
+        ("changelog restore, entries/s", "restore.entries_per_s", "-", None, None),
+    ]
+    return rows
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    a = abs(value)
+    if a >= 1e6:
+        return f"{value / 1e6:.2f} M"
+    if a >= 1e4:
+        return f"{value:,.0f}"
+    if a >= 100:
+        return f"{value:.0f}"
+    if a >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _cell(figures: dict[str, dict[str, Any]], key: str | None) -> str:
+    if key is None:
+        return "-"
+    entry = figures[key]
+    return fmt(entry.get("value")) if entry.get("value") is not None else "n/a"
+
+
+def _target(figures: dict[str, dict[str, Any]], *keys: str | None) -> tuple[str, str]:
+    for key in keys:
+        if key is None:
+            continue
+        entry = figures[key]
+        spec = SPECS[key]
+        if "target" in entry:
+            return entry["target"], "yes" if entry.get("met") else "**no**"
+        if spec.target is not None:
+            return f"{spec.target[0]} {spec.target[1]:g}", "n/a"
+    return "", ""
+
+
+def markdown(result: dict[str, Any]) -> str:
+    figures = result["figures"]
+    meta = result["meta"]
+    out = [
+        f"# replaybroker bench - {meta['stamp']}",
+        "",
+        f"mode **{meta['mode']}** · Kafka {meta['kafka']} · {meta['partitions']} partitions · "
+        f"{meta['cpus']} CPUs · load average {meta['loadavg_start']} -> {meta['loadavg_end']} · "
+        f"{meta['seconds']:.0f} s · commit `{meta.get('git_commit') or '?'}`",
+        "",
+    ]
+    if meta.get("noisy"):
+        out += [f"> {meta['noisy']}", ""]
+    out += [
+        "| figure | value | baseline | baseline value | ratio | target | met |",
+        "|---|---:|---|---:|---:|---|---|",
+    ]
+    for label, key, base_label, base_key, ratio_key in _rows():
+        target, met = _target(figures, ratio_key, key)
+        ratio = _cell(figures, ratio_key) + ("x" if ratio_key and figures[ratio_key].get("value") else "")
+        out.append(f"| {label} | {_cell(figures, key)} | {base_label} | {_cell(figures, base_key)} | "
+                   f"{ratio if ratio_key else '-'} | {target} | {met} |")
+    runs = result.get("details", {}).get("throughput") or {}
+    cpu_lines = []
+    for system in ("raw", "share", "pipeline"):
+        cpu = (runs.get(system) or {}).get("cpu")
+        if cpu:
+            parts = [f"{name} {c['core_pct']:.0f} % ({c['us_per_record']:.0f} µs/record)" for name, c in cpu.items()]
+            total = sum(c["us_per_record"] for c in cpu.values())
+            cpu_lines.append(f"- {system}: {', '.join(parts)}; total {total:.0f} µs CPU per completed record")
+    if cpu_lines:
+        out += ["", "CPU during the throughput runs (share of one core; CPU per record completed in the send "
+                "window):", "", *cpu_lines]
+    lat = figures.get("latency.load_rps", {}).get("value")
+    if lat:
+        out += ["", f"Latency load: {fmt(lat)} records/s (50 % of the measured pipeline throughput); "
+                f"budget for the pipeline p99: {fmt(figures['latency.p99_budget_ms'].get('value'))} ms."]
+    lat_details = result.get("details", {}).get("latency") or {}
+    cpu_lines = []
+    for system in ("raw", "pipeline"):
+        cpu = lat_details.get(f"{system}_cpu")
+        if cpu:
+            parts = [f"{name} {c['core_pct']:.0f} % ({c['us_per_record']:.0f} µs/record)" for name, c in cpu.items()]
+            total = sum(c["us_per_record"] for c in cpu.values())
+            cpu_lines.append(f"- {system}: {', '.join(parts)}; total {total:.0f} µs CPU per record")
+    if cpu_lines:
+        out += ["", "CPU at the latency load (the same rate for both, every record completes):", "", *cpu_lines]
+    stages = lat_details.get("breakdown") or {}
+    if stages:
+        out += ["", "Where the pipeline's completion latency goes (Kafka CreateTimes, same host):", "",
+                "| stage | p50 ms | p99 ms |", "|---|---:|---:|"]
+        for name, q in stages.items():
+            if "p50" in q:
+                out.append(f"| {name} | {fmt(q['p50'])} | {fmt(q['p99'])} |")
+        xb = stages.get("xor_batch")
+        if xb:
+            out.append(f"\n{xb['batches']:.0f} XorBatch records, {xb['mean_events']:.0f} events each on average.")
+    unavailable = [(k, v["unavailable"]) for k, v in figures.items() if v.get("value") is None]
+    if unavailable:
+        out += ["", "## Unavailable", ""]
+        reasons: dict[str, list[str]] = {}
+        for key, reason in unavailable:
+            reasons.setdefault(reason, []).append(key)
+        for reason, keys in reasons.items():
+            out.append(f"- {', '.join(f'`{k}`' for k in keys)}: {reason}")
+    if result.get("errors"):
+        out += ["", "## Errors", ""]
+        for section, text in result["errors"].items():
+            out.append(f"- **{section}**: `{text.splitlines()[0][:300]}`")
+    out += ["", "## Every figure", "", "| key | value | unit | what |", "|---|---:|---|---|"]
+    for key, entry in figures.items():
+        out.append(f"| `{key}` | {fmt(entry.get('value'))} | {entry['unit']} | {SPECS[key].what} |")
+    if result.get("files", {}).get("plots"):
+        out += ["", "## Plots", ""]
+        out += [f"![{Path(p).stem}]({Path(p).name})" for p in result["files"]["plots"]]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _unavailable(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=9, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plots(result: dict[str, Any], series: dict[str, Any], directory: Path, stamp: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = result["figures"]
+    written: list[str] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = directory / f"{stamp}-{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+
+    # throughput: the three systems, and completions over time
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [("raw", "raw"), ("share", "share group"), ("pipeline", "pipeline")]
+    values = [figures[f"throughput.{k}_rps"].get("value") or 0.0 for k, _ in names]
+    bars = ax1.bar([label for _, label in names], values, color=["#999999", "#6b8fb3", "#d9822b"])
+    for bar, (k, _), v in zip(bars, names, values, strict=True):
+        ax1.annotate(fmt(v) if v else "n/a", (bar.get_x() + bar.get_width() / 2, max(v, 1)), ha="center",
+                     va="bottom", fontsize=8)
+        del k
+    if any(values):
+        ax1.set_yscale("log")
+        ax1.set_ylim(bottom=100)
+    ax1.set_ylabel("completed records/s")
+    ax1.set_title("throughput (same records, partitions, layout)")
+    runs = series.get("throughput", {})
+    plotted = False
+    for key, label in names:
+        rel = runs.get(key, {}).get("recv_rel") if isinstance(runs.get(key), dict) else None
+        if rel is not None and len(rel):
+            ax2.plot(np.sort(rel), np.arange(1, len(rel) + 1), label=label)
+            plotted = True
+    if plotted:
+        ax2.set_xlabel("seconds since the measured send started")
+        ax2.set_ylabel("records completed")
+        ax2.legend(fontsize=8, loc="upper left")
+        ax2.set_title("completions over time")
+    else:
+        _unavailable(ax2, "no throughput runs")
+    save(fig, "throughput")
+
+    # fold: rate and memory per pending entry
+    fold = series.get("fold") or {}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    if fold.get("sizes"):
+        sizes = fold["sizes"]
+        ax1.plot(sizes, fold["table_rate"], "o-", label="LedgerTable.fold")
+        pairs = [(n, r) for n, r in zip(sizes, fold["dict_rate"], strict=True) if r]
+        if pairs:
+            ax1.plot([n for n, _ in pairs], [r for _, r in pairs], "s--", label="plain dict fold")
+        ax1.axhline(2e6, color="red", lw=0.8, ls=":", label="target 2 M/s")
+        ax1.set_xscale("log")
+        ax1.set_yscale("log")
+        ax1.set_xlabel("pending entries")
+        ax1.set_ylabel("pairs/s (one core)")
+        ax1.legend(fontsize=8)
+        ax1.set_title("fold rate")
+        ax2.plot(sizes, fold["table_bytes"], "o-", label="LedgerTable")
+        pairs = [(n, b) for n, b in zip(sizes, fold["dict_bytes"], strict=True) if b]
+        if pairs:
+            ax2.plot([n for n, _ in pairs], [b for _, b in pairs], "s--", label="plain dict")
+        ax2.axhline(48, color="red", lw=0.8, ls=":", label="target 48 B")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.set_xlabel("pending entries")
+        ax2.set_ylabel("bytes per pending entry")
+        ax2.legend(fontsize=8)
+        ax2.set_title("memory")
+    else:
+        _unavailable(ax1, "fold not measured")
+        _unavailable(ax2, "fold not measured")
+    save(fig, "fold")
+
+    # latency CDFs
+    lat = series.get("latency") or {}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if lat.get("pipeline") is not None and lat.get("raw") is not None:
+        for key, label in (("raw", "raw produce->consume"), ("pipeline", "pipeline persist->tombstone")):
+            v = np.sort(np.asarray(lat[key]))
+            ax.plot(v, np.linspace(0, 1, v.size, endpoint=False), label=label)
+        budget = figures["latency.p99_budget_ms"].get("value")
+        if budget:
+            ax.axvline(budget, color="red", lw=0.8, ls=":", label=f"p99 budget {budget:g} ms")
+        ax.set_xscale("log")
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of records")
+        ax.set_title(f"completion latency at {fmt(lat.get('rate'))} records/s (50 % of peak)")
+        ax.legend(fontsize=8)
+    else:
+        _unavailable(ax, "latency not measured")
+    save(fig, "latency")
+
+    # replay latency against the timeout
+    rep = series.get("replay") or {}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if rep.get("after_fail") is not None:
+        data = [np.asarray(rep["after_fail"]), np.asarray(rep["after_timeout"])]
+        ax.boxplot(data, vert=False, tick_labels=["after explicit fail", "after timeout"])
+        ax.axvline(rep["timeout_ms"], color="red", lw=0.8, ls=":", label=f"timeout {rep['timeout_ms']} ms")
+        ax.set_xlabel("ms until the replay record is visible")
+        ax.set_title("replay latency")
+        ax.legend(fontsize=8)
+    else:
+        _unavailable(ax, "replay not measured")
+    save(fig, "replay")
+    return written
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))

@@ -1,0 +1,325 @@
+"""``replaybroker bench``: every figure of DESIGN §9 beside its baseline, in one run.
+
+Sections, in this order (the Kafka-free one first, while the broker is idle):
+
+1. ``fold``       - LedgerTable.fold vs a plain dict fold, 10^4 .. 10^7 pending entries;
+2. ``restore``    - changelog restore rate;
+3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group;
+4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
+5. ``replay``     - replay latency after an explicit failure and after a timeout.
+
+Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
+a temporary run directory for this run and stopped after it. Outputs go to
+``bench/results/<stamp>.{json,md}`` and ``<stamp>-*.png`` (``--results-dir`` elsewhere).
+A section that fails is reported (its figures unavailable with the error) and the command
+exits 1; a figure that cannot be measured here (e.g. no share groups on the broker) is
+unavailable with the reason, which is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import report
+from bench.cli import DEFAULT_RESULTS, SECTIONS
+from bench.figures import FIGURE_KEYS, Figures
+from bench.hops import Env, run_hop
+from bench.progress import Progress
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each section is: ``--quick`` (CI smoke, ~60-90 s on 2 cores) or full."""
+
+    quick: bool
+    throughput_s: float
+    warm_s: float
+    latency_s: float
+    replay_records: int
+    replay_rate: float
+    replay_timeout_ms: int
+    restore_entries: int
+
+    @classmethod
+    def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
+        if quick:
+            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000)
+        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000)
+
+    def weights(self) -> dict[str, float]:
+        """Expected seconds per section (drives the progress bar)."""
+        if self.quick:
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 27, "latency": 16, "replay": 12}
+        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 80, "latency": 60, "replay": 30}
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    json: bool = False
+    bootstrap: str | None = None
+    results_dir: Path = DEFAULT_RESULTS
+    partitions: int = 4
+    sections: tuple[str, ...] = SECTIONS
+    profile: bool = False
+    skip_share: bool = False
+    commit_interval_ms: int = 100
+    replay_timeout_ms: int | None = None
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+@contextlib.contextmanager
+def _kafka(options: Options, progress: Progress) -> Iterator[tuple[str, str, int | None]]:
+    """(bootstrap, description, the broker's pid when it is a local embedded one): the given
+    cluster, or an embedded one started for this run."""
+    from broker.kafka_local import LocalKafka
+
+    explicit = options.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if explicit:
+        progress.start("kafka", f"using {explicit}")
+        yield explicit, f"{explicit} (given)", local_listener_pid(explicit)
+        return
+    progress.start("kafka", "starting an embedded Kafka for this run")
+    with tempfile.TemporaryDirectory(prefix="replaybroker-bench-kafka-") as run_dir:
+        kafka = LocalKafka(run_dir)
+        state = kafka.start()
+        try:
+            yield state.bootstrap, f"embedded {state.kafka_version} at {state.bootstrap}", state.pid
+        finally:
+            kafka.stop()
+
+
+def local_listener_pid(bootstrap: str) -> int | None:
+    """The pid of the local process listening on the first bootstrap address, when it is on
+    this host (Linux /proc) - so a given local broker's CPU is reported too."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "[::1]", "::1", "0.0.0.0") or not port.isdigit():
+        return None
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == int(port):
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(proc.name)
+    return None
+
+
+def _delete_topics(env: Env) -> None:
+    if not env.created_topics:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(env.settings.client_config())
+    futures = admin.delete_topics(sorted(set(env.created_topics)), operation_timeout=30)
+    for future in futures.values():
+        with contextlib.suppress(Exception):
+            future.result(timeout=30)
+
+
+def _section_keys(section: str) -> list[str]:
+    return [k for k in FIGURE_KEYS if k.split(".", 1)[0] == section]
+
+
+def run(options: Options) -> dict[str, Any]:
+    """Run the sections; write the JSON, Markdown and PNGs; return the result object."""
+    from broker.settings import KafkaSettings
+
+    plan = Plan.make(options.quick, options.replay_timeout_ms)
+    weights = {k: v for k, v in plan.weights().items() if k == "kafka" or k in options.sections}
+    progress = Progress(weights, enabled=options.progress)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    started = time.monotonic()
+    figures = Figures()
+    errors: dict[str, str] = {}
+    details: dict[str, Any] = {}
+    series: dict[str, Any] = {}
+    meta: dict[str, Any] = {
+        "stamp": stamp,
+        "mode": "quick" if plan.quick else "full",
+        "partitions": options.partitions,
+        "commit_interval_ms": options.commit_interval_ms,
+        "cpus": os.cpu_count(),
+        "loadavg_start": _loadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+        "plan": plan.__dict__,
+    }
+    with contextlib.suppress(ImportError):
+        import confluent_kafka
+        import numpy
+
+        meta["confluent_kafka"] = confluent_kafka.version()[0]
+        meta["librdkafka"] = confluent_kafka.libversion()[0]
+        meta["numpy"] = numpy.__version__
+    options.results_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"replaybroker-bench-{stamp}-"))
+    meta["workdir"] = str(workdir)
+    profile_dir = None
+    if options.profile:
+        profile_dir = options.results_dir / f"{stamp}-profiles"
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        meta["profiles"] = str(profile_dir)
+
+    def stage(section: str) -> Any:
+        progress.start(section)
+        return lambda fraction, detail="": progress.update(fraction, detail)
+
+    def guarded(section: str, body: Any) -> None:
+        if section not in options.sections:
+            figures.unavailable(_section_keys(section), f"section {section} not selected (--only)")
+            return
+        try:
+            body(stage(section))
+        except Exception as exc:  # noqa: BLE001 - one failed section must not hide the others
+            errors[section] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            figures.unavailable(_section_keys(section), f"error in section {section}: {type(exc).__name__}: "
+                                + (str(exc).splitlines() or [""])[0][:300])
+
+    # 1. fold needs no Kafka: run it before the broker is busy
+    def fold(update: Any) -> None:
+        from bench.fold import measure
+
+        series["fold"] = measure(figures, quick=plan.quick, progress=update)
+        details["fold"] = {k: v for k, v in series["fold"].items()}
+
+    guarded("fold", fold)
+
+    kafka_sections = [s for s in options.sections if s != "fold"]
+    if kafka_sections:
+        try:
+            with _kafka(options, progress) as (bootstrap, kafka_desc, kafka_pid):
+                meta["kafka"] = kafka_desc
+                env = Env(bootstrap, KafkaSettings.from_env(bootstrap), options.partitions, workdir,
+                          profile_dir=profile_dir, commit_interval_ms=options.commit_interval_ms,
+                          kafka_pid=kafka_pid)
+                try:
+                    _kafka_sections(env, plan, options, figures, details, series, guarded)
+                finally:
+                    with contextlib.suppress(Exception):
+                        _delete_topics(env)
+        except Exception as exc:  # noqa: BLE001 - e.g. the embedded Kafka does not start
+            errors["kafka"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    meta.setdefault("kafka", "not used")
+    if "kafka" in errors:
+        figures.unavailable(FIGURE_KEYS, f"not measured: {errors['kafka'].splitlines()[0][:300]}")
+
+    meta["loadavg_end"] = _loadavg()
+    meta["seconds"] = round(time.monotonic() - started, 1)
+    load1 = float(meta["loadavg_start"].split()[0]) if meta["loadavg_start"] != "?" else 0.0
+    if load1 > 0.5 * (os.cpu_count() or 1):
+        meta["noisy"] = (f"The machine was busy (load average {meta['loadavg_start']} on {meta['cpus']} CPUs "
+                         "at the start): timings are noisy; compare ratios, re-run on a quiet machine for figures.")
+    result: dict[str, Any] = {
+        "meta": meta,
+        "figures": figures.complete(),
+        "errors": {k: v.splitlines()[0] for k, v in errors.items()},
+        "details": _jsonable(details),
+    }
+    base = options.results_dir / stamp
+    files: dict[str, Any] = {"json": str(base.with_suffix(".json")), "markdown": str(base.with_suffix(".md")),
+                             "plots": []}
+    result["files"] = files
+    progress.start("report", "writing results")
+    try:
+        files["plots"] = report.plots(result, series, options.results_dir, stamp)
+    except Exception as exc:  # noqa: BLE001 - the figures are still worth writing
+        errors["plots"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        result["errors"]["plots"] = errors["plots"].splitlines()[0]
+    Path(files["markdown"]).write_text(report.markdown(result))
+    report.write_json(result, Path(files["json"]))
+    if errors:
+        (options.results_dir / f"{stamp}-errors.txt").write_text("\n\n".join(f"[{k}]\n{v}" for k, v in errors.items()))
+        result["files"]["errors"] = str(options.results_dir / f"{stamp}-errors.txt")
+    progress.close(f"{len(result['figures'])} figures in {meta['seconds']:.0f}s -> {files['markdown']}")
+    if not errors:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
+                    series: dict[str, Any], guarded: Any) -> None:
+    from bench.pipeline import measure_latency, measure_throughput
+    from bench.replay import measure_replay
+    from bench.restore import measure_restore
+
+    def restore(update: Any) -> None:
+        details["restore"] = measure_restore(env, figures, entries=plan.restore_entries, progress=update)
+
+    def throughput(update: Any) -> None:
+        runs = measure_throughput(env, figures, duration=plan.throughput_s, warm=plan.warm_s, progress=update,
+                                  skip_share=options.skip_share)
+        series["throughput"] = runs
+        details["throughput"] = {k: {kk: vv for kk, vv in v.items() if kk != "recv_rel"} for k, v in runs.items()}
+
+    def latency(update: Any) -> None:
+        peak = figures.value("throughput.pipeline_rps")
+        if peak is None:  # throughput not run (or failed): calibrate on a short pipeline run
+            update(0.0, "calibrating the peak")
+            peak = run_hop(env, "pipeline", duration=plan.throughput_s, warm=plan.warm_s).throughput()
+        lat = measure_latency(env, figures, rate=max(peak * 0.5, 10.0), duration=plan.latency_s, progress=update)
+        series["latency"] = lat
+        details["latency"] = {k: v for k, v in lat.items() if not hasattr(v, "shape")}
+
+    def replay(update: Any) -> None:
+        rep = measure_replay(env, figures, timeout_ms=plan.replay_timeout_ms, records=plan.replay_records,
+                             rate=plan.replay_rate, progress=update)
+        series["replay"] = rep
+        details["replay"] = {k: v for k, v in rep.items() if not hasattr(v, "shape")}
+
+    guarded("restore", restore)
+    guarded("throughput", throughput)
+    guarded("latency", latency)
+    guarded("replay", replay)
+
+
+def _jsonable(value: Any) -> Any:
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+                                     default=lambda v: None))

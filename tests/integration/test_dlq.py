@@ -1,0 +1,176 @@
+"""The DLQ end to end on a real Kafka: a poison record dead-letters after max attempts with
+its history; ``replaybroker dlq list`` shows it (and quarantined input); ``dlq redrive``
+brings it back as a fresh source record with the same origin, it completes once the task
+accepts it, and a second redrive injects nothing."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from broker import cli, topics
+from broker.acker import Acker, AckerConfig
+from broker.client import Source, SourceConfig, Task, TaskConfig, TaskContext, TaskRecord, Tracking
+from broker.completions import OutcomeTail
+from broker.dlq import read_to_end, redriven_topic
+from broker.schemas import PersistedRecord
+from broker.settings import KafkaSettings
+from broker.testing import unique_name
+
+pytestmark = pytest.mark.integration
+
+POISON = b"poison: {not json"
+
+
+def count(settings: KafkaSettings, topic: str, partitions: int) -> int:
+    """Records in a topic (offsets would also count transaction markers)."""
+    return len(read_to_end(settings, topic, partitions))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    capsys.readouterr()
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_poison_record_dead_letters_then_redrive_completes_it_once(
+    bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("rb"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 3})
+    accept_poison = threading.Event()
+    seen: list[tuple[str, int, Tracking]] = []  # topic, partition, tracking of every poison input
+
+    def handler(record: TaskRecord, ctx: TaskContext) -> None:
+        if record.value == POISON:
+            assert record.tracking is not None
+            seen.append((record.topic, record.partition, record.tracking))
+            if not accept_poison.is_set():
+                ctx.fail("cannot parse")
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    task = Task(
+        settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
+        TaskConfig(poll_timeout_s=0.05),
+    )
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=guarded(s.run), daemon=True) for s in (acker, task)]
+    for thread in threads:
+        thread.start()
+    tail = OutcomeTail(settings, ns)
+    source = Source(settings, ns, SourceConfig(timeout_ms=30_000, max_attempts=3))
+
+    def wait(done: Callable[[], bool], what: str, limit_s: float = 60) -> None:
+        deadline = time.monotonic() + limit_s
+        while not done():
+            assert not errors, f"a pipeline thread died: {errors[0]!r}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            tail.poll(0.2)
+
+    try:
+        good = [source.send(topic, f"good-{i}", f"fine {i}").origin for i in range(20)]
+        poison = source.send(topic, b"bad-key", POISON)
+        source.flush()
+        wait(lambda: poison.origin in tail.log.dlq_origins(), "the poison record in the DLQ")
+        wait(lambda: set(good) <= tail.log.completed_origins().keys(), "the good records")
+        # undecodable input on ns.acks: quarantined into the DLQ, never redriven
+        producer = Producer(settings.producer_config())
+        producer.produce(ns.acks, value=b"\x00 not an XorBatch", partition=1)
+        assert producer.flush(30) == 0
+        wait(lambda: count(settings, ns.dlq, 1) >= 2, "the quarantined message")
+
+        # ---- the DLQ entry: reason, attempts, where it belongs, the history of every attempt
+        attempts = [t for _, _, t in seen]
+        assert [t.attempt for t in attempts] == [1, 2, 3]
+        assert {t.origin for t in attempts} == {poison.origin}
+        listed = orjson.loads(run_cli(capsys, "dlq", "list", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        assert [e["kind"] for e in listed] == ["record", "quarantine"]
+        record, quarantined = listed
+        assert record["origin"] == poison.origin
+        assert (record["key"], record["value"], record["reason"], record["attempts"]) == (
+            "bad-key", POISON.decode(), "failed", 3,
+        )
+        assert (record["topic"], record["key_hash_partition"], record["partitioner"]) == (
+            topic, poison.key_hash_partition, "kafka",
+        )
+        assert [(h["srid"], h["attempt"], h["reason"]) for h in record["history"]] == [
+            (t.srid, t.attempt, "failed") for t in attempts
+        ]
+        assert record["redriven"] is None and record["timestamp"].endswith("Z")
+        assert quarantined["reason"].startswith("quarantine: ")
+        assert quarantined["source"]["topic"] == ns.acks and quarantined["source"]["partition"] == 1
+        assert quarantined["value"].startswith("0x00")
+        text = run_cli(capsys, "dlq", "list", "--bootstrap", bootstrap, "--namespace", ns.name, "--limit", "1")
+        assert f"origin {poison.origin}" in text and "quarantined from" not in text
+
+        # ---- filters select nothing; a dry run selects without injecting
+        for filters in (["--reason-prefix", "timeout"], ["--origin", str(good[0])]):
+            out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json", *filters))
+            assert (out["redriven"], out["skipped_not_matching"], out["skipped_quarantined"]) == (0, 1, 1)
+        dry = orjson.loads(run_cli(
+            capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json", "--dry-run",
+            "--origin", str(poison.origin), "--reason-prefix", "fail",
+        ))
+        assert (dry["selected"], dry["redriven"], dry["dry_run"]) == (1, 0, True)
+        data_before = count(settings, topic, 3)
+
+        # ---- redrive: a fresh source record with the same origin, on the data topic
+        accept_poison.set()
+        out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        assert (out["redriven"], out["skipped_quarantined"], out["skipped_already_redriven"]) == (1, 1, 0)
+        (redriven,) = out["records"]
+        assert redriven["origin"] == poison.origin
+        wait(lambda: poison.origin in tail.log.completed_origins(), "the redriven record to complete")
+        tail.poll(0.5)
+        assert tail.log.completed_origins()[poison.origin] == 1
+        assert count(settings, topic, 3) == data_before + 1
+        data_topic, partition, fresh = seen[-1]
+        assert (data_topic, partition) == (topic, poison.key_hash_partition)  # not the replay topic
+        assert (fresh.origin, fresh.attempt, fresh.srid) == (poison.origin, 1, redriven["new_srid"])
+        (again,) = [
+            PersistedRecord.decode(m.value()) for m in read_to_end(settings, ns.persist, 2)
+            if m.value() is not None and PersistedRecord.decode(m.value()).srid == fresh.srid
+        ]
+        assert (again.origin, again.attempt, again.key_hash_partition, again.max_attempts) == (
+            poison.origin, 1, poison.key_hash_partition, 5,
+        )
+        assert [f.srid for f in again.history[:3]] == [t.srid for t in attempts]
+        assert again.history[3].reason.startswith("redrive: from ")
+
+        # ---- a second redrive injects nothing; the listing shows what was redriven
+        out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        assert (out["redriven"], out["skipped_already_redriven"], out["skipped_quarantined"]) == (0, 1, 1)
+        assert count(settings, topic, 3) == data_before + 1
+        assert count(settings, redriven_topic(ns), 1) == 1
+        listed = orjson.loads(run_cli(capsys, "dlq", "list", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        assert listed[0]["redriven"]["new_srid"] == fresh.srid
+        assert [t.attempt for _, _, t in seen] == [1, 2, 3, 1]
+    finally:
+        task.stop()
+        acker.stop()
+        for thread in threads:
+            thread.join(60)
+        tail.close()
+        source.close()
+        del acker, task, source, threads
+        gc.collect()  # Kafka clients sit in reference cycles (delivery callbacks)
+    assert not errors

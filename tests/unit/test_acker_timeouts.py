@@ -1,0 +1,422 @@
+"""Timeouts with a stepped clock - nothing sleeps.
+
+Two levels:
+1. the ledger table + ``Ticker`` + ``ManualClock`` driven exactly as the acker drives them
+   (deadline = ``ticks_of(created_ms + timeout_ms)`` at registration,
+   ``expire(current_tick(now))`` at every commit);
+2. the real ``Acker`` on a ``ManualClock`` with in-memory stand-ins for the Kafka clients:
+   its decisions (timeout, replay, DLQ, completion) and the records its transaction holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from confluent_kafka import OFFSET_INVALID, TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import broker.acker
+import broker.replay
+from broker import ids
+from broker.acker import H_OUTCOME, Acker, AckerConfig
+from broker.client import Tracking
+from broker.ledger.clock import ManualClock, Ticker
+from broker.ledger.table import LedgerTable
+from broker.schemas import PersistedRecord, XorBatch
+from broker.settings import KafkaSettings
+from broker.topics import Namespace
+
+T0 = 1_700_000_000_000  # a wall-clock-like start, ms
+S1, S2 = 0x1F3A_5C7E_9B2D_4E62, 0x2B7E_1516_28AE_D2A8  # srids of ledger partition 0 (mod 2)
+R1, R2 = 0x3243_F6A8_885A_308D, 0x1319_8A2E_0370_7344  # record ids
+
+
+# --------------------------------------------------------------------------- level 1
+
+
+def _first_expiry(table: LedgerTable, ticker: Ticker, clock: ManualClock, step_ms: int, limit_ms: int) -> int | None:
+    """Step the clock like the acker's commit loop; return the time the entry timed out."""
+    end = clock.now_ms() + limit_ms
+    while clock.now_ms() < end:
+        clock.advance(step_ms)
+        expired = table.expire(ticker.current_tick(clock.now_ms()))
+        if len(expired.timed_out):
+            return clock.now_ms()
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    created_offset=st.integers(-5_000, 5_000),
+    timeout_ms=st.integers(1, 120_000),
+    tick_ms=st.sampled_from([1, 7, 100, 250, 1_000]),
+    step_ms=st.integers(1, 400),
+)
+def test_timeout_never_early_and_at_most_one_tick_and_one_step_late(
+    created_offset: int, timeout_ms: int, tick_ms: int, step_ms: int
+) -> None:
+    clock = ManualClock(T0)
+    ticker = Ticker.starting_at(clock, tick_ms)
+    created = T0 + created_offset  # the source's clock, a little off the acker's
+    deadline_ms = created + timeout_ms
+    table = LedgerTable()
+    table.register(
+        np.array([S1]), np.array([R1]), np.array([0]), ticker.ticks_of(np.array([deadline_ms]))
+    )
+    # Jump close to the deadline (nothing may expire on the way), then step finely.
+    near = deadline_ms - 3 * (tick_ms + step_ms)
+    if near > clock.now_ms():
+        clock.advance(near - clock.now_ms())
+        assert len(table.expire(ticker.current_tick(clock.now_ms())).timed_out) == 0
+    at = _first_expiry(table, ticker, clock, step_ms, 10 * (tick_ms + step_ms) + 5_000)
+    assert at is not None
+    if deadline_ms <= T0:
+        assert at == T0 + step_ms  # already due when registered: the first commit takes it
+    else:
+        assert deadline_ms <= at < deadline_ms + tick_ms + step_ms
+    assert len(table) == 0
+
+
+def test_acked_entry_completes_and_never_times_out() -> None:
+    clock = ManualClock(T0)
+    ticker = Ticker.starting_at(clock)
+    table = LedgerTable()
+    table.register(np.array([S1]), np.array([R1]), np.array([0]), ticker.ticks_of(np.array([T0 + 1_000])))
+    done = table.fold(np.array([S1]), np.array([R1]), ticker.tick_of(T0 + 60_000))
+    assert done.srids.tolist() == [S1]
+    clock.advance(10_000)
+    expired = table.expire(ticker.current_tick(clock.now_ms()))
+    assert len(expired.timed_out) == len(expired.orphans) == 0
+
+
+def test_explicit_failure_is_taken_at_once_without_waiting_for_the_deadline() -> None:
+    clock = ManualClock(T0)
+    ticker = Ticker.starting_at(clock)
+    table = LedgerTable()
+    table.register(np.array([S1, S2]), np.array([R1, R2]), np.array([0, 1]), ticker.ticks_of(np.array([T0 + 30_000] * 2)))
+    table.mark_failed(np.array([S2]), ticker.tick_of(T0 + 60_000))
+    assert table.take_failed().srids.tolist() == [S2]
+    assert len(table.expire(ticker.current_tick(clock.now_ms())).timed_out) == 0
+    clock.advance(30_000)
+    assert table.expire(ticker.current_tick(clock.now_ms())).timed_out.srids.tolist() == [S1]
+
+
+def test_unregistered_events_expire_as_orphans_not_timeouts() -> None:
+    clock = ManualClock(T0)
+    ticker = Ticker.starting_at(clock)
+    table = LedgerTable()
+    table.fold(np.array([S1]), np.array([R1]), ticker.tick_of(T0 + 60_000))  # orphan TTL 60 s
+    clock.advance(59_900)
+    assert len(table.expire(ticker.current_tick(clock.now_ms())).orphans) == 0
+    clock.advance(100)
+    expired = table.expire(ticker.current_tick(clock.now_ms()))
+    assert expired.orphans.srids.tolist() == [S1] and len(expired.timed_out) == 0
+
+
+@pytest.mark.parametrize("restored_after_ms", [0, 1, 99, 12_345, 29_999])
+def test_deadline_survives_the_changelog_into_another_process(restored_after_ms: int) -> None:
+    """The changelog carries ms; the restoring process has its own ticker epoch. The
+    restored entry still never expires early (and at most a tick late)."""
+    clock = ManualClock(T0)
+    ticker = Ticker.starting_at(clock)
+    deadline_ms = T0 + 30_000 + 37
+    tick = ticker.ticks_of(np.array([deadline_ms]))
+    logged_ms = int(ticker.ms_of_ticks(tick)[0])  # what the acker writes to ns.ledger
+    assert logged_ms >= deadline_ms
+
+    clock2 = ManualClock(T0 + restored_after_ms)  # the next owner, started later
+    ticker2 = Ticker.starting_at(clock2)
+    table = LedgerTable()
+    table.restore(
+        np.array([S1]), np.array([R1]), np.array([1], dtype=np.uint8), np.array([0]),
+        ticker2.ticks_of(np.array([logged_ms])),
+    )
+    at = _first_expiry(table, ticker2, clock2, 10, 60_000)
+    assert at is not None and deadline_ms <= at < deadline_ms + 2 * 100 + 10
+
+
+# --------------------------------------------------------------------------- level 2
+
+
+@dataclass
+class Produced:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes | None]
+
+
+class FakeProducer:
+    """Transactions in memory: what was committed is in ``committed``."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.conf = conf
+        self.pending: list[Produced] = []
+        self.committed: list[Produced] = []
+        self.transactions = 0
+
+    def init_transactions(self, *_: Any) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        self.pending = []
+
+    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, partition: int = -1,
+                headers: list[tuple[str, bytes | None]] | None = None, **_: Any) -> None:
+        self.pending.append(Produced(topic, partition, key, value, dict(headers or ())))
+
+    def send_offsets_to_transaction(self, *_: Any) -> None:
+        pass
+
+    def commit_transaction(self, *_: Any) -> None:
+        self.committed += self.pending
+        self.pending = []
+        self.transactions += 1
+
+    def abort_transaction(self, *_: Any) -> None:
+        self.pending = []
+
+    def flush(self, *_: Any) -> int:
+        return 0
+
+    def poll(self, *_: Any) -> int:
+        return 0
+
+
+class FakeMessage:
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+        self._t, self._p, self._o, self._k, self._v = topic, partition, offset, key, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def headers(self) -> None:
+        return None
+
+
+class FakeConsumer:
+    """Hands out scripted batches; assigns every partition on the first consume after
+    ``subscribe`` (once); an empty changelog to restore from."""
+
+    partitions = 2
+    last: FakeConsumer | None = None
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.conf = conf
+        self.batches: deque[list[FakeMessage]] = deque()
+        self.topics: list[str] = []
+        self.on_assign: Any = None
+        self.assigned = False
+        if conf.get("group.id", "").endswith(".acker"):
+            FakeConsumer.last = self
+
+    def subscribe(self, topics: list[str], on_assign: Any = None, **_: Any) -> None:
+        self.topics, self.on_assign = topics, on_assign
+
+    def consume(self, *_: Any) -> list[FakeMessage]:
+        if self.on_assign is not None and not self.assigned:
+            self.assigned = True
+            self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)])
+        return self.batches.popleft() if self.batches else []
+
+    def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
+
+    def get_watermark_offsets(self, *_: Any, **__: Any) -> tuple[int, int]:
+        return (0, 0)
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def assign(self, *_: Any) -> None:
+        pass
+
+    def unassign(self, *_: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.acker, "Producer", FakeProducer)
+    monkeypatch.setattr(broker.acker, "Consumer", FakeConsumer)
+    monkeypatch.setattr(broker.replay, "Consumer", FakeConsumer)
+    monkeypatch.setattr(broker.acker, "check", lambda *_a, **_k: FakeConsumer.partitions)
+
+
+NS = Namespace("unit")
+
+
+def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
+    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, orphan_ttl_ms=60_000)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    consumer = FakeConsumer.last
+    assert consumer is not None
+    producer = acker._producer
+    assert isinstance(producer, FakeProducer)
+    return acker, consumer, producer
+
+
+def run_steps(acker: Acker, n: int = 1) -> None:
+    """``n`` loop iterations of the real service loop (each one commits: interval 0)."""
+    count = itertools.count(1)
+    acker.run(until=lambda _: next(count) >= n)
+
+
+def persisted(srid: int, record_id: int, created_ms: int, *, attempt: int = 1, max_attempts: int = 5,
+              timeout_ms: int = 30_000, value: bytes = b"order 1") -> PersistedRecord:
+    return PersistedRecord(
+        srid=srid, origin=srid, attempt=attempt, root_xor=record_id, record_id=record_id,
+        topic="orders", key_hash_partition=3, key=b"customer-7", value=value,
+        created_ms=created_ms, timeout_ms=timeout_ms, max_attempts=max_attempts,
+    )
+
+
+def persist_msg(record: PersistedRecord, offset: int = 0) -> FakeMessage:
+    lp = ids.ledger_partition(record.srid, FakeConsumer.partitions)
+    return FakeMessage(NS.persist, lp, offset, ids.encode_id(record.srid), record.encode())
+
+
+def acks_msg(lp: int, offset: int, srids: list[int], xors: list[int], failed: tuple[int, ...] | list[int] = ()) -> FakeMessage:
+    batch = XorBatch(lp, np.array(srids, np.int64), np.array(xors, np.int64), np.array(failed, np.int64), "unit")
+    return FakeMessage(NS.acks, lp, offset, None, batch.encode())
+
+
+def outcomes(producer: FakeProducer) -> dict[int, bytes | None]:
+    return {
+        ids.decode_id(p.key or b""): p.headers.get(H_OUTCOME)
+        for p in producer.committed if p.topic == NS.persist and p.value is None
+    }
+
+
+def test_acker_times_out_exactly_at_the_deadline_of_the_stepped_clock(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, created_ms=T0 + 5))])
+    run_steps(acker)
+    assert acker.counters()["registered"] == 1 and acker.counters()["pending"] == 1
+
+    clock.advance(30_004)  # 1 ms before created + timeout
+    run_steps(acker, 3)
+    assert acker.counters()["timed_out"] == 0 and not outcomes(producer)
+
+    clock.advance(1)  # the deadline itself; rounded up to the next 100 ms tick, never early
+    run_steps(acker, 3)
+    assert acker.counters()["timed_out"] == 0 and not outcomes(producer)
+
+    clock.advance(95)  # the tick the deadline was rounded up to
+    run_steps(acker)
+    c = acker.counters()
+    assert (c["timed_out"], c["failed"], c["replayed"], c["pending"]) == (1, 0, 1, 0)
+    assert outcomes(producer) == {S1: b"replay"}
+
+    (replay,) = [p for p in producer.committed if p.topic == "orders.replay"]
+    assert (replay.partition, replay.key, replay.value) == (3, b"customer-7", b"order 1")
+    t = Tracking.from_headers(list(replay.headers.items()))
+    assert t is not None and (t.origin, t.attempt) == (S1, 2) and t.srid != S1
+    (again,) = [
+        PersistedRecord.decode(p.value) for p in producer.committed if p.topic == NS.persist and p.value is not None
+    ]
+    assert (again.srid, again.origin, again.attempt, again.key_hash_partition) == (t.srid, S1, 2, 3)
+    assert again.created_ms == clock.now_ms()  # the next deadline counts from the replay
+    assert [(f.srid, f.attempt, f.reason) for f in again.history] == [(S1, 1, "timeout")]
+
+
+def test_acker_completes_acked_records_and_they_never_time_out(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    assert outcomes(producer) == {S1: b"completed"}
+    clock.advance(31_000)
+    run_steps(acker)
+    assert outcomes(producer) == {S1: b"completed", S2: b"replay"}
+    c = acker.counters()
+    assert (c["completed"], c["timed_out"], c["replayed"]) == (1, 1, 1)
+
+
+def test_acker_replays_an_explicit_failure_without_any_clock_step(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
+    run_steps(acker, 2)
+    c = acker.counters()
+    assert (c["failed"], c["timed_out"], c["replayed"]) == (1, 0, 1)
+    assert outcomes(producer) == {S1: b"replay"}
+    assert [p.partition for p in producer.committed if p.topic == "orders.replay"] == [3]
+
+
+def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    record = persisted(S1, R1, T0, attempt=3, max_attempts=3, timeout_ms=1_000)
+    consumer.batches.append([persist_msg(record)])
+    run_steps(acker)
+    clock.advance(1_000)
+    run_steps(acker)
+    assert outcomes(producer) == {S1: b"dlq"}
+    (dead,) = [p for p in producer.committed if p.topic == NS.dlq]
+    assert (dead.key, dead.value) == (b"customer-7", b"order 1")
+    assert dead.headers["rb-reason"] == b"timeout" and dead.headers["rb-attempts"] == b"3"
+    assert dead.headers["rb-key-hash-partition"] == b"3" and dead.headers["rb-topic"] == b"orders"
+    assert orjson.loads(dead.headers["rb-history"] or b"") == [
+        {"srid": S1, "attempt": 3, "reason": "timeout", "at_ms": T0 + 1_000}
+    ]
+    assert not [p for p in producer.committed if p.topic == "orders.replay"]
+    assert acker.counters()["dlq"] == 1
+
+
+def test_acker_drops_orphans_after_the_orphan_ttl_without_replaying(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])  # an event, never a persist record
+    run_steps(acker)
+    clock.advance(59_900)
+    run_steps(acker)
+    assert acker.counters()["orphans"] == 0
+    clock.advance(200)
+    run_steps(acker)
+    c = acker.counters()
+    assert (c["orphans"], c["timed_out"], c["replayed"], c["pending"]) == (1, 0, 0, 0)
+    assert not outcomes(producer)
+
+
+def test_replays_decided_in_one_commit_leave_in_persist_order(fake_kafka: None) -> None:
+    """Failures come out of the table in srid order; the replays must not (key order)."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    srids = [int(s) * 2 for s in np.random.default_rng(7).integers(1, 2**61, 40)]  # ledger partition 0
+    # created 4 per millisecond: ties in created_ms are ordered by the persist offset
+    records = [persisted(s, s + 1, T0 + i // 4, value=b"order %d" % i) for i, s in enumerate(srids)]
+    consumer.batches.append([persist_msg(r, i) for i, r in enumerate(records)])
+    consumer.batches.append([acks_msg(0, 0, [], [], failed=srids[::-1])])
+    run_steps(acker, 2)
+    replayed = [p.value for p in producer.committed if p.topic == "orders.replay"]
+    assert replayed == [r.value for r in records]
