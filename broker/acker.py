@@ -61,7 +61,7 @@ from broker.schemas import (
     encode_counters,
 )
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check
+from broker.topics import Namespace, check, partition_counts, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,7 @@ class Acker:
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._positions: dict[tuple[str, int], int] = {}
         self._outgoing: list[Outgoing] = []
+        self._replay_topics: dict[str, tuple[int | None, float]] = {}
         self._stop = threading.Event()
         self._cache = PayloadCache(self.config.replay_cache_entries)
         self._fetcher = PersistFetcher(settings, self.ns)
@@ -558,10 +559,25 @@ class Acker:
                     log.error("cannot read payload of %d (%s); retrying", srid, exc)
                     st.failures.append((srid, offset, reason))
                     continue
-            decision = decide(self.ns, record, reason, now_ms, self.P)
+            decision = decide(
+                self.ns, record, reason, now_ms, self.P, self._replay_partitions(record.topic)
+            )
             st.count(decision.kind if decision.kind == "dlq" else "replayed")
             decided.append((record.created_ms, offset, decision.records))
             st.tombstones.append((srid, decision.kind.encode()))
+
+    def _replay_partitions(self, topic: str) -> int | None:
+        """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is
+        looked up again after a minute."""
+        name = replay_topic(topic)
+        cached = self._replay_topics.get(name)
+        if cached is not None and (cached[0] is not None or time.monotonic() - cached[1] < 60):
+            return cached[0]
+        count = partition_counts(self.settings, [name])[name]
+        if count is None:
+            log.error("replay topic %s does not exist: its records go to the DLQ", name)
+        self._replay_topics[name] = (count, time.monotonic())
+        return count
 
     def commit(self) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets."""

@@ -31,7 +31,7 @@ from broker.errors import ConfigurationError, DeliveryError
 from broker.partitioning import get_partitioner
 from broker.schemas import Failure, PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check, partition_counts
+from broker.topics import Namespace, check, partition_counts, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,17 @@ class Source:
     def _data_partitions(self, topic: str) -> int:
         n = self._partitions.get(topic)
         if n is None:
-            n = partition_counts(self.settings, [topic])[topic]
+            replay = replay_topic(topic)
+            counts = partition_counts(self.settings, [topic, replay])
+            n = counts[topic]
             if n is None:
                 raise ConfigurationError(f"data topic {topic} does not exist")
+            if counts[replay] != n:
+                raise ConfigurationError(
+                    f"{replay} must exist with the {n} partitions of {topic} (it has "
+                    f"{counts[replay]}): replaybroker topics create --namespace "
+                    f"{self.ns.name} --data-topic {topic}:{n}"
+                )
             self._partitions[topic] = n
         return n
 

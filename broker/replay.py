@@ -61,13 +61,29 @@ class Decision:
 
 
 def decide(
-    ns: Namespace, record: PersistedRecord, reason: str, now_ms: int, ledger_partitions: int
+    ns: Namespace,
+    record: PersistedRecord,
+    reason: str,
+    now_ms: int,
+    ledger_partitions: int,
+    replay_partitions: int | None = -1,
 ) -> Decision:
-    """Replay ``record`` (attempt + 1) or dead-letter it after ``max_attempts``."""
+    """Replay ``record`` (attempt + 1) or dead-letter it after ``max_attempts``.
+
+    ``replay_partitions`` is the partition count of ``<topic>.replay`` (None: it does not
+    exist; -1: not checked). A record that cannot be replayed at its key-hash partition goes
+    to the DLQ at once, with the reason: a missing replay topic must not block the acker.
+    """
     failure = Failure(record.srid, record.attempt, reason, now_ms)
     history = (*record.history, failure)
     if record.attempt >= record.max_attempts:
         return Decision("dlq", (dlq_record(ns, record, history, reason),))
+    if replay_partitions is None or 0 <= replay_partitions <= record.key_hash_partition:
+        why = f"{reason}; cannot replay: {replay_topic(record.topic)} " + (
+            "does not exist" if replay_partitions is None
+            else f"has {replay_partitions} partitions, the record's is {record.key_hash_partition}"
+        )
+        return Decision("dlq", (dlq_record(ns, record, history, why),))
     srid, record_id = ids.new_id(), ids.new_id()
     again = replace(
         record,

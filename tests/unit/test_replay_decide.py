@@ -231,3 +231,21 @@ def test_payload_cache_bound_holds_under_many_puts() -> None:
     assert len(cache) == 100
     assert cache.pop(9_900) is None
     assert all(cache.pop(s) is not None for s in range(9_901, 10_001))
+
+
+@pytest.mark.parametrize(
+    ("replay_partitions", "expected"),
+    [(None, "does not exist"), (5, "has 5 partitions, the record's is 5"), (2, "has 2 partitions")],
+)
+def test_unusable_replay_topic_dead_letters_at_once(replay_partitions: int | None, expected: str) -> None:
+    decision = decide(NS, FIRST, "timeout", NOW, 8, replay_partitions)
+    assert decision.kind == "dlq"
+    [record] = decision.records
+    reason = _headers(record.headers)[H_REASON]
+    assert reason is not None
+    assert reason.decode().startswith("timeout; cannot replay: orders.replay ")
+    assert expected in reason.decode()
+
+
+def test_usable_replay_topic_replays() -> None:
+    assert decide(NS, FIRST, "timeout", NOW, 8, 6).kind == "replay"
