@@ -331,3 +331,112 @@ def test_int32_max_deadline_never_expires() -> None:
         assert len(timed_out) == len(orphans) == 0
     assert len(table) == 2
     assert table.get(S1) is not None
+
+
+@pytest.mark.parametrize("n", [10_000, 100_000, 1_000_000, 3_000_000])
+def test_bytes_per_entry_at_most_48_at_every_size(n: int) -> None:
+    """Capacity follows the entries (no power of two): 29 B/slot at load >= 0.6 -> <= 48 B."""
+    table = LedgerTable()
+    srids = new_ids(n)
+    for start in range(0, n, 1_000_000):  # as bench/fold.py fills it
+        stop = min(start + 1_000_000, n)
+        table.register(srids[start:stop], new_ids(stop - start), np.arange(start, stop, dtype=np.int64),
+                       np.full(stop - start, TIMEOUT, np.int32))
+    assert len(table) == n
+    assert table.bytes_per_entry <= 48
+    assert table.capacity % 8 == 0
+
+
+def test_load_stays_between_rebuild_bounds_while_growing() -> None:
+    table = LedgerTable(8)
+    capacities = set()
+    for _ in range(300):
+        table.fold(new_ids(97), np.ones(97, np.int64), ORPHAN)
+        capacities.add(table.capacity)
+        if table.capacity > 1024:  # past the initial size: load in [0.6, 0.75]
+            assert 0.6 <= len(table) / table.capacity <= 0.75
+    assert len(capacities) > 10  # it grew in many small steps
+    assert any(c & (c - 1) for c in capacities)  # not powers of two
+    assert all(c % 8 == 0 for c in capacities)
+
+
+def test_odd_initial_capacity_is_rounded_to_a_multiple_of_8() -> None:
+    table = LedgerTable(13)
+    assert table.capacity == 16
+    srids = new_ids(12)
+    table.fold(srids, np.ones(12, np.int64), ORPHAN)
+    assert table.capacity % 8 == 0
+    assert sorted(table.take_dirty().upserts.srids.tolist()) == sorted(srids.tolist())
+
+
+def test_probes_wrap_at_a_non_power_of_two_capacity() -> None:
+    """Keys whose home is the last slot must wrap to slot 0 and still be found."""
+    table = LedgerTable(40)
+    assert table.capacity == 40
+    pool = new_ids(20_000)
+    last = pool[table._home(pool) == table.capacity - 1][:6]
+    assert last.size == 6
+    table.fold(last, np.ones(6, np.int64), ORPHAN)
+    assert table.capacity == 40
+    assert set(np.flatnonzero(table.keys).tolist()) == {39, 0, 1, 2, 3, 4}
+    for srid in last:
+        assert srid in table
+    table.remove(last[:3])  # tombstones at the end and start of the wrapped run
+    assert all(int(s) not in table for s in last[:3])
+    assert all(int(s) in table for s in last[3:])
+    table.fold(last[:2], np.ones(2, np.int64), ORPHAN)  # reuses the tombstones
+    assert all(int(s) in table for s in last[:2])
+    assert len(table) == 5
+
+
+def test_nbytes_counts_queued_srids() -> None:
+    table = LedgerTable(64)
+    srids = new_ids(10)
+    table.register(srids, new_ids(10), np.arange(10), np.full(10, TIMEOUT, np.int32))
+    table.take_dirty()  # now LOGGED: leaving queues a changelog tombstone
+    base = table.nbytes
+    assert base == table.capacity * 29
+    table.mark_failed(srids[:4], ORPHAN)
+    assert table.nbytes == base + 4 * 8
+    table.take_failed()  # 4 LOGGED entries leave: queued for take_dirty
+    assert table.nbytes == base + 4 * 8
+    assert len(table.take_dirty().tombstones) == 4
+    assert table.nbytes == base
+
+
+def test_rebuild_wraps_entries_pushed_past_the_last_slot() -> None:
+    """The rebuild places entries in home order; those pushed past slot C-1 wrap to slot 0."""
+    table = LedgerTable(8)
+    pool = new_ids(50_000)
+    probe = LedgerTable(40)  # the capacity the rebuild below picks: 25 / 0.625
+    last = pool[probe._home(pool) == 39][:5]
+    others = pool[probe._home(pool) < 30][:20]
+    table.fold(last, np.ones(5, np.int64), ORPHAN)
+    assert table.capacity == 8
+    table.fold(others, np.ones(20, np.int64), ORPHAN)  # rebuild: need 25
+    assert table.capacity == 40
+    slots = {int(table._lookup(np.array([s]))[0]) for s in last}
+    assert 39 in slots and len(slots - {39}) == 4 and max(slots - {39}) < 30  # 4 wrapped
+    assert all(int(s) in table for s in np.concatenate([last, others]))
+    assert len(table) == 25
+    assert sorted(table.entries().srids.tolist()) == sorted(np.concatenate([last, others]).tolist())
+
+
+def test_rebuild_wrap_does_not_overwrite_a_live_int64_min_srid() -> None:
+    """INT64_MIN is also the tombstone key: the wrapped entries must see it as live."""
+    probe = LedgerTable(40)  # the capacity the rebuild below picks: 25 / 0.625
+    pool = new_ids(100_000)
+    homes = probe._home(pool)
+    low = np.array([pool[homes == h][0] for h in range(20)])  # homes 0..19
+    last = pool[homes == 39][:3]
+    assert int(probe._home(np.array([S_MIN]))[0]) == 20  # INT64_MIN hashes to C/2
+    table = LedgerTable(32)
+    before = np.concatenate([low, [S_MIN], last])
+    table.fold(before, np.ones(24, np.int64), ORPHAN)
+    assert table.capacity == 32
+    table.fold(new_ids(1), np.ones(1, np.int64), ORPHAN)  # rebuild: 0..20 full, 2 wrap past 20
+    assert table.capacity == 40
+    assert len(table) == 25
+    assert all(int(s) in table for s in before)
+    entry = table.get(S_MIN)
+    assert entry is not None and entry.value == 1
