@@ -247,7 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", help="existing Kafka (default: embedded)")
     demo.add_argument("--records", type=int, default=10_000)
     demo.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    demo.add_argument("--fail-rate", type=float, default=0.0, help="first attempts failed explicitly")
+    demo.add_argument(
+        "--fail-rate", type=float, default=None,
+        help="first attempts failed explicitly (default 0, with --spark 0.05)",
+    )
     demo.add_argument("--drop-rate", type=float, default=0.0, help="first attempts never acked")
     demo.add_argument("--timeout", type=float, default=30.0, help="per-record timeout, seconds")
     demo.add_argument("--max-attempts", type=int, default=5)

@@ -164,7 +164,12 @@ def main_demo(args: argparse.Namespace) -> int:
         from spark_jobs.demo import run_spark_demo
 
         bootstrap = resolve_bootstrap(args.bootstrap, start_embedded=True)
-        summary = run_spark_demo(bootstrap, records=args.records, fail_rate=args.fail_rate)
+        summary = run_spark_demo(
+            bootstrap,
+            records=args.records,
+            # Failure injection is the point of the Spark demo: 5 % unless told otherwise.
+            fail_rate=0.05 if args.fail_rate is None else args.fail_rate,
+        )
     else:
         bootstrap = resolve_bootstrap(args.bootstrap, start_embedded=True)
         if not args.json:
@@ -172,7 +177,7 @@ def main_demo(args: argparse.Namespace) -> int:
         summary = run_demo(
             bootstrap,
             args.records,
-            fail_rate=args.fail_rate,
+            fail_rate=args.fail_rate or 0.0,
             drop_rate=args.drop_rate,
             timeout_s=args.timeout,
             max_attempts=args.max_attempts,

@@ -1,0 +1,38 @@
+"""Spark Structured Streaming on the replay topics (DESIGN §8).
+
+- ``read_with_replay``: ``<topic>`` + ``<topic>.replay`` with srid, record id, origin and
+  attempt decoded from the rb-* headers, in the JVM;
+- ``Acking``: the ``foreachBatch`` wrapper - the user's batch function, its children, then one
+  XOR event per srid (``bit_xor`` in Spark), packed per ledger partition into ``ns.acks``;
+- ``OriginParquetSink``: an idempotent sink, one row per origin id;
+- ``build_spark_session``: the session, with the Kafka connector jars from the local Maven
+  repository;
+- ``orders`` (the example job) and ``demo`` (``run_spark_demo``).
+"""
+
+from spark_jobs.acking import (
+    Acking,
+    AckingConfig,
+    BatchFailed,
+    BatchResult,
+    BatchStats,
+    Emit,
+    catching_udf,
+)
+from spark_jobs.reader import kafka_options, read_with_replay
+from spark_jobs.session import build_spark_session
+from spark_jobs.sinks import OriginParquetSink
+
+__all__ = [
+    "Acking",
+    "AckingConfig",
+    "BatchFailed",
+    "BatchResult",
+    "BatchStats",
+    "Emit",
+    "OriginParquetSink",
+    "build_spark_session",
+    "catching_udf",
+    "kafka_options",
+    "read_with_replay",
+]

@@ -9,16 +9,18 @@ micro-batch, in this order:
    are the ids XORed, and are written to their topic with the parent's rb-* headers and a
    new ``rb-id``;
 3. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
-   children's ids (DESIGN §4: ``r.id ^ child_1.id ^ ...``, summed over every input of that
+   children's ids (DESIGN §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
    srid in the batch), or a fail mark when any of its inputs failed; per ledger partition
    ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in SQL too;
 4. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
    and produces it to ``ns.acks[partition]``, waiting for delivery.
 
 Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
-without acks: its srids time out and are replayed (at-least-once; sinks dedup by origin). A
-batch that runs twice (restart from the checkpoint) folds its events twice, which the ledger
-treats as a missing event: a later completion or a timeout, never an early completion.
+without acks: Spark runs it again from the checkpoint, or its srids time out and are
+replayed (at-least-once; sinks dedup by origin). An exception from the handler fails the
+whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
+batch whose acks went out twice folds its events twice, which the ledger treats as a missing
+event: a later timeout, never an early completion.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
 
-from broker.errors import ConfigurationError, DeliveryError
+from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -50,9 +53,9 @@ from spark_jobs.tracking import (
     SRID,
     int64_le_hex,
     new_id,
-    tracking_columns,
     tracking_headers,
     user_headers,
+    with_tracking_columns,
 )
 
 log = logging.getLogger(__name__)
@@ -65,14 +68,17 @@ _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 class Emit:
     """Children for another fault-tolerant topic, anchored to their parents' trees.
 
-    ``frame`` has ``value`` (string or binary), optional ``key``, ``partition`` and
-    ``headers`` (user headers; rb-* ones are replaced), and the parent's ``srid``,
-    ``origin`` and ``attempt`` carried over from the input rows. Children of untracked
-    parents (null srid) are written untracked.
+    ``frame`` has ``value`` (string or binary), optional ``key`` and ``headers`` (user
+    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin`` and ``attempt``
+    carried over from the input rows. Children of untracked parents (null srid) are written
+    untracked. ``partition_column`` names a column that picks the partition (default: the
+    producer's partitioner on the key); it is explicit because frames derived from the
+    input batch carry the *input's* ``partition`` column.
     """
 
     topic: str
     frame: DataFrame
+    partition_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,26 @@ class BatchResult:
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
+
+
+def catching_udf(fn: Callable[..., Any], return_type: DataType | str) -> Callable[..., Column]:
+    """A Python UDF whose exceptions stay with their record instead of failing the batch.
+
+    It returns ``struct<value, error>``: ``value`` is ``fn``'s result, ``error`` is null, or
+    ``"ExcType: message"`` when ``fn`` raised for that record - fail those records with
+    ``BatchResult(failed=parse(col)["error"].isNotNull())``, so one bad record is replayed
+    (then dead-lettered) while the rest of the batch is acked.
+    """
+    value_type = return_type.simpleString() if isinstance(return_type, DataType) else return_type
+    schema = f"struct<value:{value_type},error:string>"
+
+    def guarded(*args: Any) -> tuple[Any, str | None]:
+        try:
+            return fn(*args), None
+        except Exception as exc:  # noqa: BLE001 - the point: any error becomes the record's
+            return None, f"{type(exc).__name__}: {exc}"[:1000]
+
+    return F.udf(guarded, schema, useArrow=False)
 
 
 def _default_name() -> str:
@@ -137,7 +163,7 @@ def with_tracking(batch: DataFrame) -> DataFrame:
             "the batch has neither tracking columns nor headers: read it with "
             "spark_jobs.read_with_replay (or the Kafka source with includeHeaders=true)"
         )
-    return batch.withColumns(tracking_columns("headers"))
+    return with_tracking_columns(batch, "headers")
 
 
 def xor_events(
@@ -148,7 +174,8 @@ def xor_events(
 ) -> DataFrame:
     """One row per ledger partition (plus one with a null partition counting untracked
     inputs): ``ledger_partition``, ``srids_le``/``xors_le``/``failed_le`` as packed
-    little-endian int64 bytes (aligned), and the counts ``inputs, replay_inputs, children, srids, pairs, fail_marks``.
+    little-endian int64 bytes (aligned), and the counts ``inputs``, ``replay_inputs``,
+    ``children``, ``srids``, ``pairs``, ``fail_marks``.
 
     ``children`` are DataFrames of ``srid, child_id``. Everything per row runs in the JVM;
     the result is at most P + 1 rows.
@@ -187,7 +214,13 @@ def xor_events(
                 F.lit(0).alias("n_children"),
             )
         )
-    per_srid = rows.groupBy("srid").agg(
+    # One exchange: hash-partitioned by ledger partition, rows are grouped per srid and then
+    # per ledger partition without a second shuffle.
+    per_srid = (
+        rows.withColumn("ledger_partition", F.pmod(F.col("srid"), F.lit(ledger_partitions)))
+        .repartition(ledger_partitions, "ledger_partition")
+        .groupBy("ledger_partition", "srid")
+    ).agg(
         F.bit_xor("x").alias("xor"),
         F.bool_or("fail").alias("fail"),
         F.sum("n_inputs").alias("n_inputs"),
@@ -196,9 +229,7 @@ def xor_events(
     )
     # A zero XOR changes nothing in the ledger; sending it would only make an orphan entry.
     is_pair = ~F.col("fail") & (F.col("xor") != 0)
-    per_partition = per_srid.groupBy(
-        F.pmod(F.col("srid"), F.lit(ledger_partitions)).alias("ledger_partition")
-    ).agg(
+    per_partition = per_srid.groupBy("ledger_partition").agg(
         F.collect_list(F.when(is_pair, F.struct("srid", "xor"))).alias("pairs"),
         F.collect_list(F.when(F.col("fail"), F.col("srid"))).alias("fails"),
         F.sum("n_inputs").alias("inputs"),
@@ -256,6 +287,50 @@ def collect_xor_batches(
     return batches, counts
 
 
+# --------------------------------------------------------------------------- errors
+
+
+class BatchFailed(ReplayBrokerError):
+    """A micro-batch failed before its acks were out: Spark runs it again after a restart,
+    or its srids time out and replay."""
+
+
+class BatchInterrupted(BatchFailed):
+    """The query was stopped while the batch ran; it runs again after a restart."""
+
+
+# What Spark 4.0 counts as "interrupted by stop" in a Python foreachBatch error: it matches
+# the error text with ``py4j.protocol.Py4JJavaError: An error occurred while
+# calling((.|\r\n|\r|\n)*)(<one of these>)`` (StreamExecution.PROXY_ERROR).
+_INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+)
+
+
+def _for_spark(exc: Exception, batch_id: int) -> BatchFailed:
+    r"""A one-line error for Spark, the full one to our log.
+
+    Spark 4.0's stream thread runs the regex above over the Python traceback it gets back;
+    ``(.|\r\n|\r|\n)*`` recurses once per character, so a traceback that embeds a Java
+    stack trace (a few kB) overflows the thread's stack: the query thread dies with a
+    StackOverflowError and ``query.exception()`` stays empty. A short message keeps Spark's
+    own handling working: a stop-time interruption, worded as Spark expects, ends the query
+    cleanly; anything else fails it with this message.
+    """
+    text = str(exc)
+    if any(name in text for name in _INTERRUPTIONS):
+        log.info("batch %d interrupted (the query is stopping)", batch_id)
+        return BatchInterrupted(
+            "py4j.protocol.Py4JJavaError: An error occurred while calling foreachBatch: "
+            f"java.lang.InterruptedException (batch {batch_id} interrupted by stop)"
+        )
+    log.error("batch %d failed before its acks were sent", batch_id, exc_info=exc)
+    first_line = (text.strip().splitlines() or [""])[0][:500]
+    return BatchFailed(f"batch {batch_id} failed: {type(exc).__name__}: {first_line}")
+
+
 # --------------------------------------------------------------------------- the wrapper
 
 
@@ -278,9 +353,21 @@ class Acking:
         self._producer: Producer | None = None
         self._delivery_errors: list[str] = []
         self.history: deque[BatchStats] = deque(maxlen=self.config.history)
-        self.totals: dict[str, int] = dict.fromkeys(("batches", *STAT_FIELDS), 0)
+        self.totals: dict[str, int] = dict.fromkeys(
+            ("batches", "interrupted", "failed_batches", *STAT_FIELDS), 0
+        )
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self.process(batch, batch_id)
+        except Exception as exc:  # noqa: BLE001 - every error is re-raised, one line long
+            error = _for_spark(exc, batch_id)
+            self.totals["interrupted" if isinstance(error, BatchInterrupted) else "failed_batches"] += 1
+            raise error from None
+
+    def process(self, batch: DataFrame, batch_id: int) -> BatchStats:
+        """One micro-batch: handler, children, events, acks (``__call__`` without the error
+        translation for Spark)."""
         started = time.monotonic()
         batch = with_tracking(batch)
         if self.config.cache_batch:
@@ -304,7 +391,8 @@ class Acking:
         self.totals["batches"] += 1
         for name in STAT_FIELDS:
             self.totals[name] += getattr(stats, name)
-        log.info("batch %d acked: %s", batch_id, asdict(stats))
+        log.debug("batch %d acked: %s", batch_id, asdict(stats))
+        return stats
 
     # ------------------------------------------------------------------ children
 
@@ -321,11 +409,8 @@ class Acking:
         pinned = frame.withColumn(CHILD_ID, F.when(F.col(SRID).isNotNull(), new_id())).localCheckpoint(
             eager=True
         )
-        own = (
-            user_headers(F.col("headers"))
-            if "headers" in frame.columns
-            else F.array().cast(_HEADERS_TYPE)
-        )
+        none = F.array().cast(_HEADERS_TYPE)
+        own = F.coalesce(user_headers(F.col("headers")), none) if "headers" in frame.columns else none
         headers = F.when(
             F.col(SRID).isNotNull(),
             F.concat(own, tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT))),
@@ -335,8 +420,8 @@ class Acking:
             F.col("value"),
             headers.alias("headers"),
         ]
-        if "partition" in frame.columns:
-            columns.append(F.col("partition").cast("int").alias("partition"))
+        if emit.partition_column is not None:
+            columns.append(F.col(emit.partition_column).cast("int").alias("partition"))
         (
             pinned.select(*columns)
             .write.format("kafka")
@@ -385,3 +470,9 @@ class Acking:
         if self._producer is not None:
             self._producer.flush(self.config.delivery_timeout_s)
             self._producer = None
+
+    def __enter__(self) -> Acking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

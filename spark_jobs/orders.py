@@ -103,7 +103,7 @@ def facts(enriched: DataFrame) -> DataFrame:
         "region",
         "tier",
         "amount",
-        F.round(F.col("amount") * (1 - F.col("discount")), 2).alias("net_amount"),
+        (F.col("amount") * (1 - F.col("discount"))).alias("net_amount"),
         "items",
         ATTEMPT,
         F.col("topic").alias("source_topic"),

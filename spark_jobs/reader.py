@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from broker.errors import ConfigurationError, TopologyError
 from broker.settings import KafkaSettings
 from broker.topics import partition_counts, replay_topic
-from spark_jobs.tracking import IS_REPLAY, tracking_columns
+from spark_jobs.tracking import IS_REPLAY, with_tracking_columns
 
 _JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -107,8 +107,6 @@ def read_with_replay(
         opts["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     opts.update(options or {})
     df = reader.format("kafka").options(**opts).load()
-    return df.select(
-        "*",
-        *[column.alias(name) for name, column in tracking_columns("headers").items()],
-        (F.col("topic") == replay_topic(topic)).alias(IS_REPLAY),
+    return with_tracking_columns(df, "headers").withColumn(
+        IS_REPLAY, F.col("topic") == replay_topic(topic)
     )

@@ -28,9 +28,6 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "1g",
-    # Python workers (UDFs) run the driver's interpreter, not whatever `python3` is on PATH.
-    "spark.pyspark.python": sys.executable,
-    "spark.pyspark.driver.python": sys.executable,
 }
 
 _VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
@@ -70,10 +67,14 @@ def build_spark_session(
     defaults above; ``jars`` are added to the Kafka connector's jars (``spark.jars``).
     JVM-level settings (driver memory, jars) only take effect when this call starts the JVM.
     """
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
-    )
-    settings = {**_DEFAULT_CONF, **(conf or {})}
+    master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    builder = SparkSession.builder.appName(app_name).master(master)
+    settings = dict(_DEFAULT_CONF)
+    if master.startswith("local"):
+        # Python workers (UDFs) run this interpreter, not whatever `python3` is on PATH; on a
+        # cluster the executors' own Python is the cluster's business.
+        settings["spark.pyspark.python"] = sys.executable
+    settings.update(conf or {})
     settings["spark.jars"] = ",".join(
         [*connector_jars(jars), *filter(None, settings.get("spark.jars", "").split(","))]
     )

@@ -25,9 +25,11 @@ BATCH_ID = "batch_id"
 
 
 class OriginParquetSink:
-    def __init__(self, path: str, origin_column: str = ORIGIN) -> None:
+    def __init__(self, path: str, origin_column: str = ORIGIN, files_per_batch: int = 1) -> None:
         self.path = path.rstrip("/")
         self.origin_column = origin_column
+        # Micro-batches are small; one file each keeps the dedup read cheap.
+        self.files_per_batch = files_per_batch
 
     def _exists(self, spark: SparkSession) -> bool:
         """Hadoop's own FileSystem, so any URI Spark can write (file:, hdfs:, s3a:) works."""
@@ -54,7 +56,7 @@ class OriginParquetSink:
         written = self.written_origins(df.sparkSession, except_batch=batch_id)
         if written is not None:
             rows = rows.join(written, self.origin_column, "left_anti")
-        rows.write.mode("overwrite").parquet(f"{self.path}/{BATCH_ID}={batch_id}")
+        rows.coalesce(self.files_per_batch).write.mode("overwrite").parquet(f"{self.path}/{BATCH_ID}={batch_id}")
 
     def read(self, spark: SparkSession) -> DataFrame:
         """Every fact written, with its ``batch_id``."""

@@ -14,7 +14,7 @@ complement digits, 16 of them for negative ids, fewer (hence the ``lpad``) for p
 
 from __future__ import annotations
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, RB_HEADERS
@@ -57,21 +57,35 @@ def new_id() -> Column:
     return F.when(h == 0, F.lit(1).cast("bigint")).otherwise(h)
 
 
-def tracking_columns(headers: Column | str = "headers") -> dict[str, Column]:
-    """srid, record_id, origin, attempt decoded from the headers column of the Kafka source.
+def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
+    """``df`` plus srid, record_id, origin, attempt decoded from its Kafka ``headers``.
 
     Like ``broker.client.Tracking.from_headers``: origin defaults to the srid and attempt to 1;
     a record whose srid or record id is missing, malformed or 0 (the XOR identity: the acker
     refuses it) or whose attempt is not a number is untracked - all four columns null.
+
+    Three projections, so each header is decoded once per row (Spark does not collapse a
+    projection into one that references its non-trivial expressions more than once).
     """
-    srid = id_from_bytes(header_value(headers, H_SRID))
-    record_id = id_from_bytes(header_value(headers, H_ID))
-    origin_raw = header_value(headers, H_ORIGIN)
-    origin = F.when(origin_raw.isNull(), srid).otherwise(id_from_bytes(origin_raw))
-    attempt_raw = header_value(headers, H_ATTEMPT)
-    attempt = F.when(attempt_raw.isNull(), F.lit(1)).otherwise(
-        attempt_raw.cast("string").try_cast("int")
+    raw = [f"_rb_{name}" for name in TRACKING_COLUMNS]
+    decoded = df.withColumns(
+        {
+            raw[0]: id_from_bytes(header_value(headers, H_SRID)),
+            raw[1]: id_from_bytes(header_value(headers, H_ID)),
+            raw[2]: header_value(headers, H_ORIGIN),
+            raw[3]: header_value(headers, H_ATTEMPT),
+        }
     )
+    srid, record_id, origin_raw, attempt_raw = (F.col(c) for c in raw)
+    decoded = decoded.withColumns(
+        {
+            raw[2]: F.when(origin_raw.isNull(), srid).otherwise(id_from_bytes(origin_raw)),
+            raw[3]: F.when(attempt_raw.isNull(), F.lit(1)).otherwise(
+                attempt_raw.cast("string").try_cast("int")
+            ),
+        }
+    )
+    origin, attempt = F.col(raw[2]), F.col(raw[3])
     tracked = (
         srid.isNotNull()
         & (srid != 0)
@@ -80,12 +94,9 @@ def tracking_columns(headers: Column | str = "headers") -> dict[str, Column]:
         & origin.isNotNull()
         & attempt.isNotNull()
     )
-    return {
-        SRID: F.when(tracked, srid),
-        RECORD_ID: F.when(tracked, record_id),
-        ORIGIN: F.when(tracked, origin),
-        ATTEMPT: F.when(tracked, attempt),
-    }
+    return decoded.withColumns(
+        {name: F.when(tracked, F.col(c)) for name, c in zip(TRACKING_COLUMNS, raw, strict=True)}
+    ).drop(*raw)
 
 
 def tracking_headers(srid: Column, record_id: Column, origin: Column, attempt: Column) -> Column:
