@@ -54,11 +54,15 @@ from broker.ledger.table import LedgerTable, Removed
 from broker.replay import Outgoing, PayloadCache, PersistFetcher, decide, quarantine_record
 from broker.schemas import (
     COUNTERS_KEY,
+    H_DEADLINE,
+    H_ROOT,
     LedgerEntry,
     PersistedRecord,
     XorBatch,
+    avro_long,
     decode_counters,
     encode_counters,
+    encode_ledger_entry,
 )
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, partition_counts, replay_topic
@@ -192,6 +196,9 @@ class Acker:
                     # EOF is only seen when a fetch comes back empty, and the broker holds
                     # an empty fetch (and the requests queued behind it) for this long.
                     "fetch.wait.max.ms": 10,
+                    # A restore reads whole partitions: big fetches, few round trips.
+                    "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                    "fetch.max.bytes": 64 * 1024 * 1024,
                 },
             )
         )
@@ -390,12 +397,12 @@ class Acker:
             st.counters, _ = decode_counters(raw_counters)
         gone = [k for k, v in latest.items() if v is None and len(k) == 8]
         if gone:
-            st.table.remove(np.array([ids.decode_id(k) for k in gone], dtype=np.int64))
+            st.table.remove(np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64))
         live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
             st.table.restore(
-                np.array([ids.decode_id(k) for k, _ in live], dtype=np.int64),
+                np.frombuffer(b"".join(k for k, _ in live), dtype=">i8").astype(np.int64),
                 np.array([e.value for e in entries], dtype=np.int64),
                 np.array([e.flags for e in entries], dtype=np.uint8),
                 np.array([e.persist_offset for e in entries], dtype=np.int64),
@@ -406,7 +413,14 @@ class Acker:
 
     def step(self) -> int:
         """Poll once, fold what came, commit when the interval is due. Returns messages read."""
-        msgs = self._consumer.consume(self.config.batch_size, self.config.poll_timeout_s)
+        # poll() returns as soon as one message is there; consume(n, timeout) would wait the
+        # whole timeout unless n messages arrive, adding up to poll_timeout_s to every event.
+        first = self._consumer.poll(self.config.poll_timeout_s)
+        msgs: list[Message] = []
+        if first is not None:
+            msgs.append(first)
+            if self.config.batch_size > 1:
+                msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
         if msgs:
             self._fold_messages(msgs)
         now = time.monotonic()
@@ -420,20 +434,23 @@ class Acker:
     def _fold_messages(self, msgs: list[Message]) -> None:
         persist: dict[int, list[Message]] = defaultdict(list)
         acks: dict[int, list[Message]] = defaultdict(list)
+        states, persist_topic = self.states, self.ns.persist
         for msg in msgs:
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
-            topic, partition = msg.topic(), msg.partition()
-            if partition not in self.states:
+            partition = msg.partition()
+            if partition not in states:
                 continue  # revoked while in flight
-            self._positions[(topic, partition)] = msg.offset() + 1
-            (persist if topic == self.ns.persist else acks)[partition].append(msg)
+            (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
+        # A partition's messages come in offset order: its position is after the last one.
         for lp, batch in persist.items():
+            self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
             self._register(lp, batch)
         for lp, batch in acks.items():
+            self._positions[(self.ns.acks, lp)] = batch[-1].offset() + 1
             self._fold(lp, batch)
 
     def _orphan_tick(self) -> int:
@@ -447,49 +464,94 @@ class Acker:
         )
 
     def _register(self, lp: int, batch: list[Message]) -> None:
+        """Register persist records (their roots' creation events) without decoding them.
+
+        The srid is the key; root_xor and the deadline come from the ``rb-root`` /
+        ``rb-deadline`` headers, read in bulk with numpy. The value is only checked to start
+        with the key's srid (its first Avro field) and kept as bytes for a replay; a record
+        without the headers (an older producer) is decoded in full. Anything else is
+        quarantined, as is a value that turns out undecodable when a replay needs it.
+        """
         st = self.states[lp]
-        records: list[PersistedRecord] = []
-        offsets: list[int] = []
+        msgs: list[Message] = []
+        keys: list[bytes] = []
+        roots: list[bytes] = []
+        deadlines: list[bytes] = []
+        values: list[bytes] = []
         for msg in batch:
             value = msg.value()
             if value is None:
                 continue  # a tombstone: a completion (ours or a previous owner's)
             key = msg.key()
-            try:
-                if key is None or len(key) != 8:
-                    raise DecodeError("persist key is not an 8-byte srid")
-                record = PersistedRecord.decode(value)
-                if ids.decode_id(key) != record.srid:
-                    raise DecodeError("persist key and record srid differ")
-                if record.srid == 0 or ids.ledger_partition(record.srid, self.P) != lp:
-                    raise DecodeError(f"srid {record.srid} does not belong to ledger partition {lp}")
-            except DecodeError as exc:
-                self._quarantine(st, msg, str(exc))
-                continue
-            records.append(record)
-            offsets.append(msg.offset())
-        if not records:
+            root = deadline = None
+            for name, header in msg.headers() or ():
+                if name == H_ROOT:
+                    root = header
+                elif name == H_DEADLINE:
+                    deadline = header
+            if (
+                key is not None and len(key) == 8 and root is not None and len(root) == 8
+                and deadline is not None and len(deadline) == 8
+            ):
+                if not value.startswith(avro_long(int.from_bytes(key, "big", signed=True))):
+                    self._quarantine(st, msg, "persist value does not start with the key's srid")
+                    continue
+            else:
+                try:
+                    record = self._decode_persist(msg, key, value)
+                except DecodeError as exc:
+                    self._quarantine(st, msg, str(exc))
+                    continue
+                key = ids.encode_id(record.srid)
+                root = ids.encode_id(record.root_xor)
+                deadline = ids.encode_id(record.created_ms + record.timeout_ms)
+            msgs.append(msg)
+            keys.append(key)
+            roots.append(root)
+            deadlines.append(deadline)
+            values.append(value)
+        if not msgs:
             return
-        srids = np.array([r.srid for r in records], dtype=np.int64)
-        deadlines = self.ticker.ticks_of(
-            np.array([r.created_ms + r.timeout_ms for r in records], dtype=np.int64)
-        )
+        srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
+        misrouted = (srids == 0) | (srids % self.P != lp)
+        if misrouted.any():
+            for i in np.flatnonzero(misrouted).tolist():
+                self._quarantine(st, msgs[i], f"srid {int(srids[i])} does not belong to ledger partition {lp}")
+            keep = ~misrouted
+            srids = srids[keep]
+            kept = keep.tolist()
+            msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
+            roots = [r for r, k in zip(roots, kept, strict=True) if k]
+            deadlines = [d for d, k in zip(deadlines, kept, strict=True) if k]
+            values = [v for v, k in zip(values, kept, strict=True) if k]
+            if not msgs:
+                return
         result = st.table.register(
             srids,
-            np.array([r.root_xor for r in records], dtype=np.int64),
-            np.array(offsets, dtype=np.int64),
-            deadlines,
+            np.frombuffer(b"".join(roots), dtype=">i8").astype(np.int64),
+            np.array([m.offset() for m in msgs], dtype=np.int64),
+            self.ticker.ticks_of(np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)),
         )
         dup = int(result.duplicates.sum())
-        st.count("registered", len(records) - dup)
+        st.count("registered", len(msgs) - dup)
         if dup:
             st.count("duplicate_roots", dup)
             log.warning("refused %d duplicate persist records in partition %d", dup, lp)
-        done = set(result.completed.srids.tolist())
-        for record, is_dup in zip(records, result.duplicates.tolist(), strict=True):
-            if not is_dup and record.srid not in done:
-                self._cache.put(record)
+        done = set(result.completed.srids.tolist()) if len(result.completed) else set()
+        put = self._cache.put
+        for srid, value, is_dup in zip(srids.tolist(), values, result.duplicates.tolist(), strict=True):
+            if not is_dup and srid not in done:
+                put(srid, value)
         self._completed(st, result.completed)
+
+    def _decode_persist(self, msg: Message, key: bytes | None, value: bytes) -> PersistedRecord:
+        """The full check of a persist record without the registration headers."""
+        if key is None or len(key) != 8:
+            raise DecodeError("persist key is not an 8-byte srid")
+        record = PersistedRecord.decode(value)
+        if ids.decode_id(key) != record.srid:
+            raise DecodeError("persist key and record srid differ")
+        return record
 
     def _fold(self, lp: int, batch: list[Message]) -> None:
         st = self.states[lp]
@@ -549,16 +611,30 @@ class Acker:
         pending = st.failures
         st.failures = []
         for srid, offset, reason in pending:
-            record = self._cache.pop(srid)
-            if record is None:
+            payload = self._cache.pop(srid)
+            if payload is None:
                 try:
-                    record = self._fetcher.fetch(lp, offset, srid)
+                    payload = self._fetcher.fetch_raw(lp, offset, srid)
                     st.count("payload_fetches")
                 except (DecodeError, KafkaException) as exc:
                     # Never drop a failed record: try again at the next commit.
                     log.error("cannot read payload of %d (%s); retrying", srid, exc)
                     st.failures.append((srid, offset, reason))
                     continue
+            try:
+                record = PersistedRecord.decode(payload)
+                if record.srid != srid:
+                    raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
+            except DecodeError as exc:
+                # Registered from its headers, but the value is no PersistedRecord: it cannot
+                # be replayed. Keep it in the DLQ byte for byte and let the srid go.
+                why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
+                st.count("quarantined")
+                log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
+                q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
+                decided.append((0, offset, (q,)))
+                st.tombstones.append((srid, b"dlq"))
+                continue
             decision = decide(
                 self.ns, record, reason, now_ms, self.P, self._replay_partitions(record.topic)
             )
@@ -607,14 +683,19 @@ class Acker:
             delta = st.table.take_dirty()
             up = delta.upserts
             if len(up):
+                # Keys packed once (8-byte big-endian slices); values by the Avro encoder
+                # that writes fastavro's bytes without a dict per entry.
+                keys = up.srids.astype(">i8").tobytes()
                 deadlines = self.ticker.ms_of_ticks(up.deadlines).tolist()
-                for srid, value, flags, offset, deadline in zip(
-                    up.srids.tolist(), up.values.tolist(), up.flags.tolist(), up.offsets.tolist(), deadlines,
-                    strict=True,
+                for i, (value, flags, offset, deadline) in enumerate(
+                    zip(up.values.tolist(), up.flags.tolist(), up.offsets.tolist(), deadlines, strict=True)
                 ):
-                    changelog.append((lp, ids.encode_id(srid), LedgerEntry(value, flags, offset, deadline).encode()))
-            for srid in delta.tombstones.tolist():
-                changelog.append((lp, ids.encode_id(srid), None))
+                    changelog.append(
+                        (lp, keys[8 * i : 8 * i + 8], encode_ledger_entry(value, flags, offset, deadline))
+                    )
+            if len(delta.tombstones):
+                keys = delta.tombstones.astype(">i8").tobytes()
+                changelog.extend((lp, keys[i : i + 8], None) for i in range(0, len(keys), 8))
             if st.counters_dirty:
                 changelog.append((lp, COUNTERS_KEY, encode_counters(st.counters, self.clock.now_ms())))
                 st.counters_dirty = False
@@ -625,18 +706,25 @@ class Acker:
         try:
             if self.config.exactly_once:
                 self._producer.begin_transaction()
+            produce = self._producer.produce
+            persist, ledger = self.ns.persist, self.ns.ledger
+            outcome_headers: dict[bytes, list[tuple[str, bytes]]] = {}
             for lp, srid, outcome in tombstones:
-                self._produce(
-                    self.ns.persist,
-                    key=ids.encode_id(srid),
-                    value=None,
-                    partition=lp,
-                    headers=[(H_OUTCOME, outcome)],
-                )
+                headers = outcome_headers.get(outcome)
+                if headers is None:
+                    headers = outcome_headers[outcome] = [(H_OUTCOME, outcome)]
+                key = srid.to_bytes(8, "big", signed=True)
+                try:
+                    produce(persist, key=key, value=None, partition=lp, headers=headers)
+                except BufferError:
+                    self._produce(persist, key=key, value=None, partition=lp, headers=headers)
             for rec in out:
                 self._produce(rec.topic, key=rec.key, value=rec.value, partition=rec.partition, headers=list(rec.headers))
             for lp, key, value in changelog:
-                self._produce(self.ns.ledger, key=key, value=value, partition=lp)
+                try:
+                    produce(ledger, key=key, value=value, partition=lp)
+                except BufferError:
+                    self._produce(ledger, key=key, value=value, partition=lp)
             if self.config.exactly_once:
                 if positions:
                     self._producer.send_offsets_to_transaction(

@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from broker import ids
 from broker.errors import ConfigurationError, DeliveryError
 from broker.partitioning import get_partitioner
-from broker.schemas import Failure, PersistedRecord, XorBatch
+from broker.schemas import Failure, XorBatch, encode_persisted, persist_headers
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, partition_counts, replay_topic
 
@@ -37,21 +37,22 @@ log = logging.getLogger(__name__)
 
 H_SRID, H_ID, H_ORIGIN, H_ATTEMPT = "rb-srid", "rb-id", "rb-origin", "rb-attempt"
 RB_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT})
+_ZERO_ID = bytes(8)
 
 Headers = Sequence[tuple[str, bytes | None]]
 
 
 def tracking_headers(srid: int, record_id: int, origin: int, attempt: int) -> list[tuple[str, bytes]]:
+    srid_b = srid.to_bytes(8, "big", signed=True)
     return [
-        (H_SRID, ids.encode_id(srid)),
-        (H_ID, ids.encode_id(record_id)),
-        (H_ORIGIN, ids.encode_id(origin)),
-        (H_ATTEMPT, str(attempt).encode()),
+        (H_SRID, srid_b),
+        (H_ID, record_id.to_bytes(8, "big", signed=True)),
+        (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
+        (H_ATTEMPT, b"1" if attempt == 1 else str(attempt).encode()),
     ]
 
 
-@dataclass(frozen=True)
-class Tracking:
+class Tracking(NamedTuple):
     """The rb-* headers of a data record, decoded."""
 
     srid: int
@@ -61,19 +62,41 @@ class Tracking:
 
     @classmethod
     def from_headers(cls, headers: Headers | None) -> Tracking | None:
-        """None when the record is not tracked (no or malformed rb-* headers)."""
+        """None when the record is not tracked (no or malformed rb-* headers). A repeated
+        header: the last one wins."""
         if not headers:
             return None
-        found = {k: v for k, v in headers if k in RB_HEADERS}
-        try:
-            return cls(
-                srid=ids.decode_id(found[H_SRID] or b""),
-                record_id=ids.decode_id(found[H_ID] or b""),
-                origin=ids.decode_id(found.get(H_ORIGIN) or found[H_SRID] or b""),
-                attempt=int(found.get(H_ATTEMPT) or b"1"),
-            )
-        except (KeyError, ValueError):
+        srid = record_id = origin = attempt = None
+        for k, v in headers:  # one pass; ids are 8-byte big-endian two's complement
+            if k == H_SRID:
+                srid = v
+            elif k == H_ID:
+                record_id = v
+            elif k == H_ORIGIN:
+                origin = v
+            elif k == H_ATTEMPT:
+                attempt = v
+        if not srid or not record_id or len(srid) != 8 or len(record_id) != 8:
             return None
+        if srid == _ZERO_ID or record_id == _ZERO_ID:  # 0 is the XOR identity, never an id
+            return None
+        if not origin:
+            origin = srid
+        elif len(origin) != 8:
+            return None
+        if not attempt or attempt == b"1":
+            n = 1
+        else:
+            try:
+                n = int(attempt)
+            except ValueError:
+                return None
+        return cls(
+            int.from_bytes(srid, "big", signed=True),
+            int.from_bytes(record_id, "big", signed=True),
+            int.from_bytes(origin, "big", signed=True),
+            n,
+        )
 
 
 def _to_bytes(value: bytes | str | None) -> bytes | None:
@@ -85,8 +108,7 @@ def _to_bytes(value: bytes | str | None) -> bytes | None:
 # --------------------------------------------------------------------------- Source
 
 
-@dataclass(frozen=True)
-class SendResult:
+class SendResult(NamedTuple):
     srid: int
     record_id: int
     key_hash_partition: int
@@ -130,7 +152,8 @@ class Source:
         self.config = config or SourceConfig()
         self.settings = settings
         self.ledger_partitions = check(settings, self.ns)
-        overrides: dict[str, Any] = {"linger.ms": 5, **self.config.producer}
+        # Only failed deliveries matter (they raise): no Python callback per delivered record.
+        overrides: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True, **self.config.producer}
         if transactional_id:
             overrides["transactional.id"] = transactional_id
         self._producer = Producer(settings.producer_config(**overrides))
@@ -247,39 +270,43 @@ class Source:
         timeout_ms: int | None,
         max_attempts: int | None,
     ) -> SendResult:
-        user_headers = tuple((k, _to_bytes(v)) for k, v in (headers or ()) if k not in RB_HEADERS)
+        user_headers = (
+            tuple((k, _to_bytes(v)) for k, v in headers if k not in RB_HEADERS) if headers else ()
+        )
         srid, record_id = ids.new_id(), ids.new_id()
         origin = srid if origin is None else origin
-        persisted = PersistedRecord(
-            srid=srid,
-            origin=origin,
-            attempt=1,
-            root_xor=record_id,
-            record_id=record_id,
-            topic=topic,
-            key_hash_partition=partition,
-            partitioner=partitioner,
-            key=key_b,
-            value=value_b,
-            headers=user_headers,
-            created_ms=int(time.time() * 1000),
-            timeout_ms=timeout_ms or self.config.timeout_ms,
-            max_attempts=max_attempts or self.config.max_attempts,
-            history=history,
+        created_ms = int(time.time() * 1000)
+        timeout_ms = timeout_ms or self.config.timeout_ms
+        # The PersistedRecord, encoded straight from its fields; the rb-root / rb-deadline
+        # headers let the acker register it without decoding the value.
+        value = encode_persisted(
+            srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
+            user_headers, created_ms, timeout_ms, max_attempts or self.config.max_attempts, history,
         )
-        self._produce(
-            self.ns.persist,
-            key=ids.encode_id(srid),
-            value=persisted.encode(),
-            partition=ids.ledger_partition(srid, self.ledger_partitions),
-            on_delivery=self._on_persist,
-        )
+        srid_b = srid.to_bytes(8, "big", signed=True)
+        persist_kwargs: dict[str, Any] = {
+            "key": srid_b,
+            "value": value,
+            "partition": srid % self.ledger_partitions,
+            "headers": persist_headers(record_id, created_ms + timeout_ms),
+            "on_delivery": self._on_persist,
+        }
+        try:
+            self._producer.produce(self.ns.persist, **persist_kwargs)
+        except BufferError:
+            self._produce(self.ns.persist, **persist_kwargs)
         self._produce(
             topic,
             key=key_b,
             value=value_b,
             partition=partition,
-            headers=[*user_headers, *tracking_headers(srid, record_id, origin, 1)],
+            headers=[
+                *user_headers,
+                (H_SRID, srid_b),
+                (H_ID, record_id.to_bytes(8, "big", signed=True)),
+                (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
+                (H_ATTEMPT, b"1"),
+            ],
         )
         self.sent += 1
         return SendResult(srid, record_id, partition, origin)
@@ -345,8 +372,7 @@ class Source:
 # --------------------------------------------------------------------------- Task
 
 
-@dataclass(frozen=True)
-class TaskRecord:
+class TaskRecord(NamedTuple):
     topic: str
     partition: int
     offset: int
@@ -358,6 +384,8 @@ class TaskRecord:
 
 class TaskContext:
     """Handed to user code for one input record: ``emit`` children, or ``fail`` the input."""
+
+    __slots__ = ("_task", "children", "children_xor", "failed", "record", "unacked")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -378,7 +406,7 @@ class TaskContext:
         """Produce a child anchored to the input's tree; returns its record id.
 
         Untracked inputs produce untracked children (plain records)."""
-        user = [(k, _to_bytes(v)) for k, v in (headers or ()) if k not in RB_HEADERS]
+        user = [(k, _to_bytes(v)) for k, v in headers if k not in RB_HEADERS] if headers else []
         tracking = self.record.tracking
         child_id = 0
         if tracking is not None:
@@ -455,7 +483,12 @@ class Task:
         self.ledger_partitions = check(settings, self.ns)
         self.handler = handler
         self.counters = TaskCounters()
-        self._producer = Producer(settings.producer_config(**{"linger.ms": 2, **self.config.producer}))
+        # Only failed deliveries matter (the batch is reprocessed): no callback per success.
+        self._producer = Producer(
+            settings.producer_config(
+                **{"linger.ms": 2, "delivery.report.only.error": True, **self.config.producer}
+            )
+        )
         self._consumer = Consumer(
             settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
         )
@@ -487,7 +520,12 @@ class Task:
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
-                batch = self._consumer.consume(self.config.batch_size, self.config.poll_timeout_s)
+                # poll() returns as soon as one message is there (consume(n, timeout) would
+                # wait the whole timeout unless n messages arrive); then take what is ready.
+                first = self._consumer.poll(self.config.poll_timeout_s)
+                batch: list[Message] = [] if first is None else [first]
+                if first is not None and self.config.batch_size > 1:
+                    batch.extend(self._consumer.consume(self.config.batch_size - 1, 0))
                 if not batch:
                     if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                         break

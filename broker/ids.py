@@ -14,12 +14,21 @@ import numpy as np
 _I64 = struct.Struct(">q")
 
 
+_POOL_SIZE = 4096
+# Ids drawn ahead, in bulk: one os.urandom call per 4096 ids instead of one per id. list.pop
+# is atomic, so threads never share an id; a forked child must not reuse its parent's pool
+# (the same ids in two processes would cancel in the ledger), so it starts empty.
+_pool: list[int] = []
+os.register_at_fork(after_in_child=_pool.clear)
+
+
 def new_id() -> int:
     """One random non-zero int64."""
-    while True:
-        value = int.from_bytes(os.urandom(8), "big", signed=True)
-        if value != 0:
-            return value
+    try:
+        return _pool.pop()
+    except IndexError:
+        _pool.extend(new_ids(_POOL_SIZE).tolist())
+        return _pool.pop()
 
 
 def new_ids(n: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from broker import ids
 from broker.client import tracking_headers
 from broker.errors import DecodeError
-from broker.schemas import Failure, PersistedRecord
+from broker.schemas import Failure, PersistedRecord, persist_headers
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, replay_topic
 
@@ -95,7 +95,8 @@ def decide(
         history=history,
     )
     persist = Outgoing(
-        ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode()
+        ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode(),
+        tuple(persist_headers(record_id, now_ms + again.timeout_ms)),
     )
     data = Outgoing(
         replay_topic(record.topic),
@@ -142,24 +143,26 @@ def quarantine_record(
 
 
 class PayloadCache:
-    """Bounded srid -> PersistedRecord cache of the newest registrations (LRU by insertion).
+    """Bounded srid -> persist value cache of the newest registrations (LRU by insertion).
 
     A replay usually happens within the timeout of its registration, so most payloads are
-    still here; the rest are fetched from ``ns.persist`` at the stored offset.
+    still here; the rest are fetched from ``ns.persist`` at the stored offset. Values are
+    kept as the raw ``PersistedRecord`` bytes: most records complete and are never replayed,
+    so they are decoded only when a replay needs them.
     """
 
     def __init__(self, max_entries: int = 20_000) -> None:
         self.max_entries = max_entries
-        self._items: OrderedDict[int, PersistedRecord] = OrderedDict()
+        self._items: OrderedDict[int, bytes] = OrderedDict()
 
-    def put(self, record: PersistedRecord) -> None:
+    def put(self, srid: int, payload: bytes) -> None:
         if self.max_entries <= 0:
             return
-        self._items[record.srid] = record
+        self._items[srid] = payload
         if len(self._items) > self.max_entries:
             self._items.popitem(last=False)
 
-    def pop(self, srid: int) -> PersistedRecord | None:
+    def pop(self, srid: int) -> bytes | None:
         return self._items.pop(srid, None)
 
     def discard_many(self, srids: Sequence[int]) -> None:
@@ -189,6 +192,10 @@ class PersistFetcher:
         )
 
     def fetch(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> PersistedRecord:
+        return PersistedRecord.decode(self.fetch_raw(partition, offset, srid, timeout_s))
+
+    def fetch_raw(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> bytes:
+        """The persist value of ``srid`` at ``partition@offset``, undecoded."""
         self._consumer.assign([TopicPartition(self.ns.persist, partition, offset)])
         try:
             msg = self._consumer.poll(timeout_s)
@@ -198,7 +205,10 @@ class PersistFetcher:
             raise DecodeError(f"persist record of {srid} not readable at {partition}@{offset}: {msg and msg.error()}")
         if msg.offset() != offset or msg.key() != ids.encode_id(srid):
             raise DecodeError(f"persist {partition}@{offset} does not hold srid {srid}")
-        return PersistedRecord.decode(msg.value())
+        value = msg.value()
+        if value is None:
+            raise DecodeError(f"persist {partition}@{offset} is a tombstone, not the record of {srid}")
+        return bytes(value)
 
     def close(self) -> None:
         self._consumer.close()

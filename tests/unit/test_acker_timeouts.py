@@ -29,7 +29,7 @@ from broker.acker import H_OUTCOME, Acker, AckerConfig
 from broker.client import Tracking
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import H_DEADLINE, H_ROOT, PersistedRecord, XorBatch, persist_headers
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
@@ -230,6 +230,7 @@ class FakeConsumer:
         self.topics: list[str] = []
         self.on_assign: Any = None
         self.assigned = False
+        self.rest: list[FakeMessage] | None = None
         if conf.get("group.id", "").endswith(".acker"):
             FakeConsumer.last = self
 
@@ -237,10 +238,20 @@ class FakeConsumer:
         self.topics, self.on_assign = topics, on_assign
 
     def consume(self, *_: Any) -> list[FakeMessage]:
+        if self.rest is not None:  # the rest of the batch poll() took the first message of
+            rest, self.rest = self.rest, None
+            return rest
         if self.on_assign is not None and not self.assigned:
             self.assigned = True
             self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)])
         return self.batches.popleft() if self.batches else []
+
+    def poll(self, *_: Any) -> FakeMessage | None:
+        batch = self.consume()
+        if not batch:
+            return None
+        self.rest = batch[1:]
+        return batch[0]
 
     def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
@@ -267,6 +278,8 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker.acker, "Consumer", FakeConsumer)
     monkeypatch.setattr(broker.replay, "Consumer", FakeConsumer)
     monkeypatch.setattr(broker.acker, "check", lambda *_a, **_k: FakeConsumer.partitions)
+    # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
+    monkeypatch.setattr(broker.acker, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
 
 NS = Namespace("unit")
@@ -420,3 +433,92 @@ def test_replays_decided_in_one_commit_leave_in_persist_order(fake_kafka: None) 
     run_steps(acker, 2)
     replayed = [p.value for p in producer.committed if p.topic == "orders.replay"]
     assert replayed == [r.value for r in records]
+
+
+# --------------------------------------------------------------------------- registration from headers
+
+
+class HeaderMessage(FakeMessage):
+    """A persist record as the clients write it: with rb-root / rb-deadline headers."""
+
+    def __init__(self, *args: Any, headers: list[tuple[str, bytes | None]]) -> None:
+        super().__init__(*args)
+        self._h = headers
+
+    def headers(self) -> list[tuple[str, bytes | None]]:  # type: ignore[override]
+        return self._h
+
+
+def persist_msg_with_headers(record: PersistedRecord, offset: int = 0, *, value: bytes | None = None,
+                             key: bytes | None = None, partition: int | None = None) -> HeaderMessage:
+    lp = ids.ledger_partition(record.srid, FakeConsumer.partitions) if partition is None else partition
+    return HeaderMessage(
+        NS.persist, lp, offset, ids.encode_id(record.srid) if key is None else key,
+        record.encode() if value is None else value,
+        headers=persist_headers(record.root_xor, record.created_ms + record.timeout_ms),
+    )
+
+
+def test_acker_registers_from_headers_and_replays_from_the_cached_bytes(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg_with_headers(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [S2], [R2])])
+    run_steps(acker, 2)
+    c = acker.counters()
+    assert (c["registered"], c["completed"], c["pending"], c["quarantined"]) == (2, 1, 1, 0)
+    clock.advance(30_100)
+    run_steps(acker)
+    assert outcomes(producer) == {S2: b"completed", S1: b"replay"}
+    (again,) = [p for p in producer.committed if p.topic == NS.persist and p.value is not None]
+    record = PersistedRecord.decode(again.value)
+    # the replay's persist record carries the headers too: root = its record id, new deadline
+    assert ids.decode_id(again.headers[H_ROOT] or b"") == record.root_xor == record.record_id
+    assert ids.decode_id(again.headers[H_DEADLINE] or b"") == clock.now_ms() + 30_000
+
+
+def test_acker_refuses_a_duplicate_root_registered_from_headers(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    msg = persist_msg_with_headers(persisted(S1, R1, T0))
+    consumer.batches.append([msg, persist_msg_with_headers(persisted(S1, R1, T0), 1)])
+    run_steps(acker)
+    c = acker.counters()
+    assert (c["registered"], c["duplicate_roots"], c["pending"]) == (1, 1, 1)
+
+
+def test_acker_quarantines_bad_persist_records_with_headers(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    good = persisted(S1, R1, T0)
+    garbage = ids.encode_id(S1)  # not even a varint of the srid
+    misrouted = persisted(S1 + 1, R1, T0)  # partition 1, sent to 0
+    consumer.batches.append([
+        persist_msg_with_headers(good, 0, value=garbage),
+        persist_msg_with_headers(misrouted, 1, partition=0),
+        persist_msg_with_headers(persisted(0, R1, T0), 2, partition=0),
+        persist_msg_with_headers(good, 3, key=ids.encode_id(S2)),  # value of another srid
+    ])
+    run_steps(acker)
+    c = acker.counters()
+    assert (c["quarantined"], c["registered"], c["pending"]) == (4, 0, 0)
+    dlq = [p for p in producer.committed if p.topic == NS.dlq]
+    assert len(dlq) == 4 and all((p.headers["rb-reason"] or b"").startswith(b"quarantine: ") for p in dlq)
+
+
+def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kafka: None) -> None:
+    """Registration checks only the srid prefix: the rest is decoded when a replay needs it."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    record = persisted(S1, R1, T0)
+    broken = record.encode()[:-4]  # starts right, does not decode
+    consumer.batches.append([persist_msg_with_headers(record, 7, value=broken)])
+    consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
+    run_steps(acker, 2)
+    c = acker.counters()
+    assert (c["registered"], c["failed"], c["quarantined"], c["replayed"], c["pending"]) == (1, 1, 1, 0, 0)
+    assert outcomes(producer) == {S1: b"dlq"}
+    (dead,) = [p for p in producer.committed if p.topic == NS.dlq]
+    assert (dead.key, dead.value) == (ids.encode_id(S1), broken)
+    assert (dead.headers["rb-reason"] or b"").startswith(b"quarantine: persist record of")
+    assert dead.headers["rb-source"] == f"{NS.persist}/0/7".encode()

@@ -199,10 +199,10 @@ def _record(srid: int) -> PersistedRecord:
 def test_payload_cache_is_bounded_and_evicts_the_oldest() -> None:
     cache = PayloadCache(max_entries=3)
     for srid in range(1, 6):
-        cache.put(_record(srid))
+        cache.put(srid, _record(srid).encode())
         assert len(cache) == min(srid, 3)
     assert cache.pop(1) is None and cache.pop(2) is None  # evicted, oldest first
-    assert cache.pop(4) == _record(4)
+    assert cache.pop(4) == _record(4).encode()
     assert cache.pop(4) is None  # pop removes
     assert len(cache) == 2
 
@@ -210,16 +210,16 @@ def test_payload_cache_is_bounded_and_evicts_the_oldest() -> None:
 def test_payload_cache_discard_many() -> None:
     cache = PayloadCache(max_entries=10)
     for srid in range(1, 8):
-        cache.put(_record(srid))
+        cache.put(srid, _record(srid).encode())
     cache.discard_many([2, 3, 99])
     assert len(cache) == 5
     assert cache.pop(2) is None and cache.pop(3) is None
-    assert cache.pop(7) == _record(7)
+    assert cache.pop(7) == _record(7).encode()
 
 
 def test_payload_cache_of_size_zero_keeps_nothing() -> None:
     cache = PayloadCache(max_entries=0)
-    cache.put(_record(1))
+    cache.put(1, _record(1).encode())
     assert len(cache) == 0 and cache.pop(1) is None
     cache.discard_many([1])
 
@@ -227,7 +227,7 @@ def test_payload_cache_of_size_zero_keeps_nothing() -> None:
 def test_payload_cache_bound_holds_under_many_puts() -> None:
     cache = PayloadCache(max_entries=100)
     for srid in range(1, 10_001):
-        cache.put(_record(srid))
+        cache.put(srid, _record(srid).encode())
     assert len(cache) == 100
     assert cache.pop(9_900) is None
     assert all(cache.pop(s) is not None for s in range(9_901, 10_001))
