@@ -107,6 +107,11 @@ class AckerConfig:
     instance_id: str = field(default_factory=default_instance_id)
     transaction_timeout_ms: int = 10_000
     replay_cache_entries: int = 20_000
+    # Explicit failures are decided in windows that close this long after their first fail
+    # mark arrived, all ledger partitions together and in the order of their records: fail
+    # marks of one key travel through different ledger partitions, which Kafka does not
+    # order among each other.
+    fail_hold_ms: int = 150
     # Tail the changelog of every partition this instance does not own, so a takeover is
     # a catch-up read instead of a full restore (DESIGN §5: standby replicas).
     standby: bool = False
@@ -126,6 +131,7 @@ class PartitionState:
     counters_dirty: bool = False
     tombstones: list[tuple[int, bytes]] = field(default_factory=list)  # srid, outcome
     failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
+    recent_fails: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ms, srids)
 
     def count(self, name: str, n: int = 1) -> None:
         if n:
@@ -581,6 +587,7 @@ class Acker:
             f = np.concatenate(failed)
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
+            st.recent_fails.append((self.clock.now_ms(), f))
 
     def _completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):
@@ -592,14 +599,23 @@ class Acker:
     # ------------------------------------------------------------------ commit
 
     def _collect_failures(self) -> None:
-        tick = self.ticker.current_tick(self.clock.now_ms())
+        now_ms = self.clock.now_ms()
+        tick = self.ticker.current_tick(now_ms)
+        # Fail marks are released in windows: once the oldest held mark (over all ledger
+        # partitions) is fail_hold_ms old, every held mark is decided in this commit, so the
+        # marks of one task batch - spread over ledger partitions - are decided together.
+        oldest = min((ms for st in self.states.values() for ms, _ in st.recent_fails), default=None)
+        release = oldest is None or now_ms - oldest >= self.config.fail_hold_ms
         for st in self.states.values():
             expired = st.table.expire(tick)
             st.count("orphans", len(expired.orphans))
             st.count("timed_out", len(expired.timed_out))
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "timeout"))
-            failed = st.table.take_failed()
+            if release:
+                st.recent_fails.clear()
+            hold = np.concatenate([f for _, f in st.recent_fails]) if st.recent_fails else None
+            failed = st.table.take_failed(hold)
             st.count("failed", len(failed))
             for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "failed"))

@@ -391,12 +391,23 @@ class LedgerTable:
         if registered.any():
             self._failed_candidates.append(u[registered])
 
-    def take_failed(self) -> Removed:
-        """Remove and return the registered entries marked FAILED (replay them now)."""
+    def take_failed(self, hold: np.ndarray | None = None) -> Removed:
+        """Remove and return the registered entries marked FAILED (replay them now).
+
+        Srids in ``hold`` stay in the table, FAILED (a durable flag: the changelog keeps it),
+        and are handed out by a later call - the service holds fresh fail marks briefly so
+        that marks of one key arriving through different ledger partitions are decided
+        together, in the order of their records.
+        """
         if not self._failed_candidates:
             return _empty_removed()
         candidates = np.unique(np.concatenate(self._failed_candidates))
         self._failed_candidates.clear()
+        if hold is not None and hold.size:
+            held = np.isin(candidates, hold)
+            if held.any():
+                self._failed_candidates.append(candidates[held])
+                candidates = candidates[~held]
         pos = self._lookup(candidates)
         pos = pos[pos >= 0]
         f = self.flags[pos]

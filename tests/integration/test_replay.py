@@ -320,11 +320,11 @@ def _report_latencies(p: Pipeline, replays: list[Any], failed: set[int], dropped
 @pytest.mark.parametrize(
     ("failure", "ledger_partitions"),
     [
-        # Explicit fail marks travel in one XorBatch per ledger partition; marks of one task
-        # batch in DIFFERENT ledger partitions may be folded in different commits, and Kafka
-        # orders nothing across partitions - so exact per-key order of explicit failures
-        # holds within one ledger partition (or one commit). One partition: exact.
+        # Explicit fail marks travel in one XorBatch per ledger partition, and Kafka orders
+        # nothing across partitions: the acker holds fresh marks (fail_hold_ms) and decides
+        # them together, in the order of their records.
         ("fail", 1),
+        ("fail", 4),
         # Timeouts expire by deadline tick, all ledger partitions in the same commit: exact
         # across partitions too (ordered by created_ms, then persist offset).
         ("drop", 4),

@@ -285,8 +285,11 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
 NS = Namespace("unit")
 
 
-def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
-    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, orphan_ttl_ms=60_000)
+def make_acker(clock: ManualClock, fail_hold_ms: int = 0) -> tuple[Acker, FakeConsumer, FakeProducer]:
+    config = AckerConfig(
+        commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, orphan_ttl_ms=60_000,
+        fail_hold_ms=fail_hold_ms,
+    )
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
     consumer = FakeConsumer.last
     assert consumer is not None
@@ -384,6 +387,24 @@ def test_acker_replays_an_explicit_failure_without_any_clock_step(fake_kafka: No
     assert (c["failed"], c["timed_out"], c["replayed"]) == (1, 0, 1)
     assert outcomes(producer) == {S1: b"replay"}
     assert [p.partition for p in producer.committed if p.topic == "orders.replay"] == [3]
+
+
+def test_explicit_failures_are_held_until_the_window_closes(fake_kafka: None) -> None:
+    """Fail marks wait fail_hold_ms (stepped clock) and are then decided together."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock, fail_hold_ms=150)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
+    run_steps(acker, 2)
+    assert outcomes(producer) == {}  # held: the window is open
+    clock.advance(100)
+    consumer.batches.append([acks_msg(0, 1, [], [], failed=[S2])])
+    run_steps(acker)
+    assert outcomes(producer) == {}
+    clock.advance(50)  # the first mark is 150 ms old: both are decided now, together
+    run_steps(acker)
+    assert outcomes(producer) == {S1: b"replay", S2: b"replay"}
+    assert acker.counters()["failed"] == 2
 
 
 def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None) -> None:

@@ -440,3 +440,17 @@ def test_rebuild_wrap_does_not_overwrite_a_live_int64_min_srid() -> None:
     assert all(int(s) in table for s in before)
     entry = table.get(S_MIN)
     assert entry is not None and entry.value == 1
+
+
+def test_take_failed_holds_the_srids_it_is_told_to_hold() -> None:
+    t = LedgerTable()
+    srids = np.array([11, 22, 33], dtype=np.int64)
+    t.register(srids, np.array([1, 2, 3], dtype=np.int64), np.array([0, 1, 2], dtype=np.int64),
+               np.array([100, 100, 100], dtype=np.int32))
+    t.mark_failed(srids, 50)
+    first = t.take_failed(np.array([22, 33], dtype=np.int64))
+    assert first.srids.tolist() == [11]
+    assert 22 in t and 33 in t and t.get(22).failed  # held, still FAILED (durable flag)
+    second = t.take_failed()
+    assert sorted(second.srids.tolist()) == [22, 33]
+    assert len(t) == 0
