@@ -36,11 +36,7 @@ from typing import Any
 
 import orjson
 from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
     Message,
-    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -58,6 +54,7 @@ from broker.replay import (
 )
 from broker.schemas import Failure
 from broker.settings import KafkaSettings
+from broker.status import read_to_end
 from broker.topics import COMPACTED, Namespace, check, partition_counts
 
 H_ORIGIN = "rb-origin"
@@ -293,44 +290,6 @@ def format_entry(entry: DlqEntry, marker: Marker | None = None) -> str:
 
 def _partitions(settings: KafkaSettings, topic: str) -> int | None:
     return partition_counts(settings, [topic])[topic]
-
-
-def read_to_end(settings: KafkaSettings, topic: str, partitions: int) -> list[Message]:
-    """Every committed message of ``topic``, in offset order per partition.
-
-    Starts at each partition's low watermark, not OFFSET_BEGINNING (which costs an extra
-    offset lookup, ~0.5 s), with short fetch waits and polls: a ``consume`` waits its whole
-    timeout unless its batch fills."""
-    consumer = Consumer(
-        settings.consumer_config(
-            None,
-            **{"group.id": "replaybroker.dlq", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
-        )
-    )
-    out: list[Message] = []
-    try:
-        starts = []
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            if high > low:
-                starts.append(TopicPartition(topic, p, low))
-        consumer.assign(starts)
-        eof: set[int] = set()
-        deadline = time.monotonic() + 120
-        while len(eof) < len(starts):
-            if time.monotonic() > deadline:
-                raise TopologyError(f"could not read {topic} to its end")
-            for msg in consumer.consume(1_000, 0.05):
-                err = msg.error()
-                if err is None:
-                    out.append(msg)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition() or 0)
-                else:
-                    raise KafkaException(err)
-    finally:
-        consumer.close()
-    return out
 
 
 def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = None) -> list[DlqEntry]:

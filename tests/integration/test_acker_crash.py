@@ -47,7 +47,6 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -58,6 +57,7 @@ from broker import ids, topics
 from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
 from broker.settings import KafkaSettings
+from broker.status import read_to_end
 from broker.testing import create_topics, unique_name
 
 pytestmark = pytest.mark.integration
@@ -152,28 +152,7 @@ class BrokerClock:
 
 def read_all(settings: KafkaSettings, topic: str, partitions: int = P) -> list[Message]:
     """Every committed message of ``topic``, read from the beginning to the end."""
-    consumer = Consumer(
-        settings.consumer_config(
-            None,
-            **{"group.id": unique_name("read"), "enable.partition.eof": True, "fetch.wait.max.ms": 10},
-        )
-    )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    out: list[Message] = []
-    eof: set[int] = set()
-    try:
-        while len(eof) < partitions:
-            for msg in consumer.consume(10_000, 0.1):
-                err = msg.error()
-                if err is None:
-                    out.append(msg)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                else:
-                    raise KafkaException(err)
-    finally:
-        consumer.close()
-    return out
+    return read_to_end(settings, topic, partitions)
 
 
 def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list[tuple[int, int]]]:

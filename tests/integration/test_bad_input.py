@@ -28,7 +28,6 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -40,6 +39,7 @@ from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.errors import DecodeError
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord, XorBatch, decode_counters
 from broker.settings import KafkaSettings
+from broker.status import read_to_end
 from broker.testing import unique_name
 
 pytestmark = pytest.mark.integration
@@ -62,28 +62,8 @@ def srid_in(partition: int, rng: random.Random) -> int:
 
 
 def read_all(settings: KafkaSettings, topic: str, partitions: int) -> list[Message]:
-    consumer = Consumer(
-        settings.consumer_config(
-            None,
-            **{"group.id": unique_name("read"), "enable.partition.eof": True, "fetch.wait.max.ms": 10},
-        )
-    )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    out: list[Message] = []
-    eof: set[int] = set()
-    try:
-        while len(eof) < partitions:
-            for msg in consumer.consume(10_000, 0.1):
-                err = msg.error()
-                if err is None:
-                    out.append(msg)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                else:
-                    raise KafkaException(err)
-    finally:
-        consumer.close()
-    return out
+    """Every committed message of ``topic``, read from the beginning to the end."""
+    return read_to_end(settings, topic, partitions)
 
 
 @dataclass(frozen=True)
