@@ -19,7 +19,7 @@ offsets committed after, not with, the outputs and the changelog) is expected to
 is not part of the suite. Show it with either::
 
     REPLAYBROKER_SHOW_UNSAFE=1 pytest tests/integration/test_acker_crash.py   # adds [unsafe]
-    python tests/integration/test_acker_crash.py --bootstrap HOST:PORT [--unsafe] [--kills N]
+    python -m tests.integration.test_acker_crash --bootstrap HOST:PORT [--unsafe] [--kills N]
 
 A kill between the unsafe acker's flush and its offset commit makes the restarted acker
 fold the same input again on top of a changelog that already holds it: seen so far as
@@ -38,27 +38,30 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
 
-from broker import ids, topics
+from broker import topics
 from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
-from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
+from broker.schemas import COUNTERS_KEY, decode_counters
 from broker.settings import KafkaSettings
 from broker.status import read_to_end
 from broker.testing import create_topics, unique_name
+from tests.integration.ground_truth import (
+    LOG_APPEND_TIME,
+    GroundTruth,
+    PersistWatch,
+    fan_out_of,
+    read_events,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -77,58 +80,6 @@ KILL_WINDOW_S = (0.0, 0.5)
 SERVE_DEADLINE_S = 60.0  # a restarted acker must resume serving within this
 DRAIN_DEADLINE_S = 60.0
 STALL_S = 20.0  # no completion for this long after the last kill: the rest never will
-LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
-
-
-def fan_out_of(origin: int) -> int:
-    return 1 + origin % 3
-
-
-class GroundTruth:
-    """The events the tasks sent, recorded by the tasks themselves: srid -> [xor, ...]."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.events: dict[int, list[int]] = defaultdict(list)
-
-    def record(self, srid: int, xor: int) -> None:
-        with self._lock:
-            self.events[srid].append(xor)
-
-
-class PersistWatch:
-    """Tails ``ns.persist`` (read_committed): srid -> [(outcome, broker append time)]."""
-
-    def __init__(self, settings: KafkaSettings, ns: topics.Namespace) -> None:
-        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
-        self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(P)])
-        self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        self.completed: set[int] = set()
-        self.last_completion_ms = 0
-
-    def poll(self, timeout_s: float = 0.2) -> int:
-        msgs = self._consumer.consume(10_000, timeout_s)
-        for msg in msgs:
-            if msg.error() is not None:
-                raise KafkaException(msg.error())
-            if msg.value() is not None or len(msg.key() or b"") != 8:
-                continue
-            ts_type, ts = msg.timestamp()
-            assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
-            srid = ids.decode_id(msg.key())
-            self.tombstones[srid].append((outcome, ts))
-            if outcome == "completed":
-                self.completed.add(srid)
-                self.last_completion_ms = max(self.last_completion_ms, ts)
-        return len(msgs)
-
-    def drain(self) -> None:
-        while self.poll(0.3):
-            pass
-
-    def close(self) -> None:
-        self._consumer.close()
 
 
 class BrokerClock:
@@ -153,18 +104,6 @@ class BrokerClock:
 def read_all(settings: KafkaSettings, topic: str, partitions: int = P) -> list[Message]:
     """Every committed message of ``topic``, read from the beginning to the end."""
     return read_to_end(settings, topic, partitions)
-
-
-def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list[tuple[int, int]]]:
-    """Every event in ``ns.acks``: srid -> [(xor, broker append time ms)]."""
-    events: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for msg in read_all(settings, ns.acks):
-        ts_type, ts = msg.timestamp()
-        assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-        batch = XorBatch.decode(msg.value())
-        for srid, xor in zip(batch.srids.tolist(), batch.xors.tolist(), strict=True):
-            events[srid].append((xor, ts))
-    return events
 
 
 def read_changelog(settings: KafkaSettings, ns: topics.Namespace) -> tuple[int, dict[str, int]]:
@@ -297,7 +236,7 @@ def run_crash_scenario(
     threads = [threading.Thread(target=t.run, daemon=True) for t in tasks]
     source_thread = threading.Thread(target=stream, daemon=True)
     log_path = workdir / f"acker-{ns.name}.log"
-    watch = PersistWatch(settings, ns)
+    watch = PersistWatch(settings, ns, P)
     acker = _start_acker(bootstrap, ns, log_path, transactional)
 
     def fail(why: str) -> None:
@@ -362,7 +301,7 @@ def run_crash_scenario(
         watch.close()
         clock.close()
 
-    events = read_events(settings, ns)
+    events = read_events(settings, ns, P)
     report.pairs_in_acks = sum(len(v) for v in events.values())
     report.live_changelog_entries, report.counters = read_changelog(settings, ns)
     other: Counter[str] = Counter()

@@ -19,28 +19,31 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
 
 from broker import ids, topics
 from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
-from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
+from broker.schemas import COUNTERS_KEY, decode_counters
 from broker.settings import KafkaSettings
 from broker.status import read_to_end
 from broker.testing import unique_name
+from tests.integration.ground_truth import (
+    LOG_APPEND_TIME,
+    GroundTruth,
+    PersistWatch,
+    fan_out_of,
+    read_events,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +52,6 @@ P = 4
 TIMEOUT_MS = 600_000  # no timeout may fire during the test: completion is folding alone
 RUN_DEADLINE_S = 60.0
 COMPACTION_DEADLINE_S = 60.0
-LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 # Compaction within seconds: small segments, clean at any dirty ratio. Tombstones stay long
 # (the test reads them after the run); values shadowed by a tombstone go at the first clean.
 PERSIST_OVERRIDES = {
@@ -59,57 +61,6 @@ PERSIST_OVERRIDES = {
     "min.compaction.lag.ms": "0",
     "delete.retention.ms": "600000",
 }
-
-
-def fan_out_of(origin: int) -> int:
-    """How many children the fan-out task emits for a tree: 1, 2 or 3, fixed per origin."""
-    return 1 + origin % 3
-
-
-class GroundTruth:
-    """The events the tasks sent, recorded by the tasks themselves: srid -> [xor, ...]."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.events: dict[int, list[int]] = defaultdict(list)
-
-    def record(self, srid: int, xor: int) -> None:
-        with self._lock:
-            self.events[srid].append(xor)
-
-
-class PersistWatch:
-    """Tails ``ns.persist`` (read_committed) from the beginning: srid -> tombstones."""
-
-    def __init__(self, settings: KafkaSettings, ns: topics.Namespace) -> None:
-        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
-        self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(P)])
-        # srid -> [(outcome, broker append time ms)]
-        self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        self.completed: set[int] = set()
-
-    def poll(self, timeout_s: float = 0.2) -> int:
-        msgs = self._consumer.consume(10_000, timeout_s)
-        for msg in msgs:
-            if msg.error() is not None:
-                raise KafkaException(msg.error())
-            if msg.value() is not None or len(msg.key() or b"") != 8:
-                continue
-            ts_type, ts = msg.timestamp()
-            assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
-            srid = ids.decode_id(msg.key())
-            self.tombstones[srid].append((outcome, ts))
-            if outcome == "completed":
-                self.completed.add(srid)
-        return len(msgs)
-
-    def drain(self) -> None:
-        while self.poll(0.3):
-            pass
-
-    def close(self) -> None:
-        self._consumer.close()
 
 
 def read_all(settings: KafkaSettings, topic: str, partitions: int = P) -> list[Message]:
@@ -125,18 +76,6 @@ def read_counters(settings: KafkaSettings, ns: topics.Namespace) -> dict[str, in
         if value is not None:
             total.update(decode_counters(value)[0])
     return dict(total)
-
-
-def read_events(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, list[tuple[int, int]]]:
-    """Every event in ``ns.acks``: srid -> [(xor, broker append time ms)]."""
-    events: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for msg in read_all(settings, ns.acks):
-        ts_type, ts = msg.timestamp()
-        assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-        batch = XorBatch.decode(msg.value())
-        for srid, xor in zip(batch.srids.tolist(), batch.xors.tolist(), strict=True):
-            events[srid].append((xor, ts))
-    return events
 
 
 def early_or_missing_completions(
@@ -237,7 +176,7 @@ def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[Pipeline]:
         thread.start()
     log_path = tmp_path / "acker.log"
     acker = start_acker(bootstrap, ns, log_path)
-    watch = PersistWatch(settings, ns)
+    watch = PersistWatch(settings, ns, P)
     try:
         yield Pipeline(settings, ns, orders, truth, tasks, acker, watch, log_path)
     finally:
@@ -277,7 +216,7 @@ def test_every_record_completes_once_never_early_and_persist_compacts_empty(
     watch.drain()  # a second completion of any srid would show up here
 
     # Ground truth: each tree completed once, after its last event, with all its events in.
-    events = read_events(settings, ns)
+    events = read_events(settings, ns, P)
     problems = early_or_missing_completions(sent, pipeline.truth, watch.tombstones, events)
     assert not problems, f"{len(problems)} problems, e.g.:\n" + "\n".join(problems[:10])
     assert watch.tombstones.keys() == sent.keys()

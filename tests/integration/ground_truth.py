@@ -1,0 +1,88 @@
+"""Ground truth shared by the integration tests of the ledger: what the tasks sent, what the
+acker decided (persist tombstones), and the events in ``ns.acks`` - all on the broker's clock
+(``LogAppendTime`` topics), so "completed before its last event" is decidable."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaException,
+    TopicPartition,
+)
+
+from broker import ids, topics
+from broker.schemas import XorBatch
+from broker.settings import KafkaSettings
+from broker.status import read_to_end
+from broker.testing import unique_name
+
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+
+
+def fan_out_of(origin: int) -> int:
+    return 1 + origin % 3
+
+
+class GroundTruth:
+    """The events the tasks sent, recorded by the tasks themselves: srid -> [xor, ...]."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: dict[int, list[int]] = defaultdict(list)
+
+    def record(self, srid: int, xor: int) -> None:
+        with self._lock:
+            self.events[srid].append(xor)
+
+
+class PersistWatch:
+    """Tails ``ns.persist`` (read_committed): srid -> [(outcome, broker append time)]."""
+
+    def __init__(self, settings: KafkaSettings, ns: topics.Namespace, partitions: int) -> None:
+        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
+        self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(partitions)])
+        self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        self.completed: set[int] = set()
+        self.last_completion_ms = 0
+
+    def poll(self, timeout_s: float = 0.2) -> int:
+        msgs = self._consumer.consume(10_000, timeout_s)
+        for msg in msgs:
+            if msg.error() is not None:
+                raise KafkaException(msg.error())
+            if msg.value() is not None or len(msg.key() or b"") != 8:
+                continue
+            ts_type, ts = msg.timestamp()
+            assert ts_type == TIMESTAMP_LOG_APPEND_TIME
+            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
+            srid = ids.decode_id(msg.key())
+            self.tombstones[srid].append((outcome, ts))
+            if outcome == "completed":
+                self.completed.add(srid)
+                self.last_completion_ms = max(self.last_completion_ms, ts)
+        return len(msgs)
+
+    def drain(self) -> None:
+        while self.poll(0.3):
+            pass
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+
+def read_events(settings: KafkaSettings, ns: topics.Namespace, partitions: int) -> dict[int, list[tuple[int, int]]]:
+    """Every event in ``ns.acks``: srid -> [(xor, broker append time ms)]."""
+    events: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for msg in read_to_end(settings, ns.acks, partitions):
+        ts_type, ts = msg.timestamp()
+        assert ts_type == TIMESTAMP_LOG_APPEND_TIME
+        batch = XorBatch.decode(msg.value())
+        for srid, xor in zip(batch.srids.tolist(), batch.xors.tolist(), strict=True):
+            events[srid].append((xor, ts))
+    return events
