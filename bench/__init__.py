@@ -1,4 +1,4 @@
-"""Benchmarks: the figures of DESIGN §9, each beside its baseline, in one run.
+"""Benchmarks: the figures of docs/design.md §9, each beside its baseline, in one run.
 
 ``replaybroker bench [--quick] [--json]`` (``bench.cli``) runs ``bench.runner``; the
 sections live in ``fold``, ``restore``, ``pipeline`` (throughput, latency) and ``replay``,

@@ -9,22 +9,21 @@ import argparse
 import sys
 from pathlib import Path
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay")
-DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
+from bench.figures import SECTIONS, default_results_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="CI smoke size (~60-90 s); 10^7 fold skipped")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure on stdout")
     parser.add_argument("--bootstrap", help="Kafka to use (default: KAFKA_BOOTSTRAP_SERVERS, else an embedded one)")
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS,
-                        help="where results go (default bench/results/)")
-    parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
+    parser.add_argument("--results-dir", type=Path, default=default_results_dir(),
+                        help="where results go (default: %(default)s)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--profile", action="store_true",
                         help="run every process under pyinstrument; text profiles next to the results")
     parser.add_argument("--skip-share", action="store_true", help="do not run the share-group baseline")
-    parser.add_argument("--commit-interval-ms", type=int, default=100, help="the acker's commit interval")
+    parser.add_argument("--commit-interval-ms", type=int, default=100, help="the acker's commit interval, ms")
     parser.add_argument("--replay-timeout-ms", type=int,
                         help="per-record timeout of the replay run (default 2000 with --quick, else 10000)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

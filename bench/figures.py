@@ -1,4 +1,4 @@
-"""The figures of DESIGN §9: their keys, units and targets, and how one is recorded.
+"""The figures of docs/design.md §9: their keys, units and targets, and how one is recorded.
 
 Every key is present in every run. A figure is ``{"value": number, "unit": ...}`` or, when
 it could not be measured, ``{"value": None, "unavailable": "<why>"}`` - never a made-up
@@ -8,8 +8,19 @@ number. Ratios are figures too (``unit: "x"``). A figure with a target also carr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+SECTIONS = ("fold", "restore", "throughput", "latency", "replay")
+
+
+def default_results_dir() -> Path:
+    """Outside the source tree: ``$REPLAYBROKER_HOME/bench`` (``~/.cache/replaybroker/bench``)."""
+    root = os.environ.get("REPLAYBROKER_HOME") or Path.home() / ".cache" / "replaybroker"
+    return Path(root) / "bench"
+
 
 FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 

@@ -117,7 +117,7 @@ def _cpu_snapshot(env: Env, procs: list[Proc]) -> dict[str, float]:
 
 
 def _create_plain_topic(env: Env, name: str) -> None:
-    from broker.testing import create_topics
+    from broker.dev.testing import create_topics
 
     create_topics(env.bootstrap, {name: env.partitions})
     env.created_topics.append(name)

@@ -7,7 +7,7 @@ completes. The tail sees each replay record on ``<topic>.replay`` (read_committe
 acker's transaction holding it commits).
 
 - after an explicit failure: replay visible - the task's wall time when it called ``fail``
-  (the DESIGN promise: at once, not after the timeout);
+  (the design's promise: at once, not after the timeout);
 - after a timeout: replay visible - the original persist record's CreateTime; the acker
   should replay at ``timeout`` + up to one tick (100 ms) + up to one commit interval.
 """

@@ -48,7 +48,7 @@ def _fill(env: Env, ns: topics.Namespace, n: int, progress: Callable[[float], No
 
 def _restore(acker: Acker, lp: int) -> PartitionState:
     """The acker's restore path: what it runs on assignment with no warm state."""
-    state, _ = acker._load(lp, None, OFFSET_BEGINNING)
+    state, _ = acker.changelog.load(lp, None, OFFSET_BEGINNING)
     return state
 
 

@@ -1,4 +1,4 @@
-"""``replaybroker bench``: every figure of DESIGN §9 beside its baseline, in one run.
+"""``replaybroker bench``: every figure of docs/design.md §9 beside its baseline, in one run.
 
 Sections, in this order (the Kafka-free one first, while the broker is idle):
 
@@ -34,8 +34,7 @@ from typing import Any
 import orjson
 
 from bench import report
-from bench.cli import DEFAULT_RESULTS, SECTIONS
-from bench.figures import FIGURE_KEYS, Figures
+from bench.figures import FIGURE_KEYS, SECTIONS, Figures, default_results_dir
 from bench.hops import Env, run_hop
 from bench.progress import Progress
 
@@ -71,7 +70,7 @@ class Options:
     quick: bool = False
     json: bool = False
     bootstrap: str | None = None
-    results_dir: Path = DEFAULT_RESULTS
+    results_dir: Path = field(default_factory=default_results_dir)
     partitions: int = 4
     sections: tuple[str, ...] = SECTIONS
     profile: bool = False
@@ -105,7 +104,7 @@ def _git_commit() -> str | None:
 def _kafka(options: Options, progress: Progress) -> Iterator[tuple[str, str, int | None]]:
     """(bootstrap, description, the broker's pid when it is a local embedded one): the given
     cluster, or an embedded one started for this run."""
-    from broker.kafka_local import LocalKafka
+    from broker.dev.kafka_local import LocalKafka
 
     explicit = options.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if explicit:

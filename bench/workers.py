@@ -145,7 +145,7 @@ def _producer_loop(send: Callable[[int], None], poll: Callable[[], None], flush:
 
 
 def run_source(config: dict[str, Any]) -> None:
-    from broker.client import Source, SourceConfig
+    from broker.source import Source, SourceConfig
 
     source = Source(
         _settings(config),
@@ -190,7 +190,7 @@ def run_task(config: dict[str, Any]) -> None:
     """``Task`` over the data topic and its replay topic. ``fail_rate`` / ``drop_rate`` inject
     failures on first attempts: failed inputs are replayed at once, dropped (never acked)
     ones after their timeout. The wall time of each injected failure is reported."""
-    from broker.client import Task, TaskContext, TaskRecord
+    from broker.task import Task, TaskContext, TaskRecord
     from broker.topics import replay_topic
 
     fail_rate = float(config.get("fail_rate", 0.0))

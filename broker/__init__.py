@@ -1,15 +1,25 @@
 """Replay broker: record-level fault tolerance for Kafka + Spark pipelines.
 
-Sources persist every source record to a compacted topic; tasks send XOR events to a
-partitioned ack topic; the acker folds them and tombstones completed records, or replays
-records whose tree did not complete in time. See README.md and the package rooms:
+A record travels through the rooms in this order (docs/design.md):
 
-- ``ids``, ``schemas``, ``partitioning``, ``topics``: the vocabulary shared by everything;
-- ``ledger``: the acker's pure core (fold table, timeouts) - no I/O;
-- ``acker``, ``replay``: the service loop around the ledger;
-- ``client``: ``Source`` and ``Task``;
-- ``kafka_local``: an embedded single-node Kafka started from Maven-resolved jars;
-- ``cli``: the ``replaybroker`` command.
+1. ``source`` - ``Source.send`` persists the record to ``ns.persist`` (keyed by srid, with its
+   key-hash partition from ``partitioning``) and produces the data record;
+2. ``task`` - ``Task`` consumes it, emits children (tracking headers from ``headers``) and
+   sends one XOR event per input to ``ns.acks``;
+3. ``acker`` - folds persist records and events into the ``ledger`` (pure core: hash table,
+   XOR rules, timeouts), tombstones completed records, and on timeout or failure asks
+   ``replay`` for a replay or a dead letter, all in one transaction;
+4. ``completions``, ``status``, ``dlq`` - read what was decided, from the topics.
+
+Shared vocabulary: ``ids``, ``headers``, ``schemas``, ``partitioning``, ``topics``,
+``settings``, ``errors``; Kafka plumbing: ``kafka_io``. ``cli`` is the ``replaybroker``
+command; ``dev`` (embedded Kafka, Maven jars, test helpers, demo) is for development only and
+no service imports it.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("replaybroker")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

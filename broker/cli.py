@@ -13,30 +13,8 @@ from broker.errors import ReplayBrokerError
 log = logging.getLogger("replaybroker")
 
 
-def resolve_bootstrap(explicit: str | None, *, start_embedded: bool = False) -> str:
-    """--bootstrap, else KAFKA_BOOTSTRAP_SERVERS, else the running embedded broker, else (when
-    ``start_embedded``) a newly started embedded broker left running for later commands."""
-    import os
-
-    from broker import kafka_local
-
-    if explicit:
-        return explicit
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    state = kafka_local.running_state(kafka_local.default_run_dir())
-    if state is not None:
-        return state.bootstrap
-    if start_embedded:
-        print("starting the embedded Kafka (replaybroker kafka down stops it)", file=sys.stderr)
-        return kafka_local.LocalKafka().start(detach=True).bootstrap
-    raise ReplayBrokerError(
-        "no Kafka: pass --bootstrap, set KAFKA_BOOTSTRAP_SERVERS, or run `replaybroker kafka up`"
-    )
-
-
 def _cmd_kafka(args: argparse.Namespace) -> int:
-    from broker import kafka_local
+    from broker.dev import kafka_local
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     if args.action == "up":
@@ -56,16 +34,20 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
+    import importlib.util
     import time
 
-    from broker import kafka_local
+    from broker.dev import maven
 
     started = time.monotonic()
-    kafka_local.require_java()
-    version, jars = kafka_local.kafka_classpath()
+    maven.require_java()
+    version, jars = maven.kafka_classpath()
     print(f"Kafka {version}: {len(jars)} jars", file=sys.stderr)
-    connector = kafka_local.spark_kafka_connector_jars()
-    print(f"Spark Kafka connector: {len(connector)} jars", file=sys.stderr)
+    if importlib.util.find_spec("pyspark") is None:
+        print("Spark Kafka connector: skipped (pyspark not installed: the `spark` extra)", file=sys.stderr)
+    else:
+        connector = maven.spark_kafka_connector_jars()
+        print(f"Spark Kafka connector: {len(connector)} jars", file=sys.stderr)
     print(f"setup done in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0
 
@@ -79,9 +61,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    from broker.dev.kafka_local import bootstrap_or_embedded
     from broker.settings import KafkaSettings
 
-    return KafkaSettings.from_env(resolve_bootstrap(getattr(args, "bootstrap", None)))
+    return KafkaSettings.from_env(bootstrap_or_embedded(getattr(args, "bootstrap", None)))
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
@@ -181,7 +164,7 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from broker.demo import main_demo
+    from broker.dev.demo import main_demo
 
     return main_demo(args)
 
@@ -192,33 +175,65 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return main_bench(args)
 
 
+class _Help(argparse.HelpFormatter):
+    """Shows every option's default next to its help (units are in the help text), unless
+    the help names its default itself or there is none (a flag, an optional value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _parser(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=help, formatter_class=_Help)
+
+
+def _cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap", metavar="HOST:PORT",
+        help="Kafka bootstrap servers (else $KAFKA_BOOTSTRAP_SERVERS, else the running embedded Kafka)",
+    )
+    parser.add_argument("--namespace", required=True, help="the namespace NS of the topics NS.persist, NS.acks ...")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replaybroker", description=__doc__)
+    from broker import __version__
+
+    parser = argparse.ArgumentParser(prog="replaybroker", description=__doc__, formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"replaybroker {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    kafka = sub.add_parser("kafka", help="the embedded single-node Kafka")
-    kafka.add_argument("action", choices=["up", "status", "down"])
-    kafka.add_argument("--run-dir", help="state directory (default ~/.cache/replaybroker/run/kafka)")
+    kafka = _parser(sub, "kafka", "the embedded single-node Kafka (development and demos)")
+    kafka.add_argument("action", choices=["up", "status", "down"], help="start, show or stop it")
+    kafka.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/kafka)")
     kafka.set_defaults(func=_cmd_kafka)
 
-    setup = sub.add_parser("setup", help="resolve the Kafka and Spark connector jars (Maven)")
+    setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")
     setup.set_defaults(func=_cmd_setup)
 
-    top = sub.add_parser("topics", help="create or check a namespace's topics")
-    top.add_argument("action", choices=["create", "check"])
-    top.add_argument("--bootstrap")
-    top.add_argument("--namespace", required=True)
+    top = _parser(sub, "topics", "create or check a namespace's topics")
+    top.add_argument("action", choices=["create", "check"], help="create what is missing, or only check")
+    _cluster(top)
     top.add_argument("--partitions", type=int, help="ledger partitions P (create)")
-    top.add_argument("--data-topic", action="append", metavar="NAME:PARTITIONS")
+    top.add_argument(
+        "--data-topic", action="append", metavar="NAME:PARTITIONS",
+        help="a data topic and its partition count; its NAME.replay is created beside it (repeatable)",
+    )
     top.set_defaults(func=_cmd_topics)
 
-    acker = sub.add_parser("acker", help="run an acker (SIGTERM stops it cleanly)")
-    acker.add_argument("--bootstrap")
-    acker.add_argument("--namespace", required=True)
-    acker.add_argument("--instance-id", help="stable id of this instance (default: host name)")
-    acker.add_argument("--commit-interval-ms", type=int, default=100)
-    acker.add_argument("--orphan-ttl-ms", type=int, default=60_000)
+    acker = _parser(sub, "acker", "run an acker (SIGTERM stops it cleanly)")
+    _cluster(acker)
+    acker.add_argument("--instance-id", help="stable id of this instance (default: the host name)")
+    acker.add_argument("--commit-interval-ms", type=int, default=100, help="time between commits, ms")
+    acker.add_argument(
+        "--orphan-ttl-ms", type=int, default=60_000,
+        help="how long events for an unknown srid are kept before they count as orphans, ms",
+    )
     acker.add_argument(
         "--standby",
         action="store_true",
@@ -231,52 +246,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     acker.set_defaults(func=_cmd_acker)
 
-    st = sub.add_parser("status", help="pending, completed, replayed, DLQ of a namespace")
-    st.add_argument("--bootstrap")
-    st.add_argument("--namespace", required=True)
-    st.add_argument("--json", action="store_true")
+    st = _parser(sub, "status", "pending, completed, replayed, DLQ of a namespace")
+    _cluster(st)
+    st.add_argument("--json", action="store_true", help="one JSON object on stdout")
     st.set_defaults(func=_cmd_status)
 
-    part = sub.add_parser("partition", help="print the partition index of each string key")
-    part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka")
-    part.add_argument("--partitions", type=int, required=True)
-    part.add_argument("keys", nargs="+")
+    part = _parser(sub, "partition", "print the partition index of each string key")
+    part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
+                      help="Kafka's murmur2 or Spark's HashPartitioning")
+    part.add_argument("--partitions", type=int, required=True, help="partition count of the topic")
+    part.add_argument("keys", nargs="+", help="keys (UTF-8 strings)")
     part.set_defaults(func=_cmd_partition)
 
-    demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded (or given) Kafka")
-    demo.add_argument("--bootstrap", help="existing Kafka (default: embedded)")
-    demo.add_argument("--records", type=int, default=10_000)
+    demo = _parser(sub, "demo", "run the end-to-end demo on the embedded (or given) Kafka")
+    demo.add_argument("--bootstrap", metavar="HOST:PORT", help="existing Kafka (default: the embedded one)")
+    demo.add_argument("--records", type=int, default=10_000, help="source records to send")
     demo.add_argument("--json", action="store_true", help="one JSON object on stdout")
     demo.add_argument(
         "--fail-rate", type=float, default=None,
-        help="first attempts failed explicitly (default 0, with --spark 0.05)",
+        help="fraction of first attempts failed explicitly (default: 0, with --spark 0.05)",
     )
-    demo.add_argument("--drop-rate", type=float, default=0.0, help="first attempts never acked")
+    demo.add_argument("--drop-rate", type=float, default=0.0, help="fraction of first attempts never acked")
     demo.add_argument("--timeout", type=float, default=30.0, help="per-record timeout, seconds")
-    demo.add_argument("--max-attempts", type=int, default=5)
+    demo.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
     demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's topics (default: delete them)")
     demo.set_defaults(func=_cmd_demo)
 
-    bench = sub.add_parser("bench", help="measure the DESIGN §9 figures beside their baselines (bench/)")
+    bench = _parser(sub, "bench", "measure the figures of docs/design.md §9 beside their baselines (bench/)")
     from bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    dl = sub.add_parser("dlq", help="list the dead-letter queue, or redrive records from it")
-    dl.add_argument("action", choices=["list", "redrive"])
-    dl.add_argument("--bootstrap")
-    dl.add_argument("--namespace", required=True)
-    dl.add_argument("--json", action="store_true")
-    dl.add_argument("--limit", type=int, help="list: the first N entries")
+    dl = _parser(sub, "dlq", "list the dead-letter queue, or redrive records from it")
+    dl.add_argument("action", choices=["list", "redrive"], help="show entries, or re-inject them")
+    _cluster(dl)
+    dl.add_argument("--json", action="store_true", help="JSON on stdout")
+    dl.add_argument("--limit", type=int, help="list: the first N entries (default: all)")
     dl.add_argument("--reason-prefix", help="redrive: only entries whose reason starts with this")
     dl.add_argument(
         "--origin", nargs="+", action="extend", metavar="ID",
         help="redrive: only these origin ids (as `dlq list` prints them, or 0x hex)",
     )
     dl.add_argument("--dry-run", action="store_true", help="redrive: show what would be redriven")
-    dl.add_argument("--timeout", type=float, help="redrive: per-record timeout, seconds (default 30)")
-    dl.add_argument("--max-attempts", type=int, help="redrive: attempts before the DLQ again (default 5)")
+    dl.add_argument("--timeout", type=float, help="redrive: per-record timeout, seconds (default: 30)")
+    dl.add_argument("--max-attempts", type=int, help="redrive: attempts before the DLQ again (default: 5)")
     dl.set_defaults(func=_cmd_dlq)
     return parser
 

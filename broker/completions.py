@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from broker import ids
-from broker.acker import H_OUTCOME
 from broker.errors import DecodeError
+from broker.headers import H_OUTCOME
+from broker.kafka_io import partition_counts, read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.topics import Namespace, partition_counts
+from broker.topics import Namespace
 
 
 @dataclass

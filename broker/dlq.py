@@ -41,25 +41,23 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker import ids
-from broker.client import Source, SourceConfig
 from broker.errors import TopologyError
-from broker.replay import (
+from broker.headers import (
+    DLQ_HEADERS,
     H_ATTEMPTS,
     H_HISTORY,
-    H_PARTITION,
+    H_KEY_HASH_PARTITION,
+    H_ORIGIN,
     H_PARTITIONER,
     H_REASON,
     H_SOURCE,
     H_TOPIC,
 )
+from broker.kafka_io import partition_counts, read_to_end
 from broker.schemas import Failure
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.topics import COMPACTED, Namespace, check, partition_counts
-
-H_ORIGIN = "rb-origin"
-# Headers the acker appends to a dead-lettered record, after the user's own headers.
-DLQ_HEADERS = frozenset({H_REASON, H_ATTEMPTS, H_TOPIC, H_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN})
+from broker.source import Source, SourceConfig
+from broker.topics import COMPACTED, Namespace, check
 
 RECORD, QUARANTINE, UNKNOWN = "record", "quarantine", "unknown"
 REDRIVE_NOTE = "redrive"  # reason prefix of the note a redrive appends to the history
@@ -180,7 +178,7 @@ class DlqEntry:
         except ValueError:
             origin = None
         topic = _text(rb.get(H_TOPIC))
-        partition = _int(rb.get(H_PARTITION))
+        partition = _int(rb.get(H_KEY_HASH_PARTITION))
         if origin is None or not topic or partition is None or history is None:
             return cls(kind=UNKNOWN, **common)
         return cls(

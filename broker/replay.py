@@ -1,7 +1,7 @@
-"""Replay and dead-lettering of failed source records (DESIGN §6).
+"""Replay and dead-lettering of failed source records (docs/design.md §6).
 
-Pure decisions plus the payload cache and fetcher; the acker produces the results inside its
-transaction. A replay of srid ``s`` is a fresh attempt ``s'``:
+Pure decisions: the acker produces the results inside its transaction (its payload cache and
+fetcher are in ``broker.acker.payloads``). A replay of srid ``s`` is a fresh attempt ``s'``:
 
 - ``PersistedRecord(s')``: attempt + 1, same origin, same key-hash partition, the failure
   appended to its history; it registers ``s'`` with whichever acker owns ``s' mod P``;
@@ -15,29 +15,29 @@ After ``max_attempts`` attempts the record goes to ``ns.dlq`` instead.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
 
 from broker import ids
-from broker.client import tracking_headers
-from broker.errors import DecodeError
-from broker.schemas import Failure, PersistedRecord, persist_headers
-from broker.settings import KafkaSettings
+from broker.headers import (
+    H_ATTEMPTS,
+    H_HISTORY,
+    H_KEY_HASH_PARTITION,
+    H_ORIGIN,
+    H_PARTITIONER,
+    H_REASON,
+    H_SOURCE,
+    H_TOPIC,
+    QUARANTINE_PREFIX,
+    persist_headers,
+    tracking_headers,
+)
+from broker.schemas import Failure, PersistedRecord
 from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
-
-H_REASON = "rb-reason"
-H_ATTEMPTS = "rb-attempts"
-H_TOPIC = "rb-topic"
-H_PARTITION = "rb-key-hash-partition"
-H_HISTORY = "rb-history"
-H_SOURCE = "rb-source"
-H_PARTITIONER = "rb-partitioner"
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,10 @@ def dlq_record(
         (H_REASON, reason.encode()),
         (H_ATTEMPTS, str(record.attempt).encode()),
         (H_TOPIC, record.topic.encode()),
-        (H_PARTITION, str(record.key_hash_partition).encode()),
+        (H_KEY_HASH_PARTITION, str(record.key_hash_partition).encode()),
         (H_PARTITIONER, record.partitioner.encode()),
         (H_HISTORY, _history_json(history)),
-        ("rb-origin", ids.encode_id(record.origin)),
+        (H_ORIGIN, ids.encode_id(record.origin)),
     )
     return Outgoing(ns.dlq, 0, record.key, record.value, headers)
 
@@ -136,79 +136,7 @@ def quarantine_record(
 ) -> Outgoing:
     """Bad input (undecodable, misrouted): kept byte for byte in the DLQ with the reason."""
     headers = (
-        (H_REASON, f"quarantine: {why}".encode()),
+        (H_REASON, f"{QUARANTINE_PREFIX}{why}".encode()),
         (H_SOURCE, f"{topic}/{partition}/{offset}".encode()),
     )
     return Outgoing(ns.dlq, 0, key, value, headers)
-
-
-class PayloadCache:
-    """Bounded srid -> persist value cache of the newest registrations (LRU by insertion).
-
-    A replay usually happens within the timeout of its registration, so most payloads are
-    still here; the rest are fetched from ``ns.persist`` at the stored offset. Values are
-    kept as the raw ``PersistedRecord`` bytes: most records complete and are never replayed,
-    so they are decoded only when a replay needs them.
-    """
-
-    def __init__(self, max_entries: int = 20_000) -> None:
-        self.max_entries = max_entries
-        self._items: OrderedDict[int, bytes] = OrderedDict()
-
-    def put(self, srid: int, payload: bytes) -> None:
-        if self.max_entries <= 0:
-            return
-        self._items[srid] = payload
-        if len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
-
-    def pop(self, srid: int) -> bytes | None:
-        return self._items.pop(srid, None)
-
-    def discard_many(self, srids: Sequence[int]) -> None:
-        items = self._items
-        if items:
-            for srid in srids:
-                items.pop(srid, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class PersistFetcher:
-    """Reads single persist records by offset (read_committed, no group)."""
-
-    def __init__(self, settings: KafkaSettings, ns: Namespace) -> None:
-        self.ns = ns
-        self._consumer = Consumer(
-            settings.consumer_config(
-                None,
-                **{
-                    "group.id": f"{ns.name}.acker.fetch",
-                    "enable.auto.offset.store": False,
-                    "fetch.wait.max.ms": 10,
-                },
-            )
-        )
-
-    def fetch(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> PersistedRecord:
-        return PersistedRecord.decode(self.fetch_raw(partition, offset, srid, timeout_s))
-
-    def fetch_raw(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> bytes:
-        """The persist value of ``srid`` at ``partition@offset``, undecoded."""
-        self._consumer.assign([TopicPartition(self.ns.persist, partition, offset)])
-        try:
-            msg = self._consumer.poll(timeout_s)
-        finally:
-            self._consumer.unassign()
-        if msg is None or msg.error():
-            raise DecodeError(f"persist record of {srid} not readable at {partition}@{offset}: {msg and msg.error()}")
-        if msg.offset() != offset or msg.key() != ids.encode_id(srid):
-            raise DecodeError(f"persist {partition}@{offset} does not hold srid {srid}")
-        value = msg.value()
-        if value is None:
-            raise DecodeError(f"persist {partition}@{offset} is a tombstone, not the record of {srid}")
-        return bytes(value)
-
-    def close(self) -> None:
-        self._consumer.close()

@@ -168,17 +168,6 @@ def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms
     return avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
 
 
-# Headers on every persist record, so the acker registers an srid from the key and headers
-# without decoding the value (8 bytes each, big-endian, signed): the root's creation event
-# and the deadline (created_ms + timeout_ms). Records without them are decoded in full.
-H_ROOT = "rb-root"
-H_DEADLINE = "rb-deadline"
-
-
-def persist_headers(root_xor: int, deadline_ms: int) -> list[tuple[str, bytes]]:
-    return [(H_ROOT, root_xor.to_bytes(8, "big", signed=True)), (H_DEADLINE, deadline_ms.to_bytes(8, "big", signed=True))]
-
-
 def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
     if not data:
         raise DecodeError(f"empty {what}")

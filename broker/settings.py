@@ -97,7 +97,7 @@ class KafkaSettings:
         return conf
 
     def producer_config(self, **overrides: Any) -> dict[str, Any]:
-        """Idempotent producer, murmur2 partitioner (agrees with the Java client; DESIGN §7)."""
+        """Idempotent producer, murmur2 partitioner (agrees with the Java client; docs/design.md §7)."""
         base: dict[str, Any] = {
             "enable.idempotence": True,
             "acks": "all",

@@ -15,50 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-
-from broker.errors import DecodeError, TopologyError
+from broker.errors import DecodeError
+from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, PersistedRecord, decode_counters
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
-
-
-def read_to_end(settings: KafkaSettings, topic: str, partitions: int) -> list[Message]:
-    """Every committed message of ``topic``, in offset order per partition.
-
-    Starts at each partition's low watermark, not OFFSET_BEGINNING (which costs an extra
-    offset lookup, ~0.5 s), with short fetch waits and polls: a ``consume`` waits its whole
-    timeout unless its batch fills."""
-    consumer = Consumer(
-        settings.consumer_config(
-            None,
-            **{"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
-        )
-    )
-    out: list[Message] = []
-    try:
-        starts = []
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            if high > low:
-                starts.append(TopicPartition(topic, p, low))
-        consumer.assign(starts)
-        eof: set[int] = set()
-        deadline = time.monotonic() + 120
-        while len(eof) < len(starts):
-            if time.monotonic() > deadline:
-                raise TopologyError(f"could not read {topic} to its end")
-            for msg in consumer.consume(1_000, 0.05):
-                err = msg.error()
-                if err is None:
-                    out.append(msg)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition() or 0)
-                else:
-                    raise KafkaException(err)
-    finally:
-        consumer.close()
-    return out
 
 
 def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Topic names and layout, derived in this one module (DESIGN §3).
+"""Topic names and layout, derived in this one module (docs/design.md §3).
 
 ``ns.persist``, ``ns.acks`` and ``ns.ledger`` are co-partitioned: partition i of all three
 belongs to the same acker, and producers choose ``srid mod P`` explicitly. Every service runs
@@ -7,13 +7,13 @@ belongs to the same acker, and producers choose ``srid mod P`` explicitly. Every
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from broker.errors import TopologyError
+from broker.kafka_io import partition_counts, wait_visible
 from broker.settings import KafkaSettings
 
 REPLAY_SUFFIX = ".replay"
@@ -107,33 +107,19 @@ def create(
             except Exception as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-        _wait_visible(admin, {t.topic: t.num_partitions for t in new})
+        wait_visible(admin, {t.topic: t.num_partitions for t in new})
     return [t.topic for t in new]
 
 
-def _wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
-    """Creation returns before every broker's metadata shows the topic; wait until it does."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metadata = admin.list_topics(timeout=10).topics
-        missing = [
-            t for t, n in topics.items()
-            if t not in metadata or metadata[t].error is not None or len(metadata[t].partitions) != n
-        ]
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise TopologyError(f"topics not visible after creation: {', '.join(missing)}")
-        time.sleep(0.1)
-
-
-def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
-    metadata = AdminClient(settings.client_config()).list_topics(timeout=30)
-    counts: dict[str, int | None] = {}
-    for name in topics:
-        meta = metadata.topics.get(name)
-        counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
-    return counts
+def delete(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.0) -> list[str]:
+    """Delete the topics of ``names`` that exist; returns the names deleted."""
+    admin = AdminClient(settings.client_config())
+    existing = set(admin.list_topics(timeout=30).topics)
+    doomed = sorted(set(names) & existing)
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=timeout_s).values():
+            future.result(timeout=timeout_s * 2)
+    return doomed
 
 
 def check(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = ()) -> int:

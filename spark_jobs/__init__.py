@@ -1,4 +1,4 @@
-"""Spark Structured Streaming on the replay topics (DESIGN §8).
+"""Spark Structured Streaming on the replay topics (docs/design.md §8).
 
 - ``read_with_replay``: ``<topic>`` + ``<topic>.replay`` with srid, record id, origin and
   attempt decoded from the rb-* headers, in the JVM;

@@ -9,7 +9,7 @@ micro-batch, in this order:
    are the ids XORed, and are written to their topic with the parent's rb-* headers and a
    new ``rb-id``;
 3. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
-   children's ids (DESIGN §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
+   children's ids (docs/design.md §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
    srid in the batch), or a fail mark when any of its inputs failed; per ledger partition
    ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in SQL too;
 4. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro

@@ -37,12 +37,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from broker import ids
 from broker.acker import Acker, AckerConfig
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.completions import OutcomeTail
+from broker.dev.testing import unique_name
 from broker.errors import ReplayBrokerError
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
-from broker.topics import Namespace, create
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
+from broker.topics import Namespace, create, delete, layout
 from spark_jobs.acking import Acking, BatchHandler, BatchResult
 from spark_jobs.orders import (
     Order,
@@ -217,7 +218,20 @@ class SparkDemo:
         self.acking: Acking | None = None
         self.sink: OriginParquetSink | None = None
 
-    def run(self) -> dict[str, Any]:
+    def run(self, *, keep: bool = True) -> dict[str, Any]:
+        try:
+            return self._run_in_workdir()
+        finally:
+            if not keep:
+                delete(self.settings, layout(self.ns, self.config.ledger_partitions, self._data_topics()))
+
+    def _data_topics(self) -> dict[str, int]:
+        data_topics = {self.topic: self.config.data_partitions}
+        if self.config.alerts:
+            data_topics[self.alerts_topic] = 2
+        return data_topics
+
+    def _run_in_workdir(self) -> dict[str, Any]:
         if self.config.workdir is None:
             with tempfile.TemporaryDirectory(prefix="rb-spark-demo-") as tmp:
                 return self._run(Path(tmp))
@@ -263,10 +277,7 @@ class SparkDemo:
 
     def _run(self, workdir: Path) -> dict[str, Any]:
         c, settings, ns = self.config, self.settings, self.ns
-        data_topics = {self.topic: c.data_partitions}
-        if c.alerts:
-            data_topics[self.alerts_topic] = 2
-        create(settings, ns, c.ledger_partitions, data_topics)
+        create(settings, ns, c.ledger_partitions, self._data_topics())
         spark = build_spark_session(app_name="replaybroker-spark-demo")
         customer_rows = customers()
         dim = customer_frame(spark, customer_rows).cache()
@@ -391,11 +402,13 @@ def run_spark_demo(
     *,
     timeout_s: float | None = None,
     max_attempts: int | None = None,
+    keep: bool = True,
 ) -> dict[str, Any]:
-    """Run the Spark demo on ``bootstrap``; returns the summary (see the module docstring)."""
+    """Run the Spark demo on ``bootstrap``; returns the summary (see the module docstring).
+    ``keep=False`` deletes the topics it created afterwards."""
     config = SparkDemoConfig(records=records, fail_rate=fail_rate, restart=restart, workdir=workdir)
     if timeout_s is not None:
         config = replace(config, timeout_ms=int(timeout_s * 1000))
     if max_attempts is not None:
         config = replace(config, max_attempts=max_attempts)
-    return SparkDemo(bootstrap, config).run()
+    return SparkDemo(bootstrap, config).run(keep=keep)

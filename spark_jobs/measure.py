@@ -22,9 +22,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from broker.client import Source, SourceConfig
+from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
 from spark_jobs.acking import Acking, BatchHandler, with_tracking
 from spark_jobs.orders import customer_frame, customers, make_orders, order_job

@@ -1,6 +1,6 @@
 """Read a data topic and its replay topic with the spark-sql-kafka source, tracking decoded.
 
-A replay goes to ``<topic>.replay`` at the partition index the original went to (DESIGN §6),
+A replay goes to ``<topic>.replay`` at the partition index the original went to (docs/design.md §6),
 so one subscription to both topics sees every attempt of every key, in per-key order within
 each topic. The tracking headers become columns in the JVM (``spark_jobs.tracking``).
 """
@@ -13,8 +13,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker.errors import ConfigurationError, TopologyError
+from broker.kafka_io import partition_counts
 from broker.settings import KafkaSettings
-from broker.topics import partition_counts, replay_topic
+from broker.topics import replay_topic
 from spark_jobs.tracking import IS_REPLAY, with_tracking_columns
 
 _JAAS_MODULES = {

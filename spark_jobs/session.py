@@ -2,9 +2,10 @@
 
 Every session carries the spark-sql-kafka connector from the start: jars cannot be added to a
 running JVM, and one session serves a whole process (``getOrCreate``), so a session built
-without them could never read Kafka later. The jars come from the local Maven repository
-(``broker.kafka_local.spark_kafka_connector_jars``, resolved once by ``replaybroker setup``);
-nothing is downloaded when Spark starts.
+without them could never read Kafka later. The jars come from the classpath that ``replaybroker setup`` resolved into the local Maven
+repository (``$REPLAYBROKER_SPARK_JARS``, else ``<home>/maven/spark-sql-kafka-<version>.classpath``),
+so nothing is downloaded when Spark starts. Without either, the connector is named by its
+Maven coordinates (``spark.jars.packages``) and Spark fetches it, as on any cluster.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from broker.kafka_local import spark_kafka_connector_jars
-
 DEFAULT_MASTER = "local[2]"
 
 # Small and quiet: the jobs shuffle little, and a console progress bar or UI helps no one here.
@@ -29,6 +28,29 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "1g",
 }
+
+CONNECTOR_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+
+
+def _home() -> Path:
+    return Path(os.environ.get("REPLAYBROKER_HOME") or Path.home() / ".cache" / "replaybroker")
+
+
+def resolved_connector_jars(pyspark_version: str | None = None) -> list[str] | None:
+    """The connector's resolved jars, or None when ``replaybroker setup`` has not run."""
+    explicit = os.environ.get("REPLAYBROKER_SPARK_JARS")
+    if explicit:
+        return [j for j in explicit.split(os.pathsep) if j]
+    if pyspark_version is None:
+        import pyspark
+
+        pyspark_version = pyspark.__version__
+    cache = _home() / "maven" / f"spark-sql-kafka-{pyspark_version}.classpath"
+    if not cache.exists():
+        return None
+    jars = [j for j in cache.read_text().strip().split(os.pathsep) if j]
+    return jars if jars and all(Path(j).exists() for j in jars) else None
+
 
 _VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
@@ -46,12 +68,16 @@ def _spark_home_jars() -> set[str]:
     return {_artifact(str(j)) for j in jars_dir.glob("*.jar")}
 
 
-def connector_jars(extra: Iterable[str] = ()) -> list[str]:
+def connector_jars(extra: Iterable[str] = ()) -> list[str] | None:
     """The connector's jars minus the artifacts Spark already ships (scala-library, hadoop
     client, slf4j, lz4, snappy ...): two versions of one class on the classpath is a bug
-    waiting for the wrong class loader, so only what Spark lacks is added."""
+    waiting for the wrong class loader, so only what Spark lacks is added. None when the
+    connector has not been resolved locally."""
+    resolved = resolved_connector_jars()
+    if resolved is None:
+        return None
     shipped = _spark_home_jars()
-    jars = [j for j in spark_kafka_connector_jars() if _artifact(j) not in shipped]
+    jars = [j for j in resolved if _artifact(j) not in shipped]
     return [*jars, *extra]
 
 
@@ -75,8 +101,14 @@ def build_spark_session(
         # cluster the executors' own Python is the cluster's business.
         settings["spark.pyspark.python"] = sys.executable
     settings.update(conf or {})
+    local = connector_jars(jars)
+    if local is None:
+        import pyspark
+
+        settings["spark.jars.packages"] = f"{CONNECTOR_ARTIFACT}:{pyspark.__version__}"
+        local = list(jars)
     settings["spark.jars"] = ",".join(
-        [*connector_jars(jars), *filter(None, settings.get("spark.jars", "").split(","))]
+        [*local, *filter(None, settings.get("spark.jars", "").split(","))]
     )
     for key, value in settings.items():
         builder = builder.config(key, value)

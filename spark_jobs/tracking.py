@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, RB_HEADERS
+from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, TRACKING_HEADERS
 
 SRID, RECORD_ID, ORIGIN, ATTEMPT = "srid", "record_id", "origin", "attempt"
 TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT)
@@ -115,5 +115,5 @@ def tracking_headers(srid: Column, record_id: Column, origin: Column, attempt: C
 
 def user_headers(headers: Column) -> Column:
     """``headers`` without the rb-* ones (they are re-issued for every emitted record)."""
-    names = sorted(RB_HEADERS)
+    names = sorted(TRACKING_HEADERS)
     return F.filter(headers, lambda h: ~h["key"].isin(names))

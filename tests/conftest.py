@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.testing import KafkaCluster, create_topics, kafka_cluster, unique_name
+from broker.dev.testing import KafkaCluster, create_topics, kafka_cluster, unique_name
 
 
 @pytest.fixture(scope="session")

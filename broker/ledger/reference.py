@@ -2,7 +2,7 @@
 
 Two uses: the oracle of the property tests (``LedgerTable`` must return the same results on
 any sequence of operations) and the "plain Python dict fold" baseline of the benchmark
-(DESIGN §9). It mirrors ``LedgerTable`` method for method and returns the same result types;
+(docs/design.md §9). It mirrors ``LedgerTable`` method for method and returns the same result types;
 results are sorted by srid (``LedgerTable`` leaves their order unspecified).
 
 ``reject_duplicate_roots=False`` folds every persist record, even a second one for a srid

@@ -1,6 +1,6 @@
 """The acker's ledger for one ledger partition: srid -> entry, as a numpy hash table.
 
-What an entry means (DESIGN §4)
+What an entry means (docs/design.md §4)
 -------------------------------
 Every record id is XORed into its srid's ``value`` exactly twice: once by the event that
 created it (the persist record's ``root_xor`` for the source's emissions, the parent task's
@@ -26,7 +26,7 @@ swings between 0.375 and 0.75: 39..77 B). Deletions alone never rebuild, so the 
 below 0.625 only while entries leave faster than new ones arrive, until the next rebuild.
 ``nbytes`` also counts the srids queued for ``take_failed`` and ``take_dirty`` (emptied by
 those calls); a rebuild briefly holds the old and the new columns. Attempt, origin and
-key-hash partition (DESIGN §5) are not columns: they are in the persist record, which a replay
+key-hash partition (docs/design.md §5) are not columns: they are in the persist record, which a replay
 fetches at ``offset`` anyway.
 
 The home slot is ``(t * C) >> 32`` where ``t`` is the top 32 bits of
@@ -67,10 +67,10 @@ columns is vectorised and skipped entirely while ``now_tick`` is below a lower b
 deadlines; free slots hold deadline INT32_MAX, so the scan is one comparison of the int32
 column (~0.5 ms for 2M slots) and needs no flags. A deadline of INT32_MAX never expires.
 Unlike Storm's ``put``, folding does not move an entry to the head: the deadline is persist
-time + timeout, fixed (DESIGN §6). Unregistered entries (events before their persist
+time + timeout, fixed (docs/design.md §6). Unregistered entries (events before their persist
 record, or late events after completion) carry the orphan deadline they were created with.
 
-Changelog (DESIGN §5)
+Changelog (docs/design.md §5)
 ---------------------
 Every change sets DIRTY. ``take_dirty`` returns the entries still alive with DIRTY set (they
 become LOGGED) and the srids that left the table while LOGGED and are not in it now
@@ -330,7 +330,7 @@ class LedgerTable:
         drops to the XOR of the task events alone, which is 0 e.g. before any task event
         arrived - the tree would "complete" with its records unprocessed and never be
         replayed. A duplicated task event can only delay completion; a duplicated root is the
-        one event that can complete a tree early (DESIGN §4), so it is refused and counted.
+        one event that can complete a tree early (docs/design.md §4), so it is refused and counted.
 
         The table cannot recognise a duplicate that arrives after the tree completed (the
         entry is gone): it registers a new entry that never completes and times out - a
@@ -567,7 +567,7 @@ class LedgerTable:
 
     @property
     def bytes_per_entry(self) -> float:
-        """``nbytes / len``: the memory figure of DESIGN §9 (inf when empty)."""
+        """``nbytes / len``: the memory figure of docs/design.md §9 (inf when empty)."""
         return self.nbytes / self._live if self._live else float("inf")
 
     # ------------------------------------------------------------------ hash table internals

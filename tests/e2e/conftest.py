@@ -11,8 +11,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from pyspark.sql import SparkSession
 
 from broker.acker import Acker, AckerConfig
+from broker.dev import maven
+from broker.dev.testing import KafkaCluster
 from broker.settings import KafkaSettings
-from broker.testing import KafkaCluster
 from broker.topics import Namespace
 from spark_jobs.session import build_spark_session
 
@@ -25,6 +26,7 @@ def spark(kafka: KafkaCluster) -> Iterator[SparkSession]:
 
     It depends on ``kafka`` only to be stopped before it: Spark's cached Kafka producers
     would otherwise retry a vanished broker until the JVM exits."""
+    maven.spark_kafka_connector_jars()  # resolved once (no-op when `setup` did it already)
     session = build_spark_session(app_name="replaybroker-e2e")
     try:
         yield session

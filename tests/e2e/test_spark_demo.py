@@ -12,10 +12,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from broker import ids
-from broker.acker import H_OUTCOME, OUTCOME_COMPLETED
+from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
+from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
 from broker.topics import Namespace, replay_topic
 from spark_jobs.demo import SparkDemo, SparkDemoConfig
 from spark_jobs.orders import first_attempt_failures

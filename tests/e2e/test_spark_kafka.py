@@ -10,9 +10,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from broker.client import Source, SourceConfig, Task, Tracking
+from broker.dev.testing import unique_name
+from broker.headers import Tracking
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task
 from broker.topics import Namespace, create, replay_topic
 from spark_jobs import Acking, BatchResult, Emit, read_with_replay
 

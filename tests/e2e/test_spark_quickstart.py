@@ -13,9 +13,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 import spark_jobs.quickstart
-from broker.client import Source, SourceConfig
+from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
 from spark_jobs import OriginParquetSink
 from spark_jobs.quickstart import start_payments_query

@@ -24,8 +24,8 @@ from pyspark.sql.types import (
 )
 
 from broker import ids
-from broker.client import Tracking, tracking_headers
 from broker.errors import ConfigurationError
+from broker.headers import Tracking, tracking_headers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings, Secret
 from spark_jobs import kafka_options

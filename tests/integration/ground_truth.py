@@ -16,10 +16,10 @@ from confluent_kafka import (
 )
 
 from broker import ids, topics
+from broker.dev.testing import unique_name
+from broker.kafka_io import read_to_end
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import unique_name
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 

@@ -1,5 +1,5 @@
 """kill -9 the acker process again and again during a run; nothing may be lost, completed
-twice or completed early (issue #3, DESIGN §4-§5).
+twice or completed early (issue #3, docs/design.md §4-§5).
 
 The acker runs as ``replaybroker acker --instance-id <fixed>`` and is killed with SIGKILL at
 random moments (after it has visibly resumed serving) at least ``KILLS`` times while a
@@ -50,11 +50,12 @@ from confluent_kafka import (
 )
 
 from broker import topics
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
+from broker.dev.testing import create_topics, unique_name
+from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, decode_counters
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import create_topics, unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 from tests.integration.ground_truth import (
     LOG_APPEND_TIME,
     GroundTruth,

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from broker import topics
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.completions import OutcomeTail
+from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 
 pytestmark = pytest.mark.integration
 

@@ -35,12 +35,13 @@ from confluent_kafka import (
 
 from broker import ids, topics
 from broker.acker import Acker, AckerConfig
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
+from broker.dev.testing import unique_name
 from broker.errors import DecodeError
+from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord, XorBatch, decode_counters
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 
 pytestmark = pytest.mark.integration
 

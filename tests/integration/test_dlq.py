@@ -17,12 +17,15 @@ from confluent_kafka import Producer
 
 from broker import cli, topics
 from broker.acker import Acker, AckerConfig
-from broker.client import Source, SourceConfig, Task, TaskConfig, TaskContext, TaskRecord, Tracking
 from broker.completions import OutcomeTail
-from broker.dlq import read_to_end, redriven_topic
+from broker.dev.testing import unique_name
+from broker.dlq import redriven_topic
+from broker.headers import Tracking
+from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
 pytestmark = pytest.mark.integration
 

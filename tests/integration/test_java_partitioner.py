@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from broker import kafka_local
+from broker.dev import kafka_local
+from broker.dev.testing import unique_name
 from broker.partitioning import kafka_partition
-from broker.testing import unique_name
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from broker import kafka_local
-from broker.testing import unique_name
+from broker.dev import kafka_local
+from broker.dev.testing import unique_name
 
 pytestmark = pytest.mark.integration
 

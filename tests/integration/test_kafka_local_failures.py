@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import kafka_local
+from broker.dev import kafka_local, maven
 from broker.errors import LocalKafkaError
 
 pytestmark = pytest.mark.integration
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_maven_failure_names_the_artifact(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("REPLAYBROKER_HOME", str(tmp_path))
     with pytest.raises(LocalKafkaError, match=re.escape("org.apache.kafka:kafka-does-not-exist:0.0.1")):
-        kafka_local.resolve_classpath(
+        maven.resolve_classpath(
             "bogus", [("org.apache.kafka", "kafka-does-not-exist", "0.0.1")]
         )
 

@@ -9,7 +9,7 @@ Checked against a ground truth the test keeps itself, never against the acker's 
 - ``ns.acks`` and ``ns.persist`` use ``LogAppendTime``: every event and every completion
   tombstone carries the BROKER's append time, one clock for both;
 - a completion is early if its tombstone was appended before the last event of its tree, or
-  if any event of the tree is missing from ``ns.acks`` up to that moment (DESIGN §4: the
+  if any event of the tree is missing from ``ns.acks`` up to that moment (docs/design.md §4: the
   value can only reach 0 when the whole tree has been folded).
 """
 
@@ -32,11 +32,12 @@ from confluent_kafka import (
 )
 
 from broker import ids, topics
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
+from broker.dev.testing import unique_name
+from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, decode_counters
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 from tests.integration.ground_truth import (
     LOG_APPEND_TIME,
     GroundTruth,

@@ -12,13 +12,14 @@ from confluent_kafka.admin import AdminClient
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.completions import OutcomeTail
+from broker.dev.testing import create_topics, unique_name
 from broker.errors import ConfigurationError
-from broker.replay import H_REASON
+from broker.headers import H_REASON
+from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import create_topics, unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 
 pytestmark = pytest.mark.integration
 

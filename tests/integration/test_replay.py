@@ -23,14 +23,16 @@ import numpy as np
 import pytest
 
 from broker import ids, topics
-from broker.acker import H_OUTCOME, Acker, AckerConfig
-from broker.client import Source, SourceConfig, Task, TaskConfig, TaskContext, TaskRecord, Tracking
+from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
-from broker.dlq import read_to_end
+from broker.dev.testing import unique_name
+from broker.headers import H_OUTCOME, Tracking
+from broker.kafka_io import read_to_end
 from broker.ledger.clock import Clock, ManualClock
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
 pytestmark = pytest.mark.integration
 

@@ -8,13 +8,14 @@ import os
 import pytest
 
 from broker import ids, topics
-from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, Source, SourceConfig
+from broker.dev.testing import unique_name
 from broker.errors import DeliveryError
+from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID
+from broker.kafka_io import read_to_end
 from broker.partitioning import kafka_partition, spark_partition
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
-from broker.status import read_to_end
-from broker.testing import unique_name
+from broker.source import Source, SourceConfig
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import sys
 import orjson
 import pytest
 
-from broker.demo import run_demo
+from broker.dev.demo import run_demo
 
 pytestmark = pytest.mark.integration
 

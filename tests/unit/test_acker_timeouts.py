@@ -22,14 +22,13 @@ from confluent_kafka import OFFSET_INVALID, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.acker
-import broker.replay
+import broker.acker.service
 from broker import ids
-from broker.acker import H_OUTCOME, Acker, AckerConfig
-from broker.client import Tracking
+from broker.acker import Acker, AckerConfig
+from broker.headers import H_DEADLINE, H_OUTCOME, H_ROOT, Tracking, persist_headers
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
-from broker.schemas import H_DEADLINE, H_ROOT, PersistedRecord, XorBatch, persist_headers
+from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
@@ -274,12 +273,12 @@ class FakeConsumer:
 
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.acker, "Producer", FakeProducer)
-    monkeypatch.setattr(broker.acker, "Consumer", FakeConsumer)
-    monkeypatch.setattr(broker.replay, "Consumer", FakeConsumer)
-    monkeypatch.setattr(broker.acker, "check", lambda *_a, **_k: FakeConsumer.partitions)
+    # Every Kafka client of the acker is made in its service module.
+    monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
+    monkeypatch.setattr(broker.acker.service, "Consumer", FakeConsumer)
+    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
     # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
-    monkeypatch.setattr(broker.acker, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
+    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
 
 NS = Namespace("unit")

@@ -11,7 +11,7 @@ import pytest
 
 from broker.partitioning import PARTITIONERS, partition_keys
 
-# Published vectors (DESIGN.md section 7): Kafka's Utils.murmur2 and Spark's hash().
+# Published vectors (docs/design.md §7): Kafka's Utils.murmur2 and Spark's hash().
 MURMUR2 = {"21": -973932308, "foobar": -790332482}
 SPARK_HASH = {"abc": 1322437556}
 

@@ -13,16 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import ids
-from broker.client import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, Tracking, tracking_headers
-from broker.schemas import (
+from broker.headers import (
+    H_ATTEMPT,
     H_DEADLINE,
+    H_ID,
+    H_ORIGIN,
     H_ROOT,
-    Failure,
-    LedgerEntry,
-    PersistedRecord,
-    avro_long,
+    H_SRID,
+    Tracking,
     persist_headers,
+    tracking_headers,
 )
+from broker.schemas import Failure, LedgerEntry, PersistedRecord, avro_long
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
 INTS = st.integers(-(2**31), 2**31 - 1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import kafka_local
+from broker.dev import kafka_local, maven
 from broker.errors import LocalKafkaError
 
 
@@ -22,7 +22,7 @@ def test_missing_maven_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("REPLAYBROKER_HOME", str(tmp_path / "home"))
     with pytest.raises(LocalKafkaError, match=r"no `mvn` on PATH"):
-        kafka_local.resolve_classpath("x", [("org.example", "nothing", "1")])
+        maven.resolve_classpath("x", [("org.example", "nothing", "1")])
 
 
 def test_free_port_is_bindable() -> None:

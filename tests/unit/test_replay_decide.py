@@ -1,4 +1,4 @@
-"""Replay decisions (broker.replay, DESIGN §6): pure functions of the failed attempt's
+"""Replay decisions (broker.replay, docs/design.md §6): pure functions of the failed attempt's
 PersistedRecord - no Kafka. A replay is a fresh attempt on ``<topic>.replay`` at the same
 key-hash partition; after ``max_attempts`` the record is dead-lettered with its history."""
 
@@ -10,20 +10,18 @@ import orjson
 import pytest
 
 from broker import ids
-from broker.client import Tracking
-from broker.replay import (
+from broker.acker.payloads import PayloadCache
+from broker.headers import (
     H_ATTEMPTS,
     H_HISTORY,
-    H_PARTITION,
+    H_KEY_HASH_PARTITION,
     H_PARTITIONER,
     H_REASON,
     H_SOURCE,
     H_TOPIC,
-    Decision,
-    PayloadCache,
-    decide,
-    quarantine_record,
+    Tracking,
 )
+from broker.replay import Decision, decide, quarantine_record
 from broker.schemas import Failure, PersistedRecord
 from broker.topics import Namespace
 
@@ -132,7 +130,7 @@ def test_replays_chain_until_max_attempts_then_dead_letter() -> None:
     assert headers[H_REASON] == b"timeout"
     assert headers[H_ATTEMPTS] == b"3"
     assert headers[H_TOPIC] == b"orders"
-    assert headers[H_PARTITION] == b"5"
+    assert headers[H_KEY_HASH_PARTITION] == b"5"
     assert headers[H_PARTITIONER] == b"spark"
     assert headers["rb-origin"] == ids.encode_id(FIRST.origin)
     assert headers["trace"] == b"abc" and headers["nullable"] is None

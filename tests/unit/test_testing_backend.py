@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.testing import choose_backend, docker_available
+from broker.dev.testing import choose_backend, docker_available
 
 
 def _no_docker() -> bool:

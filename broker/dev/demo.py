@@ -30,9 +30,10 @@ from typing import Any
 import orjson
 
 from broker import topics
-from broker.client import Source, SourceConfig, Task, TaskContext, TaskRecord
 from broker.completions import OutcomeTail
 from broker.settings import KafkaSettings
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskContext, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,27 @@ def run_demo(
     partitions: int = 4,
     deadline_s: float | None = None,
     progress: bool = False,
+    keep: bool = True,
 ) -> dict[str, Any]:
+    """Run the demo in a fresh namespace; ``keep=False`` deletes its topics afterwards."""
     settings = KafkaSettings.from_env(bootstrap)
     ns = topics.Namespace(f"demo-{uuid.uuid4().hex[:8]}")
     orders, enriched = f"{ns.name}.orders", f"{ns.name}.enriched"
-    topics.create(settings, ns, partitions, {orders: partitions, enriched: partitions})
+    data_topics = {orders: partitions, enriched: partitions}
+    topics.create(settings, ns, partitions, data_topics)
+    try:
+        return _run(settings, ns, bootstrap, records, orders, enriched, fail_rate, drop_rate,
+                    timeout_s, max_attempts, deadline_s, progress)
+    finally:
+        if not keep:
+            topics.delete(settings, topics.layout(ns, partitions, data_topics))
+
+
+def _run(
+    settings: KafkaSettings, ns: topics.Namespace, bootstrap: str, records: int, orders: str,
+    enriched: str, fail_rate: float, drop_rate: float, timeout_s: float, max_attempts: int,
+    deadline_s: float | None, progress: bool,
+) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="replaybroker-demo-"))
     acker_log = open(workdir / "acker.log", "wb")  # noqa: SIM115 - handed to the child
@@ -158,20 +175,21 @@ def run_demo(
 
 
 def main_demo(args: argparse.Namespace) -> int:
-    from broker.cli import resolve_bootstrap
+    from broker.dev.kafka_local import bootstrap_or_embedded
 
     if getattr(args, "spark", False):
         from spark_jobs.demo import run_spark_demo
 
-        bootstrap = resolve_bootstrap(args.bootstrap, start_embedded=True)
+        bootstrap = bootstrap_or_embedded(args.bootstrap, start_embedded=True)
         summary = run_spark_demo(
             bootstrap,
             records=args.records,
             # Failure injection is the point of the Spark demo: 5 % unless told otherwise.
             fail_rate=0.05 if args.fail_rate is None else args.fail_rate,
+            keep=args.keep,
         )
     else:
-        bootstrap = resolve_bootstrap(args.bootstrap, start_embedded=True)
+        bootstrap = bootstrap_or_embedded(args.bootstrap, start_embedded=True)
         if not args.json:
             print(f"demo on {bootstrap}: {args.records} records", file=sys.stderr)
         summary = run_demo(
@@ -182,6 +200,7 @@ def main_demo(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             max_attempts=args.max_attempts,
             progress=not args.json,
+            keep=args.keep,
         )
     if args.json:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")

@@ -83,7 +83,7 @@ def kafka_cluster(backend: str | None = None) -> Iterator[KafkaCluster]:
         with container as started:
             yield KafkaCluster(started.get_bootstrap_server(), backend)
     elif backend == "local":
-        from broker.kafka_local import LocalKafka
+        from broker.dev.kafka_local import LocalKafka
 
         with tempfile.TemporaryDirectory(prefix="replaybroker-kafka-") as run_dir:
             kafka = LocalKafka(run_dir)

@@ -1,0 +1,35 @@
+"""The acker's settings."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+
+def default_instance_id() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class AckerConfig:
+    commit_interval_ms: int = 100
+    orphan_ttl_ms: int = 60_000
+    tick_ms: int = 100
+    batch_size: int = 20_000
+    poll_timeout_s: float = 0.02
+    # Stable per instance: a restarted instance fences its predecessor and aborts its open
+    # transaction at once, instead of waiting for transaction_timeout_ms.
+    instance_id: str = field(default_factory=default_instance_id)
+    transaction_timeout_ms: int = 10_000
+    replay_cache_entries: int = 20_000
+    # Explicit failures are decided in windows that close this long after their first fail
+    # mark arrived, all ledger partitions together and in the order of their records: fail
+    # marks of one key travel through different ledger partitions, which Kafka does not
+    # order among each other.
+    fail_hold_ms: int = 150
+    # Tail the changelog of every partition this instance does not own, so a takeover is
+    # a catch-up read instead of a full restore (docs/design.md §5: standby replicas).
+    standby: bool = False
+    stats_interval_s: float = 10.0
+    # False folds without transactions: ONLY to show what breaks (tests); never in production.
+    exactly_once: bool = True

@@ -1,0 +1,185 @@
+"""Ingest: persist records and XOR batches, decoded in bulk and folded into the tables.
+
+Bad input never stops the acker: an undecodable, misrouted or srid-0 message is counted as
+``quarantined`` and kept byte for byte in ``ns.dlq`` (broker.replay.quarantine_record).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from confluent_kafka import Message
+
+from broker import ids
+from broker.acker.payloads import PayloadCache
+from broker.acker.state import PartitionState
+from broker.errors import DecodeError
+from broker.headers import H_DEADLINE, H_ROOT, OUTCOME_COMPLETED
+from broker.ledger.clock import Clock, Ticker
+from broker.ledger.table import Removed
+from broker.replay import Outgoing, quarantine_record
+from broker.schemas import PersistedRecord, XorBatch, avro_long
+from broker.topics import Namespace
+
+log = logging.getLogger(__name__)
+
+
+class Ingest:
+    """Folds one partition's batch of input messages into its state."""
+
+    def __init__(
+        self,
+        ns: Namespace,
+        clock: Clock,
+        ticker: Ticker,
+        orphan_ttl_ms: int,
+        cache: PayloadCache,
+        outgoing: list[Outgoing],
+    ) -> None:
+        self.ns = ns
+        self.clock = clock
+        self.ticker = ticker
+        self.orphan_ttl_ms = orphan_ttl_ms
+        self.cache = cache
+        # Quarantine records go here; the commit produces them in its transaction.
+        self.outgoing = outgoing
+        self.partitions = 0  # P, known once the service has checked the topics
+
+    def orphan_tick(self) -> int:
+        return self.ticker.tick_of(self.clock.now_ms() + self.orphan_ttl_ms)
+
+    def quarantine(self, st: PartitionState, msg: Message, why: str) -> None:
+        st.count("quarantined")
+        log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        self.outgoing.append(
+            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), why)
+        )
+
+    def register(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
+        """Register persist records (their roots' creation events) without decoding them.
+
+        The srid is the key; root_xor and the deadline come from the ``rb-root`` /
+        ``rb-deadline`` headers, read in bulk with numpy. The value is only checked to start
+        with the key's srid (its first Avro field) and kept as bytes for a replay; a record
+        without the headers (an older producer) is decoded in full. Anything else is
+        quarantined, as is a value that turns out undecodable when a replay needs it.
+        """
+        msgs: list[Message] = []
+        keys: list[bytes] = []
+        roots: list[bytes] = []
+        deadlines: list[bytes] = []
+        values: list[bytes] = []
+        for msg in batch:
+            value = msg.value()
+            if value is None:
+                continue  # a tombstone: a completion (ours or a previous owner's)
+            key = msg.key()
+            root = deadline = None
+            for name, header in msg.headers() or ():
+                if name == H_ROOT:
+                    root = header
+                elif name == H_DEADLINE:
+                    deadline = header
+            if (
+                key is not None and len(key) == 8 and root is not None and len(root) == 8
+                and deadline is not None and len(deadline) == 8
+            ):
+                if not value.startswith(avro_long(int.from_bytes(key, "big", signed=True))):
+                    self.quarantine(st, msg, "persist value does not start with the key's srid")
+                    continue
+            else:
+                try:
+                    record = self._decode_persist(key, value)
+                except DecodeError as exc:
+                    self.quarantine(st, msg, str(exc))
+                    continue
+                key = ids.encode_id(record.srid)
+                root = ids.encode_id(record.root_xor)
+                deadline = ids.encode_id(record.created_ms + record.timeout_ms)
+            msgs.append(msg)
+            keys.append(key)
+            roots.append(root)
+            deadlines.append(deadline)
+            values.append(value)
+        if not msgs:
+            return
+        srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
+        misrouted = (srids == 0) | (srids % self.partitions != lp)
+        if misrouted.any():
+            for i in np.flatnonzero(misrouted).tolist():
+                self.quarantine(st, msgs[i], f"srid {int(srids[i])} does not belong to ledger partition {lp}")
+            keep = ~misrouted
+            srids = srids[keep]
+            kept = keep.tolist()
+            msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
+            roots = [r for r, k in zip(roots, kept, strict=True) if k]
+            deadlines = [d for d, k in zip(deadlines, kept, strict=True) if k]
+            values = [v for v, k in zip(values, kept, strict=True) if k]
+            if not msgs:
+                return
+        result = st.table.register(
+            srids,
+            np.frombuffer(b"".join(roots), dtype=">i8").astype(np.int64),
+            np.array([m.offset() for m in msgs], dtype=np.int64),
+            self.ticker.ticks_of(np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)),
+        )
+        dup = int(result.duplicates.sum())
+        st.count("registered", len(msgs) - dup)
+        if dup:
+            st.count("duplicate_roots", dup)
+            log.warning("refused %d duplicate persist records in partition %d", dup, lp)
+        done = set(result.completed.srids.tolist()) if len(result.completed) else set()
+        put = self.cache.put
+        for srid, value, is_dup in zip(srids.tolist(), values, result.duplicates.tolist(), strict=True):
+            if not is_dup and srid not in done:
+                put(srid, value)
+        self.completed(st, result.completed)
+
+    @staticmethod
+    def _decode_persist(key: bytes | None, value: bytes) -> PersistedRecord:
+        """The full check of a persist record without the registration headers."""
+        if key is None or len(key) != 8:
+            raise DecodeError("persist key is not an 8-byte srid")
+        record = PersistedRecord.decode(value)
+        if ids.decode_id(key) != record.srid:
+            raise DecodeError("persist key and record srid differ")
+        return record
+
+    def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
+        """Fold XOR batches: (srid, xor) pairs and explicit fail marks."""
+        srids, xors, failed = [], [], []
+        P = self.partitions
+        for msg in batch:
+            try:
+                xb = XorBatch.decode(msg.value())
+                if xb.ledger_partition != lp:
+                    raise DecodeError(f"batch for ledger partition {xb.ledger_partition} sent to {lp}")
+                for arr in (xb.srids, xb.failed):
+                    if arr.size and (np.any(arr == 0) or np.any(arr % P != lp)):
+                        raise DecodeError(f"batch holds srids of other ledger partitions than {lp}")
+            except DecodeError as exc:
+                self.quarantine(st, msg, str(exc))
+                continue
+            srids.append(xb.srids)
+            xors.append(xb.xors)
+            if xb.failed.size:
+                failed.append(xb.failed)
+        orphan_tick = self.orphan_tick()
+        if srids:
+            s = np.concatenate(srids)
+            if s.size:
+                st.count("folded", int(s.size))
+                self.completed(st, st.table.fold(s, np.concatenate(xors), orphan_tick))
+        if failed:
+            f = np.concatenate(failed)
+            st.count("fail_marks", int(f.size))
+            st.table.mark_failed(f, orphan_tick)
+            st.recent_fails.append((self.clock.now_ms(), f))
+
+    def completed(self, st: PartitionState, done: Removed) -> None:
+        if len(done):
+            srids = done.srids.tolist()
+            st.count("completed", len(srids))
+            st.tombstones.extend((srid, OUTCOME_COMPLETED) for srid in srids)
+            self.cache.discard_many(srids)

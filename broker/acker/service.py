@@ -1,0 +1,389 @@
+"""The acker service: one loop per process serving many ledger partitions (docs/design.md §5).
+
+Inputs ``ns.persist[i]`` and ``ns.acks[i]`` are read ``read_committed`` in one consumer group;
+each owned partition has a ``PartitionState`` backed by the compacted changelog
+``ns.ledger[i]``. The rooms:
+
+- ``changelog``: restore on assignment, warm states, standby tailing;
+- ``ingest``: persist records and XOR batches folded into the tables, bad input quarantined;
+- ``decisions``: timeouts and explicit failures turned into replays and dead letters;
+- ``commit``: the transaction that writes all of it with the input offsets.
+
+Partition assignment uses the ``range`` assignor: it gives partition i of persist and of acks
+to the same member (cooperative-sticky balances each topic on its own and would split them).
+On assignment, committed offsets are fetched first (``require_stable``: this waits out any
+transaction a dead owner left open), then the changelog is read to its end, then input
+consumption resumes - so restored state and input positions come from the same commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from broker.acker.changelog import Changelog
+from broker.acker.commit import Batch, Transactions, is_fatal, positions_of, take_changes
+from broker.acker.config import AckerConfig
+from broker.acker.decisions import Decided, Decider, collect_failures
+from broker.acker.ingest import Ingest
+from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.state import COUNTERS, PartitionState
+from broker.errors import ReplayBrokerError
+from broker.kafka_io import partition_counts
+from broker.ledger.clock import Clock, SystemClock, Ticker
+from broker.replay import Outgoing
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, check
+
+log = logging.getLogger("broker.acker")
+
+
+class Acker:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        namespace: str | Namespace,
+        config: AckerConfig | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.config = config or AckerConfig()
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.ticker = Ticker.starting_at(self.clock, self.config.tick_ms)
+        self.group_id = f"{self.ns.name}.acker"
+        self.P = 0  # ledger partitions, checked against the cluster by start()
+        self.states: dict[int, PartitionState] = {}
+        self.last_assignment: dict[str, object] = {}
+        self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.commits = 0
+        self._positions: dict[tuple[str, int], int] = {}
+        self._outgoing: list[Outgoing] = []
+        self._stop = threading.Event()
+        self._started = False
+        self._last_commit = time.monotonic()
+        self._last_stats = time.monotonic()
+        # Clients are created here but talk to Kafka only from start(): building an Acker
+        # needs no live cluster.
+        ns, consumer_config = self.ns, settings.consumer_config
+        producer_conf: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        if self.config.exactly_once:
+            producer_conf["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
+            producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
+        self._producer = Producer(settings.producer_config(**producer_conf))
+        self._consumer = Consumer(
+            consumer_config(
+                self.group_id,
+                **{
+                    "partition.assignment.strategy": "range",
+                    "isolation.level": "read_committed",
+                    "enable.auto.offset.store": False,
+                    "session.timeout.ms": 10_000,
+                    "heartbeat.interval.ms": 1_000,
+                    "fetch.wait.max.ms": 20,
+                    "max.poll.interval.ms": 60_000,
+                },
+            )
+        )
+        restorer = Consumer(
+            consumer_config(
+                None,
+                **{
+                    "group.id": f"{ns.name}.acker.restore",
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                    # EOF is only seen when a fetch comes back empty, and the broker holds
+                    # an empty fetch (and the requests queued behind it) for this long.
+                    "fetch.wait.max.ms": 10,
+                    # A restore reads whole partitions: big fetches, few round trips.
+                    "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                    "fetch.max.bytes": 64 * 1024 * 1024,
+                },
+            )
+        )
+        standby = None
+        if self.config.standby:
+            standby = Consumer(
+                consumer_config(None, **{"group.id": f"{ns.name}.acker.standby", "isolation.level": "read_committed"})
+            )
+        fetcher = PersistFetcher(
+            ns,
+            Consumer(
+                consumer_config(
+                    None,
+                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10},
+                )
+            ),
+        )
+        cache = PayloadCache(self.config.replay_cache_entries)
+        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby)
+        self.ingest = Ingest(ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing)
+        self.decider = Decider(
+            ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
+        )
+        self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
+
+    @property
+    def standby(self) -> dict[int, tuple[PartitionState, int]]:
+        return self.changelog.standby
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Check the namespace's topics and initialise transactions (once)."""
+        if self._started:
+            return
+        self.P = check(self.settings, self.ns)
+        self.ingest.partitions = self.decider.partitions = self.P
+        if self.config.exactly_once:
+            self._producer.init_transactions(60)
+        self._started = True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(
+        self,
+        *,
+        install_signals: bool = False,
+        until: Callable[[Acker], bool] | None = None,
+    ) -> None:
+        """Serve until ``stop()``/SIGTERM/SIGINT (or ``until(self)`` is true); then commit what
+        was folded and leave the group cleanly."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self.start()
+        self.changelog.assign_standby(self.P, self.states)
+        self._consumer.subscribe(
+            [self.ns.persist, self.ns.acks],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("acker %s serving %s (P=%d)", self.config.instance_id, self.ns.name, self.P)
+        try:
+            while not self._stop.is_set():
+                self.step()
+                if until is not None and until(self):
+                    break
+            self.commit()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()  # revokes: _on_revoke commits what is left
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.changelog.close()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.decider.fetcher.close()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._producer.flush(10)
+        self._log_stats()
+
+    # ------------------------------------------------------------------ assignment
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lps = sorted({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
+        if lps != acks:
+            log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
+        started = time.monotonic()
+        # Stable committed offsets first: waits for any transaction a dead owner left open,
+        # so the changelog read below ends after everything those offsets reflect.
+        committed = consumer.committed(partitions, timeout=60)
+        read = warm = 0
+        for lp in lps:
+            warm += lp in self.changelog.standby
+            self.states[lp], n = self.changelog.take(lp)
+            read += n
+        self.changelog.assign_standby(self.P, self.states)
+        assigned = []
+        for tp in committed:
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            assigned.append(TopicPartition(tp.topic, tp.partition, offset))
+        consumer.assign(assigned)
+        seconds = time.monotonic() - started
+        self.last_assignment = {
+            "partitions": lps,
+            "from_standby": warm,
+            "changelog_records_read": read,
+            "entries": sum(len(self.states[lp].table) for lp in lps),
+            "seconds": seconds,
+        }
+        log.info(
+            "assigned ledger partitions %s: %d from standby/warm state, %d changelog records read, "
+            "%d entries, %.3fs",
+            lps, warm, read, self.last_assignment["entries"], seconds,
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
+        clean = True
+        try:
+            self.commit()
+        except ReplayBrokerError:
+            clean = False
+        # After a successful commit a partition's table equals its changelog: keep it as a
+        # warm standby, so getting the partition back (range rebalances are eager) costs a
+        # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
+        clean = clean and not self._outgoing
+        for lp in lps:
+            st = self.states.pop(lp, None)
+            if st is not None and clean and not st.failures and not st.tombstones:
+                self.changelog.keep_warm(lp, st)
+        self._drop(lps)
+        self.changelog.assign_standby(self.P, self.states)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Someone else owns them now: nothing of ours may be committed for them, and the
+        # tables may be ahead of their changelogs.
+        self.transactions.abort()
+        self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        self.changelog.assign_standby(self.P, self.states)
+
+    def _drop(self, lps: set[int]) -> None:
+        for lp in lps:
+            self.states.pop(lp, None)
+        self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+
+    # ------------------------------------------------------------------ folding
+
+    def step(self) -> int:
+        """Poll once, fold what came, commit when the interval is due. Returns messages read."""
+        # poll() returns as soon as one message is there; consume(n, timeout) would wait the
+        # whole timeout unless n messages arrive, adding up to poll_timeout_s to every event.
+        first = self._consumer.poll(self.config.poll_timeout_s)
+        msgs: list[Message] = []
+        if first is not None:
+            msgs.append(first)
+            if self.config.batch_size > 1:
+                msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+        if msgs:
+            self._fold_messages(msgs)
+        now = time.monotonic()
+        if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:
+            self.commit()
+            self.changelog.poll_standby()
+        if now - self._last_stats >= self.config.stats_interval_s:
+            self._log_stats()
+        return len(msgs)
+
+    def _fold_messages(self, msgs: list[Message]) -> None:
+        persist: dict[int, list[Message]] = defaultdict(list)
+        acks: dict[int, list[Message]] = defaultdict(list)
+        states, persist_topic = self.states, self.ns.persist
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", err)
+                continue
+            partition = msg.partition()
+            if partition not in states:
+                continue  # revoked while in flight
+            (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
+        # A partition's messages come in offset order: its position is after the last one.
+        for lp, batch in persist.items():
+            self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
+            self.ingest.register(states[lp], lp, batch)
+        for lp, batch in acks.items():
+            self._positions[(self.ns.acks, lp)] = batch[-1].offset() + 1
+            self.ingest.fold(states[lp], lp, batch)
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self) -> None:
+        """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
+        (broker.acker.commit has the order and why)."""
+        self._last_commit = time.monotonic()
+        now_ms = self.clock.now_ms()
+        collect_failures(self.states.values(), now_ms, self.ticker.current_tick(now_ms), self.config.fail_hold_ms)
+        out = list(self._outgoing)
+        self._outgoing.clear()
+        decided: list[Decided] = []
+        for lp, st in self.states.items():
+            self.decider.decide(lp, st, decided)
+        # Failures come out of the table in srid / slot order. Produce the replays in the
+        # order the originals were persisted instead, so the failures of one key decided in
+        # one commit keep the key's order on <topic>.replay.
+        decided.sort(key=lambda d: (d[0], d[1]))
+        for _, _, records in decided:
+            out.extend(records)
+        if any(st.failures for st in self.states.values()):
+            # A payload could not be read: commit nothing now (the changelog would forget
+            # the failed entry before its replay exists); everything decided so far waits.
+            self._outgoing[:0] = out
+            return
+        batch = Batch(records=out)
+        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
+        batch.positions = list(positions_of(self._positions))
+        if not batch:
+            return
+        self._positions = {}
+        try:
+            self.transactions.write(batch)
+        except KafkaException as exc:
+            self._on_commit_error(exc)
+            return
+        self.commits += 1
+
+    def _on_commit_error(self, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args else None
+        fatal = is_fatal(exc)
+        log.error("commit failed (%s); %s", err, "fatal, stopping" if fatal else "aborting and rewinding")
+        if fatal:
+            # Fenced: another instance took over with our transactional id. Stop; never
+            # write again with this producer.
+            self.stop()
+            raise ReplayBrokerError(f"acker fenced or failed fatally: {err}") from exc
+        self.transactions.abort()
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """After an aborted commit the in-memory state is ahead of Kafka: restore every owned
+        partition from the changelog and seek the inputs back to the committed offsets."""
+        lps = list(self.states)
+        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
+        committed = self._consumer.committed(tps, timeout=60)
+        for lp in lps:
+            self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
+        self._positions = {}
+        for tp in committed:
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+
+    # ------------------------------------------------------------------ stats
+
+    def counters(self) -> dict[str, int]:
+        """This instance's decisions since it started, plus ``pending`` in what it owns now.
+
+        (The cumulative per-partition counters, over every owner, are in the changelog:
+        ``replaybroker status`` reads them.)"""
+        return {**self.totals, "pending": sum(len(st.table) for st in self.states.values())}
+
+    def _log_stats(self) -> None:
+        self._last_stats = time.monotonic()
+        c = self.counters()
+        log.info(
+            "acker %s partitions=%s %s",
+            self.config.instance_id,
+            sorted(self.states),
+            " ".join(f"{k}={v}" for k, v in c.items()),
+        )

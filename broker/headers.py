@@ -1,0 +1,134 @@
+"""Every ``rb-*`` header the broker writes or reads, with its encoding, in one place.
+
+Ids are 8-byte big-endian two's complement; counts are ASCII integers.
+
+| header | on | value |
+|---|---|---|
+| ``rb-srid`` | data records | srid of this attempt |
+| ``rb-id`` | data records | record id of this record |
+| ``rb-origin`` | data records, DLQ records | srid of the first attempt |
+| ``rb-attempt`` | data records | attempt number (``1`` on a first attempt) |
+| ``rb-root`` | persist records | the root's creation event (XOR of the source's record ids) |
+| ``rb-deadline`` | persist records | created_ms + timeout_ms |
+| ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
+| ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
+| ``rb-attempts``, ``rb-topic``, ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` | DLQ records | what a redrive needs |
+| ``rb-source`` | quarantined input | ``topic/partition/offset`` it was read from |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from broker.ids import encode_id
+
+# --- tracking: on every data record under the guarantee (docs/design.md §3)
+H_SRID = "rb-srid"
+H_ID = "rb-id"
+H_ORIGIN = "rb-origin"
+H_ATTEMPT = "rb-attempt"
+TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT})
+
+# --- persist records: register an srid from key + headers without decoding the value
+H_ROOT = "rb-root"
+H_DEADLINE = "rb-deadline"
+
+# --- persist tombstones: why the srid left the ledger (broker.completions reads them)
+H_OUTCOME = "rb-outcome"
+OUTCOME_COMPLETED = b"completed"
+OUTCOME_REPLAY = b"replay"
+OUTCOME_DLQ = b"dlq"
+
+# --- dead letters and quarantined input (broker.replay writes, broker.dlq reads)
+H_REASON = "rb-reason"
+H_ATTEMPTS = "rb-attempts"
+H_TOPIC = "rb-topic"
+H_KEY_HASH_PARTITION = "rb-key-hash-partition"
+H_PARTITIONER = "rb-partitioner"
+H_HISTORY = "rb-history"
+H_SOURCE = "rb-source"
+# Headers the acker appends to a dead-lettered record, after the user's own headers.
+DLQ_HEADERS = frozenset(
+    {H_REASON, H_ATTEMPTS, H_TOPIC, H_KEY_HASH_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN}
+)
+QUARANTINE_PREFIX = "quarantine: "
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+_ZERO_ID = bytes(8)
+
+
+def as_bytes(value: bytes | str | None) -> bytes | None:
+    """Keys, values and header values as the producer takes them (``str`` as UTF-8)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return value.encode()
+
+
+def tracking_headers(srid: int, record_id: int, origin: int, attempt: int) -> list[tuple[str, bytes]]:
+    srid_b = encode_id(srid)
+    return [
+        (H_SRID, srid_b),
+        (H_ID, encode_id(record_id)),
+        (H_ORIGIN, srid_b if origin == srid else encode_id(origin)),
+        (H_ATTEMPT, b"1" if attempt == 1 else str(attempt).encode()),
+    ]
+
+
+def persist_headers(root_xor: int, deadline_ms: int) -> list[tuple[str, bytes]]:
+    return [(H_ROOT, encode_id(root_xor)), (H_DEADLINE, encode_id(deadline_ms))]
+
+
+def user_headers(headers: Headers | None) -> tuple[tuple[str, bytes | None], ...]:
+    """The caller's headers without any tracking header (those are the broker's to set)."""
+    if not headers:
+        return ()
+    return tuple((k, as_bytes(v)) for k, v in headers if k not in TRACKING_HEADERS)
+
+
+class Tracking(NamedTuple):
+    """The tracking headers of a data record, decoded."""
+
+    srid: int
+    record_id: int
+    origin: int
+    attempt: int
+
+    @classmethod
+    def from_headers(cls, headers: Headers | None) -> Tracking | None:
+        """None when the record is not tracked (no or malformed rb-* headers). A repeated
+        header: the last one wins."""
+        if not headers:
+            return None
+        srid = record_id = origin = attempt = None
+        for k, v in headers:  # one pass
+            if k == H_SRID:
+                srid = v
+            elif k == H_ID:
+                record_id = v
+            elif k == H_ORIGIN:
+                origin = v
+            elif k == H_ATTEMPT:
+                attempt = v
+        if not srid or not record_id or len(srid) != 8 or len(record_id) != 8:
+            return None
+        if srid == _ZERO_ID or record_id == _ZERO_ID:  # 0 is the XOR identity, never an id
+            return None
+        if not origin:
+            origin = srid
+        elif len(origin) != 8:
+            return None
+        if not attempt or attempt == b"1":
+            n = 1
+        else:
+            try:
+                n = int(attempt)
+            except ValueError:
+                return None
+        return cls(
+            int.from_bytes(srid, "big", signed=True),
+            int.from_bytes(record_id, "big", signed=True),
+            int.from_bytes(origin, "big", signed=True),
+            n,
+        )

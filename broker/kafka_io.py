@@ -1,0 +1,121 @@
+"""Kafka plumbing every service shares: producing with bounded back-off, reading a topic to
+its end, and the admin look-ups (partition counts, waiting for new topics).
+
+A full producer queue (``BufferError``) means Kafka is slower than we produce, or away. We
+wait for it with growing pauses that serve delivery callbacks, log once when it lasts, and
+give up with a retriable ``DeliveryError`` after ``max_block_s``: a service never spins
+forever on a broker that does not come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from broker.errors import DeliveryError, TopologyError
+from broker.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+MAX_BLOCK_S = 60.0
+"""How long ``produce`` waits for room in a full producer queue before it gives up."""
+_FIRST_PAUSE_S = 0.005
+_MAX_PAUSE_S = 0.25
+_WARN_AFTER_S = 1.0
+
+
+def produce(producer: Producer, topic: str, *, max_block_s: float = MAX_BLOCK_S, **kwargs: Any) -> None:
+    """``producer.produce`` that waits, bounded, while the local queue is full."""
+    try:
+        producer.produce(topic, **kwargs)
+        return
+    except BufferError:
+        pass
+    started = time.monotonic()
+    pause = _FIRST_PAUSE_S
+    warned = False
+    while True:
+        producer.poll(pause)  # serves delivery callbacks: this is what frees the queue
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            waited = time.monotonic() - started
+            if waited >= max_block_s:
+                raise DeliveryError(
+                    f"producer queue full for {waited:.0f}s while producing to {topic}: "
+                    "Kafka is not taking records"
+                ) from None
+            if not warned and waited >= _WARN_AFTER_S:
+                log.warning("producer queue full for %.1fs (topic %s); waiting", waited, topic)
+                warned = True
+            pause = min(pause * 2, _MAX_PAUSE_S)
+
+
+def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0) -> list[Message]:
+    """Every committed message of ``topic``, in offset order per partition.
+
+    Starts at each partition's low watermark, not OFFSET_BEGINNING (which costs an extra
+    offset lookup, ~0.5 s), with short fetch waits and polls: a ``consume`` waits its whole
+    timeout unless its batch fills."""
+    consumer = Consumer(
+        settings.consumer_config(
+            None,
+            **{"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
+        )
+    )
+    out: list[Message] = []
+    try:
+        starts = []
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            if high > low:
+                starts.append(TopicPartition(topic, p, low))
+        consumer.assign(starts)
+        eof: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(eof) < len(starts):
+            if time.monotonic() > deadline:
+                raise TopologyError(f"could not read {topic} to its end")
+            for msg in consumer.consume(1_000, 0.05):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition() or 0)
+                else:
+                    raise KafkaException(err)
+    finally:
+        consumer.close()
+    return out
+
+
+def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
+    """Partition count of each topic; None for a topic that does not exist."""
+    metadata = AdminClient(settings.client_config()).list_topics(timeout=30)
+    counts: dict[str, int | None] = {}
+    for name in topics:
+        meta = metadata.topics.get(name)
+        counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
+    return counts
+
+
+def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
+    """Creation returns before every broker's metadata shows the topic; wait until it does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = admin.list_topics(timeout=10).topics
+        missing = [
+            t for t, n in topics.items()
+            if t not in metadata or metadata[t].error is not None or len(metadata[t].partitions) != n
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TopologyError(f"topics not visible after creation: {', '.join(missing)}")
+        time.sleep(0.1)
