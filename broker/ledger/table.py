@@ -1,7 +1,11 @@
-"""The acker's ledger for one ledger partition: srid -> entry, as a numpy hash table.
+"""The acker's ledger for one ledger partition: srid -> entry, on a numpy hash table.
+
+The storage - columns, hashing, batched probing, growth, tombstones - is
+``broker.ledger.hashtable.SridTable``; this module holds what the entries mean and the rules
+that change them.
 
 What an entry means (docs/design.md §4)
--------------------------------
+---------------------------------------
 Every record id is XORed into its srid's ``value`` exactly twice: once by the event that
 created it (the persist record's ``root_xor`` for the source's emissions, the parent task's
 event for derived records) and once by the event that acked it. The entry is *complete* when
@@ -12,49 +16,18 @@ cancels itself and only delays completion (timeout, replay: at-least-once holds)
 *root* event can complete a tree early and lose data, which is why ``register`` refuses a
 second persist record for a srid it already holds.
 
-Layout
-------
-Open addressing with linear probing over five columns of capacity ``C`` (any multiple of 8,
-not a power of two): ``keys`` int64 (srid; 0 = never used), ``value`` int64 (running XOR),
-``offset`` int64 (persist-record offset, -1 until registered), ``deadline`` int32 (tick) and
-``flags`` uint8. 29 bytes per slot and no Python object per entry. Bytes per pending entry =
-29 / load. Every rebuild sizes the table so that the entries it must hold fill 62.5 % of it
-(``max_load - 1/8`` with the default ``max_load`` 0.75), and the next rebuild comes when live
-+ deleted slots would pass 75 %: a growing table runs between load 0.625 (46 B per entry) and
-0.75 (39 B) at every size, growing by x1.2 per rebuild (a power-of-two table doubles and
-swings between 0.375 and 0.75: 39..77 B). Deletions alone never rebuild, so the load drops
-below 0.625 only while entries leave faster than new ones arrive, until the next rebuild.
-``nbytes`` also counts the srids queued for ``take_failed`` and ``take_dirty`` (emptied by
-those calls); a rebuild briefly holds the old and the new columns. Attempt, origin and
-key-hash partition (docs/design.md §5) are not columns: they are in the persist record, which a replay
+An entry is four columns of the hash table: ``value`` (running XOR), ``offset`` (persist-record
+offset, -1 until registered), ``deadline`` (tick) and ``flags`` (REGISTERED, FAILED, LOGGED,
+DIRTY). 29 bytes per slot, so bytes per pending entry = 29 / load (39..46 B while the table
+grows; see the hash table's module doc). ``nbytes`` also counts the srids queued for
+``take_failed`` and ``take_dirty`` (emptied by those calls). Attempt, origin and key-hash
+partition (docs/design.md §5) are not columns: they are in the persist record, which a replay
 fetches at ``offset`` anyway.
 
-The home slot is ``(t * C) >> 32`` where ``t`` is the top 32 bits of
-``srid * 0x9E3779B97F4A7C15`` (Fibonacci hashing of the uint64 view, scaled to ``[0, C)``
-by "fastrange" multiplication instead of a power-of-two shift; it fits uint64 while
-``C <= 2**32``), not the low bits: every srid of one ledger partition has the same
-``srid mod P``, so the low bits are correlated and would cluster. Probes wrap at ``C``.
-
 Every operation works on a whole batch of srids at once: the batch is sorted and reduced per
-srid first (duplicates XOR-folded with ``bitwise_xor.reduceat``), then all keys probe in
-rounds - each round looks at the next slot of every key still searching, and once fewer than
-4096 keys search, at the next window of up to 64 consecutive slots of each (one round per
-slot would cost ~20 numpy calls for each step of the longest probe path). New keys that
-race for the same free slot all write their key into it and read it back: exactly one write
-survives, that key won, the others keep probing from the next slot.
-
-Deletion: tombstones, not backward shift
-----------------------------------------
-A deleted slot keeps ``keys == INT64_MIN`` with the internal LIVE flag bit clear; probes walk
-over it, insertions reuse the first one they pass. Backward-shift deletion would leave no
-tombstones, but the shift of one slot depends on every other deletion in the same cluster, so
-a batch of deletions would have to be applied one by one in Python. A tombstone is one
-vectorised write. Tombstones are reclaimed by reuse and by a rebuild when live + deleted slots
-would exceed 75 %: the rebuild resizes the table to hold the live entries plus the batch being
-inserted at 62.5 % (so at least C/8 insertions pass before the next rebuild): it grows, keeps
-its size under steady churn, and shrinks when the table has drained (never below the initial
-capacity). INT64_MIN is still a valid srid: whether such a slot is live is decided
-by the LIVE bit, which the probe reads only for INT64_MIN slots.
+srid first (duplicates XOR-folded with ``bitwise_xor.reduceat``), then the hash table finds or
+inserts all of them in one batched probe, and the rule is applied to the columns at those
+slots with a few vectorised writes.
 
 Timeouts are Storm's RotatingMap, one bucket per tick
 ------------------------------------------------------
@@ -71,7 +44,7 @@ time + timeout, fixed (docs/design.md §6). Unregistered entries (events before 
 record, or late events after completion) carry the orphan deadline they were created with.
 
 Changelog (docs/design.md §5)
----------------------
+-----------------------------
 Every change sets DIRTY. ``take_dirty`` returns the entries still alive with DIRTY set (they
 become LOGGED) and the srids that left the table while LOGGED and are not in it now
 (tombstones). An entry born and removed between two calls is never LOGGED, so it never
@@ -84,12 +57,13 @@ ones so the service replays them. Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from broker.ledger.hashtable import LIVE, SridTable
 
 REGISTERED = 0x01
 """The persist record has been folded (the root event is in ``value``)."""
@@ -102,20 +76,9 @@ DIRTY = 0x08
 DURABLE_FLAGS = REGISTERED | FAILED
 """The flag bits that belong to the entry's state and travel through the changelog."""
 
-_LIVE = 0x80  # internal: the slot holds an entry (empty and deleted slots have it clear)
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
-_TOMBSTONE_KEY = np.iinfo(np.int64).min
-_DIRTY_BYTES = np.uint64(0x0101010101010101 * DIRTY)  # DIRTY in each byte of a uint64 word
-_FIBONACCI = np.uint64(0x9E3779B97F4A7C15)
 _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_MIN_CAPACITY = 8
-_MAX_CAPACITY = 1 << 32  # fastrange keeps (32-bit hash) * C inside uint64 while C <= 2**32
-_REUSE_HEADROOM = 0.125  # a rebuild leaves at least C/8 free slots before the next one
-_SHIFT32 = np.uint64(32)
-_MAX_WINDOW = 64  # at most this many slots per key in one probe round
-_WINDOW_BUDGET = 4096  # slots one probe round looks at once fewer keys than this still search
-_STEPS = np.arange(_MAX_WINDOW, dtype=np.intp)
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,11 +173,6 @@ def _clamp_tick(tick: int) -> int:
     return max(_INT32_MIN, min(_INT32_MAX, int(tick)))
 
 
-def _multiple_of_8(n: int) -> int:
-    """Capacities are multiples of 8: ``take_dirty`` scans the flags 8 per uint64 word."""
-    return max(_MIN_CAPACITY, -(-int(n) // 8) * 8)
-
-
 def _check_nonzero(sorted_srids: np.ndarray) -> None:
     """0 is the XOR identity and the empty-slot key: it is never a srid (``broker.ids``)."""
     i = int(np.searchsorted(sorted_srids, 0))
@@ -249,41 +207,18 @@ def _xor_by_srid(srids: np.ndarray, xors: np.ndarray) -> tuple[np.ndarray, np.nd
     return s[starts], np.bitwise_xor.reduceat(x, starts)
 
 
-def _first_true(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For a 2-D bool array: the column of each row's first True (0 if none), and whether
-    the row has one."""
-    if mask.shape[1] == 1:  # argmax along an axis of length 1 costs a call per row
-        return np.zeros(mask.shape[0], np.intp), mask[:, 0]
-    col = mask.argmax(axis=1)
-    return col, mask.reshape(-1)[_row_offsets(mask.shape[0], mask.shape[1]) + col]
-
-
-def _row_offsets(rows: int, width: int) -> np.ndarray:
-    """Flat index of the first element of each row of a C-contiguous (rows, width) array."""
-    return np.arange(0, rows * width, width, dtype=np.intp)
-
 
 class LedgerTable:
     """srid -> (value, flags, offset, deadline) for one ledger partition; see the module doc.
 
-    The columns ``keys``, ``value``, ``offset``, ``deadline``, ``flags`` are public for
-    inspection and benchmarks; change them only through the methods.
+    The entries live in ``hashtable`` (a ``SridTable``), public for inspection, tests and
+    benchmarks; change them only through the methods here.
     """
 
-    keys: np.ndarray
-    value: np.ndarray
-    offset: np.ndarray
-    deadline: np.ndarray
-    flags: np.ndarray
+    hashtable: SridTable
 
     def __init__(self, initial_capacity: int = 1024, *, max_load: float = 0.75) -> None:
-        if not 0.25 < max_load <= 0.9:
-            raise ValueError(f"max_load must be in (0.25, 0.9], got {max_load}")
-        self._max_load = max_load
-        self._min_capacity = _multiple_of_8(initial_capacity)
-        self._allocate(self._min_capacity)
-        self._live = 0
-        self._dead = 0  # tombstone slots
+        self.hashtable = SridTable(initial_capacity, max_load=max_load)
         self._min_deadline = _INT32_MAX  # lower bound of every live entry's deadline
         self._left_logged: list[np.ndarray] = []  # srids that left while LOGGED
         self._failed_candidates: list[np.ndarray] = []  # srids that may be REGISTERED|FAILED
@@ -306,12 +241,13 @@ class LedgerTable:
             return _empty_removed()
         u, ux = _xor_by_srid(s, x)
         _check_nonzero(u)
-        pos, _ = self._find_or_insert(u, _clamp_tick(orphan_deadline))
-        value = self.value[pos]
+        pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
+        t = self.hashtable
+        value = t.value[pos]
         value ^= ux
-        self.value[pos] = value
-        f = self.flags[pos] | DIRTY
-        self.flags[pos] = f
+        t.value[pos] = value
+        f = t.flags[pos] | DIRTY
+        t.flags[pos] = f
         done = ((f & DURABLE_FLAGS) == REGISTERED) & (value == 0)
         return self._remove_where(pos, done)
 
@@ -330,7 +266,8 @@ class LedgerTable:
         drops to the XOR of the task events alone, which is 0 e.g. before any task event
         arrived - the tree would "complete" with its records unprocessed and never be
         replayed. A duplicated task event can only delay completion; a duplicated root is the
-        one event that can complete a tree early (docs/design.md §4), so it is refused and counted.
+        one event that can complete a tree early (docs/design.md §4), so it is refused and
+        counted.
 
         The table cannot recognise a duplicate that arrives after the tree completed (the
         entry is gone): it registers a new entry that never completes and times out - a
@@ -351,8 +288,9 @@ class LedgerTable:
         duplicates[:] = True
         duplicates[src] = False
         _check_nonzero(u)
-        pos, _ = self._find_or_insert(u, _INT32_MAX)
-        f = self.flags[pos]
+        pos = self._find_or_insert(u, _INT32_MAX)
+        t = self.hashtable
+        f = t.flags[pos]
         again = (f & REGISTERED) != 0
         duplicates[src[again]] = True
         fresh = ~again
@@ -360,12 +298,12 @@ class LedgerTable:
         i = src[fresh]
         u = u[fresh]
         new_dl = np.clip(dls[i], _INT32_MIN, _INT32_MAX).astype(np.int32)
-        value = self.value[p] ^ roots[i]
-        self.value[p] = value
+        value = t.value[p] ^ roots[i]
+        t.value[p] = value
         nf = f[fresh] | (REGISTERED | DIRTY)
-        self.flags[p] = nf
-        self.offset[p] = offs[i]
-        self.deadline[p] = new_dl
+        t.flags[p] = nf
+        t.offset[p] = offs[i]
+        t.deadline[p] = new_dl
         if new_dl.size:
             self._min_deadline = min(self._min_deadline, int(new_dl.min()))
         failed = (nf & FAILED) != 0
@@ -384,9 +322,10 @@ class LedgerTable:
             return
         u = np.unique(s)
         _check_nonzero(u)
-        pos, _ = self._find_or_insert(u, _clamp_tick(orphan_deadline))
-        f = self.flags[pos]
-        self.flags[pos] = np.where((f & FAILED) != 0, f, f | (FAILED | DIRTY))
+        pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
+        flags = self.hashtable.flags
+        f = flags[pos]
+        flags[pos] = np.where((f & FAILED) != 0, f, f | (FAILED | DIRTY))
         registered = (f & REGISTERED) != 0
         if registered.any():
             self._failed_candidates.append(u[registered])
@@ -408,9 +347,9 @@ class LedgerTable:
             if held.any():
                 self._failed_candidates.append(candidates[held])
                 candidates = candidates[~held]
-        pos = self._lookup(candidates)
+        pos = self.hashtable.lookup(candidates)
         pos = pos[pos >= 0]
-        f = self.flags[pos]
+        f = self.hashtable.flags[pos]
         return self._remove_where(pos, (f & DURABLE_FLAGS) == DURABLE_FLAGS)
 
     def expire(self, now_tick: int) -> Expired:
@@ -422,16 +361,17 @@ class LedgerTable:
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)  # a deadline of INT32_MAX is "never"
         if now < self._min_deadline:
             return Expired(_empty_removed(), _empty_removed())
-        due = np.flatnonzero(self.deadline <= now)  # free slots hold INT32_MAX: never due
-        registered = (self.flags[due] & REGISTERED) != 0
+        t = self.hashtable
+        due = np.flatnonzero(t.deadline <= now)  # free slots hold INT32_MAX: never due
+        registered = (t.flags[due] & REGISTERED) != 0
         timed_out = due[registered]
         orphans = due[~registered]
         result = Expired(
-            Removed(self.keys[timed_out], self.offset[timed_out]),
-            Removed(self.keys[orphans], self.offset[orphans]),
+            Removed(t.keys[timed_out], t.offset[timed_out]),
+            Removed(t.keys[orphans], t.offset[orphans]),
         )
         self._remove(due)
-        self._min_deadline = int(self.deadline.min())
+        self._min_deadline = int(t.deadline.min())
         return result
 
     def take_dirty(self) -> ChangelogDelta:
@@ -444,21 +384,22 @@ class LedgerTable:
         Cost: one vectorised scan of the ``flags`` column, 8 slots per uint64 word
         (O(capacity): ~0.6 ms for 2M slots), once per commit interval.
         """
-        slots = self._dirty_slots()
-        f = self.flags[slots]
+        t = self.hashtable
+        slots = t.flagged(DIRTY)
+        f = t.flags[slots]
         upserts = Entries(
-            srids=self.keys[slots],
-            values=self.value[slots],
+            srids=t.keys[slots],
+            values=t.value[slots],
             flags=f & DURABLE_FLAGS,
-            offsets=self.offset[slots],
-            deadlines=self.deadline[slots],
+            offsets=t.offset[slots],
+            deadlines=t.deadline[slots],
         )
-        self.flags[slots] = (f & _NOT_DIRTY) | LOGGED
+        t.flags[slots] = (f & _NOT_DIRTY) | LOGGED
         tombstones = np.empty(0, np.int64)
         if self._left_logged:
             gone = np.unique(np.concatenate(self._left_logged))
             self._left_logged.clear()
-            tombstones = gone[self._lookup(gone) < 0]
+            tombstones = gone[t.lookup(gone) < 0]
         return ChangelogDelta(upserts, tombstones)
 
     def restore(
@@ -486,13 +427,14 @@ class LedgerTable:
             return
         u, src = _first_occurrences(s, last=True)
         _check_nonzero(u)
-        pos, _ = self._find_or_insert(u, _INT32_MAX)
-        new_flags = (fl[src].astype(np.uint8) & DURABLE_FLAGS) | (_LIVE | LOGGED)
+        pos = self._find_or_insert(u, _INT32_MAX)
+        t = self.hashtable
+        new_flags = (fl[src].astype(np.uint8) & DURABLE_FLAGS) | (LIVE | LOGGED)
         new_dl = np.clip(dls[src], _INT32_MIN, _INT32_MAX).astype(np.int32)
-        self.value[pos] = vals[src]
-        self.flags[pos] = new_flags
-        self.offset[pos] = offs[src]
-        self.deadline[pos] = new_dl
+        t.value[pos] = vals[src]
+        t.flags[pos] = new_flags
+        t.offset[pos] = offs[src]
+        t.deadline[pos] = new_dl
         self._min_deadline = min(self._min_deadline, int(new_dl.min()))
         failed = (new_flags & DURABLE_FLAGS) == DURABLE_FLAGS
         if failed.any():
@@ -508,22 +450,23 @@ class LedgerTable:
             return
         u = np.unique(s)
         _check_nonzero(u)
-        pos = self._lookup(u)
-        self._remove(pos[pos >= 0], record_tombstones=False)
+        pos = self.hashtable.lookup(u)
+        self.hashtable.delete(pos[pos >= 0])
 
     def get(self, srid: int) -> Entry | None:
         """The entry of ``srid``, or None."""
         if srid == 0:
             return None
-        pos = int(self._lookup(np.array([srid], dtype=np.int64))[0])
+        t = self.hashtable
+        pos = int(t.lookup(np.array([srid], dtype=np.int64))[0])
         if pos < 0:
             return None
-        f = int(self.flags[pos])
+        f = int(t.flags[pos])
         return Entry(
             srid=int(srid),
-            value=int(self.value[pos]),
-            offset=int(self.offset[pos]),
-            deadline=int(self.deadline[pos]),
+            value=int(t.value[pos]),
+            offset=int(t.offset[pos]),
+            deadline=int(t.deadline[pos]),
             registered=bool(f & REGISTERED),
             failed=bool(f & FAILED),
             logged=bool(f & LOGGED),
@@ -532,266 +475,65 @@ class LedgerTable:
 
     def entries(self) -> Entries:
         """Every live entry, as columns (order unspecified). O(capacity)."""
-        slots = np.flatnonzero(self.flags & _LIVE)
+        t = self.hashtable
+        slots = t.live_slots()
         return Entries(
-            srids=self.keys[slots],
-            values=self.value[slots],
-            flags=self.flags[slots] & DURABLE_FLAGS,
-            offsets=self.offset[slots],
-            deadlines=self.deadline[slots],
+            srids=t.keys[slots],
+            values=t.value[slots],
+            flags=t.flags[slots] & DURABLE_FLAGS,
+            offsets=t.offset[slots],
+            deadlines=t.deadline[slots],
         )
 
     def __len__(self) -> int:
-        return self._live
+        return len(self.hashtable)
 
     def __contains__(self, srid: object) -> bool:
         return isinstance(srid, int | np.integer) and self.get(int(srid)) is not None
 
     @property
     def capacity(self) -> int:
-        return int(self.keys.size)
+        return self.hashtable.capacity
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns plus the srids queued for ``take_failed`` / ``take_dirty``
         (the only other arrays that grow with entries; empty right after those calls)."""
         queued = sum(a.nbytes for a in self._left_logged) + sum(a.nbytes for a in self._failed_candidates)
-        return int(
-            self.keys.nbytes
-            + self.value.nbytes
-            + self.offset.nbytes
-            + self.deadline.nbytes
-            + self.flags.nbytes
-            + queued
-        )
+        return int(self.hashtable.nbytes + queued)
 
     @property
     def bytes_per_entry(self) -> float:
         """``nbytes / len``: the memory figure of docs/design.md §9 (inf when empty)."""
-        return self.nbytes / self._live if self._live else float("inf")
+        live = len(self.hashtable)
+        return self.nbytes / live if live else float("inf")
 
-    # ------------------------------------------------------------------ hash table internals
+    # ------------------------------------------------------------------ table access
 
-    def _allocate(self, capacity: int) -> None:
-        if capacity > _MAX_CAPACITY:
-            raise MemoryError(f"a ledger table holds at most {_MAX_CAPACITY} slots")
-        self.keys = np.zeros(capacity, np.int64)
-        self.value = np.zeros(capacity, np.int64)
-        self.offset = np.full(capacity, -1, np.int64)
-        self.deadline = np.full(capacity, _INT32_MAX, np.int32)  # INT32_MAX: not live
-        self.flags = np.zeros(capacity, np.uint8)
-        self._capacity = capacity
-        self._capacity_u64 = np.uint64(capacity)
-        self._max_width = min(capacity, _MAX_WINDOW)
-        self._max_used = int(capacity * self._max_load)
+    def _find_or_insert(self, u: np.ndarray, deadline: int) -> np.ndarray:
+        """Slots of sorted unique srids ``u``; the missing ones become fresh entries: value 0,
+        offset -1, ``deadline``, DIRTY (a new entry is a change), unregistered."""
+        pos, fresh = self.hashtable.find_or_insert(u, deadline, DIRTY)
+        if fresh.size:
+            self._min_deadline = min(self._min_deadline, deadline)
+        return pos
 
-    def _home(self, keys: np.ndarray) -> np.ndarray:
-        """Fibonacci hashing + fastrange: the top 32 bits t of key * 2**64/phi (wrapping
-        uint64) scaled to [0, C) as ``(t * C) >> 32``."""
-        h = keys.view(np.uint64) * _FIBONACCI
-        h >>= _SHIFT32
-        h *= self._capacity_u64
-        h >>= _SHIFT32
-        return h.astype(np.intp)
-
-    def _width(self, searching: int) -> int:
-        """Slots per key in the next probe round: 1 while many keys search, wider for the
-        few with long probe paths (each round costs ~20 numpy calls whatever its size)."""
-        return max(1, min(self._max_width, _WINDOW_BUDGET // searching))
-
-    def _window(self, s: np.ndarray, width: int) -> np.ndarray:
-        """Slots ``s + 0 .. s + width - 1`` of each of ``s`` (one row each), wrapping at C."""
-        if width == 1:
-            return s[:, None]
-        idx = s[:, None] + _STEPS[:width]
-        idx[idx >= self._capacity] -= self._capacity
-        return idx
-
-    def _probe(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For sorted unique keys ``u``: (slot or -1, first free slot on the probe path).
-
-        The free slot (first tombstone passed, else the empty slot that ended the probe) is
-        where a missing key would be inserted. A round looks at one slot per key while many
-        keys search, then at windows of consecutive slots (``_width``): the few keys with long
-        probe paths cost a few rounds, not one round per slot.
-        """
-        n = u.size
-        pos = np.full(n, -1, np.intp)
-        free = np.full(n, -1, np.intp)
-        if n == 0:
-            return pos, free
-        keys, flags = self.keys, self.flags
-        may_be_min = bool(u[0] == _TOMBSTONE_KEY)  # u is sorted: INT64_MIN comes first
-        tombstones = self._dead > 0
-        gi = np.arange(n)  # batch index of each searching key
-        k = u
-        s = self._home(u)
-        while k.size:
-            width = self._width(k.size)
-            idx = self._window(s, width)
-            kk = keys[idx]
-            hit = kk == k[:, None]
-            flat_idx = idx.reshape(-1)
-            if may_be_min:  # a srid of INT64_MIN matches only a live slot
-                m = np.flatnonzero(hit & (k == _TOMBSTONE_KEY)[:, None])
-                hit.reshape(-1)[m] = (flags[flat_idx[m]] & _LIVE) != 0
-            stop = hit | (kk == 0)
-            col, stopped = _first_true(stop)  # the first hit or empty slot of each row
-            at = _row_offsets(k.size, width) + col
-            slot = flat_idx[at]
-            found = hit.reshape(-1)[at] & stopped
-            pos[gi[found]] = slot[found]
-            if tombstones:  # the first tombstone before the stop (or in the whole window)
-                tomb = kk == _TOMBSTONE_KEY
-                m = np.flatnonzero(tomb)
-                tomb.reshape(-1)[m] = (flags[flat_idx[m]] & _LIVE) == 0
-                if width > 1:
-                    tomb &= _STEPS[:width] < np.where(stopped, col, width)[:, None]
-                tcol, has = _first_true(tomb)
-                t = np.flatnonzero(has)
-                t = t[free[gi[t]] < 0]
-                free[gi[t]] = flat_idx[_row_offsets(k.size, width)[t] + tcol[t]]
-            e = np.flatnonzero(stopped & ~found)  # ended at an empty slot
-            e = e[free[gi[e]] < 0]
-            free[gi[e]] = slot[e]
-            searching = np.flatnonzero(~stopped)
-            gi = gi[searching]
-            k = k[searching]
-            s = idx[searching, -1] + 1
-            s[s == self._capacity] = 0
-        return pos, free
-
-    def _lookup(self, u: np.ndarray) -> np.ndarray:
-        return self._probe(u)[0]
-
-    def _claim(self, k: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """Insert missing unique keys ``k``, probing from ``start``; return their slots.
-
-        Each key takes the first free slot of its window (``_width`` slots, as in ``_probe``).
-        Keys racing for one free slot all write it and read it back: the surviving write
-        wins, the others move on from the next slot. Only ``keys`` and the LIVE bit are set
-        here.
-        """
-        out = np.empty(k.size, np.intp)
-        keys, flags = self.keys, self.flags
-        gi = np.arange(k.size)
-        s = start
-        reused = 0
-        while gi.size:
-            width = self._width(gi.size)
-            idx = self._window(s, width)
-            kk = keys[idx]
-            flat_idx = idx.reshape(-1)
-            is_free = kk == 0
-            m = np.flatnonzero(kk == _TOMBSTONE_KEY)
-            is_free.reshape(-1)[m] = (flags[flat_idx[m]] & _LIVE) == 0
-            col, has = _first_true(is_free)
-            f = np.flatnonzero(has)
-            at = f if width == 1 else _row_offsets(gi.size, width)[f] + col[f]
-            sf = flat_idx[at]
-            kf = k[f]
-            keys[sf] = kf
-            won = keys[sf] == kf
-            ws = sf[won]
-            flags[ws] = _LIVE
-            reused += int(np.count_nonzero(kk.reshape(-1)[at[won]] == _TOMBSTONE_KEY))
-            out[gi[f[won]]] = ws
-            # losers go on after the slot they lost, keys without a free slot after the window
-            nxt = idx[:, -1] + 1
-            if width > 1:
-                nxt[f] = sf + 1
-            lost = np.ones(gi.size, dtype=bool)
-            lost[f[won]] = False
-            gi = gi[lost]
-            k = k[lost]
-            s = nxt[lost]
-            s[s == self._capacity] = 0
-        self._live += out.size
-        self._dead -= reused
-        return out
-
-    def _find_or_insert(self, u: np.ndarray, deadline: int) -> tuple[np.ndarray, np.ndarray]:
-        """Slots of sorted unique keys ``u``, inserting the missing ones as fresh entries.
-
-        A fresh entry: value 0, offset -1, ``deadline``, flags DIRTY (unregistered).
-        Returns (slots, batch indices of the fresh ones).
-        """
-        pos, free = self._probe(u)
-        missing = np.flatnonzero(pos < 0)
-        if missing.size == 0:
-            return pos, missing
-        if self._live + self._dead + missing.size > self._max_used:
-            self._rebuild(self._live + missing.size)
-            pos, free = self._probe(u)
-        slots = self._claim(u[missing], free[missing])
-        pos[missing] = slots
-        self.value[slots] = 0
-        self.offset[slots] = -1
-        self.deadline[slots] = deadline
-        self.flags[slots] = _LIVE | DIRTY
-        self._min_deadline = min(self._min_deadline, deadline)
-        return pos, missing
-
-    def _rebuild(self, need: int) -> None:
-        """Rehash the live entries into a table that holds ``need`` at load max_load - 1/8
-        (62.5 %; never below the initial capacity): it grows, keeps or shrinks to fit.
-
-        No probing: in order of home slot, entry ``i`` goes to ``max(home_i, slot_{i-1} + 1)``
-        (what inserting them one by one would give), i.e. ``i + cummax(home - i)``. The homes
-        are nearly sorted already (old slot order, and fastrange keeps the hash order), so the
-        stable sort is cheap. Entries pushed past the last slot wrap: ``_claim`` puts them
-        in the first free slots from slot 0.
-        """
-        capacity = max(self._min_capacity, _multiple_of_8(math.ceil(need / (self._max_load - _REUSE_HEADROOM))))
-        old_keys, old_value, old_offset, old_deadline, old_flags = (
-            self.keys, self.value, self.offset, self.deadline, self.flags)
-        live = np.flatnonzero(old_flags & _LIVE)
-        keys = old_keys[live]
-        self._allocate(capacity)
-        home = self._home(keys)
-        order = np.argsort(home, kind="stable")
-        live = live[order]
-        keys = keys[order]
-        i = np.arange(live.size)
-        slots = np.maximum.accumulate(home[order] - i) + i
-        fit = int(np.searchsorted(slots, capacity))  # slots is increasing
-        head = slots[:fit]
-        self.keys[head] = keys[:fit]
-        self.flags[head] = old_flags[live[:fit]]  # LIVE before _claim: an INT64_MIN srid is live
-        self._live = fit
-        self._dead = 0
-        if fit < live.size:
-            wrapped = self._claim(keys[fit:], np.zeros(live.size - fit, np.intp))
-            slots[fit:] = wrapped
-            self.flags[wrapped] = old_flags[live[fit:]]
-        self.value[slots] = old_value[live]
-        self.offset[slots] = old_offset[live]
-        self.deadline[slots] = old_deadline[live]
-
-    def _dirty_slots(self) -> np.ndarray:
-        """Slots with DIRTY set: find the uint64 words holding one, then look inside them."""
-        words = np.flatnonzero(self.flags.view(np.uint64) & _DIRTY_BYTES)
-        candidates = (words[:, None] * 8 + np.arange(8)).reshape(-1)
-        return candidates[(self.flags[candidates] & DIRTY) != 0]
-
-    def _remove(self, slots: np.ndarray, *, record_tombstones: bool = True) -> None:
-        """Turn live ``slots`` (unique) into tombstones, remembering LOGGED srids."""
+    def _remove(self, slots: np.ndarray) -> None:
+        """Free live ``slots`` (unique), remembering the LOGGED srids: ``take_dirty`` owes
+        the changelog a tombstone for each."""
         if slots.size == 0:
             return
-        if record_tombstones:
-            logged = (self.flags[slots] & LOGGED) != 0
-            if logged.any():
-                self._left_logged.append(self.keys[slots[logged]])
-        self.keys[slots] = _TOMBSTONE_KEY
-        self.flags[slots] = 0
-        self.deadline[slots] = _INT32_MAX
-        self._live -= slots.size
-        self._dead += slots.size
+        t = self.hashtable
+        logged = (t.flags[slots] & LOGGED) != 0
+        if logged.any():
+            self._left_logged.append(t.keys[slots[logged]])
+        t.delete(slots)
 
     def _remove_where(self, pos: np.ndarray, mask: np.ndarray) -> Removed:
         slots = pos[mask]
         if slots.size == 0:
             return _empty_removed()
-        removed = Removed(self.keys[slots], self.offset[slots])
+        t = self.hashtable
+        removed = Removed(t.keys[slots], t.offset[slots])
         self._remove(slots)
         return removed

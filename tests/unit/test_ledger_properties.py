@@ -326,20 +326,21 @@ def _state(ledger: LedgerTable | ReferenceLedger) -> list[Entry | None]:
 def _check_layout(table: LedgerTable) -> None:
     """The open-addressing invariants behind every lookup (rebuilds and races must keep them)."""
     cap = table.capacity
+    t = table.hashtable
     assert cap % 8 == 0
-    live = (table.flags & 0x80) != 0
-    tomb = ~live & (table.keys == I64_MIN)
+    live = (t.flags & 0x80) != 0
+    tomb = ~live & (t.keys == I64_MIN)
     assert int(live.sum()) == len(table)
-    assert int(tomb.sum()) == table._dead
-    assert ((table.keys == 0) | live | tomb).all()  # a slot is empty, live or a tombstone
-    assert (table.deadline[~live] == I32_MAX).all()  # free slots are never due
-    assert len(table) + table._dead <= table._max_used
+    assert int(tomb.sum()) == t._dead
+    assert ((t.keys == 0) | live | tomb).all()  # a slot is empty, live or a tombstone
+    assert (t.deadline[~live] == I32_MAX).all()  # free slots are never due
+    assert len(table) + t._dead <= t._max_used
     slots = np.flatnonzero(live)
-    homes = table._home(table.keys[slots])
+    homes = t.home(t.keys[slots])
     assert ((homes >= 0) & (homes < cap)).all()
     for slot, home in zip(slots.tolist(), homes.tolist(), strict=True):
         path = np.arange(home, home + (slot - home) % cap + 1) % cap  # home .. slot, wrapping
-        assert (table.keys[path] != 0).all(), "an empty slot cuts a probe path"
+        assert (t.keys[path] != 0).all(), "an empty slot cuts a probe path"
 
 
 @SLOW

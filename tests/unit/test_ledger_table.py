@@ -308,7 +308,7 @@ def test_fibonacci_hash_spreads_one_ledger_partition() -> None:
     srids = new_ids(3_000)
     srids = srids - (srids % 16) + 3  # all in ledger partition 3 of 16
     srids = srids[srids != 0]
-    homes = table._home(srids)
+    homes = table.hashtable.home(srids)
     assert np.unique(homes).size > 0.6 * srids.size  # uniform: ~0.71; low 12 bits: 0.09
 
 
@@ -374,11 +374,11 @@ def test_probes_wrap_at_a_non_power_of_two_capacity() -> None:
     table = LedgerTable(40)
     assert table.capacity == 40
     pool = new_ids(20_000)
-    last = pool[table._home(pool) == table.capacity - 1][:6]
+    last = pool[table.hashtable.home(pool) == table.capacity - 1][:6]
     assert last.size == 6
     table.fold(last, np.ones(6, np.int64), ORPHAN)
     assert table.capacity == 40
-    assert set(np.flatnonzero(table.keys).tolist()) == {39, 0, 1, 2, 3, 4}
+    assert set(np.flatnonzero(table.hashtable.keys).tolist()) == {39, 0, 1, 2, 3, 4}
     for srid in last:
         assert srid in table
     table.remove(last[:3])  # tombstones at the end and start of the wrapped run
@@ -409,13 +409,13 @@ def test_rebuild_wraps_entries_pushed_past_the_last_slot() -> None:
     table = LedgerTable(8)
     pool = new_ids(50_000)
     probe = LedgerTable(40)  # the capacity the rebuild below picks: 25 / 0.625
-    last = pool[probe._home(pool) == 39][:5]
-    others = pool[probe._home(pool) < 30][:20]
+    last = pool[probe.hashtable.home(pool) == 39][:5]
+    others = pool[probe.hashtable.home(pool) < 30][:20]
     table.fold(last, np.ones(5, np.int64), ORPHAN)
     assert table.capacity == 8
     table.fold(others, np.ones(20, np.int64), ORPHAN)  # rebuild: need 25
     assert table.capacity == 40
-    slots = {int(table._lookup(np.array([s]))[0]) for s in last}
+    slots = {int(table.hashtable.lookup(np.array([s]))[0]) for s in last}
     assert 39 in slots and len(slots - {39}) == 4 and max(slots - {39}) < 30  # 4 wrapped
     assert all(int(s) in table for s in np.concatenate([last, others]))
     assert len(table) == 25
@@ -426,10 +426,10 @@ def test_rebuild_wrap_does_not_overwrite_a_live_int64_min_srid() -> None:
     """INT64_MIN is also the tombstone key: the wrapped entries must see it as live."""
     probe = LedgerTable(40)  # the capacity the rebuild below picks: 25 / 0.625
     pool = new_ids(100_000)
-    homes = probe._home(pool)
+    homes = probe.hashtable.home(pool)
     low = np.array([pool[homes == h][0] for h in range(20)])  # homes 0..19
     last = pool[homes == 39][:3]
-    assert int(probe._home(np.array([S_MIN]))[0]) == 20  # INT64_MIN hashes to C/2
+    assert int(probe.hashtable.home(np.array([S_MIN]))[0]) == 20  # INT64_MIN hashes to C/2
     table = LedgerTable(32)
     before = np.concatenate([low, [S_MIN], last])
     table.fold(before, np.ones(24, np.int64), ORPHAN)
