@@ -24,7 +24,8 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids, kafka_io
-from broker.headers import Headers, Tracking, as_bytes, tracking_headers, user_headers
+from broker.headers import H_ORIGIN, Headers, Tracking, as_bytes, tracking_headers, user_headers
+from broker.ids import encode_id
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -78,6 +79,28 @@ class TaskContext:
         self._task._produce(topic, **kwargs)
         self.children += 1
         return child_id
+
+    def output(
+        self,
+        topic: str,
+        key: bytes | str | None,
+        value: bytes | str | None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Write a result out of the pipeline (a sink record): NOT anchored, so nothing
+        downstream acks it - and delivered before the input is acked, so a tree never
+        completes without its outputs. Carries ``rb-origin`` for deduplication: a replay
+        writes the same output again."""
+        user = list(user_headers(headers))
+        tracking = self.record.tracking
+        if tracking is not None:
+            user.append((H_ORIGIN, encode_id(tracking.origin)))
+        kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
+        if partition is not None:
+            kwargs["partition"] = partition
+        self._task._produce(topic, **kwargs)
+        self._task._outputs_pending = True
 
     def skip_ack(self) -> None:
         """Send no event for this input (failure injection: as if the ack were lost). The
@@ -153,6 +176,7 @@ class Task:
             settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
         )
         self._delivery_errors: list[str] = []
+        self._outputs_pending = False
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
 
@@ -211,6 +235,13 @@ class Task:
             first.setdefault(tp, msg.offset())
             offsets[tp] = msg.offset() + 1
             self._handle(msg, events)
+        if self._outputs_pending:
+            # Sink outputs first: an input is acked only after its outputs are delivered.
+            self._outputs_pending = False
+            self._producer.flush()
+            if self._delivery_errors:
+                self._retry_batch(first)
+                return
         for lp, (srids, xors, failed) in events.items():
             value = XorBatch(
                 lp,
@@ -222,17 +253,20 @@ class Task:
             self._produce(self.ns.acks, value=value, partition=lp)
         self._producer.flush()
         if self._delivery_errors:
-            # Not delivered: do not commit; rewind so the whole batch runs again.
-            errors, self._delivery_errors = self._delivery_errors, []
-            log.warning("%d deliveries failed (%s); reprocessing the batch", len(errors), errors[0])
-            self.counters.retried_batches += 1
-            for (topic, partition), offset in first.items():
-                self._consumer.seek(TopicPartition(topic, partition, offset))
+            self._retry_batch(first)
             return
         if offsets:
             self._consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
+
+    def _retry_batch(self, first: dict[tuple[str, int], int]) -> None:
+        """Not delivered: do not commit; rewind so the whole batch runs again."""
+        errors, self._delivery_errors = self._delivery_errors, []
+        log.warning("%d deliveries failed (%s); reprocessing the batch", len(errors), errors[0])
+        self.counters.retried_batches += 1
+        for (topic, partition), offset in first.items():
+            self._consumer.seek(TopicPartition(topic, partition, offset))
 
     def _handle(self, msg: Message, events: dict[int, tuple[list[int], list[int], list[int]]]) -> None:
         headers = tuple(msg.headers() or ())

@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from broker.dev.maven import home, kafka_classpath, require_java
@@ -201,6 +201,8 @@ class LocalKafka:
         self.heap = heap
         self.proc: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
+        self._jvm: list[str] = []
+        self._detach = False
 
     @property
     def bootstrap(self) -> str:
@@ -255,15 +257,9 @@ class LocalKafka:
         )
         if fmt.returncode != 0:
             raise LocalKafkaError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
-        out = open(self.run_dir / "kafka.out", "wb")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            [*jvm, "kafka.Kafka", str(props)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=detach,
-        )
-        out.close()
+        self._jvm, self._detach = jvm, detach
+        self._launch()
+        assert self.proc is not None
         state = BrokerState(
             pid=self.proc.pid,
             bootstrap=f"127.0.0.1:{port}",
@@ -274,15 +270,49 @@ class LocalKafka:
             cluster_id=cluster_id,
             started_at=time.time(),
         )
+        self._wait_ready(state)
+        (self.run_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        log.info("embedded Kafka %s ready at %s (run dir %s)", version, state.bootstrap, self.run_dir)
+        return state
+
+    def _launch(self) -> None:
+        out = open(self.run_dir / "kafka.out", "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [*self._jvm, "kafka.Kafka", str(self.run_dir / "server.properties")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=self._detach,
+        )
+        out.close()
+
+    def _wait_ready(self, state: BrokerState) -> None:
+        assert self.proc is not None
         try:
             _wait_ready(state.bootstrap, self.proc, time.monotonic() + READY_TIMEOUT_S)
         except LocalKafkaError as exc:
             _terminate(self.proc.pid)
             tail = _tail(self.run_dir / "server.log") or _tail(self.run_dir / "kafka.out")
             raise LocalKafkaError(f"{exc}; last log lines:\n{tail}") from exc
-        (self.run_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
-        log.info("embedded Kafka %s ready at %s (run dir %s)", version, state.bootstrap, self.run_dir)
-        return state
+
+    def kill(self) -> None:
+        """SIGKILL the broker this object started (a crash: no clean shutdown); its data and
+        ports stay, so ``restart`` brings the same broker back."""
+        if self.proc is None or self.state is None:
+            raise LocalKafkaError("kill() needs a broker started by this object")
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def restart(self) -> BrokerState:
+        """Start the broker again on its data directory and ports (after ``kill``)."""
+        if self.state is None:
+            raise LocalKafkaError("restart() needs a broker started by this object")
+        self._launch()
+        assert self.proc is not None
+        self.state = replace(self.state, pid=self.proc.pid, started_at=time.time())
+        self._wait_ready(self.state)
+        (self.run_dir / "state.json").write_text(json.dumps(asdict(self.state), indent=2))
+        return self.state
 
     def stop(self) -> bool:
         """Stop the broker of ``run_dir``; True when one was running."""

@@ -5,7 +5,7 @@ acker decided (persist tombstones), and the events in ``ns.acks`` - all on the b
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -18,7 +18,7 @@ from confluent_kafka import (
 from broker import ids, topics
 from broker.dev.testing import unique_name
 from broker.kafka_io import read_to_end
-from broker.schemas import XorBatch
+from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
 from broker.settings import KafkaSettings
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
@@ -86,3 +86,18 @@ def read_events(settings: KafkaSettings, ns: topics.Namespace, partitions: int) 
         for srid, xor in zip(batch.srids.tolist(), batch.xors.tolist(), strict=True):
             events[srid].append((xor, ts))
     return events
+
+
+def read_changelog(settings: KafkaSettings, ns: topics.Namespace, partitions: int = 4) -> tuple[int, dict[str, int]]:
+    """Live entries left in ``ns.ledger``, and the acker's counters summed over partitions."""
+    latest: dict[tuple[int, bytes], bytes | None] = {}
+    for msg in read_to_end(settings, ns.ledger, partitions):
+        latest[(msg.partition(), msg.key() or b"")] = msg.value()
+    counters: Counter[str] = Counter()
+    live = 0
+    for (_, key), value in latest.items():
+        if key == COUNTERS_KEY and value is not None:
+            counters.update(decode_counters(value)[0])
+        elif value is not None:
+            live += 1
+    return live, dict(counters)

@@ -52,7 +52,6 @@ from confluent_kafka import (
 from broker import topics
 from broker.dev.testing import create_topics, unique_name
 from broker.kafka_io import read_to_end
-from broker.schemas import COUNTERS_KEY, decode_counters
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -61,6 +60,7 @@ from tests.integration.ground_truth import (
     GroundTruth,
     PersistWatch,
     fan_out_of,
+    read_changelog,
     read_events,
 )
 
@@ -105,21 +105,6 @@ class BrokerClock:
 def read_all(settings: KafkaSettings, topic: str, partitions: int = P) -> list[Message]:
     """Every committed message of ``topic``, read from the beginning to the end."""
     return read_to_end(settings, topic, partitions)
-
-
-def read_changelog(settings: KafkaSettings, ns: topics.Namespace) -> tuple[int, dict[str, int]]:
-    """Live entries left in ``ns.ledger``, and the acker's counters summed over partitions."""
-    latest: dict[tuple[int, bytes], bytes | None] = {}
-    for msg in read_all(settings, ns.ledger):
-        latest[(msg.partition(), msg.key() or b"")] = msg.value()
-    counters: Counter[str] = Counter()
-    live = 0
-    for (_, key), value in latest.items():
-        if key == COUNTERS_KEY and value is not None:
-            counters.update(decode_counters(value)[0])
-        elif value is not None:
-            live += 1
-    return live, dict(counters)
 
 
 @dataclass
