@@ -15,6 +15,9 @@ CI; the long run is::
 
     python -m tests.integration.test_chaos run --records 20000 --kills 100
 
+and with ``--unsafe`` (ackers without transactions) it is expected to find problems: that is
+how the scenario shows it can fail.
+
 Workers (the two task stages) run as ``python -m tests.integration.test_chaos fanout|leaf``.
 """
 
@@ -125,10 +128,12 @@ class ChaosReport:
 class Processes:
     """The services of the scenario, each restartable after a SIGKILL."""
 
-    def __init__(self, bootstrap: str, namespace: str, logs: Path) -> None:
+    def __init__(self, bootstrap: str, namespace: str, logs: Path, *, unsafe: bool = False) -> None:
         self.logs = logs
         py = [sys.executable, "-m"]
         acker = [*py, "broker", "acker", "--bootstrap", bootstrap, "--namespace", namespace]
+        if unsafe:  # to show that the scenario can fail: no transactions, no exactly-once
+            acker.append("--unsafe-no-transactions")
         self.commands = {
             "acker-1": [*acker, "--instance-id", f"{namespace}-a1"],
             "acker-2": [*acker, "--instance-id", f"{namespace}-a2", "--standby"],
@@ -188,7 +193,7 @@ def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka, kills: int, 
 
 
 def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int | None = None,
-              send_s: float = 30.0, drain_s: float = 240.0) -> ChaosReport:
+              send_s: float = 30.0, drain_s: float = 240.0, unsafe: bool = False) -> ChaosReport:
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     report = ChaosReport(seed, records)
@@ -205,7 +210,7 @@ def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int
         create_topics(bootstrap, {sink: P})
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        procs = Processes(bootstrap, ns.name, logs)
+        procs = Processes(bootstrap, ns.name, logs, unsafe=unsafe)
 
         stop = threading.Event()
         chaos = threading.Thread(target=_chaos, args=(rng, procs, kafka, kills, report, stop), daemon=True)
@@ -316,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--kills", type=int, default=100)
     run.add_argument("--seed", type=int)
     run.add_argument("--send-s", type=float, default=120.0, help="how long the source sends, s")
+    run.add_argument("--unsafe", action="store_true", help="ackers without transactions (expected to fail)")
     run.add_argument("--workdir", type=Path, default=Path("/tmp") / unique_name("chaos"))
     args = parser.parse_args(argv)
     if args.command == "fanout":
@@ -324,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         run_leaf(args.bootstrap, args.namespace)
     else:
         report = run_chaos(args.workdir, records=args.records, kills=args.kills, seed=args.seed,
-                           send_s=args.send_s, drain_s=600.0)
+                           send_s=args.send_s, drain_s=600.0, unsafe=args.unsafe)
         print(json.dumps(asdict(report), indent=2))
         return 1 if report.problems else 0
     return 0
