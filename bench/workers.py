@@ -333,6 +333,8 @@ def run_tail(config: dict[str, Any]) -> None:
     its commit) is kept too."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    from broker.headers import H_ATTEMPT, H_ORIGIN, H_OUTCOME
+
     stop = _Stop()
     persist = config["persist"]
     tps = [TopicPartition(persist, p, OFFSET_BEGINNING) for p in range(config["partitions"])]
@@ -360,7 +362,7 @@ def run_tail(config: dict[str, Any]) -> None:
                     continue
                 if m.topic() != persist:
                     headers = dict(m.headers() or ())
-                    replays.append((headers.get("rb-origin") or b"", int(headers.get("rb-attempt") or b"0"), now))
+                    replays.append((headers.get(H_ORIGIN) or b"", int(headers.get(H_ATTEMPT) or b"0"), now))
                     continue
                 key = m.key()
                 if m.value() is not None:
@@ -368,7 +370,7 @@ def run_tail(config: dict[str, Any]) -> None:
                     if keep_all:
                         first_persist.setdefault(key, m.timestamp()[1])
                     continue
-                outcome = (dict(m.headers() or ()).get("rb-outcome") or b"?").decode()
+                outcome = (dict(m.headers() or ()).get(H_OUTCOME) or b"?").decode()
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 t_persist = persisted.pop(key, None)
                 if outcome == "completed" and t_persist is not None:

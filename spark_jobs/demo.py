@@ -40,6 +40,7 @@ from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.errors import ReplayBrokerError
+from broker.headers import H_ORIGIN
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -119,7 +120,7 @@ class LedgerWatch:
         self.outcomes.poll(timeout_s)
         for msg in self._dlq.consume(10_000, 0):
             if msg.error() is None:
-                origin = dict(msg.headers() or ()).get("rb-origin")
+                origin = dict(msg.headers() or ()).get(H_ORIGIN)
                 if origin is not None and len(origin) == 8:
                     self.dead.add(ids.decode_id(origin))
 
