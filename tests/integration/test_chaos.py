@@ -15,8 +15,8 @@ CI; the long run is::
 
     python -m tests.integration.test_chaos run --records 20000 --kills 100
 
-and with ``--unsafe`` (ackers without transactions) it is expected to find problems: that is
-how the scenario shows it can fail.
+``--lose-outputs`` plants a bug (the leaf acks 1 % of its inputs without writing their output)
+to show the checks fail; ``--unsafe`` runs the ackers without transactions.
 
 Workers (the two task stages) run as ``python -m tests.integration.test_chaos fanout|leaf``.
 """
@@ -87,7 +87,7 @@ def run_fanout(bootstrap: str, namespace: str) -> None:
     ).run(install_signals=True)
 
 
-def run_leaf(bootstrap: str, namespace: str) -> None:
+def run_leaf(bootstrap: str, namespace: str, lose_outputs: bool = False) -> None:
     _, enriched, sink = _names(namespace)
 
     def handle(record: TaskRecord, ctx: TaskContext) -> None:
@@ -98,6 +98,8 @@ def run_leaf(bootstrap: str, namespace: str) -> None:
             ctx.fail("injected failure")
         elif draw < FAIL_RATE + DROP_RATE:
             ctx.skip_ack()
+        elif lose_outputs and draw > 0.99:
+            return  # a planted bug: acked without its output (the checks must catch it)
         else:
             ctx.output(sink, record.key, b"%d|%s" % (tracking.origin, record.value or b""))
 
@@ -128,7 +130,9 @@ class ChaosReport:
 class Processes:
     """The services of the scenario, each restartable after a SIGKILL."""
 
-    def __init__(self, bootstrap: str, namespace: str, logs: Path, *, unsafe: bool = False) -> None:
+    def __init__(
+        self, bootstrap: str, namespace: str, logs: Path, *, unsafe: bool = False, lose_outputs: bool = False
+    ) -> None:
         self.logs = logs
         py = [sys.executable, "-m"]
         acker = [*py, "broker", "acker", "--bootstrap", bootstrap, "--namespace", namespace]
@@ -138,7 +142,8 @@ class Processes:
             "acker-1": [*acker, "--instance-id", f"{namespace}-a1"],
             "acker-2": [*acker, "--instance-id", f"{namespace}-a2", "--standby"],
             "fanout": [*py, "tests.integration.test_chaos", "fanout", bootstrap, namespace],
-            "leaf": [*py, "tests.integration.test_chaos", "leaf", bootstrap, namespace],
+            "leaf": [*py, "tests.integration.test_chaos", "leaf", bootstrap, namespace,
+                     *(["--lose-outputs"] if lose_outputs else [])],
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         for name in self.commands:
@@ -193,7 +198,8 @@ def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka, kills: int, 
 
 
 def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int | None = None,
-              send_s: float = 30.0, drain_s: float = 240.0, unsafe: bool = False) -> ChaosReport:
+              send_s: float = 30.0, drain_s: float = 240.0, unsafe: bool = False,
+              lose_outputs: bool = False) -> ChaosReport:
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     report = ChaosReport(seed, records)
@@ -210,7 +216,7 @@ def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int
         create_topics(bootstrap, {sink: P})
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        procs = Processes(bootstrap, ns.name, logs, unsafe=unsafe)
+        procs = Processes(bootstrap, ns.name, logs, unsafe=unsafe, lose_outputs=lose_outputs)
 
         stop = threading.Event()
         chaos = threading.Thread(target=_chaos, args=(rng, procs, kafka, kills, report, stop), daemon=True)
@@ -316,21 +322,25 @@ def main(argv: list[str] | None = None) -> int:
         w = sub.add_parser(worker)
         w.add_argument("bootstrap")
         w.add_argument("namespace")
+        w.add_argument("--lose-outputs", action="store_true", help=argparse.SUPPRESS)
     run = sub.add_parser("run", help="the scenario, on its own embedded broker")
     run.add_argument("--records", type=int, default=20_000)
     run.add_argument("--kills", type=int, default=100)
     run.add_argument("--seed", type=int)
     run.add_argument("--send-s", type=float, default=120.0, help="how long the source sends, s")
     run.add_argument("--unsafe", action="store_true", help="ackers without transactions (expected to fail)")
+    run.add_argument("--lose-outputs", action="store_true",
+                     help="a planted bug: the leaf acks 1 %% of its inputs without their output (expected to fail)")
     run.add_argument("--workdir", type=Path, default=Path("/tmp") / unique_name("chaos"))
     args = parser.parse_args(argv)
     if args.command == "fanout":
         run_fanout(args.bootstrap, args.namespace)
     elif args.command == "leaf":
-        run_leaf(args.bootstrap, args.namespace)
+        run_leaf(args.bootstrap, args.namespace, args.lose_outputs)
     else:
         report = run_chaos(args.workdir, records=args.records, kills=args.kills, seed=args.seed,
-                           send_s=args.send_s, drain_s=600.0, unsafe=args.unsafe)
+                           send_s=args.send_s, drain_s=600.0, unsafe=args.unsafe,
+                           lose_outputs=args.lose_outputs)
         print(json.dumps(asdict(report), indent=2))
         return 1 if report.problems else 0
     return 0
