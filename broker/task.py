@@ -32,6 +32,12 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger(__name__)
 
+# Commit errors that mean this member no longer owns what it read: not the task's fault.
+_LOST_MEMBERSHIP = frozenset(
+    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
+     KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
+)
+
 class TaskRecord(NamedTuple):
     topic: str
     partition: int
@@ -135,6 +141,7 @@ class TaskCounters:
     errors: int = 0
     unacked: int = 0
     retried_batches: int = 0
+    commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
 
 
 class Task:
@@ -256,9 +263,20 @@ class Task:
             self._retry_batch(first)
             return
         if offsets:
-            self._consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
-            )
+            self._commit([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if err is None or err.code() not in _LOST_MEMBERSHIP:
+                raise
+            # The group moved on while this batch ran (seen in a chaos run: the task died of
+            # UNKNOWN_MEMBER_ID). The new owner resumes from the last committed offsets and
+            # runs the batch again: its events arrive twice, which only delays completion.
+            self.counters.commits_lost += 1
+            log.warning("offsets not committed (%s): the partitions moved; their new owner redoes the batch", err)
 
     def _retry_batch(self, first: dict[tuple[str, int], int]) -> None:
         """Not delivered: do not commit; rewind so the whole batch runs again."""

@@ -121,6 +121,15 @@ class Transactions:
                 self.producer.abort_transaction(30)
 
 
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+def is_fenced(exc: KafkaException) -> bool:
+    """A newer producer with our transactional id exists: we must stop writing."""
+    err = exc.args[0] if exc.args else None
+    return bool(err is not None and hasattr(err, "code") and err.code() in _FENCED)
+
+
 def is_fatal(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
     return bool(err is not None and hasattr(err, "fatal") and err.fatal())

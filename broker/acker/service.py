@@ -37,7 +37,7 @@ from confluent_kafka import (
 )
 
 from broker.acker.changelog import Changelog
-from broker.acker.commit import Batch, Transactions, is_fatal, positions_of, take_changes
+from broker.acker.commit import Batch, Transactions, is_fatal, is_fenced, positions_of, take_changes
 from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
@@ -86,7 +86,8 @@ class Acker:
         if self.config.exactly_once:
             producer_conf["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
             producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
-        self._producer = Producer(settings.producer_config(**producer_conf))
+        self._producer_config = settings.producer_config(**producer_conf)
+        self._producer = Producer(self._producer_config)
         self._consumer = Consumer(
             consumer_config(
                 self.group_id,
@@ -347,15 +348,34 @@ class Acker:
 
     def _on_commit_error(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args else None
-        fatal = is_fatal(exc)
-        log.error("commit failed (%s); %s", err, "fatal, stopping" if fatal else "aborting and rewinding")
-        if fatal:
-            # Fenced: another instance took over with our transactional id. Stop; never
-            # write again with this producer.
+        if is_fenced(exc):
+            # Another instance took over with our transactional id: stop, and never write
+            # again with this producer.
+            log.error("commit failed (%s); fenced, stopping", err)
             self.stop()
-            raise ReplayBrokerError(f"acker fenced or failed fatally: {err}") from exc
-        self.transactions.abort()
+            raise ReplayBrokerError(f"acker fenced: {err}") from exc
+        if is_fatal(exc):
+            # A fatal producer error that is not fencing (seen: INVALID_TXN_STATE after an
+            # abort while the transaction coordinator moved): this producer is unusable, but
+            # a new one with the same transactional id aborts whatever is open and goes on.
+            log.error("commit failed (%s); fatal for this producer: a new one takes over", err)
+            self._new_producer()
+        else:
+            log.error("commit failed (%s); aborting and rewinding", err)
+            self.transactions.abort()
         self._rewind()
+
+    def _new_producer(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._producer.flush(0)
+        self._producer = Producer(self._producer_config)
+        if self.config.exactly_once:
+            try:
+                self._producer.init_transactions(60)
+            except KafkaException as exc:
+                self.stop()
+                raise ReplayBrokerError(f"acker cannot start a new transactional producer: {exc}") from exc
+        self.transactions.producer = self._producer
 
     def _rewind(self) -> None:
         """After an aborted commit the in-memory state is ahead of Kafka: restore every owned

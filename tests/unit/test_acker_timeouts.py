@@ -13,18 +13,19 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka import OFFSET_INVALID, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
+from broker.errors import ReplayBrokerError
 from broker.headers import H_DEADLINE, H_OUTCOME, H_ROOT, Tracking, persist_headers
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
@@ -542,3 +543,50 @@ def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kaf
     assert (dead.key, dead.value) == (ids.encode_id(S1), broken)
     assert (dead.headers["rb-reason"] or b"").startswith(b"quarantine: persist record of")
     assert dead.headers["rb-source"] == f"{NS.persist}/0/7".encode()
+
+
+class FailingOnceProducer(FakeProducer):
+    """Fails the first commit with ``error``; every producer built after it works."""
+
+    made: ClassVar[list[FailingOnceProducer]] = []
+    error: ClassVar[KafkaError | None] = None
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        super().__init__(conf)
+        FailingOnceProducer.made.append(self)
+
+    def commit_transaction(self, *_: Any) -> None:
+        if len(FailingOnceProducer.made) == 1 and FailingOnceProducer.error is not None:
+            raise KafkaException(FailingOnceProducer.error)
+        super().commit_transaction()
+
+    def abort_transaction(self, *_: Any) -> None:
+        self.pending = []
+
+
+@pytest.mark.parametrize(
+    ("code", "stops"),
+    [(KafkaError.INVALID_TXN_STATE, False), (KafkaError.PRODUCER_FENCED, True), (KafkaError._FENCED, True)],
+)
+def test_a_fatal_producer_error_gets_a_new_producer_and_only_fencing_stops_the_acker(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, code: int, stops: bool
+) -> None:
+    """Seen in a chaos run: INVALID_TXN_STATE after an abort killed the acker. Only a newer
+    producer with our transactional id (fencing) may stop it."""
+    FailingOnceProducer.made = []
+    FailingOnceProducer.error = KafkaError(code, "injected", fatal=True)
+    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
+    monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    if stops:
+        with pytest.raises(ReplayBrokerError, match="fenced"):
+            run_steps(acker)
+        assert len(FailingOnceProducer.made) == 1
+        return
+    run_steps(acker)  # the first commit fails fatally: a new producer, state rewound
+    assert len(FailingOnceProducer.made) == 2
+    consumer.batches.append([persist_msg(persisted(S2, R2, T0), 1), acks_msg(0, 0, [S2], [R2])])
+    run_steps(acker, 2)
+    assert outcomes(FailingOnceProducer.made[1]) == {S2: b"completed"}

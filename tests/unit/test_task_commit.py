@@ -1,0 +1,91 @@
+"""A task whose offsets cannot be committed because the group moved on keeps running.
+
+Seen in a chaos run: ``Commit failed: Broker: Unknown member`` killed a task process after a
+rebalance. The batch's new owner redoes it from the committed offsets; this member logs,
+counts and goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+import broker.task
+from broker.settings import KafkaSettings
+from broker.task import Task, TaskContext, TaskRecord
+
+
+class Producer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.produced: list[str] = []
+
+    def produce(self, topic: str, **_: Any) -> None:
+        self.produced.append(topic)
+
+    def flush(self, *_: Any) -> int:
+        return 0
+
+    def poll(self, *_: Any) -> int:
+        return 0
+
+
+class Consumer:
+    error = KafkaError.UNKNOWN_MEMBER_ID
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.commits = 0
+
+    def commit(self, **_: Any) -> None:
+        self.commits += 1
+        raise KafkaException(KafkaError(Consumer.error, "injected"))
+
+
+class Message:
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 7
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> None:
+        return None
+
+
+@pytest.fixture
+def task(monkeypatch: pytest.MonkeyPatch) -> Task:
+    monkeypatch.setattr(broker.task, "Producer", Producer)
+    monkeypatch.setattr(broker.task, "Consumer", Consumer)
+    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
+
+    def handle(record: TaskRecord, ctx: TaskContext) -> None:
+        ctx.emit("out", record.key, record.value)
+
+    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle)
+
+
+@pytest.mark.parametrize("code", [KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION])
+def test_a_commit_lost_to_a_rebalance_is_counted_not_fatal(
+    task: Task, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    monkeypatch.setattr(Consumer, "error", code)
+    task.process_batch([Message()])  # type: ignore[list-item]
+    assert task.counters.commits_lost == 1 and task.counters.processed == 1
+
+
+def test_other_commit_errors_still_raise(task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Consumer, "error", KafkaError._MSG_TIMED_OUT)
+    with pytest.raises(KafkaException):
+        task.process_batch([Message()])  # type: ignore[list-item]
