@@ -41,6 +41,7 @@ from broker.acker.commit import Batch, Transactions, is_fatal, positions_of, tak
 from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
+from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
@@ -138,6 +139,7 @@ class Acker:
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
         )
         self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
+        self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
 
     @property
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
@@ -220,6 +222,7 @@ class Acker:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             assigned.append(TopicPartition(tp.topic, tp.partition, offset))
         consumer.assign(assigned)
+        self.expiry.assigned(assigned)
         seconds = time.monotonic() - started
         self.last_assignment = {
             "partitions": lps,
@@ -263,6 +266,7 @@ class Acker:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+        self.expiry.forget(lps)
 
     # ------------------------------------------------------------------ folding
 
@@ -315,7 +319,9 @@ class Acker:
         (broker.acker.commit has the order and why)."""
         self._last_commit = time.monotonic()
         now_ms = self.clock.now_ms()
-        collect_failures(self.states.values(), now_ms, self.ticker.current_tick(now_ms), self.config.fail_hold_ms)
+        # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
+        expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
+        collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms)
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
@@ -368,6 +374,7 @@ class Acker:
         self._positions = {}
         for tp in committed:
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        self.expiry.assigned(committed)  # the restored tables reflect nothing read after these
 
     # ------------------------------------------------------------------ stats
 
@@ -376,7 +383,14 @@ class Acker:
 
         (The cumulative per-partition counters, over every owner, are in the changelog:
         ``replaybroker status`` reads them.)"""
-        return {**self.totals, "pending": sum(len(st.table) for st in self.states.values())}
+        return {
+            **self.totals,
+            "pending": sum(len(st.table) for st in self.states.values()),
+            # (partition, commit) pairs with due entries held back because the acker was
+            # behind on the partition's inputs, and the entries held back at the last commit
+            "expiry_holds": self.expiry.holds,
+            "expiry_held": self.expiry.held,
+        }
 
     def _log_stats(self) -> None:
         self._last_stats = time.monotonic()
