@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from broker.errors import DeliveryError, TopologyError
 from broker.settings import KafkaSettings
@@ -103,6 +103,19 @@ def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str
         meta = metadata.topics.get(name)
         counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
     return counts
+
+
+def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
+    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
+    None when it cannot be read - the caller must then assume the least."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        future = admin.describe_configs([resource])[resource]
+        return int(future.result(timeout=30)["delete.retention.ms"].value)
+    except (KafkaException, KeyError, ValueError, TypeError) as exc:
+        log.warning("cannot read delete.retention.ms of %s (%s)", topic, exc)
+        return None
 
 
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:

@@ -45,7 +45,7 @@ from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
-from broker.kafka_io import partition_counts
+from broker.kafka_io import delete_retention_ms, partition_counts
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
@@ -133,7 +133,7 @@ class Acker:
             ),
         )
         cache = PayloadCache(self.config.replay_cache_entries)
-        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby)
+        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
         self.ingest = Ingest(ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing)
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
@@ -153,6 +153,9 @@ class Acker:
             return
         self.P = check(self.settings, self.ns)
         self.ingest.partitions = self.decider.partitions = self.P
+        # How long compaction keeps the changelog's tombstones bounds how old a kept
+        # (warm/standby) state may be and still be caught up by a suffix read.
+        self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
         if self.config.exactly_once:
             self._producer.init_transactions(60)
         self._started = True
@@ -213,8 +216,8 @@ class Acker:
         committed = consumer.committed(partitions, timeout=60)
         read = warm = 0
         for lp in lps:
-            warm += lp in self.changelog.standby
-            self.states[lp], n = self.changelog.take(lp)
+            self.states[lp], n, reused = self.changelog.take(lp)
+            warm += reused
             read += n
         self.changelog.assign_standby(self.P, self.states)
         assigned = []
