@@ -39,6 +39,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.schemas import COUNTERS_KEY, LedgerEntry, decode_counters
@@ -90,7 +91,11 @@ class Changelog:
         return empty_state(self.totals)
 
     def watermarks(self, lp: int) -> tuple[int, int]:
-        low, high = self._restorer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), timeout=30)
+        tp = TopicPartition(self.ns.ledger, lp)
+        # Called in the assignment callback: a leader moving must not kill the acker.
+        low, high = kafka_io.retrying(
+            lambda: self._restorer.get_watermark_offsets(tp, timeout=30), f"watermarks of {self.ns.ledger}[{lp}]"
+        )
         return int(low), int(high)
 
     def end(self, lp: int) -> int:

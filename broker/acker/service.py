@@ -45,7 +45,7 @@ from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
-from broker.kafka_io import delete_retention_ms, partition_counts
+from broker.kafka_io import delete_retention_ms, partition_counts, retrying
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
@@ -213,7 +213,7 @@ class Acker:
         started = time.monotonic()
         # Stable committed offsets first: waits for any transaction a dead owner left open,
         # so the changelog read below ends after everything those offsets reflect.
-        committed = consumer.committed(partitions, timeout=60)
+        committed = retrying(lambda: consumer.committed(partitions, timeout=60), "committed offsets")
         read = warm = 0
         for lp in lps:
             self.states[lp], n, reused = self.changelog.take(lp)
@@ -371,7 +371,7 @@ class Acker:
         partition from the changelog and seek the inputs back to the committed offsets."""
         lps = list(self.states)
         tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
-        committed = self._consumer.committed(tps, timeout=60)
+        committed = retrying(lambda: self._consumer.committed(tps, timeout=60), "committed offsets")
         for lp in lps:
             self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
         self._positions = {}

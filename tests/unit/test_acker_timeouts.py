@@ -13,12 +13,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka import OFFSET_INVALID, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -228,6 +228,7 @@ class FakeConsumer:
 
     partitions = 2
     last: FakeConsumer | None = None
+    by_group: ClassVar[dict[str, FakeConsumer]] = {}
 
     def __init__(self, conf: dict[str, Any]) -> None:
         self.conf = conf
@@ -238,6 +239,8 @@ class FakeConsumer:
         self.rest: list[FakeMessage] | None = None
         self.delivered: dict[tuple[str, int], int] = {}  # next offset after the last delivered
         self.fetched = False
+        self.failing: dict[str, int] = {}  # call -> how many more times it fails transiently
+        FakeConsumer.by_group[conf.get("group.id", "")] = self
         if conf.get("group.id", "").endswith(".acker"):
             FakeConsumer.last = self
 
@@ -264,7 +267,13 @@ class FakeConsumer:
         self.rest = batch[1:]
         return batch[0]
 
+    def _fail_once(self, call: str) -> None:
+        if self.failing.get(call):
+            self.failing[call] -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, f"Failed to {call}"))
+
     def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
+        self._fail_once("get committed offsets")
         return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
 
     def log_end(self, topic: str, partition: int) -> int:
@@ -278,6 +287,8 @@ class FakeConsumer:
                               cached: bool = False) -> tuple[int, int]:
         if cached and not self.fetched:
             return (OFFSET_INVALID, OFFSET_INVALID)
+        if not cached:
+            self._fail_once("get watermark offsets")
         return (0, self.log_end(tp.topic, tp.partition))
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -617,3 +628,28 @@ def test_fail_marks_are_decided_while_expiry_waits_for_the_backlog(fake_kafka: N
     assert outcomes(producer) == {S2: b"replay", S1: b"completed"}
     assert acker.counters()["timed_out"] == 0
 
+
+
+# --------------------------------------------------------------------------- transient errors
+
+
+@pytest.mark.parametrize(
+    ("group", "call", "times"),
+    [("restore", "get watermark offsets", 2), ("acker", "get committed offsets", 1)],
+    ids=["changelog-watermarks", "committed-offsets"],
+)
+def test_transient_errors_of_offset_and_watermark_lookups_are_retried_not_fatal(
+    fake_kafka: None, group: str, call: str, times: int
+) -> None:
+    """Seen in CI: NOT_LEADER_FOR_PARTITION from get_watermark_offsets in the assignment
+    callback (a leader moving under load) killed the acker thread. It is retried, as are the
+    committed-offset lookups there."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    failing = FakeConsumer.by_group[f"{NS.name}.acker" + ("" if group == "acker" else f".{group}")]
+    failing.failing[call] = times
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    assert failing.failing[call] == 0
+    assert outcomes(producer) == {S1: b"completed"}
