@@ -102,6 +102,7 @@ def _cmd_acker(args: argparse.Namespace) -> int:
         orphan_ttl_ms=args.orphan_ttl_ms,
         exactly_once=not args.unsafe_no_transactions,
         standby=args.standby,
+        expiry_lag_slack=args.expiry_lag_slack,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
@@ -233,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     acker.add_argument(
         "--orphan-ttl-ms", type=int, default=60_000,
         help="how long events for an unknown srid are kept before they count as orphans, ms",
+    )
+    acker.add_argument(
+        "--expiry-lag-slack", type=int, default=0,
+        help="unread input messages that still count as caught up when judging timeouts "
+        "(0: timeouts wait until every ack written before the deadline is read)",
     )
     acker.add_argument(
         "--standby",

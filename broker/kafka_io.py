@@ -1,26 +1,65 @@
 """Kafka plumbing every service shares: producing with bounded back-off, reading a topic to
-its end, and the admin look-ups (partition counts, waiting for new topics).
+its end, the admin look-ups (partition counts, topic configs, waiting for new topics), and
+retrying look-ups that fail transiently.
 
 A full producer queue (``BufferError``) means Kafka is slower than we produce, or away. We
 wait for it with growing pauses that serve delivery callbacks, log once when it lasts, and
 give up with a retriable ``DeliveryError`` after ``max_block_s``: a service never spins
 forever on a broker that does not come back.
+
+Look-ups with a round trip (watermarks, committed offsets, metadata) fail transiently while
+a partition's leader moves or a coordinator loads: ``NOT_LEADER_FOR_PARTITION`` from
+``get_watermark_offsets`` under load killed an acker in CI. ``retrying`` tries them again
+with growing pauses for a bounded time, then raises. librdkafka's ``retriable()`` is False
+for these errors (it only flags errors of its own retry machinery), so the codes are listed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from broker.errors import DeliveryError, TopologyError
 from broker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRANSIENT = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,  # metadata not yet propagated after a leader change
+    KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.THROTTLING_QUOTA_EXCEEDED,
+    KafkaError._TIMED_OUT,
+    KafkaError._TIMED_OUT_QUEUE,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._WAIT_COORD,
+    KafkaError._UNKNOWN_PARTITION,
+})
+"""Error codes of a look-up that may succeed when tried again unchanged."""
+RETRY_FOR_S = 30.0
+"""How long ``retrying`` keeps trying; in an assignment callback this stays well inside
+``max.poll.interval.ms``."""
+_FIRST_RETRY_S = 0.05
+_MAX_RETRY_S = 2.0
 
 MAX_BLOCK_S = 60.0
 """How long ``produce`` waits for room in a full producer queue before it gives up."""
@@ -55,6 +94,38 @@ def produce(producer: Producer, topic: str, *, max_block_s: float = MAX_BLOCK_S,
                 log.warning("producer queue full for %.1fs (topic %s); waiting", waited, topic)
                 warned = True
             pause = min(pause * 2, _MAX_PAUSE_S)
+
+
+def is_transient(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    if not isinstance(err, KafkaError) or err.fatal():
+        return False
+    return bool(err.retriable() or err.code() in TRANSIENT)
+
+
+def retrying(
+    call: Callable[[], T],
+    what: str,
+    *,
+    retry_for_s: float = RETRY_FOR_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """``call()``, tried again with growing pauses while it fails transiently, for at most
+    ``retry_for_s``; any other error, or the last transient one, is raised."""
+    started = clock()
+    pause = _FIRST_RETRY_S
+    attempt = 1
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not is_transient(exc) or clock() - started + pause > retry_for_s:
+                raise
+            log.warning("%s failed transiently (%s), attempt %d; retrying in %.2fs", what, exc, attempt, pause)
+        sleep(pause)
+        pause = min(pause * 2, _MAX_RETRY_S)
+        attempt += 1
 
 
 def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0) -> list[Message]:
@@ -97,12 +168,26 @@ def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s:
 
 def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
     """Partition count of each topic; None for a topic that does not exist."""
-    metadata = AdminClient(settings.client_config()).list_topics(timeout=30)
+    admin = AdminClient(settings.client_config())
+    metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics")
     counts: dict[str, int | None] = {}
     for name in topics:
         meta = metadata.topics.get(name)
         counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
     return counts
+
+
+def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
+    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
+    None when it cannot be read - the caller must then assume the least."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        future = admin.describe_configs([resource])[resource]
+        return int(future.result(timeout=30)["delete.retention.ms"].value)
+    except (KafkaException, KeyError, ValueError, TypeError) as exc:
+        log.warning("cannot read delete.retention.ms of %s (%s)", topic, exc)
+        return None
 
 
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:

@@ -7,6 +7,7 @@ completion, timeout, replay and dead-lettering (docs/design.md §5, §6).
 - ``ingest``: persist records and XOR batches into the tables, bad input quarantined;
 - ``payloads``: the payload cache and the persist reader used by replays;
 - ``decisions``: timeouts and fail marks into replays and dead letters;
+- ``lag``: how far the inputs have been read, which gates timeouts;
 - ``commit``: the transaction;
 - ``service``: ``Acker``, the loop and the group membership around all of it.
 """

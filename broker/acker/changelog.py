@@ -6,20 +6,58 @@ tombstones for entries that left, and the ``__counters__`` record. Reading it fr
 full read, because the last record of each key wins. Standby states are kept for partitions
 this instance does not own, with the next changelog offset to read, so getting one of them
 is a catch-up read instead of a restore (docs/design.md §5).
+
+That holds only while the suffix still holds every record written after the state's offset.
+Compaction drops a tombstone ``delete.retention.ms`` after it cleaned it (the entry's
+earlier upserts went at the first cleaning), and retention or DeleteRecords move the log
+start: a suffix read after either misses that the entry left, and a completed entry comes
+back from the kept state, to be timed out and replayed. So a kept state is reused only when
+
+- its offset is at or after the partition's log start (low watermark), and
+- nothing was written after its offset, or everything after its offset was written less
+  than ``delete.retention.ms`` (of ``ns.ledger``, read once at start) ago, less a margin for
+  the read itself and for clock differences. "Written after" is bounded by the time the
+  state was frozen (a revoked partition), began a read from the beginning (a new standby),
+  or the create time of the last record it read (a standby tailing);
+
+otherwise the partition is restored from the beginning.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
+from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
-from broker.ledger.clock import Ticker
+from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.schemas import COUNTERS_KEY, LedgerEntry, decode_counters
 from broker.topics import Namespace
+
+log = logging.getLogger(__name__)
+
+MIN_REUSE_MARGIN_MS = 60_000
+"""At least this much of ``delete.retention.ms`` is kept back when judging a kept state."""
+
+
+def reuse_limit_ms(retention_ms: int | None) -> int | None:
+    """How long after it was last known complete a kept state may be reused: the tombstone
+    retention less a margin (a tenth, at least a minute) for the suffix read and for clock
+    differences between this host and the brokers. None: unknown, never on age alone."""
+    if retention_ms is None:
+        return None
+    return retention_ms - max(MIN_REUSE_MARGIN_MS, retention_ms // 10)
 
 
 class Changelog:
@@ -32,42 +70,93 @@ class Changelog:
         totals: dict[str, int],
         restorer: Consumer,
         standby_consumer: Consumer | None,
+        clock: Clock | None = None,
     ) -> None:
         self.ns = ns
         self.ticker = ticker
         self.totals = totals
+        self.clock = clock or SystemClock()
+        # delete.retention.ms of ns.ledger, set by the service at start (None: unknown).
+        self.tombstone_retention_ms: int | None = None
         self._restorer = restorer
         self._standby_consumer = standby_consumer
         # Partitions not owned: lp -> (state, next changelog offset). Warm states of revoked
         # partitions, and with a standby consumer every other partition, tailed as it changes.
         self.standby: dict[int, tuple[PartitionState, int]] = {}
+        # lp -> ms: every changelog record after the standby state's offset was written after
+        # this time (freeze, start of a read from the beginning, last record read).
+        self.fresh_ms: dict[int, int] = {}
 
     def new_state(self) -> PartitionState:
         return empty_state(self.totals)
 
-    def end(self, lp: int) -> int:
-        _, high = self._restorer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), timeout=30)
-        return int(high)
+    def watermarks(self, lp: int) -> tuple[int, int]:
+        tp = TopicPartition(self.ns.ledger, lp)
+        # Called in the assignment callback: a leader moving must not kill the acker.
+        low, high = kafka_io.retrying(
+            lambda: self._restorer.get_watermark_offsets(tp, timeout=30), f"watermarks of {self.ns.ledger}[{lp}]"
+        )
+        return int(low), int(high)
 
-    def take(self, lp: int) -> tuple[PartitionState, int]:
-        """Partition ``lp`` restored: from its standby state when there is one (a catch-up
-        read), else from the beginning. Returns the state and the records read."""
+    def end(self, lp: int) -> int:
+        return self.watermarks(lp)[1]
+
+    def take(self, lp: int) -> tuple[PartitionState, int, bool]:
+        """Partition ``lp`` restored: from its standby state when there is one and it is safe
+        to reuse (a catch-up read), else from the beginning. Returns the state, the records
+        read, and whether the standby state was reused."""
         standby = self.standby.pop(lp, None)
-        if standby is None:
-            return self.load(lp, None, OFFSET_BEGINNING)
-        return self.load(lp, standby[0], standby[1])
+        fresh_ms = self.fresh_ms.pop(lp, None)
+        low, high = self.watermarks(lp)
+        if standby is not None:
+            st, start = standby
+            why = self.unsafe(start, fresh_ms, low, high)
+            if why is None:
+                st, read = self.load(lp, st, start, (low, high))
+                return st, read, True
+            log.info("ledger partition %d: kept state at offset %d not reused (%s); restoring it", lp, start, why)
+        st, read = self.load(lp, None, OFFSET_BEGINNING, (low, high))
+        return st, read, False
+
+    def unsafe(self, start: int, fresh_ms: int | None, low: int, high: int) -> str | None:
+        """Why a state reflecting the changelog up to ``start`` cannot be caught up by a
+        suffix read (None: it can)."""
+        if start == OFFSET_BEGINNING:
+            return None  # nothing read yet: the "suffix" is the whole log
+        if start < low:
+            return f"the changelog now starts at offset {low}: records after the state are gone"
+        if start > high:
+            return f"the changelog now ends at offset {high}, before the state"
+        if start == high:
+            return None  # nothing written since: no tombstone to miss
+        limit = reuse_limit_ms(self.tombstone_retention_ms)
+        if limit is None:
+            return "delete.retention.ms of the changelog is unknown"
+        if fresh_ms is None:
+            return "its age is unknown"
+        age = self.clock.now_ms() - fresh_ms
+        if age >= limit:
+            return (
+                f"{age / 1000:.0f}s old: compaction may have dropped tombstones written since "
+                f"(delete.retention.ms={self.tombstone_retention_ms}, reused up to {limit / 1000:.0f}s)"
+            )
+        return None
 
     def keep_warm(self, lp: int, st: PartitionState) -> None:
         """Keep the state of a revoked partition, which equals its changelog up to its end."""
+        # Taken before the end is asked: whatever lies past that end was written after it.
+        self.fresh_ms[lp] = self.clock.now_ms()
         self.standby[lp] = (st, self.end(lp))
 
-    def load(self, lp: int, st: PartitionState | None, start: int) -> tuple[PartitionState, int]:
+    def load(
+        self, lp: int, st: PartitionState | None, start: int, watermarks: tuple[int, int] | None = None
+    ) -> tuple[PartitionState, int]:
         """Read ``ns.ledger[lp]`` from ``start`` to its end onto ``st`` (a fresh state when
         None). The last record of each key wins, so re-reading records a state already
         reflects is harmless. Returns the state and the number of records read."""
         latest: dict[bytes, bytes | None] = {}
         read = 0
-        low, high = self._restorer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), timeout=30)
+        low, high = watermarks if watermarks is not None else self.watermarks(lp)
         if high > max(low, start):
             self._restorer.assign([TopicPartition(self.ns.ledger, lp, start)])
             try:
@@ -119,6 +208,7 @@ class Changelog:
         for lp in range(partitions):
             if lp not in owned and lp not in self.standby:
                 self.standby[lp] = (self.new_state(), OFFSET_BEGINNING)
+                self.fresh_ms[lp] = self.clock.now_ms()  # a read from the beginning starts
         self._standby_consumer.assign(
             [TopicPartition(self.ns.ledger, lp, offset) for lp, (_, offset) in self.standby.items()]
         )
@@ -132,6 +222,10 @@ class Changelog:
                 latest[msg.partition()][msg.key() or b""] = msg.value()
                 st, _ = self.standby[msg.partition()]
                 self.standby[msg.partition()] = (st, msg.offset() + 1)
+                # Whatever follows this record was written after it was created.
+                kind, ts = msg.timestamp()
+                if kind != TIMESTAMP_NOT_AVAILABLE:
+                    self.fresh_ms[msg.partition()] = max(self.fresh_ms.get(msg.partition(), ts), ts)
         for lp, records in latest.items():
             self.apply(self.standby[lp][0], records)
 

@@ -30,6 +30,11 @@ class AckerConfig:
     # Tail the changelog of every partition this instance does not own, so a takeover is
     # a catch-up read instead of a full restore (docs/design.md §5: standby replicas).
     standby: bool = False
+    # Entries expire only once the acker has read its inputs up to the high watermark it saw
+    # (broker.acker.lag); this many messages short of it counts as read. 0 is exact: the
+    # position steps over transaction markers. More lets an entry time out while up to this
+    # many unread messages could still complete it.
+    expiry_lag_slack: int = 0
     stats_interval_s: float = 10.0
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True

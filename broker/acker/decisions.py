@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from confluent_kafka import KafkaException
@@ -32,22 +32,31 @@ Decided = tuple[int, int, tuple[Outgoing, ...]]
 MISSING_TOPIC_RECHECK_S = 60.0
 
 
-def collect_failures(states: Iterable[PartitionState], now_ms: int, tick: int, fail_hold_ms: int) -> None:
+def collect_failures(
+    states: Mapping[int, PartitionState], now_ms: int, expiry_ticks: Mapping[int, int | None], fail_hold_ms: int
+) -> None:
     """Move every timed-out or explicitly failed entry from its table to ``st.failures``.
+
+    Timeouts: the entries of partition ``lp`` due at ``expiry_ticks[lp]`` - the current tick
+    once the acker has read that partition's inputs, an earlier one (None: nothing) while it
+    is behind on them (broker.acker.lag). A deadline is on the source's clock, judged on the
+    acker's: the assumptions about the two clocks are in broker.ledger.clock.
 
     Fail marks are released in windows: once the oldest held mark (over all ledger
     partitions) is ``fail_hold_ms`` old, every held mark is decided in this commit, so the
-    marks of one task batch - spread over ledger partitions - are decided together.
+    marks of one task batch - spread over ledger partitions - are decided together. They are
+    facts, not the absence of an ack: the lag does not hold them back.
     """
-    states = list(states)
-    oldest = min((ms for st in states for ms, _ in st.recent_fails), default=None)
+    oldest = min((ms for st in states.values() for ms, _ in st.recent_fails), default=None)
     release = oldest is None or now_ms - oldest >= fail_hold_ms
-    for st in states:
-        expired = st.table.expire(tick)
-        st.count("orphans", len(expired.orphans))
-        st.count("timed_out", len(expired.timed_out))
-        for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
-            st.failures.append((srid, offset, "timeout"))
+    for lp, st in states.items():
+        tick = expiry_ticks.get(lp)
+        if tick is not None:
+            expired = st.table.expire(tick)
+            st.count("orphans", len(expired.orphans))
+            st.count("timed_out", len(expired.timed_out))
+            for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
+                st.failures.append((srid, offset, "timeout"))
         if release:
             st.recent_fails.clear()
         hold = np.concatenate([f for _, f in st.recent_fails]) if st.recent_fails else None

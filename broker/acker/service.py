@@ -41,10 +41,11 @@ from broker.acker.commit import Batch, Transactions, is_fatal, is_fenced, positi
 from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
+from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
-from broker.kafka_io import partition_counts
+from broker.kafka_io import delete_retention_ms, partition_counts, retrying
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
@@ -133,12 +134,13 @@ class Acker:
             ),
         )
         cache = PayloadCache(self.config.replay_cache_entries)
-        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby)
+        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
         self.ingest = Ingest(ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing)
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
         )
         self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
+        self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
 
     @property
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
@@ -152,6 +154,9 @@ class Acker:
             return
         self.P = check(self.settings, self.ns)
         self.ingest.partitions = self.decider.partitions = self.P
+        # How long compaction keeps the changelog's tombstones bounds how old a kept
+        # (warm/standby) state may be and still be caught up by a suffix read.
+        self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
         if self.config.exactly_once:
             self._producer.init_transactions(60)
         self._started = True
@@ -209,11 +214,11 @@ class Acker:
         started = time.monotonic()
         # Stable committed offsets first: waits for any transaction a dead owner left open,
         # so the changelog read below ends after everything those offsets reflect.
-        committed = consumer.committed(partitions, timeout=60)
+        committed = retrying(lambda: consumer.committed(partitions, timeout=60), "committed offsets")
         read = warm = 0
         for lp in lps:
-            warm += lp in self.changelog.standby
-            self.states[lp], n = self.changelog.take(lp)
+            self.states[lp], n, reused = self.changelog.take(lp)
+            warm += reused
             read += n
         self.changelog.assign_standby(self.P, self.states)
         assigned = []
@@ -221,6 +226,7 @@ class Acker:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             assigned.append(TopicPartition(tp.topic, tp.partition, offset))
         consumer.assign(assigned)
+        self.expiry.assigned(assigned)
         seconds = time.monotonic() - started
         self.last_assignment = {
             "partitions": lps,
@@ -264,6 +270,7 @@ class Acker:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+        self.expiry.forget(lps)
 
     # ------------------------------------------------------------------ folding
 
@@ -316,7 +323,9 @@ class Acker:
         (broker.acker.commit has the order and why)."""
         self._last_commit = time.monotonic()
         now_ms = self.clock.now_ms()
-        collect_failures(self.states.values(), now_ms, self.ticker.current_tick(now_ms), self.config.fail_hold_ms)
+        # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
+        expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
+        collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms)
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
@@ -382,12 +391,13 @@ class Acker:
         partition from the changelog and seek the inputs back to the committed offsets."""
         lps = list(self.states)
         tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
-        committed = self._consumer.committed(tps, timeout=60)
+        committed = retrying(lambda: self._consumer.committed(tps, timeout=60), "committed offsets")
         for lp in lps:
             self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
         self._positions = {}
         for tp in committed:
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        self.expiry.assigned(committed)  # the restored tables reflect nothing read after these
 
     # ------------------------------------------------------------------ stats
 
@@ -396,7 +406,14 @@ class Acker:
 
         (The cumulative per-partition counters, over every owner, are in the changelog:
         ``replaybroker status`` reads them.)"""
-        return {**self.totals, "pending": sum(len(st.table) for st in self.states.values())}
+        return {
+            **self.totals,
+            "pending": sum(len(st.table) for st in self.states.values()),
+            # (partition, commit) pairs with due entries held back because the acker was
+            # behind on the partition's inputs, and the entries held back at the last commit
+            "expiry_holds": self.expiry.holds,
+            "expiry_held": self.expiry.held,
+        }
 
     def _log_stats(self) -> None:
         self._last_stats = time.monotonic()

@@ -14,6 +14,23 @@ Rounding is chosen so that nothing expires early:
 
 An entry therefore expires at most one tick late and never early.
 
+Clock assumptions (which clock decides what):
+
+- a record's deadline is ``created_ms + timeout_ms``, where ``created_ms`` is the *source's*
+  wall clock when it persisted the record (a replay: the acker's clock when it decided the
+  replay); it travels with the record (``rb-deadline``) and through the changelog as ms;
+- expiry is judged on the *acker's* clock: an entry is due when the acker's ``now`` reaches
+  its deadline;
+- so a skew between the two shifts every deadline by the skew: a source clock behind the
+  acker's by ``s`` makes its records time out ``s`` early, ahead by ``s`` makes them ``s``
+  late. A source behind by more than the timeout has its records expire as soon as they
+  are registered, before any task could ack them;
+- the acker's lag on its inputs does not move deadlines: expiry waits until the acks that
+  could complete an entry have been read (broker.acker.lag), so a backlog - an outage, a
+  slow restore, consumer lag beyond the timeout - causes no false timeouts. That gate reads
+  offsets, not clocks: it cannot see, and does not prevent, false timeouts from a skew
+  larger than the timeout. Keep clocks synchronised (NTP) well within the timeout.
+
 Ticks are int32 counted from ``epoch_ms``: 2**31 ticks of 100 ms are ~6.8 years, so the epoch
 must be recent (``Ticker.starting_at``). Ticks are meaningless outside the process that made
 them: whatever leaves the process (the changelog) must carry milliseconds (``ms_of_ticks``)

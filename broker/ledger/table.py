@@ -374,6 +374,14 @@ class LedgerTable:
         self._min_deadline = int(t.deadline.min())
         return result
 
+    def due(self, now_tick: int) -> int:
+        """How many entries ``expire(now_tick)`` would remove, removing nothing (the acker
+        counts the expiries it holds back while it is behind on its inputs)."""
+        now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
+        if now < self._min_deadline:
+            return 0
+        return int(np.count_nonzero(self.hashtable.deadline <= now))
+
     def take_dirty(self) -> ChangelogDelta:
         """What the changelog needs since the last call; marks the upserted entries LOGGED.
 

@@ -219,10 +219,17 @@ class FakeMessage:
 
 class FakeConsumer:
     """Hands out scripted batches; assigns every partition on the first consume after
-    ``subscribe`` (once); an empty changelog to restore from."""
+    ``subscribe`` (once); an empty changelog to restore from.
+
+    Every scripted message is "in the log" from the start: the high watermark of a partition
+    is past its last scripted message, delivered or still queued, and the position is past
+    the last one delivered - so a consumer with batches still queued is behind, as a real
+    one is with a backlog. Like librdkafka, the cached watermarks are unknown until the
+    first fetch (here: the first consume) and the position until a message is delivered."""
 
     partitions = 2
     last: FakeConsumer | None = None
+    by_group: ClassVar[dict[str, FakeConsumer]] = {}
 
     def __init__(self, conf: dict[str, Any]) -> None:
         self.conf = conf
@@ -231,6 +238,10 @@ class FakeConsumer:
         self.on_assign: Any = None
         self.assigned = False
         self.rest: list[FakeMessage] | None = None
+        self.delivered: dict[tuple[str, int], int] = {}  # next offset after the last delivered
+        self.fetched = False
+        self.failing: dict[str, int] = {}  # call -> how many more times it fails transiently
+        FakeConsumer.by_group[conf.get("group.id", "")] = self
         if conf.get("group.id", "").endswith(".acker"):
             FakeConsumer.last = self
 
@@ -244,7 +255,11 @@ class FakeConsumer:
         if self.on_assign is not None and not self.assigned:
             self.assigned = True
             self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)])
-        return self.batches.popleft() if self.batches else []
+        self.fetched = True
+        batch = self.batches.popleft() if self.batches else []
+        for m in batch:
+            self.delivered[(m.topic(), m.partition())] = m.offset() + 1
+        return batch
 
     def poll(self, *_: Any) -> FakeMessage | None:
         batch = self.consume()
@@ -253,11 +268,38 @@ class FakeConsumer:
         self.rest = batch[1:]
         return batch[0]
 
+    def _fail_once(self, call: str) -> None:
+        if self.failing.get(call):
+            self.failing[call] -= 1
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, f"Failed to {call}"))
+
     def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
+        self._fail_once("get committed offsets")
         return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
 
-    def get_watermark_offsets(self, *_: Any, **__: Any) -> tuple[int, int]:
-        return (0, 0)
+    def log_end(self, topic: str, partition: int) -> int:
+        queued = [m for batch in self.batches for m in batch] + list(self.rest or ())
+        return max(
+            [self.delivered.get((topic, partition), 0)]
+            + [m.offset() + 1 for m in queued if (m.topic(), m.partition()) == (topic, partition)]
+        )
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        if cached and not self.fetched:
+            return (OFFSET_INVALID, OFFSET_INVALID)
+        if not cached:
+            self._fail_once("get watermark offsets")
+        return (0, self.log_end(tp.topic, tp.partition))
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [
+            TopicPartition(tp.topic, tp.partition, self.delivered.get((tp.topic, tp.partition), OFFSET_INVALID))
+            for tp in partitions
+        ]
+
+    def seek(self, *_: Any) -> None:
+        pass
 
     def consumer_group_metadata(self) -> object:
         return object()
@@ -278,6 +320,7 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
     monkeypatch.setattr(broker.acker.service, "Consumer", FakeConsumer)
     monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
+    monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
     # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
@@ -590,3 +633,71 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_only_fencing_stops_the_a
     consumer.batches.append([persist_msg(persisted(S2, R2, T0), 1), acks_msg(0, 0, [S2], [R2])])
     run_steps(acker, 2)
     assert outcomes(FailingOnceProducer.made[1]) == {S2: b"completed"}
+
+
+# --------------------------------------------------------------------------- backlog: lag gates expiry
+
+
+def test_acker_back_after_an_outage_folds_the_unread_acks_before_anything_times_out(fake_kafka: None) -> None:
+    """While no acker ran, S1 and S2 were persisted and S1's tree completed: its ack sits in
+    ns.acks. The acker comes back two timeouts later. Reading persist before acks, it must
+    not time S1 out (a false timeout spends an attempt); S2, whose ack never came, times out
+    once the backlog is read."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    clock.advance(60_000)  # the outage: both deadlines (T0 + 30 s) are long past
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [], [])])  # backlog of ns.acks[0] ...
+    consumer.batches.append([acks_msg(0, 1, [S1], [R1])])  # ... with S1's completing ack last
+    run_steps(acker)
+    assert acker.counters()["timed_out"] == 0 and not outcomes(producer)
+    clock.advance(1_000)
+    run_steps(acker)
+    assert acker.counters()["timed_out"] == 0 and not outcomes(producer)
+    assert acker.counters()["expiry_holds"] >= 2
+    run_steps(acker)  # the backlog is read: S1 completes, and only now does S2 time out
+    c = acker.counters()
+    assert outcomes(producer) == {S1: b"completed", S2: b"replay"}
+    assert (c["completed"], c["timed_out"], c["replayed"], c["pending"]) == (1, 1, 1, 0)
+
+
+def test_fail_marks_are_decided_while_expiry_waits_for_the_backlog(fake_kafka: None) -> None:
+    """Only timeouts wait for the backlog: an explicit failure is a fact, decided at once."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    clock.advance(60_000)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [], [], failed=[S2])])
+    consumer.batches.append([acks_msg(0, 1, [S1], [R1])])
+    run_steps(acker, 2)
+    assert outcomes(producer) == {S2: b"replay"}
+    assert acker.counters()["timed_out"] == 0
+    run_steps(acker)
+    assert outcomes(producer) == {S2: b"replay", S1: b"completed"}
+    assert acker.counters()["timed_out"] == 0
+
+
+
+# --------------------------------------------------------------------------- transient errors
+
+
+@pytest.mark.parametrize(
+    ("group", "call", "times"),
+    [("restore", "get watermark offsets", 2), ("acker", "get committed offsets", 1)],
+    ids=["changelog-watermarks", "committed-offsets"],
+)
+def test_transient_errors_of_offset_and_watermark_lookups_are_retried_not_fatal(
+    fake_kafka: None, group: str, call: str, times: int
+) -> None:
+    """Seen in CI: NOT_LEADER_FOR_PARTITION from get_watermark_offsets in the assignment
+    callback (a leader moving under load) killed the acker thread. It is retried, as are the
+    committed-offset lookups there."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    failing = FakeConsumer.by_group[f"{NS.name}.acker" + ("" if group == "acker" else f".{group}")]
+    failing.failing[call] = times
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    assert failing.failing[call] == 0
+    assert outcomes(producer) == {S1: b"completed"}

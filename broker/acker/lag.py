@@ -1,0 +1,268 @@
+"""Lag gates expiry: a ledger partition's entries time out only once the acker has read its
+inputs far enough that every event that could still complete them has been folded.
+
+Why. A deadline is a time (the source's ``created_ms + timeout_ms``) but the acks that meet
+it are messages in ``ns.acks``, which the acker may read long after they were written: after
+an outage, a slow restore, a rebalance, or while its consumer lag exceeds the timeout. Judged
+by the clock alone, the first commit after such a gap expires entries whose completing acks
+are still unread; each false timeout spends an attempt, and repeated gaps dead-letter
+records that completed. So expiry is gated by how far the inputs have been read, not by how
+much time has passed.
+
+Mechanism: watermark samples. At every commit the gate notes, per owned input partition
+(``ns.persist[i]`` and ``ns.acks[i]``), ``(now, high watermark)``: every message appended
+before ``now`` lies below that offset. Once the consumer's position reaches a sample's offset
+(less ``slack``), every event appended before the sample's time has been folded, and that
+time becomes the partition's *read-up-to* time. Entries of ledger partition ``i`` expire
+when their deadline is at or before the smaller read-up-to time of its two inputs:
+
+- caught up: this commit's own sample is reached at once, read-up-to = now - expiry is
+  exactly what it was without the gate;
+- a steady lag of L: read-up-to ~ now - L, timeouts come late by the lag, never falsely;
+- back after a gap, or just assigned: nothing is reached until the backlog that was there
+  when the acker came back has been read; an input whose watermark is unknown (nothing
+  fetched yet) has no sample, which counts as behind.
+
+Both inputs count: acks complete entries; and an event read before its persist record is
+kept as an orphan only ``orphan_ttl_ms``, so dropping orphans while persist is behind could
+drop the event a later-read persist record needed. Explicit fail marks are not gated: a fail
+mark is a fact, not the absence of one (broker.acker.decisions).
+
+The numbers come from the consumer without a round trip: ``get_watermark_offsets(tp,
+cached=True)`` is the high watermark of the last fetch response, ``position()`` the next
+offset the application gets. What librdkafka 2.x does with them (probed on Kafka 4):
+
+- ``position()`` is unknown (-1001) after an assign or a seek until a message is delivered;
+  the offset assigned or sought stands in for it (the log start for OFFSET_BEGINNING);
+- ``position()`` steps over transaction markers, so a consumer that read everything has
+  position == high watermark exactly; the cached value is the high watermark, not the last
+  stable offset, so an open transaction on an input holds expiry until it ends (on the safe
+  side);
+- the cached value outlives unassign/assign: a partition given back by a rebalance still
+  shows its end from the earlier assignment. A sample is therefore taken only once a fetch of
+  the current assignment is proven - the position is known, or the cached watermarks moved
+  since the assignment. An idle partition proves neither: while it has entries due, it gets
+  a real watermark query (one round trip), ``refresh_ms`` after they fell due and at most
+  every ``refresh_ms``.
+
+Limits. A cached watermark is as old as the last fetch response - normally under
+``fetch.wait.max.ms`` plus a round trip, an ack appended that close before a deadline can
+still be late, as it could before. If the acker cannot fetch from an input's leader but can
+still commit (a partial network partition), the cached value stays old and expiry is judged
+against it. Clock skew is not lag: see broker.ledger.clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from broker.acker.state import PartitionState
+from broker.ledger.clock import Ticker
+from broker.topics import Namespace
+
+log = logging.getLogger(__name__)
+
+MAX_SAMPLES = 256
+"""Unreached samples kept per input; thinned beyond (a coarser series only delays expiry)."""
+
+
+@dataclass
+class _Input:
+    """One input partition's read progress since it was assigned (or sought)."""
+
+    start: int  # the offset assigned or sought (OFFSET_BEGINNING: the log start)
+    snapshot: tuple[int, int]  # the cached watermarks then - maybe from an earlier assignment
+    proven: bool = False  # a fetch of this assignment came back: the cached values are ours
+    samples: deque[tuple[int, int]] = field(default_factory=deque)  # (ms, high), unreached
+    read_ms: int | None = None  # every message appended before this time has been read
+    queried_ms: int | None = None  # the last real watermark query (rate limit)
+    lag: int | None = None  # high watermark - position at the last commit (None: unknown)
+    position: int | None = None
+    high: int | None = None
+
+    def sample(self, now_ms: int, high: int) -> None:
+        # A later time for the same (or a lower: truncated) end is the stronger statement.
+        while self.samples and self.samples[-1][1] >= high:
+            self.samples.pop()
+        self.samples.append((now_ms, high))
+        if len(self.samples) > MAX_SAMPLES:
+            last = self.samples[-1]
+            self.samples = deque(list(self.samples)[:-1:2])
+            self.samples.append(last)
+
+    def reach(self, position: int, slack: int) -> None:
+        while self.samples and self.samples[0][1] - slack <= position:
+            ms, _ = self.samples.popleft()
+            self.read_ms = ms if self.read_ms is None else max(self.read_ms, ms)
+
+
+class ExpiryGate:
+    """Per owned ledger partition, the time up to which its entries may expire."""
+
+    def __init__(
+        self,
+        ns: Namespace,
+        consumer: Consumer,
+        *,
+        slack: int = 0,
+        refresh_ms: int = 1_000,
+        query_timeout_s: float = 1.0,
+        log_interval_s: float = 10.0,
+    ) -> None:
+        self.ns = ns
+        self.consumer = consumer
+        self.slack = slack
+        self.refresh_ms = refresh_ms
+        self.query_timeout_s = query_timeout_s
+        self.log_interval_s = log_interval_s
+        self.inputs: dict[tuple[str, int], _Input] = {}
+        self.holds = 0  # (partition, commit) pairs at which due entries were held back
+        self.held = 0  # entries held back at the last commit
+        self._last_log = -float("inf")
+
+    # ------------------------------------------------------------------ assignment
+
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions (re)assigned or sought to ``tp.offset``: their progress starts over. An
+        offset < 0 (no committed offset) means the beginning, as the service reads it."""
+        for tp in partitions:
+            if tp.topic in (self.ns.persist, self.ns.acks):
+                start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self.inputs[(tp.topic, tp.partition)] = _Input(start, self._cached(tp))
+
+    def forget(self, lps: Iterable[int]) -> None:
+        lps = set(lps)
+        self.inputs = {k: v for k, v in self.inputs.items() if k[1] not in lps}
+
+    # ------------------------------------------------------------------ expiry
+
+    def ticks(self, states: Mapping[int, PartitionState], ticker: Ticker, now_ms: int) -> dict[int, int | None]:
+        """The expiry tick of each owned ledger partition (None: expire nothing yet)."""
+        self._observe(now_ms)
+        now_tick = ticker.current_tick(now_ms)
+        out: dict[int, int | None] = {}
+        held = 0
+        for lp, st in states.items():
+            read_ms = self._read_ms(lp)
+            if read_ms is None or read_ms < now_ms:
+                due = st.table.due(now_tick)
+                if due and self._query_unproven(lp, now_ms):
+                    read_ms = self._read_ms(lp)
+                if due:
+                    tick = None if read_ms is None else ticker.current_tick(read_ms)
+                    n = due - (0 if tick is None else st.table.due(tick))
+                    if n:
+                        held += n
+                        self.holds += 1
+                        self._log_held(lp, n, read_ms, now_ms)
+            out[lp] = None if read_ms is None else ticker.current_tick(min(read_ms, now_ms))
+        self.held = held
+        return out
+
+    def _read_ms(self, lp: int) -> int | None:
+        times = [self.inputs[(t, lp)].read_ms if (t, lp) in self.inputs else None for t in (self.ns.persist, self.ns.acks)]
+        return None if None in times else min(t for t in times if t is not None)
+
+    def _observe(self, now_ms: int) -> None:
+        """Sample every input's cached high watermark and move it along by its position."""
+        if not self.inputs:
+            return
+        keys = list(self.inputs)
+        try:
+            positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(
+                [TopicPartition(t, p) for t, p in keys]
+            )}
+        except KafkaException:
+            positions = {}
+        for key in keys:
+            inp = self.inputs[key]
+            low, high = self._cached(TopicPartition(*key))
+            position = positions.get(key, -1)
+            if not inp.proven and (position >= 0 or (low, high) != inp.snapshot):
+                inp.proven = True
+            if inp.proven and high >= 0:
+                inp.sample(now_ms, high)
+            self._advance(inp, position, low if inp.proven else -1, high if inp.proven else -1)
+
+    def _advance(self, inp: _Input, position: int, low: int, high: int) -> None:
+        if position < 0:
+            if inp.start >= 0:
+                position = inp.start  # nothing delivered since the assign/seek
+            elif inp.start == OFFSET_BEGINNING and low >= 0:
+                position = low
+        inp.position = position if position >= 0 else None
+        inp.high = high if high >= 0 else None
+        inp.lag = None if inp.position is None or inp.high is None else max(0, inp.high - inp.position)
+        if inp.position is not None:
+            inp.reach(inp.position, self.slack)
+
+    def _query_unproven(self, lp: int, now_ms: int) -> bool:
+        """An input with no fetch proven since its assignment (an idle partition given back)
+        gets a real watermark query, rate-limited. Returns whether one was made."""
+        queried = False
+        for topic in (self.ns.persist, self.ns.acks):
+            inp = self.inputs.get((topic, lp))
+            if inp is None or inp.proven:
+                continue
+            if inp.queried_ms is None:
+                # Give the fetches of the new assignment one interval to prove themselves:
+                # right after a rebalance that costs no round trip per partition.
+                inp.queried_ms = now_ms
+                continue
+            if now_ms - inp.queried_ms < self.refresh_ms:
+                continue
+            inp.queried_ms = now_ms
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, lp), timeout=self.query_timeout_s, cached=False
+                )
+            except KafkaException as exc:
+                log.debug("watermark query of %s[%d] failed: %s", topic, lp, exc)
+                continue
+            # The broker answered after ``now_ms``: everything appended before it is below.
+            inp.sample(now_ms, int(high))
+            # The cached value equals a fresh one: from here on it moves with the fetches.
+            inp.proven = self._cached(TopicPartition(topic, lp))[1] == int(high)
+            position = self._position(topic, lp)
+            self._advance(inp, position, int(low), int(high))
+            queried = True
+        return queried
+
+    def _position(self, topic: str, lp: int) -> int:
+        try:
+            return int(self.consumer.position([TopicPartition(topic, lp)])[0].offset)
+        except KafkaException:
+            return -1
+
+    def _cached(self, tp: TopicPartition) -> tuple[int, int]:
+        try:
+            low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            return (-1, -1)  # not known to the client yet
+        return int(low), int(high)
+
+    def _log_held(self, lp: int, n: int, read_ms: int | None, now_ms: int) -> None:
+        now = time.monotonic()
+        if now - self._last_log < self.log_interval_s:
+            return
+        self._last_log = now
+        parts = []
+        for topic in (self.ns.persist, self.ns.acks):
+            inp = self.inputs.get((topic, lp))
+            if inp is None:
+                parts.append(f"{topic} not assigned")
+            else:
+                lag = "unknown" if inp.lag is None else str(inp.lag)
+                parts.append(f"{topic} lag {lag} (position {inp.position}, high watermark {inp.high})")
+        behind = "never caught up since assigned" if read_ms is None else f"read up to {now_ms - read_ms} ms ago"
+        log.warning(
+            "expiry held back on ledger partition %d: %d entries due, inputs %s; %s "
+            "(logged at most every %.0fs)",
+            lp, n, behind, "; ".join(parts), self.log_interval_s,
+        )

@@ -1,0 +1,94 @@
+"""An acker that comes back to a backlog longer than the timeout (an outage, a slow restore,
+ack lag): the completing acks are still unread in ns.acks when the deadlines are long past.
+Expiry must wait for the backlog to be read (broker.acker.lag), or every such record is
+timed out and replayed although its tree completed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+
+from broker import kafka_io, topics
+from broker.acker import Acker, AckerConfig
+from broker.completions import OutcomeTail
+from broker.dev.testing import unique_name
+from broker.schemas import XorBatch
+from broker.settings import KafkaSettings
+from broker.source import Source, SourceConfig
+
+pytestmark = pytest.mark.integration
+
+P = 2
+RECORDS = 200
+TIMEOUT_MS = 2_000
+# Empty XorBatches ahead of the completing acks: more than one consume batch (20 000) and
+# several fetches per partition, so the acker registers the persist records commits before
+# it reaches the acks.
+FILLER_PER_PARTITION = 60_000
+
+
+def test_acks_waiting_in_a_backlog_past_the_timeout_complete_and_nothing_is_replayed(bootstrap: str) -> None:
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("backlog"))
+    data = f"{ns.name}.orders"
+    topics.create(settings, ns, P, {data: 2})
+
+    # While no acker runs: the records are persisted and their trees complete (the task's
+    # acks are in ns.acks, behind a backlog of other events).
+    source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS))
+    sent = [source.send(data, b"k%d" % i, b"v%d" % i) for i in range(RECORDS)]
+    source.flush()
+    source.close()
+    producer = Producer(settings.producer_config(**{"linger.ms": 20}))
+    none = np.empty(0, np.int64)
+    for lp in range(P):
+        empty = XorBatch(lp, none, none, none, "filler").encode()
+        for _ in range(FILLER_PER_PARTITION):
+            kafka_io.produce(producer, ns.acks, value=empty, partition=lp)
+    for lp in range(P):
+        mine = [r for r in sent if r.srid % P == lp]
+        batch = XorBatch(
+            lp, np.array([r.srid for r in mine], np.int64), np.array([r.record_id for r in mine], np.int64),
+            none, "task",
+        )
+        producer.produce(ns.acks, value=batch.encode(), partition=lp)
+    assert producer.flush(60) == 0
+
+    # The outage outlasts the timeout.
+    time.sleep(TIMEOUT_MS / 1000 + 0.5)
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            acker.run()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    tail = OutcomeTail(settings, ns)
+    origins = {r.origin for r in sent}
+    try:
+        deadline = time.monotonic() + 90
+        while not origins <= tail.log.outcomes.keys():
+            assert not errors, f"the acker died: {errors[0]!r}"
+            assert time.monotonic() < deadline, "not every record has an outcome"
+            tail.poll(0.2)
+        tail.poll(0.5)
+    finally:
+        acker.stop()
+        thread.join(60)
+        tail.close()
+    assert not errors, f"the acker died: {errors[0]!r}"
+    outcomes = {o: [e[1] for e in tail.log.outcomes[o]] for o in origins}
+    replayed = sorted(o for o, seen in outcomes.items() if seen != ["completed"])
+    print(f"backlog: {len(replayed)} of {RECORDS} completed records were replayed; counters {acker.counters()}")
+    assert not replayed, f"{len(replayed)} completed records were timed out and replayed"
+    assert acker.counters()["timed_out"] == 0
+    assert acker.counters()["completed"] == RECORDS
