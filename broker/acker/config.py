@@ -30,6 +30,14 @@ class AckerConfig:
     # Tail the changelog of every partition this instance does not own, so a takeover is
     # a catch-up read instead of a full restore (docs/design.md §5: standby replicas).
     standby: bool = False
+    # A failed record whose payload cannot be read from ns.persist waits in its table
+    # (durably, see broker.ledger.table: deferred decisions) instead of holding up the
+    # commit of everything else: it is read again after payload_retry_ms, doubling up to
+    # payload_retry_max_ms, and dead-lettered without its value after payload_tries tries -
+    # at once when the record is provably gone (below the log start, compacted away).
+    payload_tries: int = 5
+    payload_retry_ms: int = 1_000
+    payload_retry_max_ms: int = 30_000
     stats_interval_s: float = 10.0
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True

@@ -1,5 +1,5 @@
-"""Payloads for replays: a cache of the newest persist values, and a reader of single persist
-records by offset for the rest."""
+"""Payloads for replays: a cache of the newest persist values, and a reader of persist records
+by offset for the rest, which tells a record that cannot be read now from one that is gone."""
 
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ class PayloadCache:
         return len(self._items)
 
 
+class PayloadGone(DecodeError):
+    """The persist record is provably not in ``ns.persist`` any more: reading again cannot
+    help (below the log start offset, compacted away, or its offset holds something else)."""
+
+
 class PersistFetcher:
     """Reads single persist records by offset (read_committed, no group)."""
 
@@ -58,7 +63,15 @@ class PersistFetcher:
         return PersistedRecord.decode(self.fetch_raw(partition, offset, srid, timeout_s))
 
     def fetch_raw(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> bytes:
-        """The persist value of ``srid`` at ``partition@offset``, undecoded."""
+        """The persist value of ``srid`` at ``partition@offset``, undecoded.
+
+        Raises ``PayloadGone`` when the record is provably gone, ``DecodeError`` or
+        ``KafkaException`` when it could not be read now (try again later).
+        """
+        tp = TopicPartition(self.ns.persist, partition)
+        low, _ = self._consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        if offset < low:
+            raise PayloadGone(f"persist {partition}@{offset} is below the log start offset {low}")
         self._consumer.assign([TopicPartition(self.ns.persist, partition, offset)])
         try:
             msg = self._consumer.poll(timeout_s)
@@ -66,11 +79,18 @@ class PersistFetcher:
             self._consumer.unassign()
         if msg is None or msg.error():
             raise DecodeError(f"persist record of {srid} not readable at {partition}@{offset}: {msg and msg.error()}")
-        if msg.offset() != offset or msg.key() != ids.encode_id(srid):
-            raise DecodeError(f"persist {partition}@{offset} does not hold srid {srid}")
+        # The offset was read read_committed when the srid registered, so it held a committed
+        # record: a read that starts there and returns a later one has read past a gap that
+        # compaction made (transaction markers never sit at a record's offset).
+        if msg.offset() > offset:
+            raise PayloadGone(f"persist {partition}@{offset} was compacted away (next record at {msg.offset()})")
+        if msg.offset() != offset:
+            raise DecodeError(f"persist {partition}@{offset}: read {msg.offset()} instead")
+        if msg.key() != ids.encode_id(srid):
+            raise PayloadGone(f"persist {partition}@{offset} does not hold srid {srid}")
         value = msg.value()
         if value is None:
-            raise DecodeError(f"persist {partition}@{offset} is a tombstone, not the record of {srid}")
+            raise PayloadGone(f"persist {partition}@{offset} is a tombstone, not the record of {srid}")
         return bytes(value)
 
     def close(self) -> None:
