@@ -176,14 +176,24 @@ class ReferenceLedger:
             entry.offset = offset
             entry.deadline = min(deadline, 2**31 - 2)
 
-    def take_deferred(self, now_tick: int) -> Deferred:
+    def deferred_due(self, now_tick: int) -> int:
+        return sum(e.deferred and e.deadline <= now_tick for e in self.entries_by_srid.values())
+
+    def take_deferred(self, now_tick: int, limit: int | None = None) -> Deferred:
+        due = sorted(
+            (entry.offset, srid) for srid, entry in self.entries_by_srid.items()
+            if entry.deferred and entry.deadline <= now_tick
+        )
+        next_offset = -1
+        if limit is not None and len(due) > limit:
+            next_offset = due[limit][0]
+            due = due[:limit]
         timed_out: list[tuple[int, int]] = []
         failed: list[tuple[int, int]] = []
-        for srid, entry in list(self.entries_by_srid.items()):
-            if entry.deferred and entry.deadline <= now_tick:
-                self._leave(srid)
-                (failed if entry.failed else timed_out).append((srid, entry.offset))
-        return Deferred(_removed(timed_out), _removed(failed))
+        for offset, srid in due:
+            entry = self._leave(srid)
+            (failed if entry.failed else timed_out).append((srid, offset))
+        return Deferred(_removed(timed_out), _removed(failed), next_offset)
 
     def expire(self, now_tick: int) -> Expired:
         timed_out: list[tuple[int, int]] = []

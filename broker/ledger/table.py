@@ -89,8 +89,9 @@ wait - its payload could not be read yet, or the commit read as many payloads as
 the table is what keeps it durable: the changelog holds it like any other entry, so a restart
 decides it too. A DEFERRED entry never completes, never times out again (``expire`` skips it)
 and is not handed out by ``take_failed``; ``take_deferred`` hands it out once its tick has
-come, timed-out and FAILED ones apart (they keep their reason), and only looks at the srids
-deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
+come, timed-out and FAILED ones apart (they keep their reason), the oldest (smallest persist
+offset) first up to a limit - the rest stay untouched, costing no changelog write - and
+only looks at the srids deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
 entries: a bound that is too low costs a scan, never a missed expiry.
 """
 
@@ -165,6 +166,9 @@ class Deferred(NamedTuple):
     """Deferred after a timeout."""
     failed: Removed
     """Deferred after an explicit failure (FAILED)."""
+    next_offset: int = -1
+    """The smallest persist offset of the due entries left in the table by ``limit`` (-1:
+    none left)."""
 
 
 class Expired(NamedTuple):
@@ -476,35 +480,58 @@ class LedgerTable:
         self._deferred.append(u)
         self._min_deferred = min(self._min_deferred, int(new_dl.min()))
 
-    def take_deferred(self, now_tick: int) -> Deferred:
-        """Remove and return the DEFERRED entries with ``deadline <= now_tick``, by reason.
+    def deferred_due(self, now_tick: int) -> int:
+        """How many DEFERRED entries have ``deadline <= now_tick`` (what ``take_deferred``
+        would hand out without a limit)."""
+        now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
+        pos = self._deferred_slots(now)
+        return 0 if pos is None else int(np.count_nonzero(self.deadline[pos] <= now))
+
+    def take_deferred(self, now_tick: int, limit: int | None = None) -> Deferred:
+        """Remove and return the DEFERRED entries with ``deadline <= now_tick``, by reason;
+        at most ``limit`` of them, those with the smallest persist offsets (the oldest: a
+        partition's failures are decided in persist order). The rest stay as they are.
 
         Costs nothing while ``now_tick`` is below every deferred deadline; otherwise one
         lookup of the deferred srids (never a scan of the table).
         """
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
-        if now < self._min_deferred or not self._deferred:
+        pos = self._deferred_slots(now)
+        if pos is None:
             return Deferred(_empty_removed(), _empty_removed())
+        due = self.deadline[pos] <= now
+        take = pos[due]
+        next_offset = -1
+        if limit is not None and take.size > limit:
+            order = np.argsort(self.offset[take], kind="stable")
+            take = take[order]
+            next_offset = int(self.offset[take[limit]])
+            take = take[:limit]
+            due[np.isin(pos, take, assume_unique=True, invert=True)] = False
+        later = pos[~due]
+        self._deferred[:] = [self.keys[later]] if later.size else []
+        self._min_deferred = int(self.deadline[later].min()) if later.size else _INT32_MAX
+        failed = (self.flags[take] & FAILED) != 0
+        out = Deferred(
+            Removed(self.keys[take[~failed]], self.offset[take[~failed]]),
+            Removed(self.keys[take[failed]], self.offset[take[failed]]),
+            next_offset,
+        )
+        self._remove(take)
+        return out
+
+    def _deferred_slots(self, now: int) -> np.ndarray | None:
+        """Slots of the DEFERRED entries, the queue compacted to them; None while none can be
+        due at tick ``now``."""
+        if now < self._min_deferred or not self._deferred:
+            return None
         queued = np.unique(np.concatenate(self._deferred))
-        self._deferred.clear()
         pos = self._lookup(queued)
         found = pos >= 0
         queued, pos = queued[found], pos[found]
         waiting = (self.flags[pos] & DEFERRED) != 0  # removed or restored otherwise since
-        queued, pos = queued[waiting], pos[waiting]
-        due = self.deadline[pos] <= now
-        later = pos[~due]
-        if later.size:
-            self._deferred.append(queued[~due])
-        self._min_deferred = int(self.deadline[later].min()) if later.size else _INT32_MAX
-        pos = pos[due]
-        failed = (self.flags[pos] & FAILED) != 0
-        out = Deferred(
-            Removed(self.keys[pos[~failed]], self.offset[pos[~failed]]),
-            Removed(self.keys[pos[failed]], self.offset[pos[failed]]),
-        )
-        self._remove(pos)
-        return out
+        self._deferred[:] = [queued[waiting]]
+        return pos[waiting]
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.

@@ -266,12 +266,14 @@ restore_op = st.tuples(
 defer_op = st.tuples(
     st.just("defer"), st.lists(st.tuples(srid_st, st.integers(0, 99), tick_st, st.booleans()), max_size=4)
 )
-take_deferred_op = st.tuples(st.just("take_deferred"), tick_st)
+take_deferred_op = st.tuples(st.just("take_deferred"), tick_st, st.one_of(st.none(), st.integers(0, 3)))
+deferred_due_op = st.tuples(st.just("deferred_due"), tick_st)
 remove_op = st.tuples(st.just("remove"), st.lists(srid_st, max_size=4))
 simple_ops = st.sampled_from([("take_failed",), ("take_dirty",)])
 expire_op = st.tuples(st.just("expire"), tick_st)
 
-live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op, defer_op, take_deferred_op)
+live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op, defer_op, take_deferred_op,
+                     deferred_due_op)
 all_ops = st.one_of(live_ops, restore_op, remove_op)
 
 
@@ -319,8 +321,10 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
         ledger.defer(s, o, d, f)
         return None
     if name == "take_deferred":
-        timed_out, failed = ledger.take_deferred(op[1])
-        return _removed(timed_out), _removed(failed)
+        timed_out, failed, next_offset = ledger.take_deferred(op[1], op[2])
+        return _removed(timed_out), _removed(failed), next_offset
+    if name == "deferred_due":
+        return ledger.deferred_due(op[1])
     if name == "restore":
         s, v, f, o, d = _columns(op[1], [np.int64, np.int64, np.uint8, np.int64, np.int32])
         ledger.restore(s, v, f, o, d)
@@ -436,7 +440,7 @@ def test_table_matches_reference_at_scale() -> None:
             rows = zip(srids[:k].tolist(), range(k), ticks[:k].tolist(), (xors[:k] > 2).tolist(), strict=True)
             op = ("defer", list(rows))
         else:
-            op = [("take_failed",), ("take_dirty",), ("expire", step // 8), ("take_deferred", step // 8)][step % 4]
+            op = [("take_failed",), ("take_dirty",), ("expire", step // 8), ("take_deferred", step // 8, step % 50)][step % 4]
         assert _run_op(table, op) == _run_op(reference, op), f"step {step}: {op[0]}"
         assert len(table) == len(reference)
         if step % 40 == 0:

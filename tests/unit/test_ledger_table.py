@@ -544,3 +544,19 @@ def test_defer_keeps_the_last_occurrence_and_counts_its_queue_in_nbytes() -> Non
     assert t.nbytes == base
     with pytest.raises(ValueError, match="one length"):
         t.defer(np.array([11]), np.array([1, 2]), 3)
+
+
+def test_take_deferred_takes_the_oldest_first_up_to_a_limit_and_leaves_the_rest_untouched() -> None:
+    t = LedgerTable()
+    srids = np.array([55, 11, 44, 22, 33], dtype=np.int64)
+    offsets = np.array([5, 1, 4, 2, 3], dtype=np.int64)
+    t.defer(srids, offsets, np.array([10, 10, 10, 10, 99]))
+    t.take_dirty()
+    assert (t.deferred_due(9), t.deferred_due(10), t.deferred_due(99)) == (0, 4, 5)
+    first = t.take_deferred(10, limit=2)
+    assert (first.timed_out.srids.tolist(), first.next_offset) == ([11, 22], 4)  # 33 is not due
+    assert t.take_dirty().upserts.srids.tolist() == []  # what waits was not rewritten
+    assert t.deferred_due(10) == 2
+    rest = t.take_deferred(10, limit=5)
+    assert (sorted(rest.timed_out.srids.tolist()), rest.next_offset) == ([44, 55], -1)
+    assert t.take_deferred(99, limit=0).next_offset == 3 and 33 in t
