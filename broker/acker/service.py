@@ -127,7 +127,7 @@ class Acker:
             Consumer(
                 consumer_config(
                     None,
-                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10},
+                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "enable.partition.eof": True},
                 )
             ),
         )

@@ -13,6 +13,7 @@ nothing.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -24,9 +25,10 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
+from broker.acker.payloads import PersistFetcher, Unreadable
 from broker.headers import H_REASON, H_SOURCE
 from broker.ledger.clock import ManualClock
-from broker.schemas import LedgerEntry, PersistedRecord
+from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
 from tests.unit.test_acker_timeouts import (
     NS,
@@ -297,3 +299,119 @@ def test_a_failed_entry_waiting_for_its_payload_keeps_its_reason(persist_log: Pe
     assert [f.reason for f in again.history] == ["failed"]
     c = acker.counters()
     assert (c["failed"], c["timed_out"], c["replayed"]) == (1, 0, 1)
+
+
+# --------------------------------------------------------------------------- item 6
+
+
+def test_payloads_are_read_in_bulk_one_assign_per_partition(persist_log: PersistLog) -> None:
+    acker, consumer, producer = make_acker(persist_log)
+    n = 1_000
+    srids = {lp: srids_of(lp, n, seed=lp) for lp in (0, 1)}
+    # record j of a partition at offset 2j; between them a transaction marker or compacted
+    # record (a gap: no message) or a record of another srid that is not failed
+    records = [(record(srids[i % 2][i // 2], i), 2 * (i // 2)) for i in range(2 * n)]
+    persist(persist_log, consumer, records)
+    others = srids_of(0, n, seed=7) + srids_of(1, n, seed=8)
+    for j, other in enumerate(others):
+        lp, offset = other % 2, 2 * (j % n) + 1
+        if j % 3:
+            persist_log.records[lp][offset] = persist_msg(record(other, 10**6 + j), offset)
+    run_steps(acker)
+    persist_log.clock.advance(TIMEOUT_MS + 2 * n + 100)  # all timed out
+    run_steps(acker)
+    assert acker.counters()["replayed"] == 2 * n
+    assert replayed(producer) == [r.value for r, _ in records]  # persist order
+    assert len(persist_log.assigns) <= 2  # one per partition, not one per srid
+    assert persist_log.delivered <= 4 * n  # read sequentially, once
+
+
+def test_fetches_per_commit_are_bounded_and_the_rest_wait_durably_in_persist_order(persist_log: PersistLog) -> None:
+    acker, consumer, producer = make_acker(persist_log, max_fetches_per_commit=100)
+    n = 500
+    srids = {lp: srids_of(lp, n, seed=lp) for lp in (0, 1)}
+    records = [(record(srids[i % 2][i // 2], i), i // 2) for i in range(2 * n)]
+    persist(persist_log, consumer, records)
+    run_steps(acker)
+    persist_log.clock.advance(TIMEOUT_MS + 2 * n + 100)  # all timed out
+    per_commit = []
+    for _ in range(20):
+        before = persist_log.delivered
+        run_steps(acker)
+        per_commit.append(persist_log.delivered - before)
+        if acker.counters()["pending"] == 0:
+            break
+        # what waits is in the changelog: a restart decides it
+        latest = {p.key: p.value for p in producer.committed if p.topic == NS.ledger}
+        waiting = [s for s in itertools.chain(*srids.values()) if latest.get(ids.encode_id(s)) is not None]
+        assert len(waiting) == acker.counters()["pending"]
+    assert acker.counters()["pending"] == 0
+    assert max(per_commit) <= 2 * 100  # each run_steps commits twice
+    assert replayed(producer) == [r.value for r, _ in records]  # persist order, over commits
+    c = acker.counters()
+    assert (c["timed_out"], c["replayed"], c["payload_fetches"]) == (2 * n, 2 * n, 2 * n)
+    # what waits is written once when it is deferred, not again at every commit it waits
+    upserts = [p for p in producer.committed if p.topic == NS.ledger and p.value is not None and p.key != COUNTERS_KEY]
+    assert len(upserts) <= 2 * n + 2 * n + 2 * 100  # registration, deferral, held back for order
+
+
+def test_a_partition_that_cannot_be_read_holds_up_no_other_partition(persist_log: PersistLog) -> None:
+    """Under the per-commit bound too: partition 0 answers nothing, partition 1 drains."""
+    acker, consumer, producer = make_acker(persist_log, max_fetches_per_commit=100, payload_tries=3,
+                                           payload_retry_ms=10_000)
+    n = 300
+    srids = {lp: srids_of(lp, n, seed=lp) for lp in (0, 1)}
+    records = [(record(srids[i % 2][i // 2], i), i // 2) for i in range(2 * n)]
+    persist(persist_log, consumer, records)
+    run_steps(acker)
+    persist_log.down.add(0)
+    persist_log.clock.advance(TIMEOUT_MS + 2 * n + 100)
+    for _ in range(8):
+        run_steps(acker)
+        persist_log.clock.advance(100)
+    done = outcomes(producer)
+    assert {s for s in srids[1] if done.get(s) == b"replay"} == set(srids[1])
+    assert not any(s in done for s in srids[0])
+    assert acker.counters()["pending"] == n  # partition 0's, waiting in the table
+    persist_log.down.clear()
+    persist_log.clock.advance(10_000)
+    for _ in range(8):
+        run_steps(acker)
+    assert outcomes(producer) == dict.fromkeys(srids[0] + srids[1], b"replay")
+    c = acker.counters()
+    assert (c["timed_out"], c["replayed"], c["payload_lost"], c["pending"]) == (2 * n, 2 * n, 0, 0)
+
+
+# --------------------------------------------------------------------------- the reader alone
+
+
+def fetcher_over(log: PersistLog, **kwargs: Any) -> PersistFetcher:
+    return PersistFetcher(NS, LogConsumer({"enable.partition.eof": True}, log), **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_reader_starts_a_new_pass_only_across_a_long_gap(persist_log: PersistLog) -> None:
+    (a, b, c) = srids_of(0, 3)
+    for srid, offset in ((a, 10), (b, 20), (c, 5_000)):
+        persist_log.records[0][offset] = persist_msg(record(srid, offset), offset)
+    got = fetcher_over(persist_log, max_gap=100).fetch_many(0, {10: a, 20: b, 5_000: c}, time.monotonic() + 5)
+    assert [PersistedRecord.decode(v).srid for v in got.values() if isinstance(v, bytes)] == [a, b, c]
+    assert persist_log.assigns == [(0, 10), (0, 5_000)]
+
+
+def test_the_reader_tells_gone_from_not_yet(persist_log: PersistLog) -> None:
+    (a, b, c, d, e) = srids_of(0, 5)
+    for srid, offset in ((a, 3), (c, 7)):
+        persist_log.records[0][offset] = persist_msg(record(srid, offset), offset)
+    persist_log.low[0] = 2
+    fetcher = fetcher_over(persist_log)
+    got = fetcher.fetch_many(0, {1: e, 3: a, 5: b, 7: d, 9: c}, time.monotonic() + 5)
+    assert isinstance(got[3], bytes)
+    gone = {o: v.gone for o, v in got.items() if isinstance(v, Unreadable)}
+    # 1: below the log start; 5: read past (compacted); 7: another srid; 9: past the end
+    assert gone == {1: True, 5: True, 7: True, 9: False}
+    persist_log.down.add(0)
+    got = fetcher.fetch_many(0, {3: a}, time.monotonic() + 5)
+    assert isinstance(got[3], Unreadable) and not got[3].gone
+    persist_log.down.clear()
+    got = fetcher.fetch_many(0, {3: a}, time.monotonic() - 1)  # no time left
+    assert isinstance(got[3], Unreadable) and not got[3].gone and "in time" in got[3].reason
