@@ -8,7 +8,9 @@
   reason and time) and ``rb-origin``;
 - **quarantined input**: the bytes of a message the acker could not use (undecodable,
   misrouted), with ``rb-reason`` ``quarantine: ...`` and ``rb-source`` ``topic/partition/offset``.
-  It is not a source record, so it is never redriven.
+  It is not a source record, so it is never redriven. A failed record whose persist record
+  could not be read (``rb-reason`` ``payload lost: ...``, key = its srid, no value) has the
+  same shape and is listed with them: without its value there is nothing to redrive.
 
 Redrive re-injects a dead-lettered record as a FRESH source record with the SAME origin
 (sinks deduplicate by origin): new srid, attempt 1, into the original data topic (not its

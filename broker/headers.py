@@ -53,6 +53,7 @@ DLQ_HEADERS = frozenset(
     {H_REASON, H_ATTEMPTS, H_TOPIC, H_KEY_HASH_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN}
 )
 QUARANTINE_PREFIX = "quarantine: "
+LOST_PREFIX = "payload lost: "  # rb-reason of a failed record dead-lettered without its value
 
 Headers = Sequence[tuple[str, bytes | None]]
 

@@ -30,6 +30,7 @@ from broker.headers import (
     H_REASON,
     H_SOURCE,
     H_TOPIC,
+    LOST_PREFIX,
     QUARANTINE_PREFIX,
     persist_headers,
     tracking_headers,
@@ -140,3 +141,14 @@ def quarantine_record(
         (H_SOURCE, f"{topic}/{partition}/{offset}".encode()),
     )
     return Outgoing(ns.dlq, 0, key, value, headers)
+
+
+def lost_payload_record(ns: Namespace, partition: int, offset: int, srid: int, why: str) -> Outgoing:
+    """A failed record whose persist record cannot be read: its value is unknown, so the DLQ
+    keeps what is known - the srid as key, the reason, where the record was. Like
+    quarantined input it has ``rb-source`` and is never redriven."""
+    headers = (
+        (H_REASON, f"{LOST_PREFIX}{why}".encode()),
+        (H_SOURCE, f"{ns.persist}/{partition}/{offset}".encode()),
+    )
+    return Outgoing(ns.dlq, 0, ids.encode_id(srid), None, headers)

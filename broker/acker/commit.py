@@ -3,10 +3,12 @@
 In this order (docs/design.md §5):
 1. tombstones to ``ns.persist`` for completed, replayed and dead-lettered srids, each with
    ``rb-outcome`` saying which;
-2. replay records (persist + ``<topic>.replay``), DLQ and quarantine records;
-3. changelog: upserts for entries that changed and are alive, tombstones for entries that
-   left (entries born and gone inside one interval never touch it), and the partition's
-   counters;
+2. replay records (persist + ``<topic>.replay``), DLQ and quarantine records (and dead
+   letters of records whose payload was lost);
+3. changelog: upserts for entries that changed and are alive - failures whose decision was
+   deferred (payload not readable yet) included, so they wait durably - tombstones for
+   entries that left (entries born and gone inside one interval never touch it), and the
+   partition's counters;
 4. the input offsets (``send_offsets_to_transaction``), then the commit.
 A crash anywhere before the commit aborts all of it: the next owner restores the changelog
 and resumes from the committed offsets, so each event is reflected exactly once.

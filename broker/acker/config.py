@@ -35,6 +35,21 @@ class AckerConfig:
     # position steps over transaction markers. More lets an entry time out while up to this
     # many unread messages could still complete it.
     expiry_lag_slack: int = 0
+    # A failed record whose payload cannot be read from ns.persist waits in its table
+    # (durably, see broker.ledger.table: deferred decisions) instead of holding up the
+    # commit of everything else: it is read again after payload_retry_ms, doubling up to
+    # payload_retry_max_ms, and dead-lettered without its value after payload_tries tries -
+    # at once when the record is provably gone (below the log start, compacted away).
+    payload_tries: int = 5
+    # Payloads not in the cache are read from ns.persist in bulk, at most this many per
+    # commit and for at most payload_fetch_timeout_s: one commit must stay far inside
+    # max.poll.interval.ms (60 s) however many records time out at once (a restart after
+    # an outage: every payload cache is empty). The rest wait in their tables, durably,
+    # and are decided by the next commits in persist order.
+    max_fetches_per_commit: int = 2_000
+    payload_fetch_timeout_s: float = 10.0
+    payload_retry_ms: int = 1_000
+    payload_retry_max_ms: int = 30_000
     stats_interval_s: float = 10.0
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True

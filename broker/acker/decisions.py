@@ -4,24 +4,42 @@ and what becomes of each - a replay or a dead letter (broker.replay.decide).
 Replays are produced in the order their originals were persisted, not the order they leave
 the table (docs/design.md §6): ``created_ms``, then the persist offset (exact within a
 ledger partition).
+
+A replay needs the record's payload: from the cache, else read from ``ns.persist``. A payload
+that cannot be read must not hold up anything else - the rest of the commit, other entries,
+other partitions - nor be dropped: its entry goes back into its table, deferred (durable in
+the changelog, see broker.ledger.table), and is read again with exponential back-off. After
+``payload_tries`` failed reads, or at once when the record is provably gone, the record is
+dead-lettered without its value (``payload lost: ...``, key = the srid) and its srid leaves
+with outcome ``dlq``.
+
+Payloads are read in bulk (``PersistFetcher.fetch_many``: one sequential pass per ledger
+partition), at most ``max_fetches_per_commit`` per commit, shared among the partitions in
+proportion to what each needs: after a restart with tens of thousands of timeouts (an empty
+cache) one commit must still stay short. What a commit does not read is deferred too, due at
+the next commit, and decided in persist order: a partition's failures leave as a prefix in
+offset order, and nothing newer than the newest record read in a partition that stopped
+short is decided, so replays keep their originals' order across commits as well.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
-from confluent_kafka import KafkaException
 
 from broker import ids
-from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.config import AckerConfig
+from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_DLQ
 from broker.ledger.clock import Clock, Ticker
-from broker.replay import Outgoing, decide, quarantine_record
+from broker.replay import Outgoing, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
 from broker.topics import Namespace, replay_topic
 
@@ -30,6 +48,19 @@ log = logging.getLogger(__name__)
 # (created_ms, persist offset, records): one failed srid's outputs, with its sort key.
 Decided = tuple[int, int, tuple[Outgoing, ...]]
 MISSING_TOPIC_RECHECK_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A failure whose payload is at hand and decoded, not decided yet."""
+
+    lp: int
+    srid: int
+    offset: int
+    reason: str
+    payload: bytes
+    record: PersistedRecord
+    fetched: bool  # read from ns.persist (not the cache)
 
 
 def collect_failures(
@@ -77,53 +108,184 @@ class Decider:
         cache: PayloadCache,
         fetcher: PersistFetcher,
         partition_counts: Callable[[list[str]], Mapping[str, int | None]],
+        config: AckerConfig | None = None,
     ) -> None:
         self.ns = ns
         self.clock = clock
         self.ticker = ticker
         self.cache = cache
         self.fetcher = fetcher
+        self.config = config or AckerConfig()
         self._partition_counts = partition_counts
         self._replay_topics: dict[str, tuple[int | None, float]] = {}
         self.partitions = 0  # P, known once the service has checked the topics
 
-    def decide(self, lp: int, st: PartitionState, decided: list[Decided]) -> None:
-        """Decide every failure of ``st``; a payload that cannot be read stays in
-        ``st.failures`` for the next commit (a failed record is never dropped)."""
+    def decide(self, states: Mapping[int, PartitionState], decided: list[Decided]) -> None:
+        """Decide the failures of every state (``st.failures``, and the deferred ones that are
+        due, taken from the tables here) into ``decided`` and ``st.tombstones``.
+
+        Afterwards every ``st.failures`` is empty: what is not decided now - payloads that
+        could not be read, what is beyond this commit's reads - is deferred in its table
+        (see the module doc), never left for the commit to wait on.
+        """
         now_ms = self.clock.now_ms()
-        pending = st.failures
-        st.failures = []
-        for srid, offset, reason in pending:
-            payload = self.cache.pop(srid)
-            if payload is None:
+        now_tick = self.ticker.current_tick(now_ms)
+        # Deferred entries are taken only as far as this commit may read (mostly their
+        # payloads are not cached): what is left waits untouched in the table, so a backlog
+        # costs no changelog writes while it waits.
+        due = {lp: st.table.deferred_due(now_tick) for lp, st in states.items()}
+        need = {
+            lp: due[lp] + sum(f[0] not in self.cache for f in st.failures)
+            for lp, st in states.items() if due[lp] or st.failures
+        }
+        if not need:
+            return
+        quotas = self._quotas(need)
+        pending: dict[int, list[tuple[int, int, str]]] = {}
+        boundary: dict[int, int] = {}  # lp -> smallest offset of a due failure left waiting
+        for lp in need:
+            st = states[lp]
+            failures, st.failures = st.failures, []
+            if due[lp]:
+                again = st.table.take_deferred(now_tick, quotas[lp])
+                for removed, reason in ((again.timed_out, "timeout"), (again.failed, "failed")):
+                    failures.extend(
+                        (srid, offset, reason)
+                        for srid, offset in zip(removed.srids.tolist(), removed.offsets.tolist(), strict=True)
+                    )
+                if again.next_offset >= 0:
+                    boundary[lp] = again.next_offset
+            pending[lp] = sorted(failures, key=lambda f: f[1])
+        deadline = time.monotonic() + self.config.payload_fetch_timeout_s
+        waits: dict[int, list[tuple[int, int, bool, int]]] = defaultdict(list)  # srid, offset, failed, tick
+        ready: list[_Ready] = []
+        horizon: int | None = None  # created_ms past which nothing is decided in this commit
+        for lp, failures in pending.items():
+            st = states[lp]
+            # The reads of this partition, oldest first; the failures from the first read
+            # over the quota on - and any newer than a due one left waiting - wait for the
+            # next commit (not a try: nothing was read).
+            quota = quotas[lp] if time.monotonic() < deadline else 0
+            reads: dict[int, int] = {}  # offset -> srid
+            cut, left = len(failures), boundary.get(lp)
+            for i, (srid, offset, _) in enumerate(failures):
+                if left is not None and offset > left:
+                    cut = i
+                    break
+                if srid not in self.cache:
+                    if len(reads) == quota:
+                        cut = i
+                        break
+                    reads[offset] = srid
+            got = self.fetcher.fetch_many(lp, reads, deadline) if reads else {}
+            mine: list[_Ready] = []
+            unreadable: list[str] = []
+            for srid, offset, reason in failures[:cut]:
+                payload = self.cache.pop(srid)
+                if payload is None:
+                    result = got[offset]
+                    if isinstance(result, Unreadable):
+                        if result.gone:
+                            self._lost(lp, st, srid, offset, reason, result.reason, decided)
+                        else:
+                            unreadable.append(result.reason)
+                            self._unreadable(lp, st, (srid, offset, reason), result.reason, now_ms, decided, waits[lp])
+                        continue
+                    payload, fetched = result, True
+                else:
+                    fetched = False
                 try:
-                    payload = self.fetcher.fetch_raw(lp, offset, srid)
-                    st.count("payload_fetches")
-                except (DecodeError, KafkaException) as exc:
-                    # Never drop a failed record: try again at the next commit.
-                    log.error("cannot read payload of %d (%s); retrying", srid, exc)
-                    st.failures.append((srid, offset, reason))
+                    record = PersistedRecord.decode(payload)
+                    if record.srid != srid:
+                        raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
+                except DecodeError as exc:
+                    st.count("payload_fetches", int(fetched))
+                    self._quarantine(lp, st, srid, offset, reason, payload, exc, decided)
                     continue
-            try:
-                record = PersistedRecord.decode(payload)
-                if record.srid != srid:
-                    raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
-            except DecodeError as exc:
-                # Registered from its headers, but the value is no PersistedRecord: it cannot
-                # be replayed. Keep it in the DLQ byte for byte and let the srid go.
-                why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
-                st.count("quarantined")
-                log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
-                q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
-                decided.append((0, offset, (q,)))
-                st.tombstones.append((srid, OUTCOME_DLQ))
+                mine.append(_Ready(lp, srid, offset, reason, payload, record, fetched))
+            if unreadable:  # one line per partition, not per record: they fail together
+                log.warning("%d payloads not readable from %s[%d] now (%s); read again with back-off",
+                            len(unreadable), self.ns.persist, lp, unreadable[0])
+            if cut < len(failures) or lp in boundary:
+                waits[lp].extend((srid, offset, reason == "failed", now_tick) for srid, offset, reason in failures[cut:])
+                if mine:
+                    # What waits here was persisted after the last record read here: a
+                    # record of another partition newer than that one waits too.
+                    newest = mine[-1].record.created_ms
+                    horizon = newest if horizon is None else min(horizon, newest)
+            ready.extend(mine)
+        for r in ready:
+            st = states[r.lp]
+            if horizon is not None and r.record.created_ms > horizon:
+                self.cache.put(r.srid, r.payload)
+                waits[r.lp].append((r.srid, r.offset, r.reason == "failed", now_tick))
                 continue
-            decision = decide(
-                self.ns, record, reason, now_ms, self.partitions, self.replay_partitions(record.topic)
-            )
-            st.count(decision.kind if decision.kind == "dlq" else "replayed")
-            decided.append((record.created_ms, offset, decision.records))
-            st.tombstones.append((srid, decision.kind.encode()))
+            st.payload_tries.pop(r.srid, None)
+            st.count("payload_fetches", int(r.fetched))
+            self._decide_record(st, r, now_ms, decided)
+        for lp, w in waits.items():
+            if w:
+                srids, offsets, failed, ticks = zip(*w, strict=True)
+                states[lp].table.defer(np.array(srids, np.int64), np.array(offsets, np.int64),
+                                       np.array(ticks, np.int64), np.array(failed, bool))
+
+    def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
+        """Payload reads per partition in this commit: all that are needed when they fit in
+        ``max_fetches_per_commit``, else shares of it in proportion to the need (at least
+        one each), so that every partition's oldest failures move on."""
+        budget, total = self.config.max_fetches_per_commit, sum(need.values())
+        if total <= budget:
+            return dict(need)
+        return {lp: min(n, max(1, budget * n // total)) for lp, n in need.items()}
+
+    def _quarantine(
+        self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, payload: bytes, exc: DecodeError,
+        decided: list[Decided],
+    ) -> None:
+        # Registered from its headers, but the value is no PersistedRecord: it cannot
+        # be replayed. Keep it in the DLQ byte for byte and let the srid go.
+        st.payload_tries.pop(srid, None)
+        why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
+        st.count("quarantined")
+        log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
+        q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
+        decided.append((0, offset, (q,)))
+        st.tombstones.append((srid, OUTCOME_DLQ))
+
+    def _decide_record(self, st: PartitionState, r: _Ready, now_ms: int, decided: list[Decided]) -> None:
+        record = r.record
+        decision = decide(
+            self.ns, record, r.reason, now_ms, self.partitions, self.replay_partitions(record.topic)
+        )
+        st.count(decision.kind if decision.kind == "dlq" else "replayed")
+        decided.append((record.created_ms, r.offset, decision.records))
+        st.tombstones.append((r.srid, decision.kind.encode()))
+
+    def _unreadable(
+        self, lp: int, st: PartitionState, failure: tuple[int, int, str], detail: str, now_ms: int,
+        decided: list[Decided], waits: list[tuple[int, int, bool, int]],
+    ) -> None:
+        """A read that failed and may succeed later: defer with back-off, or give up."""
+        srid, offset, reason = failure
+        tries = st.payload_tries.get(srid, 0) + 1
+        if tries >= self.config.payload_tries:
+            self._lost(lp, st, srid, offset, reason, f"unreadable after {tries} tries: {detail}", decided)
+            return
+        st.payload_tries[srid] = tries
+        st.count("payload_retries")
+        delay_ms = min(self.config.payload_retry_max_ms, self.config.payload_retry_ms << (tries - 1))
+        waits.append((srid, offset, reason == "failed", self.ticker.tick_of(now_ms + delay_ms)))
+
+    def _lost(
+        self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, detail: str, decided: list[Decided]
+    ) -> None:
+        """Dead-letter a failed record whose payload cannot be had: what is known of it."""
+        st.payload_tries.pop(srid, None)
+        why = f"persist record of {srid} ({reason}): {detail}"
+        st.count("payload_lost")
+        log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
+        decided.append((0, offset, (lost_payload_record(self.ns, lp, offset, srid, why),)))
+        st.tombstones.append((srid, OUTCOME_DLQ))
 
     def replay_partitions(self, topic: str) -> int | None:
         """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is

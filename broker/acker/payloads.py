@@ -1,16 +1,17 @@
-"""Payloads for replays: a cache of the newest persist values, and a reader of single persist
-records by offset for the rest."""
+"""Payloads for replays: a cache of the newest persist values, and a bulk reader of persist
+records by offset for the rest, which tells a record that cannot be read now from one that
+is gone."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from broker import ids
-from broker.errors import DecodeError
-from broker.schemas import PersistedRecord
 from broker.topics import Namespace
 
 
@@ -18,7 +19,7 @@ class PayloadCache:
     """Bounded srid -> persist value cache of the newest registrations (LRU by insertion).
 
     A replay usually happens within the timeout of its registration, so most payloads are
-    still here; the rest are fetched from ``ns.persist`` at the stored offset. Values are
+    still here; the rest are read from ``ns.persist`` at the stored offset. Values are
     kept as the raw ``PersistedRecord`` bytes: most records complete and are never replayed,
     so they are decoded only when a replay needs them.
     """
@@ -34,6 +35,9 @@ class PayloadCache:
         if len(self._items) > self.max_entries:
             self._items.popitem(last=False)
 
+    def __contains__(self, srid: int) -> bool:
+        return srid in self._items
+
     def pop(self, srid: int) -> bytes | None:
         return self._items.pop(srid, None)
 
@@ -47,31 +51,112 @@ class PayloadCache:
         return len(self._items)
 
 
-class PersistFetcher:
-    """Reads single persist records by offset (read_committed, no group)."""
+@dataclass(frozen=True)
+class Unreadable:
+    """Why the persist record at one offset was not read. ``gone``: provably not in
+    ``ns.persist`` any more (below the log start offset, compacted away, or its offset holds
+    something else), reading again cannot help; otherwise it may be readable later."""
 
-    def __init__(self, ns: Namespace, consumer: Consumer) -> None:
+    reason: str
+    gone: bool
+
+
+class PersistFetcher:
+    """Reads persist records by offset in bulk (read_committed, no group).
+
+    One pass per ledger partition: one assign at the smallest wanted offset, then a
+    sequential read that collects the wanted offsets and stops at the largest. Wanted offsets
+    further apart than ``max_gap`` start a new pass (a new assign) instead of reading
+    everything between them. The consumer needs ``enable.partition.eof``: the end of what a
+    read_committed consumer may read is often a transaction marker, which it never sees.
+    """
+
+    def __init__(self, ns: Namespace, consumer: Consumer, *, batch: int = 10_000, max_gap: int = 4_096) -> None:
         self.ns = ns
         self._consumer = consumer
+        self.batch = batch
+        self.max_gap = max_gap
 
-    def fetch(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> PersistedRecord:
-        return PersistedRecord.decode(self.fetch_raw(partition, offset, srid, timeout_s))
-
-    def fetch_raw(self, partition: int, offset: int, srid: int, timeout_s: float = 10.0) -> bytes:
-        """The persist value of ``srid`` at ``partition@offset``, undecoded."""
-        self._consumer.assign([TopicPartition(self.ns.persist, partition, offset)])
+    def fetch_many(self, partition: int, wanted: Mapping[int, int], deadline: float) -> dict[int, bytes | Unreadable]:
+        """The undecoded persist values at ``wanted`` (offset -> srid) of ``partition``, or why
+        each was not read; reading stops at ``deadline`` (``time.monotonic``). Every wanted
+        offset is in the result."""
+        out: dict[int, bytes | Unreadable] = {}
+        if not wanted:
+            return out
+        topic = self.ns.persist
         try:
-            msg = self._consumer.poll(timeout_s)
-        finally:
-            self._consumer.unassign()
-        if msg is None or msg.error():
-            raise DecodeError(f"persist record of {srid} not readable at {partition}@{offset}: {msg and msg.error()}")
-        if msg.offset() != offset or msg.key() != ids.encode_id(srid):
-            raise DecodeError(f"persist {partition}@{offset} does not hold srid {srid}")
-        value = msg.value()
-        if value is None:
-            raise DecodeError(f"persist {partition}@{offset} is a tombstone, not the record of {srid}")
-        return bytes(value)
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic())
+            )
+        except KafkaException as exc:
+            return {o: Unreadable(f"{topic}[{partition}] not readable: {exc}", gone=False) for o in wanted}
+        runs: list[list[int]] = []
+        for offset in sorted(wanted):
+            if offset < low:
+                out[offset] = Unreadable(f"{topic}[{partition}]@{offset} is below the log start offset {low}", True)
+            elif offset >= high:
+                out[offset] = Unreadable(f"{topic}[{partition}]@{offset} is past the end of the log ({high})", False)
+            elif runs and offset - runs[-1][-1] <= self.max_gap:
+                runs[-1].append(offset)
+            else:
+                runs.append([offset])
+        try:
+            for run in runs:
+                self._consumer.assign([TopicPartition(topic, partition, run[0])])
+                try:
+                    self._read(partition, run, wanted, out, deadline)
+                finally:
+                    # drops what was fetched ahead, so the next pass sees nothing stale
+                    self._consumer.unassign()
+        except KafkaException as exc:
+            for offset in wanted:
+                out.setdefault(offset, Unreadable(f"{topic}[{partition}] not readable: {exc}", gone=False))
+        for offset in wanted:
+            out.setdefault(offset, Unreadable(f"{topic}[{partition}]@{offset} not read in time", gone=False))
+        return out
+
+    def _read(
+        self, partition: int, run: list[int], wanted: Mapping[int, int], out: dict[int, bytes | Unreadable],
+        deadline: float,
+    ) -> None:
+        """Read from ``run[0]`` on until every offset of ``run`` (sorted) is decided."""
+        topic, i, position = self.ns.persist, 0, run[0]
+        while i < len(run):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # Never more messages than offsets up to the last wanted one: the read stops
+            # there. consume() waits its whole timeout unless the batch fills: keep it short.
+            for msg in self._consumer.consume(min(self.batch, run[-1] - position + 1), min(remaining, 0.05)):
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(err)
+                    # The end of what may be read now (the last stable offset): what was
+                    # not reached may become readable.
+                    for offset in run[i:]:
+                        out[offset] = Unreadable(f"{topic}[{partition}]@{offset} not readable: end at {msg.offset()}", False)
+                    return
+                at = msg.offset()
+                position = at + 1
+                # The wanted offsets were read read_committed when their srids registered, so
+                # each held a committed record: one that the read passed without seeing was
+                # compacted away (transaction markers and aborted records are never wanted).
+                while i < len(run) and run[i] < at:
+                    out[run[i]] = Unreadable(f"{topic}[{partition}]@{run[i]} was compacted away (read on to {at})", True)
+                    i += 1
+                if i < len(run) and run[i] == at:
+                    srid, value = wanted[at], msg.value()
+                    if msg.key() != ids.encode_id(srid):
+                        out[at] = Unreadable(f"{topic}[{partition}]@{at} does not hold srid {srid}", True)
+                    elif value is None:
+                        out[at] = Unreadable(f"{topic}[{partition}]@{at} is a tombstone, not the record of {srid}", True)
+                    else:
+                        out[at] = bytes(value)
+                    i += 1
+                if i == len(run):
+                    return
 
     def close(self) -> None:
         self._consumer.close()

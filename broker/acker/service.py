@@ -129,7 +129,7 @@ class Acker:
             Consumer(
                 consumer_config(
                     None,
-                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10},
+                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "enable.partition.eof": True},
                 )
             ),
         )
@@ -137,7 +137,7 @@ class Acker:
         self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
         self.ingest = Ingest(ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing)
         self.decider = Decider(
-            ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
+            ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
         self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
         self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
@@ -329,19 +329,15 @@ class Acker:
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
-        for lp, st in self.states.items():
-            self.decider.decide(lp, st, decided)
+        self.decider.decide(self.states, decided)
         # Failures come out of the table in srid / slot order. Produce the replays in the
         # order the originals were persisted instead, so the failures of one key decided in
         # one commit keep the key's order on <topic>.replay.
         decided.sort(key=lambda d: (d[0], d[1]))
         for _, _, records in decided:
             out.extend(records)
-        if any(st.failures for st in self.states.values()):
-            # A payload could not be read: commit nothing now (the changelog would forget
-            # the failed entry before its replay exists); everything decided so far waits.
-            self._outgoing[:0] = out
-            return
+        # Every failure is decided now or deferred in its table (an unreadable payload):
+        # nothing makes the commit wait.
         batch = Batch(records=out)
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
         batch.positions = list(positions_of(self._positions))

@@ -21,6 +21,8 @@ COUNTERS = (
     "orphans",  # unregistered entries dropped after the orphan TTL (late or stray events)
     "quarantined",  # undecodable or misrouted input messages, kept in the DLQ
     "payload_fetches",  # replays whose payload came from ns.persist, not the cache
+    "payload_retries",  # payload reads that failed and were put off to a later commit
+    "payload_lost",  # failed records dead-lettered without their value: payload unreadable
 )
 
 
@@ -36,6 +38,9 @@ class PartitionState:
     tombstones: list[tuple[int, bytes]] = field(default_factory=list)  # srid, outcome
     failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
     recent_fails: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ms, srids)
+    # srid -> failed reads of its payload so far. In memory only: a new owner of the
+    # partition starts counting again (a provably lost record is dead-lettered at once).
+    payload_tries: dict[int, int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.ledger.table import (
+    DEFERRED,
     FAILED,
     REGISTERED,
     ChangelogDelta,
+    Deferred,
     Entries,
     Entry,
     Expired,
@@ -33,6 +35,7 @@ class RefEntry:
     value: int = 0
     registered: bool = False
     failed: bool = False
+    deferred: bool = False
     logged: bool = False
     dirty: bool = True
     offset: int = -1
@@ -40,7 +43,11 @@ class RefEntry:
 
     @property
     def durable_flags(self) -> int:
-        return (REGISTERED if self.registered else 0) | (FAILED if self.failed else 0)
+        return (
+            (REGISTERED if self.registered else 0)
+            | (FAILED if self.failed else 0)
+            | (DEFERRED if self.deferred else 0)
+        )
 
 
 def _removed(items: list[tuple[int, int]]) -> Removed:
@@ -77,7 +84,7 @@ class ReferenceLedger:
         return entry
 
     def _complete(self, srid: int, entry: RefEntry) -> bool:
-        return entry.registered and not entry.failed and entry.value == 0
+        return entry.registered and not entry.failed and not entry.deferred and entry.value == 0
 
     def fold(self, srids: np.ndarray, xors: np.ndarray, orphan_deadline: int) -> Removed:
         touched: dict[int, None] = {}
@@ -148,15 +155,51 @@ class ReferenceLedger:
         out = [
             (srid, self._leave(srid).offset)
             for srid, entry in list(self.entries_by_srid.items())
-            if entry.registered and entry.failed
+            if entry.registered and entry.failed and not entry.deferred
         ]
         return _removed(out)
+
+    def defer(self, srids: np.ndarray, offsets: np.ndarray, deadlines: np.ndarray | int,
+              failed: np.ndarray | None = None) -> None:
+        n = len(srids)
+        dls = np.broadcast_to(np.asarray(deadlines), (n,)).tolist()
+        fl = [False] * n if failed is None else np.asarray(failed, dtype=bool).tolist()
+        last = {s: (o, d, f) for s, o, d, f in zip(srids.tolist(), offsets.tolist(), dls, fl, strict=True)}
+        for srid, (offset, deadline, f) in last.items():
+            if srid == 0:
+                raise ValueError("srid 0 is not a valid id")
+            entry = self.entries_by_srid.get(srid)
+            if entry is None:
+                entry = self.entries_by_srid[srid] = RefEntry()
+            entry.registered = entry.deferred = entry.dirty = True
+            entry.failed = entry.failed or f
+            entry.offset = offset
+            entry.deadline = min(deadline, 2**31 - 2)
+
+    def deferred_due(self, now_tick: int) -> int:
+        return sum(e.deferred and e.deadline <= now_tick for e in self.entries_by_srid.values())
+
+    def take_deferred(self, now_tick: int, limit: int | None = None) -> Deferred:
+        due = sorted(
+            (entry.offset, srid) for srid, entry in self.entries_by_srid.items()
+            if entry.deferred and entry.deadline <= now_tick
+        )
+        next_offset = -1
+        if limit is not None and len(due) > limit:
+            next_offset = due[limit][0]
+            due = due[:limit]
+        timed_out: list[tuple[int, int]] = []
+        failed: list[tuple[int, int]] = []
+        for offset, srid in due:
+            entry = self._leave(srid)
+            (failed if entry.failed else timed_out).append((srid, offset))
+        return Deferred(_removed(timed_out), _removed(failed), next_offset)
 
     def expire(self, now_tick: int) -> Expired:
         timed_out: list[tuple[int, int]] = []
         orphans: list[tuple[int, int]] = []
         for srid, entry in list(self.entries_by_srid.items()):
-            if entry.deadline <= now_tick:
+            if entry.deadline <= now_tick and not entry.deferred:
                 self._leave(srid)
                 (timed_out if entry.registered else orphans).append((srid, entry.offset))
         return Expired(_removed(timed_out), _removed(orphans))
@@ -193,6 +236,7 @@ class ReferenceLedger:
                 value=value,
                 registered=bool(flag & REGISTERED),
                 failed=bool(flag & FAILED),
+                deferred=bool(flag & DEFERRED),
                 logged=True,
                 dirty=False,
                 offset=offset,
@@ -217,6 +261,7 @@ class ReferenceLedger:
             failed=entry.failed,
             logged=entry.logged,
             dirty=entry.dirty,
+            deferred=entry.deferred,
         )
 
     def entries(self) -> Entries:

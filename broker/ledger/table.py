@@ -53,6 +53,19 @@ touches the changelog. This is the only mechanism for changelog tombstones: the 
 
 Failure wins: an entry with FAILED never completes; ``take_failed`` hands out the registered
 ones so the service replays them. Nothing here does I/O or reads a clock.
+
+Deferred decisions
+------------------
+A failed entry (timed out or FAILED) leaves the table to be decided; when its decision has to
+wait - its payload could not be read yet, or the commit read as many payloads as it may -
+``defer`` puts it back with DEFERRED and the tick to decide it again in ``deadline``. Being in
+the table is what keeps it durable: the changelog holds it like any other entry, so a restart
+decides it too. A DEFERRED entry never completes, never times out again (``expire`` skips it)
+and is not handed out by ``take_failed``; ``take_deferred`` hands it out once its tick has
+come, timed-out and FAILED ones apart (they keep their reason), the oldest (smallest persist
+offset) first up to a limit - the rest stay untouched, costing no changelog write - and
+only looks at the srids deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
+entries: a bound that is too low costs a scan, never a missed expiry.
 """
 
 from __future__ import annotations
@@ -73,10 +86,14 @@ LOGGED = 0x04
 """A live changelog record exists for the entry (it needs a tombstone when it leaves)."""
 DIRTY = 0x08
 """Changed since the last ``take_dirty``."""
-DURABLE_FLAGS = REGISTERED | FAILED
+DEFERRED = 0x10
+"""Failed, decision put off until ``deadline`` (``defer`` / ``take_deferred``)."""
+DURABLE_FLAGS = REGISTERED | FAILED | DEFERRED
 """The flag bits that belong to the entry's state and travel through the changelog."""
 
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
+_FAILED_MASK = REGISTERED | FAILED | DEFERRED
+_FAILED_NOW = REGISTERED | FAILED  # what take_failed hands out (a DEFERRED entry waits)
 _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -103,6 +120,18 @@ class Registered(NamedTuple):
     """Trees completed by their persist record (all events had arrived before it)."""
     duplicates: np.ndarray
     """bool, aligned with the input: persist records that were NOT folded (srid registered)."""
+
+
+class Deferred(NamedTuple):
+    """Result of ``take_deferred``: deferred entries whose tick has come, by reason."""
+
+    timed_out: Removed
+    """Deferred after a timeout."""
+    failed: Removed
+    """Deferred after an explicit failure (FAILED)."""
+    next_offset: int = -1
+    """The smallest persist offset of the due entries left in the table by ``limit`` (-1:
+    none left)."""
 
 
 class Expired(NamedTuple):
@@ -155,10 +184,11 @@ class Entry:
     failed: bool
     logged: bool
     dirty: bool
+    deferred: bool = False
 
     @property
     def complete(self) -> bool:
-        return self.registered and not self.failed and self.value == 0
+        return self.registered and not self.failed and not self.deferred and self.value == 0
 
 
 def _i64(a: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -222,6 +252,8 @@ class LedgerTable:
         self._min_deadline = _INT32_MAX  # lower bound of every live entry's deadline
         self._left_logged: list[np.ndarray] = []  # srids that left while LOGGED
         self._failed_candidates: list[np.ndarray] = []  # srids that may be REGISTERED|FAILED
+        self._deferred: list[np.ndarray] = []  # srids that may be DEFERRED
+        self._min_deferred = _INT32_MAX  # lower bound of every DEFERRED entry's deadline
 
     # ------------------------------------------------------------------ public operations
 
@@ -315,7 +347,8 @@ class LedgerTable:
         """Set FAILED on each srid (an unknown srid gets an unregistered entry, as in ``fold``).
 
         Registered failed entries are handed out by ``take_failed``; an unregistered one waits
-        for its persist record (and then goes to ``take_failed``) or expires as an orphan.
+        for its persist record (and then goes to ``take_failed``) or expires as an orphan. A
+        DEFERRED entry stays deferred (its reason becomes the explicit failure).
         """
         s = _i64(srids)
         if s.size == 0:
@@ -350,19 +383,112 @@ class LedgerTable:
         pos = self.hashtable.lookup(candidates)
         pos = pos[pos >= 0]
         f = self.hashtable.flags[pos]
-        return self._remove_where(pos, (f & DURABLE_FLAGS) == DURABLE_FLAGS)
+        return self._remove_where(pos, (f & _FAILED_MASK) == _FAILED_NOW)
+
+    def defer(
+        self,
+        srids: np.ndarray,
+        offsets: np.ndarray,
+        deadlines: np.ndarray | int,
+        failed: np.ndarray | None = None,
+    ) -> None:
+        """Put failed entries back whose decision must wait until ``deadlines`` (ticks).
+
+        Each becomes REGISTERED | DEFERRED (| FAILED where ``failed``, the reason it failed)
+        with its persist ``offset``; it is written to the changelog like any change, so the
+        wait is durable. ``take_deferred`` hands it out once its tick has come (see the module
+        doc). A srid given twice: its last occurrence counts. A srid still in the table keeps
+        its value and flags and gains these.
+        """
+        t = self.hashtable
+        s = _i64(srids)
+        offs = _i64(offsets)
+        dls = np.broadcast_to(np.asarray(deadlines, dtype=np.int64), s.shape)
+        fl = np.zeros(s.size, dtype=bool) if failed is None else np.asarray(failed, dtype=bool).reshape(-1)
+        if not s.size == offs.size == fl.size:
+            raise ValueError("defer needs srids, offsets, failed of one length")
+        if s.size == 0:
+            return
+        u, src = _first_occurrences(s, last=True)
+        _check_nonzero(u)
+        new_dl = np.clip(dls[src], _INT32_MIN, _INT32_MAX - 1).astype(np.int32)
+        pos = self._find_or_insert(u, _INT32_MAX)
+        add = np.where(fl[src], FAILED, 0).astype(np.uint8) | np.uint8(REGISTERED | DEFERRED | DIRTY)
+        t.flags[pos] |= add
+        t.offset[pos] = offs[src]
+        t.deadline[pos] = new_dl
+        self._deferred.append(u)
+        self._min_deferred = min(self._min_deferred, int(new_dl.min()))
+
+    def deferred_due(self, now_tick: int) -> int:
+        """How many DEFERRED entries have ``deadline <= now_tick`` (what ``take_deferred``
+        would hand out without a limit)."""
+        t = self.hashtable
+        now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
+        pos = self._deferred_slots(now)
+        return 0 if pos is None else int(np.count_nonzero(t.deadline[pos] <= now))
+
+    def take_deferred(self, now_tick: int, limit: int | None = None) -> Deferred:
+        """Remove and return the DEFERRED entries with ``deadline <= now_tick``, by reason;
+        at most ``limit`` of them, those with the smallest persist offsets (the oldest: a
+        partition's failures are decided in persist order). The rest stay as they are.
+
+        Costs nothing while ``now_tick`` is below every deferred deadline; otherwise one
+        lookup of the deferred srids (never a scan of the table).
+        """
+        t = self.hashtable
+        now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
+        pos = self._deferred_slots(now)
+        if pos is None:
+            return Deferred(_empty_removed(), _empty_removed())
+        due = t.deadline[pos] <= now
+        take = pos[due]
+        next_offset = -1
+        if limit is not None and take.size > limit:
+            order = np.argsort(t.offset[take], kind="stable")
+            take = take[order]
+            next_offset = int(t.offset[take[limit]])
+            take = take[:limit]
+            due[np.isin(pos, take, assume_unique=True, invert=True)] = False
+        later = pos[~due]
+        self._deferred[:] = [t.keys[later]] if later.size else []
+        self._min_deferred = int(t.deadline[later].min()) if later.size else _INT32_MAX
+        failed = (t.flags[take] & FAILED) != 0
+        out = Deferred(
+            Removed(t.keys[take[~failed]], t.offset[take[~failed]]),
+            Removed(t.keys[take[failed]], t.offset[take[failed]]),
+            next_offset,
+        )
+        self._remove(take)
+        return out
+
+    def _deferred_slots(self, now: int) -> np.ndarray | None:
+        """Slots of the DEFERRED entries, the queue compacted to them; None while none can be
+        due at tick ``now``."""
+        t = self.hashtable
+        if now < self._min_deferred or not self._deferred:
+            return None
+        queued = np.unique(np.concatenate(self._deferred))
+        pos = self.hashtable.lookup(queued)
+        found = pos >= 0
+        queued, pos = queued[found], pos[found]
+        waiting = (t.flags[pos] & DEFERRED) != 0  # removed or restored otherwise since
+        self._deferred[:] = [queued[waiting]]
+        return pos[waiting]
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.
 
-        Registered ones timed out (replay them), unregistered ones are orphans. See the
-        module doc for why this is Storm's RotatingMap.
+        Registered ones timed out (replay them), unregistered ones are orphans. DEFERRED
+        entries are not expired: their deadline is ``take_deferred``'s. See the module doc
+        for why this is Storm's RotatingMap.
         """
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)  # a deadline of INT32_MAX is "never"
         if now < self._min_deadline:
             return Expired(_empty_removed(), _empty_removed())
         t = self.hashtable
         due = np.flatnonzero(t.deadline <= now)  # free slots hold INT32_MAX: never due
+        due = due[(t.flags[due] & DEFERRED) == 0]
         registered = (t.flags[due] & REGISTERED) != 0
         timed_out = due[registered]
         orphans = due[~registered]
@@ -422,7 +548,8 @@ class LedgerTable:
 
         Only ``DURABLE_FLAGS`` of ``flags`` are used. Entries are taken as they are: nothing
         completes here (a complete entry is never written to the changelog). Registered
-        failed entries are handed out by the next ``take_failed``.
+        failed entries are handed out by the next ``take_failed``, deferred ones by
+        ``take_deferred`` at their deadline.
         """
         s = _i64(srids)
         vals = _i64(values)
@@ -444,9 +571,13 @@ class LedgerTable:
         t.offset[pos] = offs[src]
         t.deadline[pos] = new_dl
         self._min_deadline = min(self._min_deadline, int(new_dl.min()))
-        failed = (new_flags & DURABLE_FLAGS) == DURABLE_FLAGS
+        failed = (new_flags & _FAILED_MASK) == _FAILED_NOW
         if failed.any():
             self._failed_candidates.append(u[failed])
+        deferred = (new_flags & DEFERRED) != 0
+        if deferred.any():
+            self._deferred.append(u[deferred])
+            self._min_deferred = min(self._min_deferred, int(new_dl[deferred].min()))
 
     def remove(self, srids: np.ndarray) -> None:
         """Apply changelog tombstones: drop these srids (unknown ones are ignored).
@@ -479,6 +610,7 @@ class LedgerTable:
             failed=bool(f & FAILED),
             logged=bool(f & LOGGED),
             dirty=bool(f & DIRTY),
+            deferred=bool(f & DEFERRED),
         )
 
     def entries(self) -> Entries:
@@ -506,8 +638,9 @@ class LedgerTable:
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns plus the srids queued for ``take_failed`` / ``take_dirty``
-        (the only other arrays that grow with entries; empty right after those calls)."""
-        queued = sum(a.nbytes for a in self._left_logged) + sum(a.nbytes for a in self._failed_candidates)
+        / ``take_deferred`` (the only other arrays that grow with entries; the first two are
+        empty right after those calls, the last holds the srids still deferred)."""
+        queued = sum(a.nbytes for a in (*self._left_logged, *self._failed_candidates, *self._deferred))
         return int(self.hashtable.nbytes + queued)
 
     @property

@@ -4,7 +4,8 @@
    completes exactly at the first fold after which every one of its events has been folded
    an odd number of times - never earlier (a duplicate acts as a missing event).
 2. A duplicated ROOT event folded naively completes a tree early; ``register`` refuses it.
-3. ``LedgerTable`` and the dict ``ReferenceLedger`` agree on random operation sequences.
+3. ``LedgerTable`` and the dict ``ReferenceLedger`` agree on random operation sequences
+   (deferred decisions included).
 4. Replaying what ``take_dirty`` emitted (upserts + tombstones) into a fresh table through
    ``restore`` / ``remove`` reproduces the live table.
 """
@@ -259,14 +260,20 @@ fail_op = st.tuples(st.just("mark_failed"), st.lists(srid_st, max_size=3), tick_
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
-        st.tuples(srid_st, xor_st, st.integers(0, 15), st.integers(-1, 99), tick_st), max_size=5
+        st.tuples(srid_st, xor_st, st.integers(0, 31), st.integers(-1, 99), tick_st), max_size=5
     ),
 )
+defer_op = st.tuples(
+    st.just("defer"), st.lists(st.tuples(srid_st, st.integers(0, 99), tick_st, st.booleans()), max_size=4)
+)
+take_deferred_op = st.tuples(st.just("take_deferred"), tick_st, st.one_of(st.none(), st.integers(0, 3)))
+deferred_due_op = st.tuples(st.just("deferred_due"), tick_st)
 remove_op = st.tuples(st.just("remove"), st.lists(srid_st, max_size=4))
 simple_ops = st.sampled_from([("take_failed",), ("take_dirty",)])
 expire_op = st.tuples(st.just("expire"), tick_st)
 
-live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op)
+live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op, defer_op, take_deferred_op,
+                     deferred_due_op)
 all_ops = st.one_of(live_ops, restore_op, remove_op)
 
 
@@ -309,6 +316,15 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
         return _removed(timed_out), _removed(orphans)
     if name == "take_dirty":
         return _delta(ledger.take_dirty())
+    if name == "defer":
+        s, o, d, f = _columns(op[1], [np.int64, np.int64, np.int32, bool])
+        ledger.defer(s, o, d, f)
+        return None
+    if name == "take_deferred":
+        timed_out, failed, next_offset = ledger.take_deferred(op[1], op[2])
+        return _removed(timed_out), _removed(failed), next_offset
+    if name == "deferred_due":
+        return ledger.deferred_due(op[1])
     if name == "restore":
         s, v, f, o, d = _columns(op[1], [np.int64, np.int64, np.uint8, np.int64, np.int32])
         ledger.restore(s, v, f, o, d)
@@ -407,7 +423,7 @@ def test_table_matches_reference_at_scale() -> None:
     table = LedgerTable(8)
     reference = ReferenceLedger()
     for step in range(400):
-        kind = rng.choice(["fold", "fold", "register", "mark_failed", "other"])
+        kind = rng.choice(["fold", "fold", "register", "mark_failed", "defer", "other"])
         n = int(rng.integers(1, 400))
         srids = rng.choice(pool, n)
         xors = rng.choice(np.array(XORS, dtype=np.int64), n)
@@ -420,8 +436,12 @@ def test_table_matches_reference_at_scale() -> None:
             op = ("register", list(rows))
         elif kind == "mark_failed":
             op = ("mark_failed", srids[: n // 20].tolist(), int(ticks[0]))
+        elif kind == "defer":
+            k = n // 10
+            rows = zip(srids[:k].tolist(), range(k), ticks[:k].tolist(), (xors[:k] > 2).tolist(), strict=True)
+            op = ("defer", list(rows))
         else:
-            op = [("take_failed",), ("take_dirty",), ("expire", step // 8)][step % 3]
+            op = [("take_failed",), ("take_dirty",), ("expire", step // 8), ("take_deferred", step // 8, step % 50)][step % 4]
         assert _run_op(table, op) == _run_op(reference, op), f"step {step}: {op[0]}"
         assert len(table) == len(reference)
         if step % 40 == 0:

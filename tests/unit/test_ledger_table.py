@@ -12,6 +12,7 @@ import pytest
 
 from broker.ids import new_ids
 from broker.ledger.table import (
+    DEFERRED,
     DURABLE_FLAGS,
     FAILED,
     REGISTERED,
@@ -207,7 +208,7 @@ def test_entry_fields_and_flags() -> None:
     assert table.nbytes == table.capacity * (8 + 8 + 8 + 4 + 1)
     assert table.bytes_per_entry == table.nbytes
     assert LedgerTable().bytes_per_entry == float("inf")
-    assert DURABLE_FLAGS == REGISTERED | FAILED
+    assert DURABLE_FLAGS == REGISTERED | FAILED | DEFERRED
 
 
 def test_srid_zero_is_rejected() -> None:
@@ -454,3 +455,108 @@ def test_take_failed_holds_the_srids_it_is_told_to_hold() -> None:
     second = t.take_failed()
     assert sorted(second.srids.tolist()) == [22, 33]
     assert len(t) == 0
+
+
+# --------------------------------------------------------------------------- deferred decisions
+
+
+def _registered(t: LedgerTable, srids: list[int], deadline: int = TIMEOUT) -> np.ndarray:
+    s = np.array(srids, dtype=np.int64)
+    t.register(s, s ^ 0x55, np.arange(len(srids), dtype=np.int64), np.full(len(srids), deadline, np.int32))
+    return s
+
+
+def test_a_deferred_entry_waits_for_its_tick_and_keeps_its_reason() -> None:
+    t = LedgerTable()
+    s = _registered(t, [11, 22, 33], deadline=10)
+    assert len(t.expire(10).timed_out) == 3  # taken out to be decided; the decision waits:
+    t.defer(s, np.array([100, 101, 102]), np.array([20, 20, 30]), np.array([False, False, True]))
+    assert len(t) == 3
+    entry = t.get(33)
+    assert entry is not None and (entry.registered, entry.failed, entry.deferred) == (True, True, True)
+    assert (entry.offset, entry.deadline, entry.dirty, entry.complete) == (102, 30, True, False)
+    assert len(t.take_failed()) == 0  # a deferred FAILED entry waits for its tick
+    assert len(t.expire(10**6).timed_out) == 0  # and never times out again
+    nothing = t.take_deferred(19)
+    assert len(nothing.timed_out) == len(nothing.failed) == 0
+    due = t.take_deferred(25)
+    assert (sorted(due.timed_out.srids.tolist()), due.failed.srids.tolist()) == ([11, 22], [])
+    assert sorted(due.timed_out.offsets.tolist()) == [100, 101]
+    due = t.take_deferred(30)
+    assert (due.timed_out.srids.tolist(), due.failed.srids.tolist(), due.failed.offsets.tolist()) == ([], [33], [102])
+    assert len(t) == 0 and len(t.take_deferred(10**6).failed) == 0
+
+
+def test_a_deferred_entry_never_completes() -> None:
+    t = LedgerTable()
+    _registered(t, [11])
+    t.take_dirty()
+    gone = t.expire(TIMEOUT).timed_out
+    t.defer(gone.srids, gone.offsets, 5)
+    assert len(t.fold(np.array([11]), np.array([11 ^ 0x55]), ORPHAN)) == 0  # value 0 now
+    assert len(t.register(np.array([11]), np.array([7]), np.array([9]), np.array([TIMEOUT], np.int32)).completed) == 0
+    assert 11 in t and t.take_deferred(5).timed_out.srids.tolist() == [11]
+
+
+def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
+    """An entry taken out to be decided and put back within one interval is an upsert, not
+    a tombstone: the changelog keeps it, so a restart decides it."""
+    t = LedgerTable()
+    _registered(t, [11, 22])
+    t.take_dirty()  # both LOGGED
+    gone = t.expire(TIMEOUT).timed_out
+    keep = gone.srids == 11
+    t.defer(gone.srids[keep], gone.offsets[keep], TIMEOUT + 50)
+    delta = t.take_dirty()
+    assert delta.tombstones.tolist() == [22]  # decided
+    up = delta.upserts
+    assert up.srids.tolist() == [11] and up.flags.tolist() == [REGISTERED | DEFERRED]
+    assert up.deadlines.tolist() == [TIMEOUT + 50] and up.offsets.tolist() == [0]
+    # ... and a table restored from that changelog decides it at the same tick
+    replica = LedgerTable()
+    replica.restore(up.srids, up.values, up.flags, up.offsets, up.deadlines)
+    assert len(replica.expire(TIMEOUT + 100).timed_out) == 0
+    assert len(replica.take_deferred(TIMEOUT + 49).timed_out) == 0
+    assert replica.take_deferred(TIMEOUT + 50).timed_out.srids.tolist() == [11]
+    # the decision leaves a tombstone
+    t.take_deferred(TIMEOUT + 50)
+    assert t.take_dirty().tombstones.tolist() == [11]
+
+
+def test_take_deferred_ignores_srids_that_left_or_changed_since() -> None:
+    t = LedgerTable()
+    t.defer(np.array([11, 22, 33], dtype=np.int64), np.array([1, 2, 3]), 5)
+    t.remove(np.array([11]))  # a changelog tombstone (standby catch-up)
+    t.restore(np.array([22]), np.array([0]), np.array([REGISTERED], np.uint8), np.array([2]), np.array([99]))
+    due = t.take_deferred(5)
+    assert due.timed_out.srids.tolist() == [33]
+    assert 22 in t and t.expire(99).timed_out.srids.tolist() == [22]
+
+
+def test_defer_keeps_the_last_occurrence_and_counts_its_queue_in_nbytes() -> None:
+    t = LedgerTable(64)
+    base = t.nbytes
+    t.defer(np.array([11, 11], dtype=np.int64), np.array([1, 2]), np.array([7, 3]), np.array([True, False]))
+    entry = t.get(11)
+    assert entry is not None and (entry.offset, entry.deadline, entry.failed) == (2, 3, False)
+    assert t.nbytes == base + 8
+    assert t.take_deferred(3).timed_out.srids.tolist() == [11]
+    assert t.nbytes == base
+    with pytest.raises(ValueError, match="one length"):
+        t.defer(np.array([11]), np.array([1, 2]), 3)
+
+
+def test_take_deferred_takes_the_oldest_first_up_to_a_limit_and_leaves_the_rest_untouched() -> None:
+    t = LedgerTable()
+    srids = np.array([55, 11, 44, 22, 33], dtype=np.int64)
+    offsets = np.array([5, 1, 4, 2, 3], dtype=np.int64)
+    t.defer(srids, offsets, np.array([10, 10, 10, 10, 99]))
+    t.take_dirty()
+    assert (t.deferred_due(9), t.deferred_due(10), t.deferred_due(99)) == (0, 4, 5)
+    first = t.take_deferred(10, limit=2)
+    assert (first.timed_out.srids.tolist(), first.next_offset) == ([11, 22], 4)  # 33 is not due
+    assert t.take_dirty().upserts.srids.tolist() == []  # what waits was not rewritten
+    assert t.deferred_due(10) == 2
+    rest = t.take_deferred(10, limit=5)
+    assert (sorted(rest.timed_out.srids.tolist()), rest.next_offset) == ([44, 55], -1)
+    assert t.take_deferred(99, limit=0).next_offset == 3 and 33 in t
