@@ -3,17 +3,25 @@ that is not their main loop (docs/design.md §8).
 
 ``PendingData`` holds a non-transactional Source's data records until their persist records
 are confirmed, and collects every persist record that failed (``SendFailure``).
+
+``Outputs`` is a Task's producer of children, sink outputs and events: it remembers what
+failed to deliver, sends only that again - a bounded number of rounds, with back-off - and
+returns what stays undeliverable; ``failed_srids`` names the source records to fail for it.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, NamedTuple
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from broker.schemas import PersistedRecord
+from broker import kafka_io
+from broker.headers import Tracking
+from broker.schemas import PersistedRecord, XorBatch
 
 
 class SendFailure(NamedTuple):
@@ -101,3 +109,112 @@ def _persist_callback(
             failures.append(SendFailure.of(msg.value(), err))
 
     return on_persist
+
+
+# --------------------------------------------------------------------------- Task outputs
+
+
+class Failed(NamedTuple):
+    """An output that failed to deliver: the error, its topic and its produce arguments; and
+    the srid of its input when the output does not carry it (a sink output has only
+    ``rb-origin``)."""
+
+    error: KafkaError
+    topic: str
+    kwargs: dict[str, Any]
+    srid: int | None = None
+
+
+# The broker refuses a whole produce batch for one record too large: alone, the others pass.
+_BATCH_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# No retry helps within seconds (and each waits out topic.metadata.propagation.max.ms).
+_PERMANENT = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_RECORD,
+})
+
+
+class Outputs:
+    """A Task's producer and the outputs of it that failed to deliver (``failed``)."""
+
+    def __init__(self, producer: Producer, retries: int, backoff_s: float) -> None:
+        self.producer = producer
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.failed: list[Failed] = []
+
+    def _on_delivery(
+        self, topic: str, kwargs: dict[str, Any], srid: int | None, err: KafkaError | None, _msg: Message
+    ) -> None:
+        if err is not None:
+            self.failed.append(Failed(err, topic, kwargs, srid))
+
+    def produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
+        """``srid``: the input's, for an output whose headers do not carry it."""
+        # The callback carries the produce arguments: a delivery report has no headers (the
+        # srid of a child, needed to resend it or to fail its source record). It replaces
+        # the bound method passed per record before: no extra object per record.
+        on_delivery = partial(self._on_delivery, topic, kwargs, srid)
+        kafka_io.produce(self.producer, topic, on_delivery=on_delivery, **kwargs)
+
+    def take_failed(self) -> list[Failed]:
+        failed, self.failed = self.failed, []
+        return failed
+
+    def _resend(self, failed: Failed) -> Failed | None:
+        """Produce a failed output again, as it was; returns it when refused at once."""
+        try:
+            self.produce(failed.topic, failed.srid, **failed.kwargs)
+        except KafkaException as exc:  # e.g. a topic librdkafka now knows is missing
+            return failed._replace(error=exc.args[0])
+        return None
+
+    def redeliver(self) -> list[Failed]:
+        """Send the failed outputs again, up to ``retries`` rounds with exponential back-off;
+        returns those that still failed or cannot succeed."""
+        failed = self.take_failed()
+        lost: list[Failed] = []
+        for attempt in range(self.retries):
+            again: list[Failed] = []
+            for f in failed:
+                (lost if f.error.code() in _PERMANENT else again).append(f)
+            failed = []
+            if not again:
+                break
+            time.sleep(self.backoff_s * 2**attempt)
+            for f in again:
+                if f.error.code() not in _BATCH_REFUSED:
+                    continue
+                # Alone in its produce request: refused again only if it is itself too large.
+                if (refused := self._resend(f)) is not None:
+                    lost.append(refused)
+                    continue
+                self.producer.flush()
+                for f2 in self.take_failed():
+                    (lost if f2.error.code() in _BATCH_REFUSED else failed).append(f2)
+            for f in again:
+                if f.error.code() not in _BATCH_REFUSED and (refused := self._resend(f)) is not None:
+                    lost.append(refused)
+            self.producer.flush()
+            failed += self.take_failed()
+        return lost + failed
+
+
+def failed_srids(lost: Iterable[Failed], acks_topic: str) -> tuple[set[int], int]:
+    """The source records to fail for outputs that cannot be delivered - a sink output names
+    its input's srid, a child carries it in its headers, an event batch its srids - and how
+    many untracked outputs have none (nothing to replay)."""
+    srids: set[int] = set()
+    dropped = 0
+    for f in lost:
+        if f.srid is not None:
+            srids.add(f.srid)
+        elif f.topic == acks_topic:
+            batch = XorBatch.decode(f.kwargs["value"])
+            srids.update(batch.srids.tolist())
+            srids.update(batch.failed.tolist())
+        elif (tracking := Tracking.from_headers(f.kwargs.get("headers"))) is not None:
+            srids.add(tracking.srid)
+        else:
+            dropped += 1
+    return srids, dropped
