@@ -159,7 +159,7 @@ def run_source(config: dict[str, Any]) -> None:
 
     _producer_loop(
         send,
-        lambda: source._producer.poll(0),
+        source.poll,
         source.flush,
     )
     source.close()

@@ -6,6 +6,7 @@ Exceptions that concern a record carry it (``record``) so the caller can quarant
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -28,13 +29,18 @@ class LocalKafkaError(ReplayBrokerError):
 
 
 class DeliveryError(ReplayBrokerError):
-    """A record could not be delivered to Kafka."""
+    """A record could not be delivered to Kafka.
+
+    ``failures`` lists every record the error is about (e.g. ``broker.source.SendFailure``:
+    srid, topic, key, value... of each source record to send again) - all of them, not the
+    first: one error may stand for many records that failed together."""
 
     retriable = True
 
-    def __init__(self, message: str, *, record: Any = None) -> None:
+    def __init__(self, message: str, *, record: Any = None, failures: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.record = record
+        self.failures = list(failures)
 
 
 class DecodeError(ReplayBrokerError):

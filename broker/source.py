@@ -1,9 +1,9 @@
 """``Source``: puts records under the broker's guarantee (docs/design.md §8).
 
 For each record, ``send`` writes the ``PersistedRecord`` to ``ns.persist[srid mod P]`` -
-persisting IS registering: it carries the root's creation event (``rb-root``) - and then
-the data record, with its tracking headers (broker.headers), to the key's partition of the
-data topic.
+persisting IS registering: it carries the root's creation event (``rb-root``) - and then,
+once that is confirmed, the data record, with its tracking headers (broker.headers), to the
+key's partition of the data topic (broker.delivery holds the records waiting).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
 from broker import ids, kafka_io
+from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import (
     H_ATTEMPT,
@@ -37,6 +38,9 @@ from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
+
+__all__ = ["SendFailure", "SendResult", "Source", "SourceConfig"]
+
 
 class SendResult(NamedTuple):
     srid: int
@@ -58,12 +62,19 @@ class Source:
     """Puts records under the broker's guarantee.
 
     ``send`` produces the ``PersistedRecord`` to ``ns.persist[srid mod P]`` (persisting IS
-    registering: it carries the root's creation event) and then the data record to the key's
-    partition of the data topic. A persist record that fails to deliver raises
-    ``DeliveryError`` from a later ``send`` or from ``flush`` (the data record may be out
-    already: that is at-least-once, not loss).
+    registering: it carries the root's creation event); the data record goes to the key's
+    partition of the data topic only once its persist record is confirmed, and data records
+    are released in ``send`` order (key order holds across ledger partitions). So a data
+    record is never out for a srid the acker does not know.
 
-    With ``transactional_id`` the persist and data records of a batch commit atomically::
+    Persist records that fail to deliver raise ONE ``DeliveryError`` from a later ``send``
+    (that call sent nothing) or from ``flush``; its ``failures`` lists every one of them
+    (``SendFailure``), each reported once: none of them was published, send them again.
+
+    With ``transactional_id`` the persist and data records of a batch commit atomically (the
+    data records go out at once, in the same transaction); a commit that fails aborts the
+    batch and raises ``DeliveryError`` listing the persist records that failed - nothing of
+    the batch was delivered::
 
         with source.transaction():
             for key, value in batch:
@@ -82,17 +93,23 @@ class Source:
         self.config = config or SourceConfig()
         self.settings = settings
         self._ledger_partitions = 0  # checked against the cluster on first use
-        # Only failed deliveries matter (they raise): no Python callback per delivered record.
-        overrides: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True, **self.config.producer}
+        self._transactional = transactional_id is not None
+        # Without a transaction a data record waits for its persist record's delivery report,
+        # so persist records report success too - the one Python callback per record. Data
+        # and plain records are produced without a callback: they cost no report at all. In a
+        # transaction only failures matter (the commit covers the rest).
+        overrides: dict[str, Any] = {
+            "linger.ms": 5, "delivery.report.only.error": self._transactional, **self.config.producer,
+        }
         if transactional_id:
             overrides["transactional.id"] = transactional_id
-        self._producer = Producer(settings.producer_config(**overrides))
-        self._transactional = transactional_id is not None
+        self._producer_config = settings.producer_config(**overrides)
+        self._producer = Producer(self._producer_config)
         self._in_transaction = False
+        self._in_transaction_sent = 0
         self._transactions_ready = False
         self._partitions: dict[str, int] = {}
-        self._failures: list[DeliveryError] = []
-        self._on_persist = self._persist_callback(self._failures)
+        self._pending = PendingData()
         self.sent = 0
 
     @property
@@ -119,21 +136,28 @@ class Source:
             self._partitions[topic] = n
         return n
 
-    @staticmethod
-    def _persist_callback(failures: list[DeliveryError]) -> Callable[[KafkaError | None, Message], None]:
-        # A closure over the list, not a bound method: the producer must not hold the Source
-        # (a reference cycle would keep its Kafka clients alive until garbage collection).
-        def on_persist(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failures.append(DeliveryError(f"persist record not delivered: {err}", record=msg))
-
-        return on_persist
-
     def _raise_failures(self) -> None:
-        if self._failures:
-            first = self._failures[0]
-            self._failures.clear()
-            raise first
+        if failures := self._pending.take_failures():
+            raise DeliveryError(
+                f"persist record not delivered for {len(failures)} source record(s) "
+                f"({failures[0].error}); none of them was published: `failures` lists them",
+                failures=failures,
+            )
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery reports and release the data records they confirm (``send`` does
+        this too; a caller that pauses between sends may call it to keep records moving)."""
+        self._producer.poll(timeout)
+        self._pending.release(self._producer)
+
+    def _before_send(self) -> None:
+        self._producer.poll(0)
+        if self._pending:
+            self._pending.release(self._producer)
+        if self._pending.failures and not self._transactional:  # a transaction reports at commit
+            self._raise_failures()
+        if self._transactional and not self._in_transaction:
+            raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
 
     def key_hash_partition(self, topic: str, key: bytes | None) -> int:
         n = self._data_partitions(topic)
@@ -151,10 +175,7 @@ class Source:
         timeout_ms: int | None = None,
         max_attempts: int | None = None,
     ) -> SendResult:
-        self._producer.poll(0)
-        self._raise_failures()
-        if self._transactional and not self._in_transaction:
-            raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
+        self._before_send()
         key_b = as_bytes(key)
         return self._send_first_attempt(
             topic, key_b, as_bytes(value), headers, None, self.key_hash_partition(topic, key_b),
@@ -180,10 +201,7 @@ class Source:
         ``key_hash_partition`` stored the first time - not recomputed, so key order and
         locality hold even if the partitioner setting changed. ``history`` (the earlier
         rounds) is carried into the new persist record, so a later DLQ entry shows it all."""
-        self._producer.poll(0)
-        self._raise_failures()
-        if self._transactional and not self._in_transaction:
-            raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
+        self._before_send()
         if not 0 <= key_hash_partition < self._data_partitions(topic):
             raise ConfigurationError(
                 f"{topic} has {self._data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
@@ -223,22 +241,25 @@ class Source:
             "value": value,
             "partition": srid % self.ledger_partitions,
             "headers": persist_headers(record_id, created_ms + timeout_ms),
-            "on_delivery": self._on_persist,
+            "on_delivery": self._pending.on_persist,
         }
-        self._produce(self.ns.persist, **persist_kwargs)
-        self._produce(
-            topic,
-            key=key_b,
-            value=value_b,
-            partition=partition,
-            headers=[
-                *own_headers,
-                (H_SRID, srid_b),
-                (H_ID, record_id.to_bytes(8, "big", signed=True)),
-                (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
-                (H_ATTEMPT, b"1"),
-            ],
-        )
+        try:
+            self._produce(self.ns.persist, **persist_kwargs)
+        except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
+            failure = SendFailure.of(value, exc.args[0])
+            raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
+        data_headers: list[tuple[str, bytes | None]] = [
+            *own_headers,
+            (H_SRID, srid_b),
+            (H_ID, record_id.to_bytes(8, "big", signed=True)),
+            (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
+            (H_ATTEMPT, b"1"),
+        ]
+        if self._transactional:  # atomic with the persist record: no need to wait for it
+            self._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
+            self._in_transaction_sent += 1
+        else:
+            self._pending.add(srid_b, topic, key_b, value_b, partition, data_headers)
         self.sent += 1
         return SendResult(srid, record_id, partition, origin)
 
@@ -262,10 +283,21 @@ class Source:
         kafka_io.produce(self._producer, topic, **kwargs)
 
     def flush(self, timeout: float = 60.0) -> None:
-        remaining = self._producer.flush(timeout)
+        """Wait until every record sent is delivered - or reported in the ``DeliveryError``
+        this raises."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = self._producer.flush(max(0.0, deadline - time.monotonic()))
+            released = len(self._pending)
+            self._pending.release(self._producer)  # the persist reports just served confirm these
+            if len(self._pending) == released or time.monotonic() >= deadline:
+                break
         self._raise_failures()
-        if remaining:
-            raise DeliveryError(f"{remaining} records not delivered within {timeout}s")
+        if remaining or self._pending:
+            raise DeliveryError(
+                f"{remaining} records not delivered within {timeout}s "
+                f"({len(self._pending)} data records still wait for their persist records)"
+            )
 
     @contextlib.contextmanager
     def transaction(self) -> Any:
@@ -276,16 +308,40 @@ class Source:
             self._transactions_ready = True
         self._producer.begin_transaction()
         self._in_transaction = True
+        self._in_transaction_sent = 0
         try:
-            yield self
-            self._producer.commit_transaction(60)
-        except BaseException:
-            with contextlib.suppress(KafkaException):
-                self._producer.abort_transaction(30)
-            raise
+            try:
+                yield self
+            except BaseException:
+                self._abort()  # the caller's own abort (or a send that raised): not failures
+                raise
+            try:
+                self._producer.commit_transaction(60)
+            except KafkaException as exc:
+                failures = self._abort()
+                raise DeliveryError(
+                    f"transaction aborted, none of its {self._in_transaction_sent} records was "
+                    f"delivered ({exc}); `failures` lists the {len(failures)} persist records "
+                    "that failed",
+                    failures=failures,
+                ) from exc
         finally:
             self._in_transaction = False
-        self._raise_failures()
+
+    def _abort(self) -> list[SendFailure]:
+        """Abort the transaction; returns the persist records reported failed in it."""
+        with contextlib.suppress(KafkaException):
+            self._producer.abort_transaction(30)
+            self._producer.poll(0)  # the reports of the records the abort purged
+        failures = self._pending.take_failures()
+        # A record the broker refused leaves librdkafka's idempotence state behind (the next
+        # transaction fails with skipped sequence numbers), and an abort can fail - even
+        # fatally (INVALID_TXN_STATE seen on Kafka 4): a fresh producer with the same
+        # transactional.id starts clean; its init_transactions (at the next transaction())
+        # fences this one and aborts whatever it left open. Aborts are rare.
+        self._producer = Producer(self._producer_config)
+        self._transactions_ready = False
+        return failures
 
     def close(self) -> None:
         if not self._transactional:

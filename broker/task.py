@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from broker import ids, kafka_io
+from broker import ids
+from broker.delivery import Failed, Outputs, failed_srids
 from broker.headers import H_ORIGIN, Headers, Tracking, as_bytes, tracking_headers, user_headers
 from broker.ids import encode_id
 from broker.schemas import XorBatch
@@ -96,8 +97,8 @@ class TaskContext:
     ) -> None:
         """Write a result out of the pipeline (a sink record): NOT anchored, so nothing
         downstream acks it - and delivered before the input is acked, so a tree never
-        completes without its outputs. Carries ``rb-origin`` for deduplication: a replay
-        writes the same output again."""
+        completes without its outputs (one that stays undeliverable fails the input instead).
+        Carries ``rb-origin`` for deduplication: a replay writes the same output again."""
         user = list(user_headers(headers))
         tracking = self.record.tracking
         if tracking is not None:
@@ -105,7 +106,7 @@ class TaskContext:
         kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
         if partition is not None:
             kwargs["partition"] = partition
-        self._task._produce(topic, **kwargs)
+        self._task._produce(topic, srid=None if tracking is None else tracking.srid, **kwargs)
         self._task._outputs_pending = True
 
     def skip_ack(self) -> None:
@@ -119,6 +120,8 @@ class TaskContext:
 
 
 Handler = Callable[[TaskRecord, TaskContext], None]
+# Per ledger partition: the srids and xors of the inputs acked, and the srids failed.
+_Events = dict[int, tuple[list[int], list[int], list[int]]]
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,11 @@ class TaskConfig:
     poll_timeout_s: float = 0.1
     # An exception in user code fails the input (replay) instead of stopping the task.
     fail_on_exception: bool = True
+    # Outputs (children, sink outputs, events) that fail to deliver are sent again up to this
+    # many rounds, the first after retry_backoff_s, doubling; then their inputs are failed
+    # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
+    delivery_retries: int = 3
+    retry_backoff_s: float = 0.1
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -140,7 +148,9 @@ class TaskCounters:
     emitted: int = 0
     errors: int = 0
     unacked: int = 0
-    retried_batches: int = 0
+    retried_batches: int = 0  # batches with outputs sent again after a delivery error
+    undeliverable: int = 0  # source records failed because an output could not be delivered
+    dropped: int = 0  # untracked outputs given up (no source record to fail)
     commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
 
 
@@ -151,10 +161,15 @@ class Task:
     1. for each input, user code runs and emits children (fresh ids, inherited srid/origin);
     2. ONE event per input, ``input.id ^ children``, is queued by ledger partition, or a fail
        mark when the input was failed;
-    3. one ``XorBatch`` per ledger partition goes to ``ns.acks[partition]``;
-    4. after the children and the events are delivered, the input offsets are committed.
-    A crash between 3 and 4 reprocesses the batch: its events are folded twice, which can
-    only delay completion (docs/design.md §4), never complete a tree early.
+    3. one ``XorBatch`` per ledger partition goes to ``ns.acks[partition]`` - after the
+       batch's sink outputs (``TaskContext.output``) are delivered, if it wrote any;
+    4. outputs that failed to deliver are sent again (``delivery_retries`` rounds, with
+       back-off); the source records of those that still fail are failed explicitly (a fail
+       mark: the acker replays or dead-letters them), the other inputs proceed. An input
+       whose sink output stays undeliverable gets a fail mark instead of its event;
+    5. the input offsets are committed.
+    A crash before 5 reprocesses the batch: its events are folded twice, which can only
+    delay completion (docs/design.md §4), never complete a tree early.
     """
 
     def __init__(
@@ -173,16 +188,16 @@ class Task:
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
         self.handler = handler
         self.counters = TaskCounters()
-        # Only failed deliveries matter (the batch is reprocessed): no callback per success.
+        # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = Producer(
             settings.producer_config(
                 **{"linger.ms": 2, "delivery.report.only.error": True, **self.config.producer}
             )
         )
+        self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_s)
         self._consumer = Consumer(
             settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
         )
-        self._delivery_errors: list[str] = []
         self._outputs_pending = False
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
@@ -193,12 +208,8 @@ class Task:
             self._ledger_partitions = check(self.settings, self.ns)
         return self._ledger_partitions
 
-    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        if err is not None:
-            self._delivery_errors.append(str(err))
-
-    def _produce(self, topic: str, **kwargs: Any) -> None:
-        kafka_io.produce(self._producer, topic, on_delivery=self._on_delivery, **kwargs)
+    def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
+        self._outputs.produce(topic, srid, **kwargs)
 
     def stop(self) -> None:
         self._stop.set()
@@ -229,26 +240,24 @@ class Task:
             self.close()
         return self.counters
 
-    def process_batch(self, batch: list[Message]) -> None:
-        events: dict[int, tuple[list[int], list[int], list[int]]] = defaultdict(lambda: ([], [], []))
+    def process_batch(self, batch: list[Message]) -> set[int]:
+        """Process, deliver, commit one batch. Returns the srids failed because an output of
+        theirs could not be delivered (empty when everything was delivered)."""
+        events: _Events = defaultdict(lambda: ([], [], []))
         offsets: dict[tuple[str, int], int] = {}
-        first: dict[tuple[str, int], int] = {}
         for msg in batch:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", msg.error())
                 continue
-            tp = (msg.topic(), msg.partition())
-            first.setdefault(tp, msg.offset())
-            offsets[tp] = msg.offset() + 1
+            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             self._handle(msg, events)
+        undeliverable: set[int] = set()
         if self._outputs_pending:
-            # Sink outputs first: an input is acked only after its outputs are delivered.
+            # Sink outputs first: an input is acked only after its outputs are delivered - one
+            # whose output stays undeliverable is failed in its event batch instead.
             self._outputs_pending = False
-            self._producer.flush()
-            if self._delivery_errors:
-                self._retry_batch(first)
-                return
+            undeliverable = self._deliver(events)
         for lp, (srids, xors, failed) in events.items():
             value = XorBatch(
                 lp,
@@ -258,12 +267,10 @@ class Task:
                 self.name,
             ).encode()
             self._produce(self.ns.acks, value=value, partition=lp)
-        self._producer.flush()
-        if self._delivery_errors:
-            self._retry_batch(first)
-            return
+        undeliverable |= self._deliver()
         if offsets:
             self._commit([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        return undeliverable
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         try:
@@ -278,15 +285,65 @@ class Task:
             self.counters.commits_lost += 1
             log.warning("offsets not committed (%s): the partitions moved; their new owner redoes the batch", err)
 
-    def _retry_batch(self, first: dict[tuple[str, int], int]) -> None:
-        """Not delivered: do not commit; rewind so the whole batch runs again."""
-        errors, self._delivery_errors = self._delivery_errors, []
-        log.warning("%d deliveries failed (%s); reprocessing the batch", len(errors), errors[0])
+    def _deliver(self, events: _Events | None = None) -> set[int]:
+        """Wait for the outputs produced so far. Only what failed is sent again (the user code
+        does not run twice); what cannot be delivered fails its source record - in ``events``
+        when they are still to be sent, else with fail marks of its own - so the batch is
+        committed either way. Returns the srids failed."""
+        self._producer.flush()
+        if not self._outputs.failed:
+            return set()
         self.counters.retried_batches += 1
-        for (topic, partition), offset in first.items():
-            self._consumer.seek(TopicPartition(topic, partition, offset))
+        return self._fail_undeliverable(self._outputs.redeliver(), events)
 
-    def _handle(self, msg: Message, events: dict[int, tuple[list[int], list[int], list[int]]]) -> None:
+    def _fail_undeliverable(self, lost: list[Failed], events: _Events | None = None) -> set[int]:
+        """Fail the source records of outputs that cannot be delivered. The acker replays them
+        (or sends them to the DLQ after max_attempts) - the existing path for a failed input."""
+        if not lost:
+            return set()
+        srids, dropped = failed_srids(lost, self.ns.acks)
+        if events is not None:
+            self._fail_in_events(srids, events)
+        else:
+            self._send_fail_marks(srids)
+        self.counters.undeliverable += len(srids)
+        self.counters.dropped += dropped
+        log.warning(
+            "%d outputs not deliverable (%s, e.g. to %s) after up to %d retries: failed %d "
+            "source records, dropped %d untracked outputs",
+            len(lost), lost[0].error, lost[0].topic, self.config.delivery_retries, len(srids), dropped,
+        )
+        return srids
+
+    def _fail_in_events(self, srids: set[int], events: _Events) -> None:
+        """Turn the events of ``srids`` not sent yet into fail marks: the acker must not fold
+        an ack for an input whose output is missing."""
+        for srid in srids:
+            acked, xors, failed = events[ids.ledger_partition(srid, self.ledger_partitions)]
+            keep = [i for i, s in enumerate(acked) if s != srid]
+            self.counters.acked -= len(acked) - len(keep)
+            acked[:], xors[:] = [acked[i] for i in keep], [xors[i] for i in keep]
+            if srid not in failed:
+                failed.append(srid)
+
+    def _send_fail_marks(self, srids: set[int]) -> None:
+        by_lp: dict[int, list[int]] = defaultdict(list)
+        for srid in srids:
+            by_lp[ids.ledger_partition(srid, self.ledger_partitions)].append(srid)
+        empty = np.empty(0, dtype=np.int64)
+        for lp, failed in by_lp.items():
+            value = XorBatch(lp, empty, empty, np.asarray(failed, dtype=np.int64), self.name).encode()
+            self._produce(self.ns.acks, value=value, partition=lp)
+        self._producer.flush()
+        if marks_lost := self._outputs.take_failed():
+            # Still safe: a source record whose event or fail mark never arrives times out
+            # at the acker and is replayed (its persist record is the root of truth).
+            log.error(
+                "%d fail marks not delivered (%s); their records will time out",
+                len(marks_lost), marks_lost[0].error,
+            )
+
+    def _handle(self, msg: Message, events: _Events) -> None:
         headers = tuple(msg.headers() or ())
         record = TaskRecord(
             msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers,

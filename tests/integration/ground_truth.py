@@ -1,17 +1,20 @@
-"""Ground truth shared by the integration tests of the ledger: what the tasks sent, what the
-acker decided (persist tombstones), and the events in ``ns.acks`` - all on the broker's clock
-(``LogAppendTime`` topics), so "completed before its last event" is decidable."""
+"""Ground truth shared by the integration tests of the ledger: what the tasks sent (events
+whose delivery was confirmed), what the acker decided (persist tombstones), and the events in
+``ns.acks`` - all on the broker's clock (``LogAppendTime`` topics), so "completed before its
+last event" is decidable."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaException,
+    Message,
     TopicPartition,
 )
 
@@ -20,6 +23,7 @@ from broker.dev.testing import unique_name
 from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
 from broker.settings import KafkaSettings
+from broker.task import Task
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 
@@ -29,15 +33,64 @@ def fan_out_of(origin: int) -> int:
 
 
 class GroundTruth:
-    """The events the tasks sent, recorded by the tasks themselves: srid -> [xor, ...]."""
+    """The events the tasks sent, computed by their handlers: srid -> [xor, ...].
+
+    A handler ``stage``s the event of its input; it enters ``events`` only when the batch's
+    outputs were delivered (``TruthTask``): an event the broker refused was never sent. Staging
+    is per thread - each task runs its batches in its own thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._local = threading.local()
         self.events: dict[int, list[int]] = defaultdict(list)
 
     def record(self, srid: int, xor: int) -> None:
+        """An event known to be delivered."""
         with self._lock:
             self.events[srid].append(xor)
+
+    def stage(self, srid: int, xor: int) -> None:
+        """From a handler: the event of its input, recorded once its batch is delivered."""
+        staged: list[tuple[int, int]] | None = getattr(self._local, "staged", None)
+        if staged is None:
+            raise RuntimeError("GroundTruth.stage outside a TruthTask batch")
+        staged.append((srid, xor))
+
+    def open_batch(self) -> list[tuple[int, int]]:
+        self._local.staged = []
+        staged: list[tuple[int, int]] = self._local.staged
+        return staged
+
+    def close_batch(self, staged: list[tuple[int, int]], failed: set[int] | None) -> None:
+        """``failed`` None: the batch did not finish, nothing is known delivered. Else every
+        staged event but those of the srids the task failed as undeliverable (whose event
+        batch may not have reached ``ns.acks``) was delivered."""
+        self._local.staged = None
+        if failed is None:
+            return
+        with self._lock:
+            for srid, xor in staged:
+                if srid not in failed:
+                    self.events[srid].append(xor)
+
+
+class TruthTask(Task):
+    """A Task whose handler's staged events enter the ground truth after ``process_batch``
+    returned - that is, after the batch's children and events were flushed and confirmed
+    (``Task`` retries what failed and reports the srids it could not deliver)."""
+
+    def __init__(self, truth: GroundTruth, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.truth = truth
+
+    def process_batch(self, batch: list[Message]) -> set[int]:
+        staged = self.truth.open_batch()
+        failed: set[int] | None = None
+        try:
+            failed = super().process_batch(batch)
+        finally:
+            self.truth.close_batch(staged, failed)
+        return failed
 
 
 class PersistWatch:

@@ -54,11 +54,12 @@ from broker.dev.testing import create_topics, unique_name
 from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
-from broker.task import Task, TaskContext, TaskRecord
+from broker.task import TaskContext, TaskRecord
 from tests.integration.ground_truth import (
     LOG_APPEND_TIME,
     GroundTruth,
     PersistWatch,
+    TruthTask,
     fan_out_of,
     read_changelog,
     read_events,
@@ -190,11 +191,11 @@ def run_crash_scenario(
         event = tracking.record_id
         for i in range(fan_out_of(tracking.origin)):
             event ^= ctx.emit(enriched, record.key, (record.value or b"") + b"|%d" % i)
-        truth.record(tracking.srid, event)
+        truth.stage(tracking.srid, event)
 
     def leaf(record: TaskRecord, ctx: TaskContext) -> None:
         assert record.tracking is not None
-        truth.record(record.tracking.srid, record.tracking.record_id)
+        truth.stage(record.tracking.srid, record.tracking.record_id)
 
     sent: dict[int, int] = {}
     source_error: list[BaseException] = []
@@ -216,8 +217,8 @@ def run_crash_scenario(
             source_error.append(exc)
 
     tasks = [
-        Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out),
-        Task(settings, ns, [enriched], unique_name("leaf"), leaf),
+        TruthTask(truth, settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out),
+        TruthTask(truth, settings, ns, [enriched], unique_name("leaf"), leaf),
     ]
     threads = [threading.Thread(target=t.run, daemon=True) for t in tasks]
     source_thread = threading.Thread(target=stream, daemon=True)

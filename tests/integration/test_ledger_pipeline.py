@@ -42,6 +42,7 @@ from tests.integration.ground_truth import (
     LOG_APPEND_TIME,
     GroundTruth,
     PersistWatch,
+    TruthTask,
     fan_out_of,
     read_events,
 )
@@ -162,15 +163,15 @@ def pipeline(bootstrap: str, tmp_path: Path) -> Iterator[Pipeline]:
         event = tracking.record_id
         for i in range(fan_out_of(tracking.origin)):
             event ^= ctx.emit(enriched, record.key, (record.value or b"") + b"|%d" % i)
-        truth.record(tracking.srid, event)
+        truth.stage(tracking.srid, event)
 
     def leaf(record: TaskRecord, ctx: TaskContext) -> None:
         assert record.tracking is not None
-        truth.record(record.tracking.srid, record.tracking.record_id)
+        truth.stage(record.tracking.srid, record.tracking.record_id)
 
     tasks = [
-        Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out),
-        Task(settings, ns, [enriched], unique_name("leaf"), leaf),
+        TruthTask(truth, settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out),
+        TruthTask(truth, settings, ns, [enriched], unique_name("leaf"), leaf),
     ]
     threads = [threading.Thread(target=t.run, daemon=True) for t in tasks]
     for thread in threads:

@@ -15,7 +15,7 @@ from broker.kafka_io import read_to_end
 from broker.partitioning import kafka_partition, spark_partition
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
-from broker.source import Source, SourceConfig
+from broker.source import SendResult, Source, SourceConfig
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +92,95 @@ def test_transactional_batches_commit_or_abort_together(bootstrap: str) -> None:
     published = read_to_end(settings, data, 5)
     assert len(persisted) == len(published) == 50
     assert {m.value() for m in published} == {b"committed"}
+
+
+def _send_all(
+    source: Source, data: str, items: list[tuple[str, bytes]]
+) -> tuple[list[SendResult], list[DeliveryError]]:
+    """Send every item the way a caller should: a ``DeliveryError`` from ``send`` (about
+    earlier records; this one was not sent) or from ``flush`` lists the failed records."""
+    results: list[SendResult] = []
+    errors: list[DeliveryError] = []
+    for key, value in items:
+        while True:
+            try:
+                results.append(source.send(data, key, value))
+                break
+            except DeliveryError as exc:
+                errors.append(exc)
+    try:
+        source.flush()
+    except DeliveryError as exc:
+        errors.append(exc)
+    return results, errors
+
+
+def _mixed(n_good: int, n_bad: int) -> list[tuple[str, bytes]]:
+    """Small values and incompressible ones over the persist topic's max.message.bytes,
+    interleaved; keys repeat so key order can be checked. (The broker refuses a whole
+    produce batch that is too large, so small records may fail along with a big one.)"""
+    items = [(f"k{i % 7}", b"good-%d" % i) for i in range(n_good)]
+    for j in range(n_bad):
+        items.insert(j * (len(items) // n_bad), (f"k{j % 7}", b"bad-" + os.urandom(5000)))
+    return items
+
+
+def test_every_failed_persist_record_is_reported_with_what_resends_it(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, persist={"max.message.bytes": "2000"})
+    source = Source(settings, ns)
+    items = _mixed(40, 6)
+    results, errors = _send_all(source, data, items)
+    failures = [f for exc in errors for f in exc.failures]
+    sent = {r.srid: item for r, item in zip(results, items, strict=True)}
+    big = {srid for srid, (_, value) in sent.items() if value.startswith(b"bad-")}
+    assert len(big) == 6
+    failed = [f.srid for f in failures]
+    assert len(failed) == len(set(failed)) and big <= set(failed)
+    for failure in failures:  # enough to send it again
+        key, value = sent[failure.srid]
+        assert (failure.topic, failure.key, failure.value) == (data, key.encode(), value)
+        assert failure.error is not None
+    source.flush()  # each failure is reported once: nothing left to raise
+    source.close()
+
+
+def test_no_data_record_is_published_for_a_failed_persist_record(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, persist={"max.message.bytes": "2000"})
+    source = Source(settings, ns)
+    items = _mixed(200, 10)
+    results, errors = _send_all(source, data, items)
+    source.close()
+    big = {r.srid for r, (_, value) in zip(results, items, strict=True) if value.startswith(b"bad-")}
+    published = read_to_end(settings, data, 5)  # read_committed, to the end
+    srids = [ids.decode_id(dict(m.headers())[H_SRID]) for m in published]
+    assert not big & set(srids), f"{len(big & set(srids))} data records published for failed persist records"
+    failed = {f.srid for exc in errors for f in exc.failures}
+    assert sorted(srids) == sorted({r.srid for r in results} - failed)
+    # Data records are released in send order: per key, the topic keeps the order of send().
+    order = {r.srid: i for i, r in enumerate(results)}
+    by_key: dict[bytes, list[int]] = {}
+    for msg, srid in zip(published, srids, strict=True):
+        by_key.setdefault(msg.key(), []).append(order[srid])
+    assert all(seq == sorted(seq) for seq in by_key.values())
+
+
+def test_a_failed_transaction_reports_its_failed_persist_records_and_the_next_one_commits(
+    bootstrap: str,
+) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, persist={"max.message.bytes": "2000"})
+    source = Source(settings, ns, transactional_id=unique_name("source"))
+    big: list[int] = []
+    with pytest.raises(DeliveryError, match="aborted") as excinfo, source.transaction():
+        for i in range(20):
+            result = source.send(data, f"a{i}", os.urandom(5000) if i % 5 == 0 else b"aborted")
+            if i % 5 == 0:
+                big.append(result.srid)
+    assert set(big) <= {f.srid for f in excinfo.value.failures}
+    with source.transaction():  # nothing stale is raised again
+        for i in range(10):
+            source.send(data, f"c{i}", b"committed")
+    published = read_to_end(settings, data, 5)
+    assert len(published) == 10 and {m.value() for m in published} == {b"committed"}

@@ -1,0 +1,220 @@
+"""What happens to records that fail to deliver: the bookkeeping of ``Source`` and ``Task``
+that is not their main loop (docs/design.md §8).
+
+``PendingData`` holds a non-transactional Source's data records until their persist records
+are confirmed, and collects every persist record that failed (``SendFailure``).
+
+``Outputs`` is a Task's producer of children, sink outputs and events: it remembers what
+failed to deliver, sends only that again - a bounded number of rounds, with back-off - and
+returns what stays undeliverable; ``failed_srids`` names the source records to fail for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, NamedTuple
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from broker import kafka_io
+from broker.headers import Tracking
+from broker.schemas import PersistedRecord, XorBatch
+
+
+class SendFailure(NamedTuple):
+    """A source record whose persist record was not delivered. Nothing of it is out: its data
+    record is produced only once the persist record is confirmed. Send it again with
+    ``send(f.topic, f.key, f.value, f.persisted.headers)`` (a redriven record: ``resend`` with
+    the ``origin``, ``key_hash_partition`` and ``history`` of ``f.persisted``)."""
+
+    srid: int
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    error: KafkaError
+    persisted: PersistedRecord
+
+    @classmethod
+    def of(cls, persist_value: bytes, error: KafkaError) -> SendFailure:
+        # Decoded only on failure: the persist record holds all a resend needs, so nothing
+        # per record is kept for the (rare) failure path.
+        record = PersistedRecord.decode(persist_value)
+        return cls(record.srid, record.topic, record.key, record.value, error, record)
+
+
+# A data record waiting for its persist record: [topic, key, value, partition, headers, confirmed]
+_CONFIRMED = 5
+
+
+class PendingData:
+    """Data records waiting for their persist records, in send order, and the persist records
+    reported failed.
+
+    ``on_persist`` is the persist records' delivery callback: it only marks (a confirmed
+    record) or drops (a failed one: its data record is never produced); ``release`` produces,
+    outside the callback, the confirmed data records in send order - the first unconfirmed
+    one holds back those after it (per-key order, across ledger partitions)."""
+
+    __slots__ = ("_entries", "failures", "on_persist")
+
+    def __init__(self) -> None:
+        # srid (8 bytes) -> data record waiting for its persist record, in send order.
+        self._entries: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self.failures: list[SendFailure] = []
+        self.on_persist = _persist_callback(self._entries, self.failures)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, srid_b: bytes, topic: str, key: bytes | None, value: bytes | None, partition: int,
+            headers: list[tuple[str, bytes | None]]) -> None:
+        self._entries[srid_b] = [topic, key, value, partition, headers, False]
+
+    def release(self, producer: Producer) -> None:
+        """Produce the data records whose persist records are confirmed, in send order."""
+        pending = self._entries
+        produce = producer.produce
+        while pending:
+            srid_b = next(iter(pending))
+            entry = pending[srid_b]
+            if not entry[_CONFIRMED]:
+                return
+            try:
+                produce(entry[0], key=entry[1], value=entry[2], partition=entry[3], headers=entry[4])
+            except BufferError:
+                return  # the queue is full: the next send, poll or flush releases it
+            del pending[srid_b]
+
+    def take_failures(self) -> list[SendFailure]:
+        failures = list(self.failures)
+        self.failures.clear()
+        return failures
+
+
+def _persist_callback(
+    pending: OrderedDict[bytes, list[Any]], failures: list[SendFailure]
+) -> Callable[[KafkaError | None, Message], None]:
+    # A closure over the containers, not a bound method: the producer must not hold the
+    # Source (a reference cycle would keep its Kafka clients alive until garbage collection).
+    def on_persist(err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            entry = pending.get(msg.key())
+            if entry is not None:
+                entry[_CONFIRMED] = True
+        else:
+            pending.pop(msg.key(), None)  # its data record is never produced
+            failures.append(SendFailure.of(msg.value(), err))
+
+    return on_persist
+
+
+# --------------------------------------------------------------------------- Task outputs
+
+
+class Failed(NamedTuple):
+    """An output that failed to deliver: the error, its topic and its produce arguments; and
+    the srid of its input when the output does not carry it (a sink output has only
+    ``rb-origin``)."""
+
+    error: KafkaError
+    topic: str
+    kwargs: dict[str, Any]
+    srid: int | None = None
+
+
+# The broker refuses a whole produce batch for one record too large: alone, the others pass.
+_BATCH_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# No retry helps within seconds (and each waits out topic.metadata.propagation.max.ms).
+_PERMANENT = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_RECORD,
+})
+
+
+class Outputs:
+    """A Task's producer and the outputs of it that failed to deliver (``failed``)."""
+
+    def __init__(self, producer: Producer, retries: int, backoff_s: float) -> None:
+        self.producer = producer
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.failed: list[Failed] = []
+
+    def _on_delivery(
+        self, topic: str, kwargs: dict[str, Any], srid: int | None, err: KafkaError | None, _msg: Message
+    ) -> None:
+        if err is not None:
+            self.failed.append(Failed(err, topic, kwargs, srid))
+
+    def produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
+        """``srid``: the input's, for an output whose headers do not carry it."""
+        # The callback carries the produce arguments: a delivery report has no headers (the
+        # srid of a child, needed to resend it or to fail its source record). It replaces
+        # the bound method passed per record before: no extra object per record.
+        on_delivery = partial(self._on_delivery, topic, kwargs, srid)
+        kafka_io.produce(self.producer, topic, on_delivery=on_delivery, **kwargs)
+
+    def take_failed(self) -> list[Failed]:
+        failed, self.failed = self.failed, []
+        return failed
+
+    def _resend(self, failed: Failed) -> Failed | None:
+        """Produce a failed output again, as it was; returns it when refused at once."""
+        try:
+            self.produce(failed.topic, failed.srid, **failed.kwargs)
+        except KafkaException as exc:  # e.g. a topic librdkafka now knows is missing
+            return failed._replace(error=exc.args[0])
+        return None
+
+    def redeliver(self) -> list[Failed]:
+        """Send the failed outputs again, up to ``retries`` rounds with exponential back-off;
+        returns those that still failed or cannot succeed."""
+        failed = self.take_failed()
+        lost: list[Failed] = []
+        for attempt in range(self.retries):
+            again: list[Failed] = []
+            for f in failed:
+                (lost if f.error.code() in _PERMANENT else again).append(f)
+            failed = []
+            if not again:
+                break
+            time.sleep(self.backoff_s * 2**attempt)
+            for f in again:
+                if f.error.code() not in _BATCH_REFUSED:
+                    continue
+                # Alone in its produce request: refused again only if it is itself too large.
+                if (refused := self._resend(f)) is not None:
+                    lost.append(refused)
+                    continue
+                self.producer.flush()
+                for f2 in self.take_failed():
+                    (lost if f2.error.code() in _BATCH_REFUSED else failed).append(f2)
+            for f in again:
+                if f.error.code() not in _BATCH_REFUSED and (refused := self._resend(f)) is not None:
+                    lost.append(refused)
+            self.producer.flush()
+            failed += self.take_failed()
+        return lost + failed
+
+
+def failed_srids(lost: Iterable[Failed], acks_topic: str) -> tuple[set[int], int]:
+    """The source records to fail for outputs that cannot be delivered - a sink output names
+    its input's srid, a child carries it in its headers, an event batch its srids - and how
+    many untracked outputs have none (nothing to replay)."""
+    srids: set[int] = set()
+    dropped = 0
+    for f in lost:
+        if f.srid is not None:
+            srids.add(f.srid)
+        elif f.topic == acks_topic:
+            batch = XorBatch.decode(f.kwargs["value"])
+            srids.update(batch.srids.tolist())
+            srids.update(batch.failed.tolist())
+        elif (tracking := Tracking.from_headers(f.kwargs.get("headers"))) is not None:
+            srids.add(tracking.srid)
+        else:
+            dropped += 1
+    return srids, dropped
