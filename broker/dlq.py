@@ -449,6 +449,7 @@ def redrive(
     # Fence first (step 1), read after: whatever an earlier run committed is visible now.
     source = Source(settings, ns, config, transactional_id=f"{ns.name}.dlq-redrive")
     try:
+        source.init_transactions()
         plan = plan_redrive(
             read_entries(settings, ns), read_markers(settings, ns), reason_prefix=reason_prefix, origins=origins
         )

@@ -299,13 +299,21 @@ class Source:
                 f"({len(self._pending)} data records still wait for their persist records)"
             )
 
+    def init_transactions(self) -> None:
+        """Register the transactional id now (once): this fences every earlier producer with
+        the same id and aborts what it left open. ``transaction()`` does it when needed; call
+        it first when what you read next must include everything those producers committed."""
+        if not self._transactional:
+            raise ConfigurationError("init_transactions() needs a transactional_id")
+        if not self._transactions_ready:
+            self._producer.init_transactions(30)
+            self._transactions_ready = True
+
     @contextlib.contextmanager
     def transaction(self) -> Any:
         if not self._transactional:
             raise ConfigurationError("Source.transaction() needs a transactional_id")
-        if not self._transactions_ready:
-            self._producer.init_transactions(30)
-            self._transactions_ready = True
+        self.init_transactions()
         self._producer.begin_transaction()
         self._in_transaction = True
         self._in_transaction_sent = 0
