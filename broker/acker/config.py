@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def default_instance_id() -> str:
@@ -31,5 +33,8 @@ class AckerConfig:
     # a catch-up read instead of a full restore (docs/design.md §5: standby replicas).
     standby: bool = False
     stats_interval_s: float = 10.0
+    # librdkafka settings merged last into the acker's group consumer (e.g. a shorter
+    # session.timeout.ms / max.poll.interval.ms, so a stalled member is replaced sooner).
+    consumer: Mapping[str, Any] = field(default_factory=dict)
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True

@@ -98,6 +98,7 @@ class Acker:
                     "heartbeat.interval.ms": 1_000,
                     "fetch.wait.max.ms": 20,
                     "max.poll.interval.ms": 60_000,
+                    **self.config.consumer,
                 },
             )
         )
