@@ -7,7 +7,11 @@ In this order (docs/design.md §5):
 3. changelog: upserts for entries that changed and are alive, tombstones for entries that
    left (entries born and gone inside one interval never touch it), and the partition's
    counters;
-4. the input offsets (``send_offsets_to_transaction``), then the commit.
+4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
+   those where nothing new was read, then the commit. The group coordinator checks these
+   offsets against the member's generation: an acker that lost its partitions (it stalled,
+   another member took over) has its commit refused, so a zombie writes nothing. A
+   transaction without offsets would not be checked, so there is none.
 A crash anywhere before the commit aborts all of it: the next owner restores the changelog
 and resumes from the committed offsets, so each event is reflected exactly once.
 """
@@ -79,8 +83,15 @@ class Transactions:
 
     def write(self, batch: Batch) -> None:
         """Raises KafkaException when the transaction failed (the caller aborts)."""
+        if not batch.positions:
+            # Nothing owned: nothing may be written (and it would not be fenced).
+            raise RuntimeError("a transaction must carry the input offsets of the partitions it writes for")
         producer = self.producer
         if self.exactly_once:
+            try:
+                group = self.consumer.consumer_group_metadata()
+            except RuntimeError as exc:  # left the group (closing, or it timed out): no commit
+                raise KafkaException(KafkaError(KafkaError._STATE, f"not a group member: {exc}")) from exc
             producer.begin_transaction()
         produce = producer.produce
         persist, ledger = self.ns.persist, self.ns.ledger
@@ -104,16 +115,12 @@ class Transactions:
             except BufferError:
                 kafka_io.produce(producer, ledger, key=key, value=value, partition=lp)
         if self.exactly_once:
-            if batch.positions:
-                producer.send_offsets_to_transaction(
-                    batch.positions, self.consumer.consumer_group_metadata(), 30
-                )
+            producer.send_offsets_to_transaction(batch.positions, group, 30)
             producer.commit_transaction(60)
         else:
             if producer.flush(60):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
-            if batch.positions:
-                self.consumer.commit(offsets=batch.positions, asynchronous=False)
+            self.consumer.commit(offsets=batch.positions, asynchronous=False)
 
     def abort(self) -> None:
         if self.exactly_once:

@@ -73,8 +73,15 @@ class Acker:
         self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.commits = 0
+        # The input position of EVERY owned partition, committed with every transaction, even
+        # where nothing new was read: offsets are what the group coordinator checks against
+        # the member's generation, so a member that lost its partitions (stalled past
+        # max.poll.interval.ms, or its session expired) cannot commit anything any more.
         self._positions: dict[tuple[str, int], int] = {}
-        self._outgoing: list[Outgoing] = []
+        self._read = False  # input consumed since the last commit
+        # Records due in the next transaction, with the ledger partition they belong to: they
+        # are dropped with the partition when it is revoked or lost.
+        self._outgoing: list[tuple[int, Outgoing]] = []
         self._stop = threading.Event()
         self._started = False
         self._last_commit = time.monotonic()
@@ -216,11 +223,9 @@ class Acker:
             self.states[lp], n = self.changelog.take(lp)
             read += n
         self.changelog.assign_standby(self.P, self.states)
-        assigned = []
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            assigned.append(TopicPartition(tp.topic, tp.partition, offset))
+        assigned = self._start_positions(committed)
         consumer.assign(assigned)
+        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in assigned)
         seconds = time.monotonic() - started
         self.last_assignment = {
             "partitions": lps,
@@ -264,6 +269,20 @@ class Acker:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+        # Outputs not committed yet go with the partition: its next owner re-derives them
+        # from the changelog and the inputs after the committed offsets (quarantines too).
+        self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]
+
+    def _start_positions(self, committed: list[TopicPartition]) -> list[TopicPartition]:
+        """Where each input partition resumes: its committed offset, or its first offset when
+        none was committed yet - explicit, so every transaction can commit it."""
+        out = []
+        for tp in committed:
+            offset = tp.offset
+            if offset < 0:
+                offset, _ = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=30)
+            out.append(TopicPartition(tp.topic, tp.partition, offset))
+        return out
 
     # ------------------------------------------------------------------ folding
 
@@ -302,6 +321,7 @@ class Acker:
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
+        self._read = self._read or bool(persist or acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
             self.ingest.register(states[lp], lp, batch)
@@ -315,30 +335,34 @@ class Acker:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
         (broker.acker.commit has the order and why)."""
         self._last_commit = time.monotonic()
+        if not self.states:
+            return  # owning nothing, nothing may be written (what was due left with the partitions)
         now_ms = self.clock.now_ms()
         collect_failures(self.states.values(), now_ms, self.ticker.current_tick(now_ms), self.config.fail_hold_ms)
         out = list(self._outgoing)
         self._outgoing.clear()
-        decided: list[Decided] = []
+        decided: list[tuple[int, int, int, tuple[Outgoing, ...]]] = []
         for lp, st in self.states.items():
-            self.decider.decide(lp, st, decided)
+            mine: list[Decided] = []
+            self.decider.decide(lp, st, mine)
+            decided.extend((created, offset, lp, records) for created, offset, records in mine)
         # Failures come out of the table in srid / slot order. Produce the replays in the
         # order the originals were persisted instead, so the failures of one key decided in
         # one commit keep the key's order on <topic>.replay.
         decided.sort(key=lambda d: (d[0], d[1]))
-        for _, _, records in decided:
-            out.extend(records)
+        for _, _, lp, records in decided:
+            out.extend((lp, rec) for rec in records)
         if any(st.failures for st in self.states.values()):
             # A payload could not be read: commit nothing now (the changelog would forget
             # the failed entry before its replay exists); everything decided so far waits.
             self._outgoing[:0] = out
             return
-        batch = Batch(records=out)
+        batch = Batch(records=[rec for _, rec in out])
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
-        batch.positions = list(positions_of(self._positions))
-        if not batch:
+        if not batch and not self._read:
             return
-        self._positions = {}
+        batch.positions = list(positions_of(self._positions))
+        self._read = False
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
@@ -363,12 +387,13 @@ class Acker:
         partition from the changelog and seek the inputs back to the committed offsets."""
         lps = list(self.states)
         tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
-        committed = self._consumer.committed(tps, timeout=60)
+        starts = self._start_positions(self._consumer.committed(tps, timeout=60))
         for lp in lps:
             self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
-        self._positions = {}
-        for tp in committed:
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+        self._positions = {(tp.topic, tp.partition): tp.offset for tp in starts}
+        self._read = False
+        for tp in starts:
+            self._consumer.seek(tp)
 
     # ------------------------------------------------------------------ stats
 

@@ -161,6 +161,7 @@ class FakeProducer:
         self.pending: list[Produced] = []
         self.committed: list[Produced] = []
         self.transactions = 0
+        self.offsets: list[dict[tuple[str, int], int]] = []  # what each transaction committed
 
     def init_transactions(self, *_: Any) -> None:
         pass
@@ -172,8 +173,8 @@ class FakeProducer:
                 headers: list[tuple[str, bytes | None]] | None = None, **_: Any) -> None:
         self.pending.append(Produced(topic, partition, key, value, dict(headers or ())))
 
-    def send_offsets_to_transaction(self, *_: Any) -> None:
-        pass
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], *_: Any) -> None:
+        self.offsets.append({(tp.topic, tp.partition): tp.offset for tp in positions})
 
     def commit_transaction(self, *_: Any) -> None:
         self.committed += self.pending
