@@ -160,6 +160,12 @@ class Acker:
         self.P = check(self.settings, self.ns)
         self.ingest.partitions = self.decider.partitions = self.P
         if self.config.exactly_once:
+            if self.config.instance_id_generated:
+                log.warning(
+                    "no --instance-id: using %s; a restart gets a new id, so it does not fence this "
+                    "instance's open transaction at once (that waits for transaction_timeout_ms)",
+                    self.config.instance_id,
+                )
             self._producer.init_transactions(60)
         self._started = True
 

@@ -1,18 +1,24 @@
 """A zombie acker writes nothing: every transaction carries the input offsets of every
-partition the acker owns (so the group coordinator fences a member that lost them), and
-outputs of partitions it lost are dropped."""
+partition the acker owns (so the group coordinator fences a member that lost them), outputs
+of partitions it lost are dropped, and ackers without an explicit instance id never share a
+transactional id (they would fence each other in a loop)."""
 
 from __future__ import annotations
 
+import socket
+
 from confluent_kafka import TopicPartition
 
+from broker.acker import Acker, AckerConfig
 from broker.ledger.clock import ManualClock
+from broker.settings import KafkaSettings
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     S1,
     T0,
     FakeMessage,
+    FakeProducer,
     fake_kafka,
     make_acker,
     outcomes,
@@ -50,3 +56,12 @@ def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_comm
     # Whoever owns acks[0] now re-reads the message and quarantines it; we write nothing.
     assert producer.committed == [] and producer.transactions == 0
 
+
+def test_ackers_without_an_instance_id_get_distinct_transactional_ids(fake_kafka: None) -> None:
+    first, second = (Acker(KafkaSettings("fake:9092"), NS, AckerConfig()) for _ in range(2))
+    ids = [a._producer.conf["transactional.id"] for a in (first, second) if isinstance(a._producer, FakeProducer)]
+    assert len(ids) == 2 and ids[0] != ids[1]
+    assert all(socket.gethostname() in i for i in ids)
+    stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    assert isinstance(stable._producer, FakeProducer)
+    assert stable._producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
