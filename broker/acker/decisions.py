@@ -21,7 +21,7 @@ from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_DLQ
 from broker.ledger.clock import Clock, Ticker
-from broker.replay import Outgoing, decide, quarantine_record
+from broker.replay import Outgoing, Subject, decide, quarantine_record
 from broker.schemas import PersistedRecord
 from broker.topics import Namespace, replay_topic
 
@@ -77,6 +77,9 @@ class Decider:
         self._partition_counts = partition_counts
         self._replay_topics: dict[str, tuple[int | None, float]] = {}
         self.partitions = 0  # P, known once the service has checked the topics
+        # srid -> why the broker refused its replay for good (broker.acker.refusals): such a
+        # srid is dead-lettered instead of being replayed into the same refusal again.
+        self.refused: Mapping[Subject, str] = {}
 
     def decide(self, lp: int, st: PartitionState, decided: list[Decided]) -> None:
         """Decide every failure of ``st``; a payload that cannot be read stays in
@@ -109,12 +112,19 @@ class Decider:
                 decided.append((0, offset, (q,)))
                 st.tombstones.append((srid, OUTCOME_DLQ))
                 continue
+            refused = self.refused.get(srid)
             decision = decide(
-                self.ns, record, reason, now_ms, self.partitions, self.replay_partitions(record.topic)
+                self.ns, record, reason, now_ms, self.partitions, self.replay_partitions(record.topic), refused
             )
             st.count(decision.kind if decision.kind == "dlq" else "replayed")
+            if refused is not None and decision.kind == "dlq":
+                st.count("refused")
             decided.append((record.created_ms, offset, decision.records))
             st.tombstones.append((srid, decision.kind.encode()))
+
+    def forget(self, name: str) -> None:
+        """Look replay topic ``name`` up again at its next use: the broker called it unknown."""
+        self._replay_topics.pop(name, None)
 
     def replay_partitions(self, topic: str) -> int | None:
         """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is

@@ -42,6 +42,7 @@ from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.refusals import Refusals
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
 from broker.kafka_io import partition_counts
@@ -89,7 +90,13 @@ class Acker:
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster.
         ns, consumer_config = self.ns, settings.consumer_config
-        producer_conf: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        producer_conf: dict[str, object] = {
+            "linger.ms": 1,
+            "partitioner": "murmur2_random",
+            # A replay topic checked before producing (broker.acker.commit) must not be
+            # created by that very look-up, with the broker's default partition count.
+            "allow.auto.create.topics": False,
+        }
         if self.config.exactly_once:
             producer_conf["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
             producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
@@ -145,7 +152,11 @@ class Acker:
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names)
         )
-        self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
+        self.refusals = Refusals(ns.dlq)
+        self.decider.refused = self.refusals.replay
+        self.transactions = Transactions(
+            ns, self._producer, self._consumer, self.refusals, exactly_once=self.config.exactly_once
+        )
 
     @property
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
@@ -363,7 +374,12 @@ class Acker:
             # the failed entry before its replay exists); everything decided so far waits.
             self._outgoing[:0] = out
             return
-        batch = Batch(records=[rec for _, rec in out])
+        batch = Batch()
+        for lp, rec in out:
+            smaller = self.refusals.degrade(rec)  # a dead letter the DLQ refused before
+            if smaller is not None:
+                self.states[lp].count("refused")
+            batch.records.append(smaller or rec)
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
         if not batch and not self._read:
             return
@@ -374,6 +390,7 @@ class Acker:
         except KafkaException as exc:
             self._on_commit_error(exc)
             return
+        self.refusals.settle(batch.records)
         self.commits += 1
 
     def _on_commit_error(self, exc: KafkaException) -> None:
@@ -386,6 +403,13 @@ class Acker:
             self.stop()
             raise ReplayBrokerError(f"acker fenced or failed fatally: {err}") from exc
         self.transactions.abort()
+        refused = self.refusals.take_noted()
+        if refused:
+            log.warning(
+                "%d outputs refused for good, decided again after the rewind: %s", len(refused), "; ".join(refused)
+            )
+        for name in self.refusals.take_unknown_topics():
+            self.decider.forget(name)
         self._rewind()
 
     def _rewind(self) -> None:

@@ -21,6 +21,7 @@ COUNTERS = (
     "orphans",  # unregistered entries dropped after the orphan TTL (late or stray events)
     "quarantined",  # undecodable or misrouted input messages, kept in the DLQ
     "payload_fetches",  # replays whose payload came from ns.persist, not the cache
+    "refused",  # outputs the broker refused for good, decided again: replay -> DLQ, DLQ w/o value
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -186,6 +187,10 @@ class FakeProducer:
 
     def flush(self, *_: Any) -> int:
         return 0
+
+    def list_topics(self, topic: str | None = None, **_: Any) -> Any:
+        """Every topic exists, with 4 partitions (as ``partition_counts`` says below)."""
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
 
     def poll(self, *_: Any) -> int:
         return 0
