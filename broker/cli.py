@@ -229,7 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     acker = _parser(sub, "acker", "run an acker (SIGTERM stops it cleanly)")
     _cluster(acker)
-    acker.add_argument("--instance-id", help="stable id of this instance (default: the host name)")
+    acker.add_argument(
+        "--instance-id",
+        help="stable id of this instance: a restart with the same id fences its predecessor "
+        "at once (default: host name + process id, unique but new at every start)",
+    )
     acker.add_argument("--commit-interval-ms", type=int, default=100, help="time between commits, ms")
     acker.add_argument(
         "--orphan-ttl-ms", type=int, default=60_000,

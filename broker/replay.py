@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeAlias
 
 import orjson
 
 from broker import ids
 from broker.headers import (
+    DLQ_HEADERS,
     H_ATTEMPTS,
     H_HISTORY,
     H_KEY_HASH_PARTITION,
@@ -40,6 +42,10 @@ from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
+# What an output decides: the failed srid (its replay or dead letter), or the input position
+# "topic/partition/offset" of quarantined input. The acker ties a refused record back to it.
+Subject: TypeAlias = int | str
+
 
 @dataclass(frozen=True)
 class Outgoing:
@@ -50,6 +56,7 @@ class Outgoing:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    subject: Subject | None = None
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,14 @@ def decide(
     now_ms: int,
     ledger_partitions: int,
     replay_partitions: int | None = -1,
+    refused: str | None = None,
 ) -> Decision:
     """Replay ``record`` (attempt + 1) or dead-letter it after ``max_attempts``.
 
     ``replay_partitions`` is the partition count of ``<topic>.replay`` (None: it does not
     exist; -1: not checked). A record that cannot be replayed at its key-hash partition goes
     to the DLQ at once, with the reason: a missing replay topic must not block the acker.
+    So does one whose replay the broker ``refused`` for good (why, e.g. too large).
     """
     failure = Failure(record.srid, record.attempt, reason, now_ms)
     history = (*record.history, failure)
@@ -85,6 +94,8 @@ def decide(
             else f"has {replay_partitions} partitions, the record's is {record.key_hash_partition}"
         )
         return Decision("dlq", (dlq_record(ns, record, history, why),))
+    if refused is not None:
+        return Decision("dlq", (dlq_record(ns, record, history, f"{reason}; cannot replay: {refused}"),))
     srid, record_id = ids.new_id(), ids.new_id()
     again = replace(
         record,
@@ -98,6 +109,7 @@ def decide(
     persist = Outgoing(
         ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode(),
         tuple(persist_headers(record_id, now_ms + again.timeout_ms)),
+        record.srid,
     )
     data = Outgoing(
         replay_topic(record.topic),
@@ -105,6 +117,7 @@ def decide(
         record.key,
         record.value,
         (*record.headers, *tracking_headers(srid, record_id, record.origin, again.attempt)),
+        record.srid,
     )
     return Decision("replay", (persist, data), new_srid=srid)
 
@@ -129,7 +142,7 @@ def dlq_record(
         (H_HISTORY, _history_json(history)),
         (H_ORIGIN, ids.encode_id(record.origin)),
     )
-    return Outgoing(ns.dlq, 0, record.key, record.value, headers)
+    return Outgoing(ns.dlq, 0, record.key, record.value, headers, record.srid)
 
 
 def quarantine_record(
@@ -140,7 +153,7 @@ def quarantine_record(
         (H_REASON, f"{QUARANTINE_PREFIX}{why}".encode()),
         (H_SOURCE, f"{topic}/{partition}/{offset}".encode()),
     )
-    return Outgoing(ns.dlq, 0, key, value, headers)
+    return Outgoing(ns.dlq, 0, key, value, headers, f"{topic}/{partition}/{offset}")
 
 
 def lost_payload_record(ns: Namespace, partition: int, offset: int, srid: int, why: str) -> Outgoing:
@@ -151,4 +164,19 @@ def lost_payload_record(ns: Namespace, partition: int, offset: int, srid: int, w
         (H_REASON, f"{LOST_PREFIX}{why}".encode()),
         (H_SOURCE, f"{ns.persist}/{partition}/{offset}".encode()),
     )
-    return Outgoing(ns.dlq, 0, ids.encode_id(srid), None, headers)
+    return Outgoing(ns.dlq, 0, ids.encode_id(srid), None, headers, srid)
+
+
+def stripped(rec: Outgoing, level: int, why: str) -> Outgoing:
+    """A dead letter the DLQ refused for good (``why``), made smaller: without its value
+    (level 1); without key, value, history and the record's own headers (level 2). The
+    reason says what was dropped and why; origin, attempts and topic stay."""
+    dropped = "value" if level == 1 else "key, value, headers and history"
+    headers = []
+    for name, value in rec.headers:
+        if name == H_REASON:
+            value = (value or b"") + f"; {dropped} dropped: {why}".encode()
+        elif level > 1 and (name == H_HISTORY or name not in DLQ_HEADERS | {H_SOURCE}):
+            continue
+        headers.append((name, value))
+    return replace(rec, key=rec.key if level == 1 else None, value=None, headers=tuple(headers))

@@ -4,12 +4,19 @@ In this order (docs/design.md §5):
 1. tombstones to ``ns.persist`` for completed, replayed and dead-lettered srids, each with
    ``rb-outcome`` saying which;
 2. replay records (persist + ``<topic>.replay``), DLQ and quarantine records (and dead
-   letters of records whose payload was lost);
+   letters of records whose payload was lost), each with a delivery callback: what the
+   broker refuses for good is remembered (broker.acker.refusals) and decided differently
+   after the rewind; a record to a topic or partition that does not exist (any more) is
+   refused before it is produced - it would fail every attempt;
 3. changelog: upserts for entries that changed and are alive - failures whose decision was
    deferred (payload not readable yet) included, so they wait durably - tombstones for
    entries that left (entries born and gone inside one interval never touch it), and the
    partition's counters;
-4. the input offsets (``send_offsets_to_transaction``), then the commit.
+4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
+   those where nothing new was read, then the commit. The group coordinator checks these
+   offsets against the member's generation: an acker that lost its partitions (it stalled,
+   another member took over) has its commit refused, so a zombie writes nothing. A
+   transaction without offsets would not be checked, so there is none.
 A crash anywhere before the commit aborts all of it: the next owner restores the changelog
 and resumes from the committed offsets, so each event is reflected exactly once.
 """
@@ -17,12 +24,14 @@ and resumes from the committed offsets, so each event is reflected exactly once.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from broker import kafka_io
+from broker.acker.refusals import Refusals
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME
 from broker.ledger.clock import Ticker
@@ -73,16 +82,28 @@ def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, n
 class Transactions:
     """Writes a ``Batch`` atomically (or, with ``exactly_once`` off, just flushes it)."""
 
-    def __init__(self, ns: Namespace, producer: Producer, consumer: Consumer, *, exactly_once: bool) -> None:
+    def __init__(
+        self, ns: Namespace, producer: Producer, consumer: Consumer, refusals: Refusals, *, exactly_once: bool
+    ) -> None:
         self.ns = ns
         self.producer = producer
         self.consumer = consumer
+        self.refusals = refusals
         self.exactly_once = exactly_once
 
     def write(self, batch: Batch) -> None:
         """Raises KafkaException when the transaction failed (the caller aborts)."""
-        producer = self.producer
+        if not batch.positions:
+            # Nothing owned: nothing may be written (and it would not be fenced).
+            raise RuntimeError("a transaction must carry the input offsets of the partitions it writes for")
+        producer, refusals = self.producer, self.refusals
+        refused_before = len(refusals.noted)
+        counts = self._partition_counts(batch.records)
         if self.exactly_once:
+            try:
+                group = self.consumer.consumer_group_metadata()
+            except RuntimeError as exc:  # left the group (closing, or it timed out): no commit
+                raise KafkaException(KafkaError(KafkaError._STATE, f"not a group member: {exc}")) from exc
             producer.begin_transaction()
         produce = producer.produce
         persist, ledger = self.ns.persist, self.ns.ledger
@@ -96,26 +117,63 @@ class Transactions:
                 produce(persist, key=key, value=None, partition=lp, headers=headers)
             except BufferError:
                 kafka_io.produce(producer, persist, key=key, value=None, partition=lp, headers=headers)
+        alone_now: object = None  # the suspect subject being produced alone
         for rec in batch.records:
-            kafka_io.produce(
-                producer, rec.topic, key=rec.key, value=rec.value, partition=rec.partition, headers=list(rec.headers)
-            )
+            count = counts.get(rec.topic, -1)
+            if count is None or 0 <= count <= rec.partition:
+                # Never produce it: adding its partition to the transaction fails every time,
+                # and when nothing else was added yet even the abort fails, fatally
+                # (INVALID_TXN_STATE). Refused here, it is dead-lettered after the rewind.
+                where = "does not exist" if count is None else f"has {count} partitions, not {rec.partition + 1}"
+                err = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"Unknown topic or partition ({rec.topic} {where})")
+                if not refusals.refuse(rec, err, alone=True):
+                    raise KafkaException(err)
+                continue
+            alone = rec.subject is not None and rec.subject in refusals.alone
+            if (alone and rec.subject != alone_now) or (not alone and alone_now is not None):
+                producer.flush(30)  # everything before it is delivered: a suspect travels alone
+                alone_now = rec.subject if alone else None
+            self._produce_output(rec, alone)
+        if alone_now is not None:
+            producer.flush(30)
         for lp, key, value in batch.changelog:
             try:
                 produce(ledger, key=key, value=value, partition=lp)
             except BufferError:
                 kafka_io.produce(producer, ledger, key=key, value=value, partition=lp)
+        if len(refusals.noted) > refused_before:
+            producer.flush(30)  # the verdicts on the rest too, for the next attempt
+            raise KafkaException(KafkaError(KafkaError._FAIL, "outputs refused for good: " + "; ".join(refusals.noted)))
         if self.exactly_once:
-            if batch.positions:
-                producer.send_offsets_to_transaction(
-                    batch.positions, self.consumer.consumer_group_metadata(), 30
-                )
+            producer.send_offsets_to_transaction(batch.positions, group, 30)
             producer.commit_transaction(60)
         else:
             if producer.flush(60):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
-            if batch.positions:
-                self.consumer.commit(offsets=batch.positions, asynchronous=False)
+            self.consumer.commit(offsets=batch.positions, asynchronous=False)
+
+    def _produce_output(self, rec: Outgoing, alone: bool) -> None:
+        on_delivery = None if rec.subject is None else functools.partial(self.refusals.delivered, rec, alone)
+        try:
+            kafka_io.produce(
+                self.producer, rec.topic, key=rec.key, value=rec.value, partition=rec.partition,
+                headers=list(rec.headers), on_delivery=on_delivery,
+            )
+        except KafkaException as exc:
+            # Refused before it was queued (e.g. larger than message.max.bytes): this record's
+            # own verdict. Anything else (the transaction failed already) ends the attempt.
+            if not self.refusals.refuse(rec, exc.args[0], alone=True):
+                raise
+
+    def _partition_counts(self, records: list[Outgoing]) -> dict[str, int | None]:
+        """Partition counts of the topics outside the namespace that ``records`` go to (the
+        replay topics), fresh from the producer's metadata: one may have been deleted or
+        shrunk since the decision looked it up."""
+        counts: dict[str, int | None] = {}
+        for name in {rec.topic for rec in records} - {self.ns.persist, self.ns.dlq}:
+            meta = self.producer.list_topics(topic=name, timeout=10).topics.get(name)
+            counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
+        return counts
 
     def abort(self) -> None:
         if self.exactly_once:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def default_instance_id() -> str:
-    return socket.gethostname()
+    """Host name, process id and a random suffix: unique per process, so two ackers on one
+    host never share a transactional id (each would fence the other, in a loop). Not stable
+    across restarts: that takes an explicit ``instance_id`` (``--instance-id``)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
@@ -18,8 +25,9 @@ class AckerConfig:
     batch_size: int = 20_000
     poll_timeout_s: float = 0.02
     # Stable per instance: a restarted instance fences its predecessor and aborts its open
-    # transaction at once, instead of waiting for transaction_timeout_ms.
-    instance_id: str = field(default_factory=default_instance_id)
+    # transaction at once, instead of waiting for transaction_timeout_ms. Empty: a fresh
+    # default_instance_id() (unique, not stable), and instance_id_generated is set.
+    instance_id: str = ""
     transaction_timeout_ms: int = 10_000
     replay_cache_entries: int = 20_000
     # Explicit failures are decided in windows that close this long after their first fail
@@ -51,5 +59,14 @@ class AckerConfig:
     payload_retry_ms: int = 1_000
     payload_retry_max_ms: int = 30_000
     stats_interval_s: float = 10.0
+    # librdkafka settings merged last into the acker's group consumer (e.g. a shorter
+    # session.timeout.ms / max.poll.interval.ms, so a stalled member is replaced sooner).
+    consumer: Mapping[str, Any] = field(default_factory=dict)
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
+    instance_id_generated: bool = field(default=False, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.instance_id:
+            object.__setattr__(self, "instance_id", default_instance_id())
+            object.__setattr__(self, "instance_id_generated", True)

@@ -39,14 +39,14 @@ from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_DLQ
 from broker.ledger.clock import Clock, Ticker
-from broker.replay import Outgoing, decide, lost_payload_record, quarantine_record
+from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
 from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
-# (created_ms, persist offset, records): one failed srid's outputs, with its sort key.
-Decided = tuple[int, int, tuple[Outgoing, ...]]
+# (created_ms, persist offset, ledger partition, records): one failed srid's outputs, sort key first.
+Decided = tuple[int, int, int, tuple[Outgoing, ...]]
 MISSING_TOPIC_RECHECK_S = 60.0
 
 
@@ -119,6 +119,9 @@ class Decider:
         self._partition_counts = partition_counts
         self._replay_topics: dict[str, tuple[int | None, float]] = {}
         self.partitions = 0  # P, known once the service has checked the topics
+        # srid -> why the broker refused its replay for good (broker.acker.refusals): such a
+        # srid is dead-lettered instead of being replayed into the same refusal again.
+        self.refused: Mapping[Subject, str] = {}
 
     def decide(self, states: Mapping[int, PartitionState], decided: list[Decided]) -> None:
         """Decide the failures of every state (``st.failures``, and the deferred ones that are
@@ -249,16 +252,19 @@ class Decider:
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
         q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
-        decided.append((0, offset, (q,)))
+        decided.append((0, offset, lp, (q,)))
         st.tombstones.append((srid, OUTCOME_DLQ))
 
     def _decide_record(self, st: PartitionState, r: _Ready, now_ms: int, decided: list[Decided]) -> None:
         record = r.record
+        refused = self.refused.get(r.srid)
         decision = decide(
-            self.ns, record, r.reason, now_ms, self.partitions, self.replay_partitions(record.topic)
+            self.ns, record, r.reason, now_ms, self.partitions, self.replay_partitions(record.topic), refused
         )
         st.count(decision.kind if decision.kind == "dlq" else "replayed")
-        decided.append((record.created_ms, r.offset, decision.records))
+        if refused is not None and decision.kind == "dlq":
+            st.count("refused")
+        decided.append((record.created_ms, r.offset, r.lp, decision.records))
         st.tombstones.append((r.srid, decision.kind.encode()))
 
     def _unreadable(
@@ -284,8 +290,12 @@ class Decider:
         why = f"persist record of {srid} ({reason}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
-        decided.append((0, offset, (lost_payload_record(self.ns, lp, offset, srid, why),)))
+        decided.append((0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
         st.tombstones.append((srid, OUTCOME_DLQ))
+
+    def forget(self, name: str) -> None:
+        """Look replay topic ``name`` up again at its next use: the broker called it unknown."""
+        self._replay_topics.pop(name, None)
 
     def replay_partitions(self, topic: str) -> int | None:
         """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is

@@ -35,14 +35,15 @@ class Ingest:
         ticker: Ticker,
         orphan_ttl_ms: int,
         cache: PayloadCache,
-        outgoing: list[Outgoing],
+        outgoing: list[tuple[int, Outgoing]],
     ) -> None:
         self.ns = ns
         self.clock = clock
         self.ticker = ticker
         self.orphan_ttl_ms = orphan_ttl_ms
         self.cache = cache
-        # Quarantine records go here; the commit produces them in its transaction.
+        # Quarantine records go here with their ledger partition; the commit produces them
+        # in its transaction, or drops them when the partition is revoked or lost first.
         self.outgoing = outgoing
         self.partitions = 0  # P, known once the service has checked the topics
 
@@ -52,9 +53,10 @@ class Ingest:
     def quarantine(self, st: PartitionState, msg: Message, why: str) -> None:
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
-        self.outgoing.append(
-            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), why)
-        )
+        self.outgoing.append((
+            msg.partition(),  # persist[i] and acks[i] belong to ledger partition i
+            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), why),
+        ))
 
     def register(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Register persist records (their roots' creation events) without decoding them.

@@ -43,6 +43,7 @@ from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.refusals import Refusals
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ReplayBrokerError
 from broker.kafka_io import delete_retention_ms, partition_counts, retrying
@@ -74,8 +75,15 @@ class Acker:
         self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.commits = 0
+        # The input position of EVERY owned partition, committed with every transaction, even
+        # where nothing new was read: offsets are what the group coordinator checks against
+        # the member's generation, so a member that lost its partitions (stalled past
+        # max.poll.interval.ms, or its session expired) cannot commit anything any more.
         self._positions: dict[tuple[str, int], int] = {}
-        self._outgoing: list[Outgoing] = []
+        self._read = False  # input consumed since the last commit
+        # Records due in the next transaction, with the ledger partition they belong to: they
+        # are dropped with the partition when it is revoked or lost.
+        self._outgoing: list[tuple[int, Outgoing]] = []
         self._stop = threading.Event()
         self._started = False
         self._last_commit = time.monotonic()
@@ -83,7 +91,13 @@ class Acker:
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster.
         ns, consumer_config = self.ns, settings.consumer_config
-        producer_conf: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        producer_conf: dict[str, object] = {
+            "linger.ms": 1,
+            "partitioner": "murmur2_random",
+            # A replay topic checked before producing (broker.acker.commit) must not be
+            # created by that very look-up, with the broker's default partition count.
+            "allow.auto.create.topics": False,
+        }
         if self.config.exactly_once:
             producer_conf["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
             producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
@@ -100,6 +114,7 @@ class Acker:
                     "heartbeat.interval.ms": 1_000,
                     "fetch.wait.max.ms": 20,
                     "max.poll.interval.ms": 60_000,
+                    **self.config.consumer,
                 },
             )
         )
@@ -139,7 +154,11 @@ class Acker:
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
-        self.transactions = Transactions(ns, self._producer, self._consumer, exactly_once=self.config.exactly_once)
+        self.refusals = Refusals(ns.dlq)
+        self.decider.refused = self.refusals.replay
+        self.transactions = Transactions(
+            ns, self._producer, self._consumer, self.refusals, exactly_once=self.config.exactly_once
+        )
         self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
 
     @property
@@ -158,6 +177,12 @@ class Acker:
         # (warm/standby) state may be and still be caught up by a suffix read.
         self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
         if self.config.exactly_once:
+            if self.config.instance_id_generated:
+                log.warning(
+                    "no --instance-id: using %s; a restart gets a new id, so it does not fence this "
+                    "instance's open transaction at once (that waits for transaction_timeout_ms)",
+                    self.config.instance_id,
+                )
             self._producer.init_transactions(60)
         self._started = True
 
@@ -221,12 +246,10 @@ class Acker:
             warm += reused
             read += n
         self.changelog.assign_standby(self.P, self.states)
-        assigned = []
-        for tp in committed:
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            assigned.append(TopicPartition(tp.topic, tp.partition, offset))
+        assigned = self._start_positions(committed)
         consumer.assign(assigned)
         self.expiry.assigned(assigned)
+        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in assigned)
         seconds = time.monotonic() - started
         self.last_assignment = {
             "partitions": lps,
@@ -271,6 +294,20 @@ class Acker:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
         self.expiry.forget(lps)
+        # Outputs not committed yet go with the partition: its next owner re-derives them
+        # from the changelog and the inputs after the committed offsets (quarantines too).
+        self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]
+
+    def _start_positions(self, committed: list[TopicPartition]) -> list[TopicPartition]:
+        """Where each input partition resumes: its committed offset, or its first offset when
+        none was committed yet - explicit, so every transaction can commit it."""
+        out = []
+        for tp in committed:
+            offset = tp.offset
+            if offset < 0:
+                offset, _ = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=30)
+            out.append(TopicPartition(tp.topic, tp.partition, offset))
+        return out
 
     # ------------------------------------------------------------------ folding
 
@@ -309,6 +346,7 @@ class Acker:
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
+        self._read = self._read or bool(persist or acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
             self.ingest.register(states[lp], lp, batch)
@@ -322,6 +360,8 @@ class Acker:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
         (broker.acker.commit has the order and why)."""
         self._last_commit = time.monotonic()
+        if not self.states:
+            return  # owning nothing, nothing may be written (what was due left with the partitions)
         now_ms = self.clock.now_ms()
         # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
@@ -334,21 +374,27 @@ class Acker:
         # order the originals were persisted instead, so the failures of one key decided in
         # one commit keep the key's order on <topic>.replay.
         decided.sort(key=lambda d: (d[0], d[1]))
-        for _, _, records in decided:
-            out.extend(records)
+        for _, _, lp, records in decided:
+            out.extend((lp, rec) for rec in records)
         # Every failure is decided now or deferred in its table (an unreadable payload):
         # nothing makes the commit wait.
-        batch = Batch(records=out)
+        batch = Batch()
+        for lp, rec in out:
+            smaller = self.refusals.degrade(rec)  # a dead letter the DLQ refused before
+            if smaller is not None:
+                self.states[lp].count("refused")
+            batch.records.append(smaller or rec)
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
-        batch.positions = list(positions_of(self._positions))
-        if not batch:
+        if not batch and not self._read:
             return
-        self._positions = {}
+        batch.positions = list(positions_of(self._positions))
+        self._read = False
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
             self._on_commit_error(exc)
             return
+        self.refusals.settle(batch.records)
         self.commits += 1
 
     def _on_commit_error(self, exc: KafkaException) -> None:
@@ -368,6 +414,13 @@ class Acker:
         else:
             log.error("commit failed (%s); aborting and rewinding", err)
             self.transactions.abort()
+        refused = self.refusals.take_noted()
+        if refused:
+            log.warning(
+                "%d outputs refused for good, decided again after the rewind: %s", len(refused), "; ".join(refused)
+            )
+        for name in self.refusals.take_unknown_topics():
+            self.decider.forget(name)
         self._rewind()
 
     def _new_producer(self) -> None:
@@ -388,12 +441,14 @@ class Acker:
         lps = list(self.states)
         tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
         committed = retrying(lambda: self._consumer.committed(tps, timeout=60), "committed offsets")
+        starts = self._start_positions(committed)
         for lp in lps:
             self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
-        self._positions = {}
-        for tp in committed:
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
-        self.expiry.assigned(committed)  # the restored tables reflect nothing read after these
+        self._positions = {(tp.topic, tp.partition): tp.offset for tp in starts}
+        self._read = False
+        for tp in starts:
+            self._consumer.seek(tp)
+        self.expiry.assigned(starts)  # the restored tables reflect nothing read after these
 
     # ------------------------------------------------------------------ stats
 

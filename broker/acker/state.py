@@ -23,6 +23,7 @@ COUNTERS = (
     "payload_fetches",  # replays whose payload came from ns.persist, not the cache
     "payload_retries",  # payload reads that failed and were put off to a later commit
     "payload_lost",  # failed records dead-lettered without their value: payload unreadable
+    "refused",  # outputs the broker refused for good, decided again: replay -> DLQ, DLQ w/o value
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -162,6 +163,7 @@ class FakeProducer:
         self.pending: list[Produced] = []
         self.committed: list[Produced] = []
         self.transactions = 0
+        self.offsets: list[dict[tuple[str, int], int]] = []  # what each transaction committed
 
     def init_transactions(self, *_: Any) -> None:
         pass
@@ -173,8 +175,8 @@ class FakeProducer:
                 headers: list[tuple[str, bytes | None]] | None = None, **_: Any) -> None:
         self.pending.append(Produced(topic, partition, key, value, dict(headers or ())))
 
-    def send_offsets_to_transaction(self, *_: Any) -> None:
-        pass
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], *_: Any) -> None:
+        self.offsets.append({(tp.topic, tp.partition): tp.offset for tp in positions})
 
     def commit_transaction(self, *_: Any) -> None:
         self.committed += self.pending
@@ -186,6 +188,10 @@ class FakeProducer:
 
     def flush(self, *_: Any) -> int:
         return 0
+
+    def list_topics(self, topic: str | None = None, **_: Any) -> Any:
+        """Every topic exists, with 4 partitions (as ``partition_counts`` says below)."""
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
 
     def poll(self, *_: Any) -> int:
         return 0

@@ -1,0 +1,67 @@
+"""A zombie acker writes nothing: every transaction carries the input offsets of every
+partition the acker owns (so the group coordinator fences a member that lost them), outputs
+of partitions it lost are dropped, and ackers without an explicit instance id never share a
+transactional id (they would fence each other in a loop)."""
+
+from __future__ import annotations
+
+import socket
+
+from confluent_kafka import TopicPartition
+
+from broker.acker import Acker, AckerConfig
+from broker.ledger.clock import ManualClock
+from broker.settings import KafkaSettings
+from tests.unit.test_acker_timeouts import (
+    NS,
+    R1,
+    S1,
+    T0,
+    FakeMessage,
+    FakeProducer,
+    fake_kafka,
+    make_acker,
+    outcomes,
+    persist_msg,
+    persisted,
+    run_steps,
+)
+
+__all__ = ["fake_kafka"]  # the fixture, used by name
+
+
+def test_every_transaction_carries_the_offsets_of_every_owned_partition(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0, timeout_ms=1_000))])  # persist[0]@0
+    run_steps(acker)
+    owned = {(NS.persist, 0): 1, (NS.persist, 1): 0, (NS.acks, 0): 0, (NS.acks, 1): 0}
+    assert producer.offsets == [owned]
+    clock.advance(1_100)
+    run_steps(acker)  # nothing new was read; the timeout's replay is committed all the same
+    assert outcomes(producer) == {S1: b"replay"}
+    assert producer.offsets == [owned, owned]  # ... with the offsets: a zombie's would be fenced
+
+
+def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_commits_nothing(
+    fake_kafka: None,
+) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    run_steps(acker)  # owns both ledger partitions
+    acker._fold_messages([FakeMessage(NS.acks, 0, 0, None, b"not an XorBatch")])
+    assert acker.counters()["quarantined"] == 1  # a DLQ record is due for acks[0]@0
+    acker._on_lost(consumer, [TopicPartition(t, p) for t in (NS.persist, NS.acks) for p in range(2)])
+    acker.commit()
+    # Whoever owns acks[0] now re-reads the message and quarantines it; we write nothing.
+    assert producer.committed == [] and producer.transactions == 0
+
+
+def test_ackers_without_an_instance_id_get_distinct_transactional_ids(fake_kafka: None) -> None:
+    first, second = (Acker(KafkaSettings("fake:9092"), NS, AckerConfig()) for _ in range(2))
+    ids = [a._producer.conf["transactional.id"] for a in (first, second) if isinstance(a._producer, FakeProducer)]
+    assert len(ids) == 2 and ids[0] != ids[1]
+    assert all(socket.gethostname() in i for i in ids)
+    stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    assert isinstance(stable._producer, FakeProducer)
+    assert stable._producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
