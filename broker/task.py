@@ -27,9 +27,16 @@ from broker import ids, kafka_io
 from broker.headers import Headers, Tracking, as_bytes, tracking_headers, user_headers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check
+from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
+
+# Commit errors that mean "not the owner any more", not "broken".
+_REBALANCE_ERRORS = frozenset({
+    KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.FENCED_INSTANCE_ID, KafkaError._STATE,
+})
+
 
 class TaskRecord(NamedTuple):
     topic: str
@@ -112,6 +119,11 @@ class TaskCounters:
     errors: int = 0
     unacked: int = 0
     retried_batches: int = 0
+    # Inputs taken before their partition was revoked: not processed, the owner reads them again.
+    dropped_revoked: int = 0
+    # Offset commits refused (the member was fenced out of the group): the batch was delivered;
+    # its next owner processes it again, which can only delay completion (docs/design.md §4).
+    failed_commits: int = 0
 
 
 class Task:
@@ -150,8 +162,24 @@ class Task:
             )
         )
         self._consumer = Consumer(
-            settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
+            settings.consumer_config(
+                group_id,
+                **{
+                    "isolation.level": "read_committed",
+                    # range assigns partition i of every subscribed topic of the same partition
+                    # count to one member, so topic[i] and topic.replay[i] - one key range, as
+                    # a replay goes to its key's partition index - are processed together.
+                    # cooperative-sticky (the settings' default) balances partitions over all
+                    # topics and may split them (checked in _on_assign).
+                    "partition.assignment.strategy": "range",
+                    **self.config.consumer,
+                },
+            )
         )
+        # Data topics read together with their replay topic: these must stay co-partitioned.
+        self._pairs = [t for t in self.topics if replay_topic(t) in self.topics]
+        self._owned: frozenset[tuple[str, int]] = frozenset()  # kept by the rebalance callbacks
+        self._revoked: set[tuple[str, int]] = set()  # since the batch's first message
         self._delivery_errors: list[str] = []
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
@@ -161,6 +189,38 @@ class Task:
         if not self._ledger_partitions:
             self._ledger_partitions = check(self.settings, self.ns)
         return self._ledger_partitions
+
+    def check_topics(self) -> None:
+        """Refuse a data topic read with a replay topic of another partition count (replay
+        index i would be another key range than data index i, and range could not pair them);
+        warn about a data topic read without its existing replay topic (its replays would
+        wait for another task)."""
+        self._ledger_partitions = check(self.settings, self.ns, self._pairs)
+        alone = [t for t in self.topics if not t.endswith(REPLAY_SUFFIX) and t not in self._pairs]
+        if alone:
+            counts = kafka_io.partition_counts(self.settings, [replay_topic(t) for t in alone])
+            for topic in alone:
+                if counts[replay_topic(topic)] is not None:
+                    log.warning("%s reads %s without %s: its replays are not processed here",
+                                self.name, topic, replay_topic(topic))
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Eager (range) rebalances hand over the whole assignment, cooperative ones a delta.
+        self._owned = self._owned | {(tp.topic, tp.partition) for tp in partitions}
+        for topic in self._pairs:
+            data = {p for t, p in self._owned if t == topic}
+            replay = {p for t, p in self._owned if t == replay_topic(topic)}
+            if data != replay:  # only with a user's strategy: theirs wins, but say so
+                log.warning(
+                    "%s holds %s %s but %s %s: not co-partitioned (partition.assignment.strategy "
+                    "in TaskConfig.consumer overrides range?)",
+                    self.name, topic, sorted(data), replay_topic(topic), sorted(replay),
+                )
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._owned = self._owned - gone
+        self._revoked |= gone
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
@@ -177,8 +237,10 @@ class Task:
         arrived for ``max_idle_s``. Shuts down cleanly: flush, commit, close."""
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        _ = self.ledger_partitions  # refuse to start on a namespace that is not usable
-        self._consumer.subscribe(self.topics)
+        self.check_topics()  # refuse to start on a namespace or topics that are not usable
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -186,8 +248,17 @@ class Task:
                 # wait the whole timeout unless n messages arrive); then take what is ready.
                 first = self._consumer.poll(self.config.poll_timeout_s)
                 batch: list[Message] = [] if first is None else [first]
+                self._revoked.clear()
                 if first is not None and self.config.batch_size > 1:
                     batch.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+                    if batch and (batch[0].topic(), batch[0].partition()) in self._revoked:
+                        # Revoked while the rest was taken (every join and leave revokes
+                        # all under range): `first` belongs to the old assignment, and its
+                        # owner reads it again from the committed offset - processing it
+                        # here would ack it twice. librdkafka already drops such messages
+                        # within one consume() call; `first` came from the poll before.
+                        batch.pop(0)
+                        self.counters.dropped_revoked += 1
                 if not batch:
                     if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                         break
@@ -230,9 +301,17 @@ class Task:
                 self._consumer.seek(TopicPartition(topic, partition, offset))
             return
         if offsets:
-            self._consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
-            )
+            try:
+                self._consumer.commit(
+                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+                )
+            except KafkaException as exc:
+                # Fenced out of the group (e.g. max.poll.interval.ms passed): the partitions
+                # are someone else's now and so is the batch - a rebalance must not kill the task.
+                if exc.args[0].code() not in _REBALANCE_ERRORS:
+                    raise
+                self.counters.failed_commits += 1
+                log.warning("offset commit failed (%s); the partitions' next owner reprocesses the batch", exc)
 
     def _handle(self, msg: Message, events: dict[int, tuple[list[int], list[int], list[int]]]) -> None:
         headers = tuple(msg.headers() or ())
