@@ -23,20 +23,21 @@ from typing import Any, NamedTuple
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from broker import ids
+from broker import ids, kafka_io
 from broker.delivery import Failed, Outputs, failed_srids
 from broker.headers import H_ORIGIN, Headers, Tracking, as_bytes, tracking_headers, user_headers
 from broker.ids import encode_id
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check
+from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
 
 # Commit errors that mean this member no longer owns what it read: not the task's fault.
 _LOST_MEMBERSHIP = frozenset(
     {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
-     KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
+     KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST,
+     KafkaError._STATE}
 )
 
 class TaskRecord(NamedTuple):
@@ -152,6 +153,8 @@ class TaskCounters:
     undeliverable: int = 0  # source records failed because an output could not be delivered
     dropped: int = 0  # untracked outputs given up (no source record to fail)
     commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
+    # Inputs taken before their partition was revoked: not processed, the owner reads them again.
+    dropped_revoked: int = 0
 
 
 class Task:
@@ -196,9 +199,25 @@ class Task:
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_s)
         self._consumer = Consumer(
-            settings.consumer_config(group_id, **{"isolation.level": "read_committed", **self.config.consumer})
+            settings.consumer_config(
+                group_id,
+                **{
+                    "isolation.level": "read_committed",
+                    # range assigns partition i of every subscribed topic of the same partition
+                    # count to one member, so topic[i] and topic.replay[i] - one key range, as
+                    # a replay goes to its key's partition index - are processed together.
+                    # cooperative-sticky (the settings' default) balances partitions over all
+                    # topics and may split them (checked in _on_assign).
+                    "partition.assignment.strategy": "range",
+                    **self.config.consumer,
+                },
+            )
         )
         self._outputs_pending = False
+        # Data topics read together with their replay topic: these must stay co-partitioned.
+        self._pairs = [t for t in self.topics if replay_topic(t) in self.topics]
+        self._owned: frozenset[tuple[str, int]] = frozenset()  # kept by the rebalance callbacks
+        self._revoked: set[tuple[str, int]] = set()  # since the batch's first message
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
 
@@ -211,6 +230,39 @@ class Task:
     def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
         self._outputs.produce(topic, srid, **kwargs)
 
+    def check_topics(self) -> None:
+        """Refuse a data topic read with a replay topic of another partition count (replay
+        index i would be another key range than data index i, and range could not pair them);
+        warn about a data topic read without its existing replay topic (its replays would
+        wait for another task)."""
+        self._ledger_partitions = check(self.settings, self.ns, self._pairs)
+        alone = [t for t in self.topics if not t.endswith(REPLAY_SUFFIX) and t not in self._pairs]
+        if alone:
+            counts = kafka_io.partition_counts(self.settings, [replay_topic(t) for t in alone])
+            for topic in alone:
+                if counts[replay_topic(topic)] is not None:
+                    log.warning("%s reads %s without %s: its replays are not processed here",
+                                self.name, topic, replay_topic(topic))
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Eager (range) rebalances hand over the whole assignment, cooperative ones a delta.
+        self._owned = self._owned | {(tp.topic, tp.partition) for tp in partitions}
+        for topic in self._pairs:
+            data = {p for t, p in self._owned if t == topic}
+            replay = {p for t, p in self._owned if t == replay_topic(topic)}
+            if data != replay:  # only with a user's strategy: theirs wins, but say so
+                log.warning(
+                    "%s holds %s %s but %s %s: not co-partitioned (partition.assignment.strategy "
+                    "in TaskConfig.consumer overrides range?)",
+                    self.name, topic, sorted(data), replay_topic(topic), sorted(replay),
+                )
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._owned = self._owned - gone
+        self._revoked |= gone
+
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -219,8 +271,10 @@ class Task:
         arrived for ``max_idle_s``. Shuts down cleanly: flush, commit, close."""
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        _ = self.ledger_partitions  # refuse to start on a namespace that is not usable
-        self._consumer.subscribe(self.topics)
+        self.check_topics()  # refuse to start on a namespace or topics that are not usable
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -228,8 +282,17 @@ class Task:
                 # wait the whole timeout unless n messages arrive); then take what is ready.
                 first = self._consumer.poll(self.config.poll_timeout_s)
                 batch: list[Message] = [] if first is None else [first]
+                self._revoked.clear()
                 if first is not None and self.config.batch_size > 1:
                     batch.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+                    if batch and (batch[0].topic(), batch[0].partition()) in self._revoked:
+                        # Revoked while the rest was taken (every join and leave revokes
+                        # all under range): `first` belongs to the old assignment, and its
+                        # owner reads it again from the committed offset - processing it
+                        # here would ack it twice. librdkafka already drops such messages
+                        # within one consume() call; `first` came from the poll before.
+                        batch.pop(0)
+                        self.counters.dropped_revoked += 1
                 if not batch:
                     if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                         break

@@ -1,7 +1,8 @@
 """Ingest: persist records and XOR batches, decoded in bulk and folded into the tables.
 
 Bad input never stops the acker: an undecodable, misrouted or srid-0 message is counted as
-``quarantined`` and kept byte for byte in ``ns.dlq`` (broker.replay.quarantine_record).
+``quarantined`` and kept byte for byte in ``ns.dlq`` (broker.replay.quarantine_record). In an
+XorBatch for the right partition only the bad pairs are: the good ones are folded.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ class Ingest:
     def orphan_tick(self) -> int:
         return self.ticker.tick_of(self.clock.now_ms() + self.orphan_ttl_ms)
 
-    def quarantine(self, st: PartitionState, msg: Message, why: str) -> None:
+    def quarantine(self, st: PartitionState, msg: Message, why: str, value: bytes | None = None) -> None:
+        """Keep ``msg`` (or, given ``value``, the bad part of it) in the DLQ with the reason."""
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        value = msg.value() if value is None else value
         self.outgoing.append((
             msg.partition(),  # persist[i] and acks[i] belong to ledger partition i
-            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), why),
+            quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), value, why),
         ))
 
     def register(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
@@ -157,12 +160,16 @@ class Ingest:
                 xb = XorBatch.decode(msg.value())
                 if xb.ledger_partition != lp:
                     raise DecodeError(f"batch for ledger partition {xb.ledger_partition} sent to {lp}")
-                for arr in (xb.srids, xb.failed):
-                    if arr.size and (np.any(arr == 0) or np.any(arr % P != lp)):
-                        raise DecodeError(f"batch holds srids of other ledger partitions than {lp}")
             except DecodeError as exc:
                 self.quarantine(st, msg, str(exc))
                 continue
+            bad_s = (xb.srids == 0) | (xb.srids % P != lp)
+            bad_f = (xb.failed == 0) | (xb.failed % P != lp)
+            if bad_s.any() or bad_f.any():
+                rest = self._quarantine_pairs(st, msg, lp, xb, bad_s, bad_f)
+                if rest is None:
+                    continue
+                xb = rest
             srids.append(xb.srids)
             xors.append(xb.xors)
             if xb.failed.size:
@@ -178,6 +185,23 @@ class Ingest:
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
             st.recent_fails.append((self.clock.now_ms(), f))
+
+    def _quarantine_pairs(
+        self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray
+    ) -> XorBatch | None:
+        """Quarantine the events and fail marks of srid 0 or of another ledger partition; return
+        the rest of the batch (None: nothing is left). One bad srid is the sender's bug, not its
+        neighbours': quarantining the whole batch would leave their trees to timeouts and replays."""
+        counts = ((int(bad_s.sum()), "event(s)"), (int(bad_f.sum()), "fail mark(s)"))
+        why = " and ".join(f"{n} {what}" for n, what in counts if n)
+        why += f" of srid 0 or of other ledger partitions than {lp}"
+        if bad_s.all() and bad_f.all():  # all bad: keep the message byte for byte
+            self.quarantine(st, msg, why)
+            return None
+        # Only the bad ones, re-encoded as an XorBatch (same partition and producer) to inspect.
+        bad = XorBatch(xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer)
+        self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
+        return XorBatch(lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer)
 
     def completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):
