@@ -3,22 +3,28 @@
 ``Acking(bootstrap, namespace, handler)`` is the function to hand to ``foreachBatch``. For each
 micro-batch, in this order:
 
-1. the handler runs on the batch (tracking columns included) and writes its own sinks; it may
-   return a ``BatchResult`` naming the inputs that failed and the children to emit;
-2. children (``Emit``) get fresh record ids, pinned with ``localCheckpoint`` so the ids written
-   are the ids XORed, and are written to their topic with the parent's rb-* headers and a
-   new ``rb-id``;
-3. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
+1. the handler runs on the batch (tracking columns included) and returns a ``BatchResult``:
+   the rows it decided about (``rows``, default the batch), which of them failed (``failed``)
+   and a ``write`` function for its outputs;
+2. the decision is evaluated ONCE: ``rows`` with a decision column is pinned with
+   ``localCheckpoint`` (a DataFrame of failed srids is pinned as it is), and ``write`` gets the
+   rows not failed from that pinned copy - so the rows written are exactly the rows acked,
+   whatever a nondeterministic or flaky expression would answer on a second evaluation;
+3. children (``Emit``, returned by ``write`` or listed in the result) get fresh record ids,
+   pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
+   their topic with the parent's rb-* headers and a new ``rb-id``;
+4. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
    children's ids (docs/design.md §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
-   srid in the batch), or a fail mark when any of its inputs failed; per ledger partition
-   ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in SQL too;
-4. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
+   srid in the batch), or a fail mark when the pinned decision failed any of its rows; per
+   ledger partition ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in
+   SQL too;
+5. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
    and produces it to ``ns.acks[partition]``, waiting for delivery.
 
 Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
 without acks: Spark runs it again from the checkpoint, or its srids time out and are
-replayed (at-least-once; sinks dedup by origin). An exception from the handler fails the
-whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
+replayed (at-least-once; sinks dedup by origin and path). An exception from the handler fails
+the whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
 batch whose acks went out twice folds its events twice, which the ledger treats as a missing
 event: a later timeout, never an early completion.
 """
@@ -81,17 +87,74 @@ class Emit:
     partition_column: str | None = None
 
 
+Writer = Callable[[DataFrame, int], Sequence[Emit] | None]
+
+
 @dataclass(frozen=True)
 class BatchResult:
-    """What the handler tells the acker about its batch.
+    """What the handler tells the acker about its batch, before any output is written.
 
-    ``failed``: a boolean Column over the batch's rows, or a DataFrame with a ``srid`` column
-    (every srid in it fails). Failed srids are replayed at once (or dead-lettered after their
-    max attempts); every other tracked input is acked.
+    ``failed``: a boolean Column over ``rows`` (default: the batch), or a DataFrame with a
+    ``srid`` column (every srid in it fails). Failed srids are replayed at once (or
+    dead-lettered after their max attempts); every other tracked input is acked.
+
+    ``write(ok, batch_id)``: writes the outputs from ``ok``, the rows of ``rows`` that did not
+    fail, read from the pinned decision (step 2 of the module docstring); it may return the
+    children to emit. Write outputs here, not in the handler: a write in the handler evaluates
+    the batch a second time, and a nondeterministic decision (a flaky lookup, a dimension
+    table that changed, ``rand()``) may then leave out a row that is acked as complete.
+
+    ``emits``: children that do not depend on the decision (``write`` may return more).
     """
 
     failed: Column | DataFrame | None = None
     emits: Sequence[Emit] = ()
+    rows: DataFrame | None = None
+    write: Writer | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The pinned outcome of a ``BatchResult``: the rows to write, the srids to fail."""
+
+    ok: DataFrame
+    failed: Column | DataFrame | None
+
+
+DECISION = "_rb_failed"
+
+
+def decide(batch: DataFrame, result: BatchResult) -> Decision:
+    """Evaluate ``result.failed`` once per row (step 2 of the module docstring).
+
+    Without ``write`` nothing else reads the decision: it is left to the ack step, which
+    evaluates it once, and nothing is pinned.
+    """
+    rows = batch if result.rows is None else result.rows
+    failed = result.failed
+    if failed is None:
+        return Decision(rows, None)
+    if SRID not in rows.columns:
+        raise ConfigurationError(
+            "BatchResult.rows lacks the srid column: carry it over from the batch, the fail "
+            "marks are per srid"
+        )
+    if isinstance(failed, Column):
+        flag = F.coalesce(failed, F.lit(False))
+        if result.write is None:
+            return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
+        # One evaluation, kept: a recomputed plan would ask the decision again (a cached
+        # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
+        decided = rows.withColumn(DECISION, flag).localCheckpoint(eager=True)
+        return Decision(
+            decided.where(~F.col(DECISION)).drop(DECISION),
+            decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
+        )
+    if result.write is None:
+        return Decision(rows, failed)
+    srids = failed.select(SRID).where(F.col(SRID).isNotNull()).localCheckpoint(eager=True)
+    # Untracked rows (null srid) match nothing and stay.
+    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
@@ -374,9 +437,13 @@ class Acking:
             batch = batch.persist()
         try:
             result = self.handler(batch, batch_id) or BatchResult()
+            decision = decide(batch, result)
+            emits = list(result.emits)
+            if result.write is not None:
+                emits += result.write(decision.ok, batch_id) or ()
             handled = time.monotonic()
-            children = [self._emit(emit) for emit in result.emits]
-            events = xor_events(batch, self.ledger_partitions, result.failed, children)
+            children = [self._emit(emit) for emit in emits]
+            events = xor_events(batch, self.ledger_partitions, decision.failed, children)
             xor_batches, counts = collect_xor_batches(
                 events, self.config.name, self.config.max_pairs_per_message
             )

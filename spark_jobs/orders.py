@@ -135,22 +135,24 @@ def order_job(
 
     def handle(batch: DataFrame, batch_id: int) -> BatchResult:
         enriched = enrich(batch, customer_dim)
-        tracked = F.col(SRID).isNotNull()
         cannot = F.col("order_id").isNull() | F.col("region").isNull()
         if inject is not None:
             cannot = cannot | F.coalesce(inject, F.lit(False))
-        good = enriched.where(~cannot)
+        return BatchResult(rows=enriched, failed=cannot, write=write)
+
+    def write(good: DataFrame, batch_id: int) -> list[Emit]:
+        # ``good``: the orders not failed, read from the pinned decision - the same rows the
+        # acks complete, so a fact or an alert is never missing for an order acked as done.
         sink.write(facts(good), batch_id)
-        emits = []
-        if alerts_topic is not None:
-            alerts = good.where(F.col("amount") >= alert_amount).select(
-                F.col("customer").alias("key"),
-                F.to_json(F.struct("order_id", "customer", "amount", "region")).alias("value"),
-                SRID,
-                ORIGIN,
-                ATTEMPT,
-            )
-            emits.append(Emit(alerts_topic, alerts))
-        return BatchResult(failed=enriched.where(tracked & cannot).select(SRID), emits=emits)
+        if alerts_topic is None:
+            return []
+        alerts = good.where(F.col("amount") >= alert_amount).select(
+            F.col("customer").alias("key"),
+            F.to_json(F.struct("order_id", "customer", "amount", "region")).alias("value"),
+            SRID,
+            ORIGIN,
+            ATTEMPT,
+        )
+        return [Emit(alerts_topic, alerts)]
 
     return handle

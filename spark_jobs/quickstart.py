@@ -20,11 +20,14 @@ def start_payments_query(
     payments = read_with_replay(spark, bootstrap, topic)  # topic + topic.replay, ids as columns
     sink = OriginParquetSink(out)  # one row per origin id, however often a record is replayed
 
-    def process(batch, batch_id):  # the foreachBatch body you had, plus a BatchResult
+    def process(batch, batch_id):  # the foreachBatch body you had: decide here, write below
         amount = F.get_json_object(F.col("value").cast("string"), "$.amount").cast("double")
         parsed = batch.withColumn("amount", amount)
-        sink.write(parsed.where("amount IS NOT NULL").select("origin", "key", "amount"), batch_id)
-        return BatchResult(failed=amount.isNull())  # unparsable: fail -> replay, then DLQ
+        # unparsable: fail -> replay, then DLQ; the decision is evaluated once, then pinned
+        return BatchResult(rows=parsed, failed=F.col("amount").isNull(), write=write)
+
+    def write(ok, batch_id):  # ok: the rows not failed - exactly the rows that are acked
+        sink.write(ok.select("origin", "key", "amount"), batch_id)
 
     query = (
         payments.writeStream.foreachBatch(Acking(bootstrap, namespace, process))  # acks last
