@@ -24,7 +24,14 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids, kafka_io
-from broker.headers import Headers, Tracking, as_bytes, tracking_headers, user_headers
+from broker.headers import (
+    Headers,
+    Tracking,
+    as_bytes,
+    child_path_header,
+    tracking_headers,
+    user_headers,
+)
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -72,6 +79,8 @@ class TaskContext:
             child_id = ids.new_id()
             self.children_xor ^= child_id
             user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
+            # rb-path: its emit index, the same child on every attempt, different per sibling.
+            user.append(child_path_header(self.record.headers, self.children))
         kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
         if partition is not None:
             kwargs["partition"] = partition
