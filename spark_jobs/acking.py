@@ -12,7 +12,8 @@ micro-batch, in this order:
    whatever a nondeterministic or flaky expression would answer on a second evaluation;
 3. children (``Emit``, returned by ``write`` or listed in the result) get fresh record ids,
    pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
-   their topic with the parent's rb-* headers and a new ``rb-id``;
+   their topic with the parent's rb-* headers, a new ``rb-id`` and an ``rb-path`` (the
+   parent's path plus the child's index among the parent's children, see ``Emit``);
 4. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
    children's ids (docs/design.md §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
    srid in the batch), or a fail mark when the pinned decision failed any of its rows; per
@@ -38,11 +39,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import reduce
 from typing import Any
 
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
@@ -55,8 +57,10 @@ from spark_jobs.tracking import (
     ATTEMPT,
     IS_REPLAY,
     ORIGIN,
+    PATH,
     RECORD_ID,
     SRID,
+    child_path,
     int64_le_hex,
     new_id,
     tracking_headers,
@@ -67,6 +71,7 @@ from spark_jobs.tracking import (
 log = logging.getLogger(__name__)
 
 CHILD_ID = "child_id"
+CHILD_PATH = "child_path"
 _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
 
@@ -75,11 +80,16 @@ class Emit:
     """Children for another fault-tolerant topic, anchored to their parents' trees.
 
     ``frame`` has ``value`` (string or binary), optional ``key`` and ``headers`` (user
-    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin`` and ``attempt``
-    carried over from the input rows. Children of untracked parents (null srid) are written
-    untracked. ``partition_column`` names a column that picks the partition (default: the
-    producer's partitioner on the key); it is explicit because frames derived from the
-    input batch carry the *input's* ``partition`` column.
+    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin``, ``attempt`` and
+    ``path`` carried over from the input rows (and, best, its ``record_id``: two deliveries
+    of one parent in a batch then number their children apart). Children of untracked parents
+    (null srid) are written untracked. ``partition_column`` names a column that picks the
+    partition (default: the producer's partitioner on the key); it is explicit because frames
+    derived from the input batch carry the *input's* ``partition`` column.
+
+    A child's path is its parent's plus ``.i``, ``i`` numbering the parent's children of all
+    the batch's emits together, ordered by (emit, topic, key, value, headers, partition) - by
+    content, so a replay or a re-run of the batch gives every child the path it had before.
     """
 
     topic: str
@@ -350,6 +360,44 @@ def collect_xor_batches(
     return batches, counts
 
 
+_EMIT, _PARENT = "_rb_emit", "_rb_parent"
+
+
+def _child_rows(index: int, emit: Emit) -> DataFrame:
+    """``emit``'s rows in the one shape every emit of a batch shares (the Kafka sink's columns
+    plus the parent's tracking), so they are numbered and written together."""
+    frame = emit.frame
+    columns = set(frame.columns)
+    missing = {"value", SRID, ORIGIN, ATTEMPT, PATH} - columns
+    if missing:
+        raise ConfigurationError(
+            f"children for {emit.topic} lack {sorted(missing)}: carry the parent's srid, "
+            "origin, attempt and path over from the input rows"
+        )
+    none = F.array().cast(_HEADERS_TYPE)
+    own = F.coalesce(user_headers(F.col("headers")), none) if "headers" in columns else none
+    key = F.col("key").cast("binary") if "key" in columns else F.lit(None).cast("binary")
+    partition = (
+        F.col(emit.partition_column).cast("int")
+        if emit.partition_column is not None
+        else F.lit(None).cast("int")
+    )
+    parent = F.col(RECORD_ID) if RECORD_ID in columns else F.lit(None).cast("bigint")
+    return frame.select(
+        F.lit(emit.topic).alias("topic"),
+        F.lit(index).alias(_EMIT),
+        key.alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        own.alias("headers"),
+        partition.alias("partition"),
+        F.col(SRID).cast("bigint").alias(SRID),
+        F.col(ORIGIN).cast("bigint").alias(ORIGIN),
+        F.col(ATTEMPT).cast("int").alias(ATTEMPT),
+        F.col(PATH).cast("string").alias(PATH),
+        parent.cast("bigint").alias(_PARENT),
+    )
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -442,7 +490,7 @@ class Acking:
             if result.write is not None:
                 emits += result.write(decision.ok, batch_id) or ()
             handled = time.monotonic()
-            children = [self._emit(emit) for emit in emits]
+            children = self._emit(emits)
             events = xor_events(batch, self.ledger_partitions, decision.failed, children)
             xor_batches, counts = collect_xor_batches(
                 events, self.config.name, self.config.max_pairs_per_message
@@ -463,43 +511,37 @@ class Acking:
 
     # ------------------------------------------------------------------ children
 
-    def _emit(self, emit: Emit) -> DataFrame:
-        """Write the children with fresh ids; return ``srid, child_id`` for the events."""
-        frame = emit.frame
-        missing = {"value", SRID, ORIGIN, ATTEMPT} - set(frame.columns)
-        if missing:
-            raise ConfigurationError(
-                f"children for {emit.topic} lack {sorted(missing)}: carry the parent's srid, "
-                "origin and attempt over from the input rows"
-            )
-        # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
-        pinned = frame.withColumn(CHILD_ID, F.when(F.col(SRID).isNotNull(), new_id())).localCheckpoint(
-            eager=True
+    def _emit(self, emits: Sequence[Emit]) -> list[DataFrame]:
+        """Write the children with fresh ids and their paths; return ``srid, child_id`` for
+        the events."""
+        if not emits:
+            return []
+        children = reduce(DataFrame.unionByName, [_child_rows(k, emit) for k, emit in enumerate(emits)])
+        tracked = F.col(SRID).isNotNull()
+        # Numbered by content, not by the order rows arrive in: a replay of the tree, or this
+        # batch run again, gives each child the path it had - the identity sinks dedup on.
+        siblings = Window.partitionBy(SRID, _PARENT, PATH).orderBy(
+            _EMIT, "topic", "key", "value", "headers", "partition"
         )
-        none = F.array().cast(_HEADERS_TYPE)
-        own = F.coalesce(user_headers(F.col("headers")), none) if "headers" in frame.columns else none
-        headers = F.when(
-            F.col(SRID).isNotNull(),
-            F.concat(own, tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT))),
-        ).otherwise(own)
-        columns = [
-            F.col("key") if "key" in frame.columns else F.lit(None).cast("binary").alias("key"),
-            F.col("value"),
-            headers.alias("headers"),
-        ]
-        if emit.partition_column is not None:
-            columns.append(F.col(emit.partition_column).cast("int").alias("partition"))
+        numbered = children.withColumn(
+            CHILD_PATH, F.when(tracked, child_path(F.col(PATH), F.row_number().over(siblings) - 1))
+        )
+        # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
+        pinned = numbered.withColumn(CHILD_ID, F.when(tracked, new_id())).localCheckpoint(eager=True)
+        rb = tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT), F.col(CHILD_PATH))
+        headers = F.when(tracked, F.concat(F.col("headers"), rb)).otherwise(F.col("headers"))
         (
-            pinned.select(*columns)
+            # One write for every topic: the Kafka sink takes each row's ``topic`` column, and a
+            # null ``partition`` leaves the choice to the producer's partitioner.
+            pinned.select("topic", "key", "value", headers.alias("headers"), "partition")
             .write.format("kafka")
             .options(**kafka_options(self.settings))
             .option("kafka.enable.idempotence", "true")
             .option("kafka.acks", "all")
             .options(**self.config.sink_options)
-            .option("topic", emit.topic)
             .save()
         )
-        return pinned.select(SRID, CHILD_ID)
+        return [pinned.select(SRID, CHILD_ID)]
 
     # ------------------------------------------------------------------ acks
 

@@ -6,7 +6,8 @@ micro-batch the job
 - parses each order and enriches it with the customer dimension (region, tier, discount);
 - fails the orders it cannot handle *yet* - unparsable JSON or a customer not in the
   dimension - so the broker replays them (and dead-letters them after their max attempts);
-- writes one fact per origin to an ``OriginParquetSink`` (a replayed order never doubles);
+- writes one fact per order (origin, path) to an ``OriginParquetSink`` (a replayed order never
+  doubles);
 - emits a ``large order`` alert for orders above a threshold to another fault-tolerant topic,
   anchored to the order's tree: the order completes only when its alert is processed too.
 
@@ -27,7 +28,7 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, Str
 
 from spark_jobs.acking import BatchHandler, BatchResult, Emit
 from spark_jobs.sinks import OriginParquetSink
-from spark_jobs.tracking import ATTEMPT, ORIGIN, SRID
+from spark_jobs.tracking import ATTEMPT, ORIGIN, PATH, RECORD_ID, SRID
 
 ORDER_SCHEMA = StructType(
     [
@@ -98,6 +99,7 @@ def facts(enriched: DataFrame) -> DataFrame:
     """What the sink stores: one row per order, keyed by origin."""
     return enriched.select(
         ORIGIN,
+        PATH,
         "order_id",
         "customer",
         "region",
@@ -152,6 +154,8 @@ def order_job(
             SRID,
             ORIGIN,
             ATTEMPT,
+            PATH,
+            RECORD_ID,
         )
         return [Emit(alerts_topic, alerts)]
 

@@ -53,7 +53,7 @@ def test_rows_acked_are_the_rows_written(
     sink = OriginParquetSink(str(tmp_path / "sink"))
 
     def write(ok: DataFrame, batch_id: int) -> None:
-        sink.write(ok.select("origin", "srid"), batch_id)
+        sink.write(ok.select("origin", "path", "srid"), batch_id)
 
     def handler(batch: DataFrame, batch_id: int) -> BatchResult:
         if form == "column":

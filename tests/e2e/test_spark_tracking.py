@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 
 from broker import ids
 from broker.errors import ConfigurationError
-from broker.headers import Tracking, tracking_headers
+from broker.headers import H_PATH, Tracking, path_of, tracking_headers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings, Secret
 from spark_jobs import kafka_options
@@ -157,6 +157,29 @@ def test_tracking_headers_round_trip(spark: SparkSession) -> None:
         for row in encoded.collect()
     ]
     assert decoded == [Tracking(s, r, o, a) for s, r, o, a in rows]
+
+
+def test_paths_decode_like_path_of_and_round_trip(spark: SparkSession) -> None:
+    s, r = ids.new_id(), ids.new_id()
+    base = tracking_headers(s, r, s, 1)
+    cases = [
+        base,  # a source record: the root
+        [*base, (H_PATH, b"0.2")],
+        [*base, (H_PATH, b"0.1"), (H_PATH, b"0.1.4")],  # the last one wins
+        [*base, (H_PATH, b"")],
+        [(H_PATH, b"0.3")],  # untracked: no path either
+    ]
+    df = spark.createDataFrame(
+        list(enumerate(cases)), StructType([StructField("i", LongType()), StructField("headers", HEADERS)])
+    )
+    got = {row["i"]: row["path"] for row in with_tracking_columns(df).collect()}
+    assert got == {i: path_of(h) for i, h in enumerate(cases[:-1])} | {len(cases) - 1: None}
+
+    encoded = spark.createDataFrame([(s, r, s, 2, "0.1.2")], "s bigint, r bigint, o bigint, a int, p string")
+    headers = encoded.select(
+        spark_tracking_headers(F.col("s"), F.col("r"), F.col("o"), F.col("a"), F.col("p")).alias("h")
+    ).collect()[0]["h"]
+    assert path_of([(h["key"], bytes(h["value"])) for h in headers]) == "0.1.2"
 
 
 def test_with_tracking_needs_headers(spark: SparkSession) -> None:
