@@ -4,8 +4,10 @@ Orders arrive on ``orders`` (key = customer id, value = JSON) and on ``orders.re
 micro-batch the job
 
 - parses each order and enriches it with the customer dimension (region, tier, discount);
-- fails the orders it cannot handle *yet* - unparsable JSON or a customer not in the
-  dimension - so the broker replays them (and dead-letters them after their max attempts);
+- fails the orders it cannot handle *yet* - unparsable JSON, a field that is not of its type
+  (an amount that is not a number), or a customer not in the dimension - so the broker
+  replays them (and dead-letters them after their max attempts), record by record: a bad value
+  never raises (``from_json`` is PERMISSIVE, no ANSI ``cast``), so it never fails the batch;
 - writes one fact per order (origin, path) to an ``OriginParquetSink`` (a replayed order never
   doubles);
 - emits a ``large order`` alert for orders above a threshold to another fault-tolerant topic,
@@ -118,6 +120,22 @@ def revenue_by_region(sink_facts: DataFrame) -> DataFrame:
     )
 
 
+def unreadable() -> Column:
+    """Orders whose JSON or fields the job cannot read. ``from_json`` turns a bad field into
+    null (PERMISSIVE) instead of raising - a raise under ANSI mode, like a plain ``cast``,
+    would fail the whole batch on every restart - so a bad value must be failed explicitly,
+    or the order would be written with a null amount and acked. ``1e999`` parses as infinity."""
+    amount = F.col("amount")
+    return (
+        F.col("order_id").isNull()
+        | F.col("customer").isNull()
+        | F.col("items").isNull()
+        | amount.isNull()
+        | F.isnan(amount)
+        | (F.abs(amount) == F.lit(float("inf")))
+    )
+
+
 def first_attempt_failures(rate: float) -> Column:
     """Failure injection: ``rate`` of the origins fail on their first attempt. Chosen by a
     hash of the origin, so a micro-batch that runs again fails the same records."""
@@ -137,7 +155,7 @@ def order_job(
 
     def handle(batch: DataFrame, batch_id: int) -> BatchResult:
         enriched = enrich(batch, customer_dim)
-        cannot = F.col("order_id").isNull() | F.col("region").isNull()
+        cannot = unreadable() | F.col("region").isNull()
         if inject is not None:
             cannot = cannot | F.coalesce(inject, F.lit(False))
         return BatchResult(rows=enriched, failed=cannot, write=write)

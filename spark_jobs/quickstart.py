@@ -21,9 +21,9 @@ def start_payments_query(
     sink = OriginParquetSink(out)  # one row per (origin, path), however often it is replayed
 
     def process(batch, batch_id):  # the foreachBatch body you had: decide here, write below
-        amount = F.get_json_object(F.col("value").cast("string"), "$.amount").cast("double")
+        amount = F.get_json_object(F.col("value").cast("string"), "$.amount").try_cast("double")
         parsed = batch.withColumn("amount", amount)
-        # unparsable: fail -> replay, then DLQ; the decision is evaluated once, then pinned
+        # unparsable (try_cast: null, not an error): fail -> replay, then DLQ
         return BatchResult(rows=parsed, failed=F.col("amount").isNull(), write=write)
 
     def write(ok, batch_id):  # ok: the rows not failed - exactly the rows that are acked
