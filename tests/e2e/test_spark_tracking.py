@@ -7,6 +7,7 @@ No Kafka here: DataFrames shaped like the Kafka source's output, checked against
 from __future__ import annotations
 
 import random
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -341,6 +342,17 @@ def test_one_session_with_the_kafka_connector(spark: SparkSession) -> None:
     jars = spark.sparkContext.getConf().get("spark.jars") or ""
     assert "spark-sql-kafka-0-10_2.13" in jars
     assert spark.sparkContext.master.startswith("local")
+
+
+def test_python_workers_run_this_interpreter(spark: SparkSession) -> None:
+    """A UDF that imports the project's dependencies (a lookup, say) needs this virtualenv."""
+
+    def prefix(_value: object) -> str:
+        import sys
+
+        return sys.prefix
+
+    assert spark.range(1).select(F.udf(prefix, "string")("id")).first()[0] == sys.prefix
 
 
 def test_kafka_options_carry_the_connection_settings() -> None:
