@@ -8,6 +8,7 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-id`` | data records | record id of this record |
 | ``rb-origin`` | data records, DLQ records | srid of the first attempt |
 | ``rb-attempt`` | data records | attempt number (``1`` on a first attempt) |
+| ``rb-path`` | data records below the root | emit indices from the root: ``0.2`` is the third child of the source record (``0``, which carries no header), ``0.2.0`` its first grandchild |
 | ``rb-root`` | persist records | the root's creation event (XOR of the source's record ids) |
 | ``rb-deadline`` | persist records | created_ms + timeout_ms |
 | ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
@@ -28,7 +29,13 @@ H_SRID = "rb-srid"
 H_ID = "rb-id"
 H_ORIGIN = "rb-origin"
 H_ATTEMPT = "rb-attempt"
-TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT})
+# The record's output identity within its tree: with the origin, the same on every attempt
+# (a replay re-runs the tree from the root, whose path is always ROOT_PATH) and different for
+# siblings - what a sink after a fan-out deduplicates on. Ids cannot serve: they are fresh on
+# every attempt.
+H_PATH = "rb-path"
+ROOT_PATH = "0"
+TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT, H_PATH})
 
 # --- persist records: register an srid from key + headers without decoding the value
 H_ROOT = "rb-root"
@@ -75,6 +82,26 @@ def tracking_headers(srid: int, record_id: int, origin: int, attempt: int) -> li
         (H_ORIGIN, srid_b if origin == srid else encode_id(origin)),
         (H_ATTEMPT, b"1" if attempt == 1 else str(attempt).encode()),
     ]
+
+
+def path_of(headers: Headers | None) -> str:
+    """The record's ``rb-path`` (the last one when repeated); ``ROOT_PATH`` when it is
+    missing or empty - a source record and its replays carry none."""
+    path = None
+    for k, v in headers or ():
+        if k == H_PATH:
+            path = v
+    return path.decode("utf-8", "replace") if path else ROOT_PATH
+
+
+def child_path(parent: str, index: int) -> str:
+    """The path of the ``index``-th record emitted for an input whose path is ``parent``."""
+    return f"{parent}.{index}"
+
+
+def child_path_header(parent_headers: Headers | None, index: int) -> tuple[str, bytes]:
+    """The ``rb-path`` header of the ``index``-th child of the record with ``parent_headers``."""
+    return (H_PATH, child_path(path_of(parent_headers), index).encode())
 
 
 def persist_headers(root_xor: int, deadline_ms: int) -> list[tuple[str, bytes]]:

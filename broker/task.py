@@ -25,7 +25,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from broker import ids, kafka_io
 from broker.delivery import Failed, Outputs, failed_srids
-from broker.headers import H_ORIGIN, Headers, Tracking, as_bytes, tracking_headers, user_headers
+from broker.headers import (
+    H_ORIGIN,
+    H_PATH,
+    Headers,
+    Tracking,
+    as_bytes,
+    child_path_header,
+    path_of,
+    tracking_headers,
+    user_headers,
+)
 from broker.ids import encode_id
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
@@ -81,6 +91,8 @@ class TaskContext:
             child_id = ids.new_id()
             self.children_xor ^= child_id
             user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
+            # rb-path: its emit index, the same child on every attempt, different per sibling.
+            user.append(child_path_header(self.record.headers, self.children))
         kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
         if partition is not None:
             kwargs["partition"] = partition
@@ -99,11 +111,13 @@ class TaskContext:
         """Write a result out of the pipeline (a sink record): NOT anchored, so nothing
         downstream acks it - and delivered before the input is acked, so a tree never
         completes without its outputs (one that stays undeliverable fails the input instead).
-        Carries ``rb-origin`` for deduplication: a replay writes the same output again."""
+        Carries ``rb-origin`` and ``rb-path`` (the output identity): a replay writes the same
+        output again, and sinks deduplicate on the pair."""
         user = list(user_headers(headers))
         tracking = self.record.tracking
         if tracking is not None:
-            user.append((H_ORIGIN, encode_id(tracking.origin)))
+            # The output identity (docs/design.md §8): origin + the input's path.
+            user += [(H_ORIGIN, encode_id(tracking.origin)), (H_PATH, path_of(self.record.headers).encode())]
         kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
         if partition is not None:
             kwargs["partition"] = partition

@@ -3,22 +3,29 @@
 ``Acking(bootstrap, namespace, handler)`` is the function to hand to ``foreachBatch``. For each
 micro-batch, in this order:
 
-1. the handler runs on the batch (tracking columns included) and writes its own sinks; it may
-   return a ``BatchResult`` naming the inputs that failed and the children to emit;
-2. children (``Emit``) get fresh record ids, pinned with ``localCheckpoint`` so the ids written
-   are the ids XORed, and are written to their topic with the parent's rb-* headers and a
-   new ``rb-id``;
-3. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
+1. the handler runs on the batch (tracking columns included) and returns a ``BatchResult``:
+   the rows it decided about (``rows``, default the batch), which of them failed (``failed``)
+   and a ``write`` function for its outputs;
+2. the decision is evaluated ONCE: ``rows`` with a decision column is pinned with
+   ``localCheckpoint`` (a DataFrame of failed srids is pinned as it is), and ``write`` gets the
+   rows not failed from that pinned copy - so the rows written are exactly the rows acked,
+   whatever a nondeterministic or flaky expression would answer on a second evaluation;
+3. children (``Emit``, returned by ``write`` or listed in the result) get fresh record ids,
+   pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
+   their topic with the parent's rb-* headers, a new ``rb-id`` and an ``rb-path`` (the
+   parent's path plus the child's index among the parent's children, see ``Emit``);
+4. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
    children's ids (docs/design.md §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
-   srid in the batch), or a fail mark when any of its inputs failed; per ledger partition
-   ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in SQL too;
-4. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
+   srid in the batch), or a fail mark when the pinned decision failed any of its rows; per
+   ledger partition ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in
+   SQL too;
+5. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
    and produces it to ``ns.acks[partition]``, waiting for delivery.
 
 Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
 without acks: Spark runs it again from the checkpoint, or its srids time out and are
-replayed (at-least-once; sinks dedup by origin). An exception from the handler fails the
-whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
+replayed (at-least-once; sinks dedup by origin and path). An exception from the handler fails
+the whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
 batch whose acks went out twice folds its events twice, which the ledger treats as a missing
 event: a later timeout, never an early completion.
 """
@@ -32,11 +39,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import reduce
 from typing import Any
 
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
@@ -49,8 +57,10 @@ from spark_jobs.tracking import (
     ATTEMPT,
     IS_REPLAY,
     ORIGIN,
+    PATH,
     RECORD_ID,
     SRID,
+    child_path,
     int64_le_hex,
     new_id,
     tracking_headers,
@@ -61,6 +71,7 @@ from spark_jobs.tracking import (
 log = logging.getLogger(__name__)
 
 CHILD_ID = "child_id"
+CHILD_PATH = "child_path"
 _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
 
@@ -69,11 +80,16 @@ class Emit:
     """Children for another fault-tolerant topic, anchored to their parents' trees.
 
     ``frame`` has ``value`` (string or binary), optional ``key`` and ``headers`` (user
-    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin`` and ``attempt``
-    carried over from the input rows. Children of untracked parents (null srid) are written
-    untracked. ``partition_column`` names a column that picks the partition (default: the
-    producer's partitioner on the key); it is explicit because frames derived from the
-    input batch carry the *input's* ``partition`` column.
+    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin``, ``attempt`` and
+    ``path`` carried over from the input rows (and, best, its ``record_id``: two deliveries
+    of one parent in a batch then number their children apart). Children of untracked parents
+    (null srid) are written untracked. ``partition_column`` names a column that picks the
+    partition (default: the producer's partitioner on the key); it is explicit because frames
+    derived from the input batch carry the *input's* ``partition`` column.
+
+    A child's path is its parent's plus ``.i``, ``i`` numbering the parent's children of all
+    the batch's emits together, ordered by (emit, topic, key, value, headers, partition) - by
+    content, so a replay or a re-run of the batch gives every child the path it had before.
     """
 
     topic: str
@@ -81,17 +97,74 @@ class Emit:
     partition_column: str | None = None
 
 
+Writer = Callable[[DataFrame, int], Sequence[Emit] | None]
+
+
 @dataclass(frozen=True)
 class BatchResult:
-    """What the handler tells the acker about its batch.
+    """What the handler tells the acker about its batch, before any output is written.
 
-    ``failed``: a boolean Column over the batch's rows, or a DataFrame with a ``srid`` column
-    (every srid in it fails). Failed srids are replayed at once (or dead-lettered after their
-    max attempts); every other tracked input is acked.
+    ``failed``: a boolean Column over ``rows`` (default: the batch), or a DataFrame with a
+    ``srid`` column (every srid in it fails). Failed srids are replayed at once (or
+    dead-lettered after their max attempts); every other tracked input is acked.
+
+    ``write(ok, batch_id)``: writes the outputs from ``ok``, the rows of ``rows`` that did not
+    fail, read from the pinned decision (step 2 of the module docstring); it may return the
+    children to emit. Write outputs here, not in the handler: a write in the handler evaluates
+    the batch a second time, and a nondeterministic decision (a flaky lookup, a dimension
+    table that changed, ``rand()``) may then leave out a row that is acked as complete.
+
+    ``emits``: children that do not depend on the decision (``write`` may return more).
     """
 
     failed: Column | DataFrame | None = None
     emits: Sequence[Emit] = ()
+    rows: DataFrame | None = None
+    write: Writer | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The pinned outcome of a ``BatchResult``: the rows to write, the srids to fail."""
+
+    ok: DataFrame
+    failed: Column | DataFrame | None
+
+
+DECISION = "_rb_failed"
+
+
+def decide(batch: DataFrame, result: BatchResult) -> Decision:
+    """Evaluate ``result.failed`` once per row (step 2 of the module docstring).
+
+    Without ``write`` nothing else reads the decision: it is left to the ack step, which
+    evaluates it once, and nothing is pinned.
+    """
+    rows = batch if result.rows is None else result.rows
+    failed = result.failed
+    if failed is None:
+        return Decision(rows, None)
+    if SRID not in rows.columns:
+        raise ConfigurationError(
+            "BatchResult.rows lacks the srid column: carry it over from the batch, the fail "
+            "marks are per srid"
+        )
+    if isinstance(failed, Column):
+        flag = F.coalesce(failed, F.lit(False))
+        if result.write is None:
+            return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
+        # One evaluation, kept: a recomputed plan would ask the decision again (a cached
+        # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
+        decided = rows.withColumn(DECISION, flag).localCheckpoint(eager=True)
+        return Decision(
+            decided.where(~F.col(DECISION)).drop(DECISION),
+            decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
+        )
+    if result.write is None:
+        return Decision(rows, failed)
+    srids = failed.select(SRID).where(F.col(SRID).isNotNull()).localCheckpoint(eager=True)
+    # Untracked rows (null srid) match nothing and stay.
+    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
@@ -287,6 +360,44 @@ def collect_xor_batches(
     return batches, counts
 
 
+_EMIT, _PARENT = "_rb_emit", "_rb_parent"
+
+
+def _child_rows(index: int, emit: Emit) -> DataFrame:
+    """``emit``'s rows in the one shape every emit of a batch shares (the Kafka sink's columns
+    plus the parent's tracking), so they are numbered and written together."""
+    frame = emit.frame
+    columns = set(frame.columns)
+    missing = {"value", SRID, ORIGIN, ATTEMPT, PATH} - columns
+    if missing:
+        raise ConfigurationError(
+            f"children for {emit.topic} lack {sorted(missing)}: carry the parent's srid, "
+            "origin, attempt and path over from the input rows"
+        )
+    none = F.array().cast(_HEADERS_TYPE)
+    own = F.coalesce(user_headers(F.col("headers")), none) if "headers" in columns else none
+    key = F.col("key").cast("binary") if "key" in columns else F.lit(None).cast("binary")
+    partition = (
+        F.col(emit.partition_column).cast("int")
+        if emit.partition_column is not None
+        else F.lit(None).cast("int")
+    )
+    parent = F.col(RECORD_ID) if RECORD_ID in columns else F.lit(None).cast("bigint")
+    return frame.select(
+        F.lit(emit.topic).alias("topic"),
+        F.lit(index).alias(_EMIT),
+        key.alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        own.alias("headers"),
+        partition.alias("partition"),
+        F.col(SRID).cast("bigint").alias(SRID),
+        F.col(ORIGIN).cast("bigint").alias(ORIGIN),
+        F.col(ATTEMPT).cast("int").alias(ATTEMPT),
+        F.col(PATH).cast("string").alias(PATH),
+        parent.cast("bigint").alias(_PARENT),
+    )
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -374,9 +485,13 @@ class Acking:
             batch = batch.persist()
         try:
             result = self.handler(batch, batch_id) or BatchResult()
+            decision = decide(batch, result)
+            emits = list(result.emits)
+            if result.write is not None:
+                emits += result.write(decision.ok, batch_id) or ()
             handled = time.monotonic()
-            children = [self._emit(emit) for emit in result.emits]
-            events = xor_events(batch, self.ledger_partitions, result.failed, children)
+            children = self._emit(emits)
+            events = xor_events(batch, self.ledger_partitions, decision.failed, children)
             xor_batches, counts = collect_xor_batches(
                 events, self.config.name, self.config.max_pairs_per_message
             )
@@ -396,43 +511,37 @@ class Acking:
 
     # ------------------------------------------------------------------ children
 
-    def _emit(self, emit: Emit) -> DataFrame:
-        """Write the children with fresh ids; return ``srid, child_id`` for the events."""
-        frame = emit.frame
-        missing = {"value", SRID, ORIGIN, ATTEMPT} - set(frame.columns)
-        if missing:
-            raise ConfigurationError(
-                f"children for {emit.topic} lack {sorted(missing)}: carry the parent's srid, "
-                "origin and attempt over from the input rows"
-            )
-        # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
-        pinned = frame.withColumn(CHILD_ID, F.when(F.col(SRID).isNotNull(), new_id())).localCheckpoint(
-            eager=True
+    def _emit(self, emits: Sequence[Emit]) -> list[DataFrame]:
+        """Write the children with fresh ids and their paths; return ``srid, child_id`` for
+        the events."""
+        if not emits:
+            return []
+        children = reduce(DataFrame.unionByName, [_child_rows(k, emit) for k, emit in enumerate(emits)])
+        tracked = F.col(SRID).isNotNull()
+        # Numbered by content, not by the order rows arrive in: a replay of the tree, or this
+        # batch run again, gives each child the path it had - the identity sinks dedup on.
+        siblings = Window.partitionBy(SRID, _PARENT, PATH).orderBy(
+            _EMIT, "topic", "key", "value", "headers", "partition"
         )
-        none = F.array().cast(_HEADERS_TYPE)
-        own = F.coalesce(user_headers(F.col("headers")), none) if "headers" in frame.columns else none
-        headers = F.when(
-            F.col(SRID).isNotNull(),
-            F.concat(own, tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT))),
-        ).otherwise(own)
-        columns = [
-            F.col("key") if "key" in frame.columns else F.lit(None).cast("binary").alias("key"),
-            F.col("value"),
-            headers.alias("headers"),
-        ]
-        if emit.partition_column is not None:
-            columns.append(F.col(emit.partition_column).cast("int").alias("partition"))
+        numbered = children.withColumn(
+            CHILD_PATH, F.when(tracked, child_path(F.col(PATH), F.row_number().over(siblings) - 1))
+        )
+        # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
+        pinned = numbered.withColumn(CHILD_ID, F.when(tracked, new_id())).localCheckpoint(eager=True)
+        rb = tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT), F.col(CHILD_PATH))
+        headers = F.when(tracked, F.concat(F.col("headers"), rb)).otherwise(F.col("headers"))
         (
-            pinned.select(*columns)
+            # One write for every topic: the Kafka sink takes each row's ``topic`` column, and a
+            # null ``partition`` leaves the choice to the producer's partitioner.
+            pinned.select("topic", "key", "value", headers.alias("headers"), "partition")
             .write.format("kafka")
             .options(**kafka_options(self.settings))
             .option("kafka.enable.idempotence", "true")
             .option("kafka.acks", "all")
             .options(**self.config.sink_options)
-            .option("topic", emit.topic)
             .save()
         )
-        return pinned.select(SRID, CHILD_ID)
+        return [pinned.select(SRID, CHILD_ID)]
 
     # ------------------------------------------------------------------ acks
 

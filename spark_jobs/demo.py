@@ -45,7 +45,7 @@ from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
 from broker.topics import Namespace, create, delete, layout
-from spark_jobs.acking import Acking, BatchHandler, BatchResult
+from spark_jobs.acking import Acking, BatchHandler, BatchResult, Emit
 from spark_jobs.orders import (
     Order,
     customer_frame,
@@ -187,21 +187,32 @@ class _MidBatchStop:
 
     def wrap(self, handler: BatchHandler) -> BatchHandler:
         def handle(batch: DataFrame, batch_id: int) -> BatchResult | None:
-            result = handler(batch, batch_id)
-            if self.armed.is_set():
-                self.armed.clear()  # one batch only
-                self.reached.set()
-                log.info("batch %d wrote its outputs; holding it while the query stops", batch_id)
-                self.stopping.wait(60)
-                # stop() marks the query terminated, then interrupts this thread: wait for
-                # the mark so the acks below run into the interruption.
-                deadline = time.monotonic() + 30
-                while self.query is not None and self.query.isActive and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(0.1)
-            return result
+            result = handler(batch, batch_id) or BatchResult()
+            inner = result.write
+
+            def write(ok: DataFrame, batch_id: int) -> Sequence[Emit] | None:
+                emits = inner(ok, batch_id) if inner is not None else None
+                self._hold(batch_id)
+                return emits
+
+            # The job's outputs are written by ``write``: hold the batch right after it.
+            return replace(result, write=write)
 
         return handle
+
+    def _hold(self, batch_id: int) -> None:
+        if not self.armed.is_set():
+            return
+        self.armed.clear()  # one batch only
+        self.reached.set()
+        log.info("batch %d wrote its outputs; holding it while the query stops", batch_id)
+        self.stopping.wait(60)
+        # stop() marks the query terminated, then interrupts this thread: wait for the mark
+        # so the acks run into the interruption.
+        deadline = time.monotonic() + 30
+        while self.query is not None and self.query.isActive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)
 
 
 class SparkDemo:

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings
@@ -83,7 +84,14 @@ def measure_ack_overhead(
                 acking = Acking(settings, ns, handler) if variant == "acked" else None
 
                 def plain(batch: DataFrame, batch_id: int, handler: BatchHandler = handler) -> None:
-                    handler(with_tracking(batch), batch_id)
+                    # The job alone: its outputs from the rows it did not fail, no pinning.
+                    batch = with_tracking(batch)
+                    result = handler(batch, batch_id)
+                    if result is not None and result.write is not None:
+                        rows = batch if result.rows is None else result.rows
+                        if isinstance(result.failed, Column):
+                            rows = rows.where(~F.coalesce(result.failed, F.lit(False)))
+                        result.write(rows, batch_id)
 
                 started = time.monotonic()
                 progress = _run_query(

@@ -4,9 +4,12 @@ Orders arrive on ``orders`` (key = customer id, value = JSON) and on ``orders.re
 micro-batch the job
 
 - parses each order and enriches it with the customer dimension (region, tier, discount);
-- fails the orders it cannot handle *yet* - unparsable JSON or a customer not in the
-  dimension - so the broker replays them (and dead-letters them after their max attempts);
-- writes one fact per origin to an ``OriginParquetSink`` (a replayed order never doubles);
+- fails the orders it cannot handle *yet* - unparsable JSON, a field that is not of its type
+  (an amount that is not a number), or a customer not in the dimension - so the broker
+  replays them (and dead-letters them after their max attempts), record by record: a bad value
+  never raises (``from_json`` is PERMISSIVE, no ANSI ``cast``), so it never fails the batch;
+- writes one fact per order (origin, path) to an ``OriginParquetSink`` (a replayed order never
+  doubles);
 - emits a ``large order`` alert for orders above a threshold to another fault-tolerant topic,
   anchored to the order's tree: the order completes only when its alert is processed too.
 
@@ -27,7 +30,7 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, Str
 
 from spark_jobs.acking import BatchHandler, BatchResult, Emit
 from spark_jobs.sinks import OriginParquetSink
-from spark_jobs.tracking import ATTEMPT, ORIGIN, SRID
+from spark_jobs.tracking import ATTEMPT, ORIGIN, PATH, RECORD_ID, SRID
 
 ORDER_SCHEMA = StructType(
     [
@@ -98,6 +101,7 @@ def facts(enriched: DataFrame) -> DataFrame:
     """What the sink stores: one row per order, keyed by origin."""
     return enriched.select(
         ORIGIN,
+        PATH,
         "order_id",
         "customer",
         "region",
@@ -113,6 +117,22 @@ def facts(enriched: DataFrame) -> DataFrame:
 def revenue_by_region(sink_facts: DataFrame) -> DataFrame:
     return sink_facts.groupBy("region", "tier").agg(
         F.count("*").alias("orders"), F.round(F.sum("net_amount"), 2).alias("net_revenue")
+    )
+
+
+def unreadable() -> Column:
+    """Orders whose JSON or fields the job cannot read. ``from_json`` turns a bad field into
+    null (PERMISSIVE) instead of raising - a raise under ANSI mode, like a plain ``cast``,
+    would fail the whole batch on every restart - so a bad value must be failed explicitly,
+    or the order would be written with a null amount and acked. ``1e999`` parses as infinity."""
+    amount = F.col("amount")
+    return (
+        F.col("order_id").isNull()
+        | F.col("customer").isNull()
+        | F.col("items").isNull()
+        | amount.isNull()
+        | F.isnan(amount)
+        | (F.abs(amount) == F.lit(float("inf")))
     )
 
 
@@ -135,22 +155,26 @@ def order_job(
 
     def handle(batch: DataFrame, batch_id: int) -> BatchResult:
         enriched = enrich(batch, customer_dim)
-        tracked = F.col(SRID).isNotNull()
-        cannot = F.col("order_id").isNull() | F.col("region").isNull()
+        cannot = unreadable() | F.col("region").isNull()
         if inject is not None:
             cannot = cannot | F.coalesce(inject, F.lit(False))
-        good = enriched.where(~cannot)
+        return BatchResult(rows=enriched, failed=cannot, write=write)
+
+    def write(good: DataFrame, batch_id: int) -> list[Emit]:
+        # ``good``: the orders not failed, read from the pinned decision - the same rows the
+        # acks complete, so a fact or an alert is never missing for an order acked as done.
         sink.write(facts(good), batch_id)
-        emits = []
-        if alerts_topic is not None:
-            alerts = good.where(F.col("amount") >= alert_amount).select(
-                F.col("customer").alias("key"),
-                F.to_json(F.struct("order_id", "customer", "amount", "region")).alias("value"),
-                SRID,
-                ORIGIN,
-                ATTEMPT,
-            )
-            emits.append(Emit(alerts_topic, alerts))
-        return BatchResult(failed=enriched.where(tracked & cannot).select(SRID), emits=emits)
+        if alerts_topic is None:
+            return []
+        alerts = good.where(F.col("amount") >= alert_amount).select(
+            F.col("customer").alias("key"),
+            F.to_json(F.struct("order_id", "customer", "amount", "region")).alias("value"),
+            SRID,
+            ORIGIN,
+            ATTEMPT,
+            PATH,
+            RECORD_ID,
+        )
+        return [Emit(alerts_topic, alerts)]
 
     return handle

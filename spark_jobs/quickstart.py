@@ -18,13 +18,16 @@ def start_payments_query(
     from spark_jobs import Acking, BatchResult, OriginParquetSink, read_with_replay
 
     payments = read_with_replay(spark, bootstrap, topic)  # topic + topic.replay, ids as columns
-    sink = OriginParquetSink(out)  # one row per origin id, however often a record is replayed
+    sink = OriginParquetSink(out)  # one row per (origin, path), however often it is replayed
 
-    def process(batch, batch_id):  # the foreachBatch body you had, plus a BatchResult
-        amount = F.get_json_object(F.col("value").cast("string"), "$.amount").cast("double")
+    def process(batch, batch_id):  # the foreachBatch body you had: decide here, write below
+        amount = F.get_json_object(F.col("value").cast("string"), "$.amount").try_cast("double")
         parsed = batch.withColumn("amount", amount)
-        sink.write(parsed.where("amount IS NOT NULL").select("origin", "key", "amount"), batch_id)
-        return BatchResult(failed=amount.isNull())  # unparsable: fail -> replay, then DLQ
+        # unparsable (try_cast: null, not an error): fail -> replay, then DLQ
+        return BatchResult(rows=parsed, failed=F.col("amount").isNull(), write=write)
+
+    def write(ok, batch_id):  # ok: the rows not failed - exactly the rows that are acked
+        sink.write(ok.select("origin", "path", "key", "amount"), batch_id)
 
     query = (
         payments.writeStream.foreachBatch(Acking(bootstrap, namespace, process))  # acks last

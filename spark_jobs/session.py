@@ -98,8 +98,11 @@ def build_spark_session(
     settings = dict(_DEFAULT_CONF)
     if master.startswith("local"):
         # Python workers (UDFs) run this interpreter, not whatever `python3` is on PATH; on a
-        # cluster the executors' own Python is the cluster's business.
+        # cluster the executors' own Python is the cluster's business. PySpark 4 takes the
+        # workers' interpreter from $PYSPARK_PYTHON when the context starts (the conf key is
+        # read only by spark-submit): without it a UDF runs outside this virtualenv.
         settings["spark.pyspark.python"] = sys.executable
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings.update(conf or {})
     local = connector_jars(jars)
     if local is None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID, TRACKING_HEADERS
+from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_PATH, H_SRID, ROOT_PATH, TRACKING_HEADERS
 
-SRID, RECORD_ID, ORIGIN, ATTEMPT = "srid", "record_id", "origin", "attempt"
-TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT)
+SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH = "srid", "record_id", "origin", "attempt", "path"
+TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH)
 IS_REPLAY = "is_replay"
 
 
@@ -58,11 +58,12 @@ def new_id() -> Column:
 
 
 def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
-    """``df`` plus srid, record_id, origin, attempt decoded from its Kafka ``headers``.
+    """``df`` plus srid, record_id, origin, attempt, path decoded from its Kafka ``headers``.
 
     Like ``broker.client.Tracking.from_headers``: origin defaults to the srid and attempt to 1;
     a record whose srid or record id is missing, malformed or 0 (the XOR identity: the acker
-    refuses it) or whose attempt is not a number is untracked - all four columns null.
+    refuses it) or whose attempt is not a number is untracked - all five columns null. The
+    path (``rb-path``, ``broker.headers.path_of``) defaults to the root's, ``"0"``.
 
     Three projections, so each header is decoded once per row (Spark does not collapse a
     projection into one that references its non-trivial expressions more than once).
@@ -74,15 +75,17 @@ def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
             raw[1]: id_from_bytes(header_value(headers, H_ID)),
             raw[2]: header_value(headers, H_ORIGIN),
             raw[3]: header_value(headers, H_ATTEMPT),
+            raw[4]: header_value(headers, H_PATH),
         }
     )
-    srid, record_id, origin_raw, attempt_raw = (F.col(c) for c in raw)
+    srid, record_id, origin_raw, attempt_raw, path_raw = (F.col(c) for c in raw)
     decoded = decoded.withColumns(
         {
             raw[2]: F.when(origin_raw.isNull(), srid).otherwise(id_from_bytes(origin_raw)),
             raw[3]: F.when(attempt_raw.isNull(), F.lit(1)).otherwise(
                 attempt_raw.cast("string").try_cast("int")
             ),
+            raw[4]: F.coalesce(F.nullif(path_raw.cast("string"), F.lit("")), F.lit(ROOT_PATH)),
         }
     )
     origin, attempt = F.col(raw[2]), F.col(raw[3])
@@ -99,18 +102,30 @@ def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
     ).drop(*raw)
 
 
-def tracking_headers(srid: Column, record_id: Column, origin: Column, attempt: Column) -> Column:
-    """The rb-* headers of a tracked record as the Kafka sink's ``headers`` column type."""
+def child_path(parent: Column, index: Column) -> Column:
+    """The path of the ``index``-th child of a record whose path is ``parent``
+    (``broker.headers.child_path``)."""
+    return F.concat(parent, F.lit("."), index.cast("string"))
+
+
+def tracking_headers(
+    srid: Column, record_id: Column, origin: Column, attempt: Column, path: Column | None = None
+) -> Column:
+    """The rb-* headers of a tracked record as the Kafka sink's ``headers`` column type
+    (``rb-path`` too when ``path`` is given)."""
 
     def header(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.alias("value"))
 
-    return F.array(
+    headers = [
         header(H_SRID, id_to_bytes(srid)),
         header(H_ID, id_to_bytes(record_id)),
         header(H_ORIGIN, id_to_bytes(origin)),
         header(H_ATTEMPT, attempt.cast("string").cast("binary")),
-    )
+    ]
+    if path is not None:
+        headers.append(header(H_PATH, path.cast("binary")))
+    return F.array(*headers)
 
 
 def user_headers(headers: Column) -> Column:

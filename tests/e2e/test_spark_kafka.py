@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from broker.dev.testing import unique_name
-from broker.headers import Tracking
+from broker.headers import Tracking, path_of
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task
@@ -102,6 +102,7 @@ def test_children_are_anchored_to_their_parents_tree(
             "srid",
             "origin",
             "attempt",
+            "path",
         )
         return BatchResult(emits=[Emit(kids, children)])
 
@@ -125,6 +126,7 @@ def test_children_are_anchored_to_their_parents_tree(
             assert tracking is not None
             assert (tracking.srid, tracking.origin, tracking.attempt) == (parent.srid, parent.origin, 1)
             assert tracking.record_id not in (0, parent.record_id)
+            assert path_of(headers) == "0.0"  # the first child of a source record
             seen_ids.add(tracking.record_id)
             user = [(k, v) for k, v in headers if not k.startswith("rb-")]
             assert user in ([], [("trace", f"t{child.key().decode()[1:]}".encode())])

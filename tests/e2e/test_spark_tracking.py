@@ -7,6 +7,7 @@ No Kafka here: DataFrames shaped like the Kafka source's output, checked against
 from __future__ import annotations
 
 import random
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -25,7 +26,7 @@ from pyspark.sql.types import (
 
 from broker import ids
 from broker.errors import ConfigurationError
-from broker.headers import Tracking, tracking_headers
+from broker.headers import H_PATH, Tracking, path_of, tracking_headers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings, Secret
 from spark_jobs import kafka_options
@@ -157,6 +158,29 @@ def test_tracking_headers_round_trip(spark: SparkSession) -> None:
         for row in encoded.collect()
     ]
     assert decoded == [Tracking(s, r, o, a) for s, r, o, a in rows]
+
+
+def test_paths_decode_like_path_of_and_round_trip(spark: SparkSession) -> None:
+    s, r = ids.new_id(), ids.new_id()
+    base = tracking_headers(s, r, s, 1)
+    cases = [
+        base,  # a source record: the root
+        [*base, (H_PATH, b"0.2")],
+        [*base, (H_PATH, b"0.1"), (H_PATH, b"0.1.4")],  # the last one wins
+        [*base, (H_PATH, b"")],
+        [(H_PATH, b"0.3")],  # untracked: no path either
+    ]
+    df = spark.createDataFrame(
+        list(enumerate(cases)), StructType([StructField("i", LongType()), StructField("headers", HEADERS)])
+    )
+    got = {row["i"]: row["path"] for row in with_tracking_columns(df).collect()}
+    assert got == {i: path_of(h) for i, h in enumerate(cases[:-1])} | {len(cases) - 1: None}
+
+    encoded = spark.createDataFrame([(s, r, s, 2, "0.1.2")], "s bigint, r bigint, o bigint, a int, p string")
+    headers = encoded.select(
+        spark_tracking_headers(F.col("s"), F.col("r"), F.col("o"), F.col("a"), F.col("p")).alias("h")
+    ).collect()[0]["h"]
+    assert path_of([(h["key"], bytes(h["value"])) for h in headers]) == "0.1.2"
 
 
 def test_with_tracking_needs_headers(spark: SparkSession) -> None:
@@ -318,6 +342,17 @@ def test_one_session_with_the_kafka_connector(spark: SparkSession) -> None:
     jars = spark.sparkContext.getConf().get("spark.jars") or ""
     assert "spark-sql-kafka-0-10_2.13" in jars
     assert spark.sparkContext.master.startswith("local")
+
+
+def test_python_workers_run_this_interpreter(spark: SparkSession) -> None:
+    """A UDF that imports the project's dependencies (a lookup, say) needs this virtualenv."""
+
+    def prefix(_value: object) -> str:
+        import sys
+
+        return sys.prefix
+
+    assert spark.range(1).select(F.udf(prefix, "string")("id")).first()[0] == sys.prefix
 
 
 def test_kafka_options_carry_the_connection_settings() -> None:
