@@ -19,6 +19,7 @@ consumption resumes - so restored state and input positions come from the same c
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -305,7 +306,11 @@ class Acker:
         for tp in committed:
             offset = tp.offset
             if offset < 0:
-                offset, _ = self._consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=30)
+                first = TopicPartition(tp.topic, tp.partition)
+                offset, _ = retrying(
+                    functools.partial(self._consumer.get_watermark_offsets, first, timeout=30),
+                    f"watermarks of {tp.topic}[{tp.partition}]",
+                )
             out.append(TopicPartition(tp.topic, tp.partition, offset))
         return out
 
