@@ -689,8 +689,9 @@ def test_fail_marks_are_decided_while_expiry_waits_for_the_backlog(fake_kafka: N
 
 @pytest.mark.parametrize(
     ("group", "call", "times"),
-    [("restore", "get watermark offsets", 2), ("acker", "get committed offsets", 1)],
-    ids=["changelog-watermarks", "committed-offsets"],
+    [("restore", "get watermark offsets", 2), ("acker", "get committed offsets", 1),
+     ("acker", "get watermark offsets", 1)],
+    ids=["changelog-watermarks", "committed-offsets", "start-offsets"],
 )
 def test_transient_errors_of_offset_and_watermark_lookups_are_retried_not_fatal(
     fake_kafka: None, group: str, call: str, times: int
