@@ -60,6 +60,16 @@ class TaskRecord(NamedTuple):
     tracking: Tracking | None
 
 
+def _record(
+    key: bytes | str | None, value: bytes | str | None, headers: list[tuple[str, bytes | None]], partition: int | None
+) -> dict[str, Any]:
+    """Produce arguments of one record; no partition lets the producer's partitioner choose."""
+    kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": headers}
+    if partition is not None:
+        kwargs["partition"] = partition
+    return kwargs
+
+
 class TaskContext:
     """Handed to user code for one input record: ``emit`` children, or ``fail`` the input."""
 
@@ -93,10 +103,7 @@ class TaskContext:
             user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
             # rb-path: its emit index, the same child on every attempt, different per sibling.
             user.append(child_path_header(self.record.headers, self.children))
-        kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
-        if partition is not None:
-            kwargs["partition"] = partition
-        self._task._produce(topic, **kwargs)
+        self._task._produce(topic, **_record(key, value, user, partition))
         self.children += 1
         return child_id
 
@@ -118,10 +125,9 @@ class TaskContext:
         if tracking is not None:
             # The output identity (docs/design.md §8): origin + the input's path.
             user += [(H_ORIGIN, encode_id(tracking.origin)), (H_PATH, path_of(self.record.headers).encode())]
-        kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": user}
-        if partition is not None:
-            kwargs["partition"] = partition
-        self._task._produce(topic, srid=None if tracking is None else tracking.srid, **kwargs)
+        self._task._produce(
+            topic, srid=None if tracking is None else tracking.srid, **_record(key, value, user, partition)
+        )
         self._task._outputs_pending = True
 
     def skip_ack(self) -> None:
