@@ -79,6 +79,7 @@ class Options:
     replay_timeout_ms: int | None = None
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    profile_dir: Path | None = None  # set by run() with --profile
 
 
 def _loadavg() -> str:
@@ -112,8 +113,9 @@ def _kafka(options: Options, progress: Progress) -> Iterator[tuple[str, str, int
         yield explicit, f"{explicit} (given)", local_listener_pid(explicit)
         return
     progress.start("kafka", "starting an embedded Kafka for this run")
+    jfr = options.profile_dir / "kafka.jfr" if options.profile_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="replaybroker-bench-kafka-") as run_dir:
-        kafka = LocalKafka(run_dir)
+        kafka = LocalKafka(run_dir, jfr=jfr)
         state = kafka.start()
         try:
             yield state.bootstrap, f"embedded {state.kafka_version} at {state.bootstrap}", state.pid
@@ -206,6 +208,7 @@ def run(options: Options) -> dict[str, Any]:
         profile_dir = options.results_dir / f"{stamp}-profiles"
         profile_dir.mkdir(parents=True, exist_ok=True)
         meta["profiles"] = str(profile_dir)
+        options.profile_dir = profile_dir
 
     def stage(section: str) -> Any:
         progress.start(section)

@@ -18,7 +18,7 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     if args.action == "up":
-        return kafka_local.main_up(run_dir)
+        return kafka_local.main_up(run_dir, jfr=args.jfr)
     kafka = kafka_local.LocalKafka(run_dir)
     if args.action == "status":
         state = kafka_local.running_state(kafka.run_dir)
@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     kafka = _parser(sub, "kafka", "the embedded single-node Kafka (development and demos)")
     kafka.add_argument("action", choices=["up", "status", "down"], help="start, show or stop it")
     kafka.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/kafka)")
+    kafka.add_argument("--jfr", metavar="FILE",
+                       help="with up: record the broker with Java Flight Recorder; written to FILE at kafka down "
+                            "(default: no recording)")
     kafka.set_defaults(func=_cmd_kafka)
 
     setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")

@@ -196,9 +196,13 @@ class LocalKafka:
     ``replaybroker kafka up``; ``stop`` works on either from the state file.
     """
 
-    def __init__(self, run_dir: Path | str | None = None, *, heap: str = "768m") -> None:
+    def __init__(self, run_dir: Path | str | None = None, *, heap: str = "768m",
+                 jfr: Path | str | None = None) -> None:
         self.run_dir = Path(run_dir) if run_dir else default_run_dir()
         self.heap = heap
+        # Java Flight Recorder: a recording of the broker's whole life ("profile" settings:
+        # method samples every 10 ms, allocations, locks, GC), written when it stops
+        self.jfr = Path(jfr).resolve() if jfr else None
         self.proc: subprocess.Popen[bytes] | None = None
         self.state: BrokerState | None = None
         self._jvm: list[str] = []
@@ -277,8 +281,12 @@ class LocalKafka:
 
     def _launch(self) -> None:
         out = open(self.run_dir / "kafka.out", "ab")  # noqa: SIM115 - handed to the child
+        recording = []
+        if self.jfr is not None:
+            self.jfr.parent.mkdir(parents=True, exist_ok=True)
+            recording = [f"-XX:StartFlightRecording=filename={self.jfr},settings=profile,dumponexit=true"]
         self.proc = subprocess.Popen(
-            [*self._jvm, "kafka.Kafka", str(self.run_dir / "server.properties")],
+            [*self._jvm, *recording, "kafka.Kafka", str(self.run_dir / "server.properties")],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -392,9 +400,9 @@ def bootstrap_or_embedded(explicit: str | None, *, start_embedded: bool = False)
 
 
 
-def main_up(run_dir: Path | None = None) -> int:
+def main_up(run_dir: Path | None = None, *, jfr: str | None = None) -> int:
     """``replaybroker kafka up``: start detached, or report the running broker."""
-    kafka = LocalKafka(run_dir)
+    kafka = LocalKafka(run_dir, jfr=jfr)
     existing = running_state(kafka.run_dir)
     if existing is not None:
         print(
