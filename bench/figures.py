@@ -22,6 +22,9 @@ def default_results_dir() -> Path:
     return Path(root) / "bench"
 
 
+# The topics a completed record writes to (bench.cost.role_of)
+COST_ROLES = ("persist", "data", "acks", "ledger", "__consumer_offsets", "__transaction_state")
+
 FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 
 
@@ -72,6 +75,19 @@ def _specs() -> list[Spec]:
         Spec("replay.after_timeout_p99_ms", "ms", "persist of a never-acked record -> replay visible, p99"),
         Spec("replay.after_fail_vs_timeout", "x", "replay-after-fail p99 / configured timeout"),
         Spec("replay.after_timeout_vs_timeout", "x", "replay-after-timeout p99 / configured timeout"),
+        Spec("cost.pipeline.writes_per_record", "records", "Kafka records appended per completed record, all topics "
+             "(internal ones included), drained run at the latency load"),
+        Spec("cost.pipeline.bytes_per_record", "B", "bytes appended to the broker's logs per completed record, all topics"),
+        Spec("cost.pipeline.txn_markers_per_record", "markers", "transaction markers appended per completed record"),
+        *[Spec(f"cost.pipeline.{role}.{what}_per_record", unit, f"{desc} per completed record, {role}")
+          for role in COST_ROLES
+          for what, unit, desc in (("writes", "records", "records appended"), ("bytes", "B", "bytes appended"))],
+        Spec("cost.pipeline.broker_cpu_us_per_record", "µs", "the broker's CPU per completed record (its threads)"),
+        Spec("cost.raw.writes_per_record", "records", "Kafka records appended per consumed record, raw baseline"),
+        Spec("cost.raw.bytes_per_record", "B", "bytes appended to the broker's logs per consumed record, raw baseline"),
+        Spec("cost.raw.broker_cpu_us_per_record", "µs", "the broker's CPU per consumed record, raw baseline"),
+        Spec("cost.bytes_vs_raw", "x", "pipeline / raw bytes appended per record"),
+        Spec("cost.broker_cpu_vs_raw", "x", "pipeline / raw broker CPU per record"),
         Spec("restore.entries", "entries", "live entries in the changelog partition restored"),
         Spec("restore.seconds", "s", "the acker's restore path (Acker._load from the start)"),
         Spec("restore.entries_per_s", "entries/s", "changelog restore rate"),

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import cost
 from bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker import topics
 from broker.settings import KafkaSettings
@@ -52,6 +53,7 @@ class Env:
     profile_dir: Path | None = None
     commit_interval_ms: int = 100
     kafka_pid: int | None = None  # the embedded broker's JVM, for its CPU share
+    log_dir: Path | None = None  # the broker's log directory, when on this host (bytes appended)
     created_topics: list[str] = field(default_factory=list)
 
     def unique(self, prefix: str) -> str:
@@ -71,6 +73,7 @@ class HopRun:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     namespace: str | None = None  # the pipeline's
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process in [t0, t1]
+    cost: dict[str, Any] | None = None  # bench.cost.compare of the measured run (drained runs)
 
     def completed_in_run(self) -> int:
         return int(np.count_nonzero((self.recv >= self.t0) & (self.recv <= self.t1)))
@@ -155,6 +158,7 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
     base: dict[str, Any] = {"bootstrap": env.bootstrap}
     workdir = env.workdir / run_id
     workdir.mkdir(parents=True, exist_ok=True)
+    touched: list[str] = []  # the run's topics, for its cost
     profile_dir = None
     if env.profile_dir is not None:
         profile_dir = env.profile_dir / system
@@ -164,7 +168,8 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
             ns = topics.Namespace(run_id)
             data = f"{ns.name}.data"
             topics.create(env.settings, ns, env.partitions, {data: env.partitions})
-            env.created_topics += [*ns.ledger_topics, ns.dlq, data, topics.replay_topic(data)]
+            touched = [*ns.ledger_topics, ns.dlq, data, topics.replay_topic(data)]
+            env.created_topics += touched
             procs.append(acker(env.bootstrap, ns.name, workdir, commit_interval_ms=env.commit_interval_ms,
                                profile_dir=profile_dir))
             task_config = {**base, "namespace": ns.name, "topic": data, "group": f"{ns.name}.task",
@@ -182,6 +187,7 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         elif system in ("raw", "share"):
             data = f"{run_id}.data"
             _create_plain_topic(env, data)
+            touched = [data]
             group = f"{run_id}.group"
             if system == "share":
                 _share_group_earliest(env, group)
@@ -203,6 +209,8 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         before = sink.count
 
         # the measured run
+        cost_before = cost.snapshot(env.settings, touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
+            if drain else None
         cpu_before = _cpu_snapshot(env, procs)
         producer.send(cmd="run", duration=duration, rate=rate, n=records)
         expected = duration if duration is not None else (records or 0) / (rate or 1e9)
@@ -223,6 +231,8 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
                        f"{system}: all {sent} records to complete ({sink.count - before} so far)",
                        on_tick=(lambda: on_progress(0.8 + 0.2 * (sink.count - before) / max(sent, 1)))
                        if on_progress else None)
+        cost_after = cost.snapshot(env.settings, touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
+            if cost_before is not None else None
     except BaseException:
         for p in reversed(procs):
             p.stop(10)
@@ -248,8 +258,13 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
     if extra.get("decided_ms") is not None and extra["decided_ms"].size == keep.size:
         extra["decided_ms"] = extra["decided_ms"][keep]
     cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_after if name in cpu_before}
+    namespace = run_id if system == "pipeline" else None
+    spent = None
+    if cost_before is not None and cost_after is not None:
+        # every record sent in the measured run completed before ``cost_after`` (drained)
+        spent = cost.compare(env.settings, cost_before, cost_after, sent, namespace)
     return HopRun(system, sent, t0, t1, recv[keep], created[keep], done, warm=warm, extra=extra,
-                  namespace=run_id if system == "pipeline" else None, cpu_s=cpu)
+                  namespace=namespace, cpu_s=cpu, cost=spent)
 
 
 def read_all(env: Env, topic: str, partitions: int) -> list[Any]:

@@ -78,6 +78,9 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
         figures.set(f"latency.{system}_p99_ms", float(p99), samples=int(lat.size), max_ms=round(float(lat.max()), 1))
         series[system] = lat
         series[f"{system}_cpu"] = run.cpu_report(per_sent=True)
+        if run.cost is not None:
+            series[f"{system}_cost"] = run.cost
+            record_cost(figures, system, run.cost)
         if system == "pipeline":
             series["breakdown"] = breakdown(env, run)
     pipeline_p99 = figures.values["latency.pipeline_p99_ms"]
@@ -86,7 +89,33 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
         pipeline_p99["target"] = f"<= {budget:g} (commit interval + 100 ms)"
         pipeline_p99["met"] = bool(pipeline_p99["value"] <= budget)
     figures.ratio("latency.p99_vs_raw", "latency.pipeline_p99_ms", "latency.raw_p99_ms")
+    figures.ratio("cost.bytes_vs_raw", "cost.pipeline.bytes_per_record", "cost.raw.bytes_per_record")
+    figures.ratio("cost.broker_cpu_vs_raw", "cost.pipeline.broker_cpu_us_per_record",
+                  "cost.raw.broker_cpu_us_per_record")
     return series
+
+
+def record_cost(figures: Figures, system: str, spent: dict[str, Any]) -> None:
+    """``cost.<system>.*`` from ``bench.cost.compare`` of a drained run."""
+    from bench.figures import COST_ROLES
+
+    why = "the broker's log directory is not on this host"
+    figures.set(f"cost.{system}.writes_per_record", spent["writes_per_record"])
+    figures.set(f"cost.{system}.bytes_per_record", spent["bytes_per_record"], unavailable=why)
+    cpu = sum(spent["broker_cpu_us_per_record"].values())
+    figures.set(f"cost.{system}.broker_cpu_us_per_record", cpu or None,
+                unavailable="the broker is not a local process")
+    if system != "pipeline":
+        return
+    figures.set("cost.pipeline.txn_markers_per_record", spent["markers_per_record"])
+    for role in COST_ROLES:
+        topic = spent["topics"].get(role)
+        if topic is None:
+            figures.set(f"cost.pipeline.{role}.writes_per_record", None, unavailable="nothing appended")
+            figures.set(f"cost.pipeline.{role}.bytes_per_record", None, unavailable="nothing appended")
+            continue
+        figures.set(f"cost.pipeline.{role}.writes_per_record", topic["writes_per_record"])
+        figures.set(f"cost.pipeline.{role}.bytes_per_record", topic.get("bytes_per_record"), unavailable=why)
 
 
 def breakdown(env: Env, run: HopRun) -> dict[str, dict[str, float]]:

@@ -28,8 +28,18 @@ class BenchError(RuntimeError):
 def _python(module: str, args: list[str], name: str, profile_dir: Path | None) -> list[str]:
     if profile_dir is None:
         return [sys.executable, "-m", module, *args]
-    out = profile_dir / f"{name}.txt"
-    return [sys.executable, "-m", "pyinstrument", "-r", "text", "--show-all", "-o", str(out), "-m", module, *args]
+    out = profile_dir / f"{name}.pyisession"
+    return [sys.executable, "-m", "pyinstrument", "-r", "session", "-o", str(out), "-m", module, *args]
+
+
+def render_profiles(profile_dir: Path) -> None:
+    """Each ``<name>.pyisession`` left by a profiled child as ``<name>.txt`` (the call tree) and
+    ``<name>-flat.txt`` (functions by their own time: where to cut first)."""
+    for session in sorted(profile_dir.rglob("*.pyisession")):
+        for suffix, options in ((".txt", ["--show-all"]), ("-flat.txt", ["-p", "flat", "-p", "show_all"])):
+            out = session.with_name(session.stem + suffix)
+            subprocess.run([sys.executable, "-m", "pyinstrument", f"--load={session}", "-r", "text", *options,
+                            "-o", str(out)], check=False, capture_output=True, timeout=300)
 
 
 def tail_text(path: Path, lines: int = 15) -> str:

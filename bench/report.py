@@ -44,6 +44,12 @@ def _rows() -> list[Row]:
         ("replay after timeout p99 ms", "replay.after_timeout_p99_ms", "configured timeout", "replay.timeout_ms",
          "replay.after_timeout_vs_timeout"),
         ("changelog restore, entries/s", "restore.entries_per_s", "-", None, None),
+        ("Kafka records appended per record", "cost.pipeline.writes_per_record", "raw produce -> consume",
+         "cost.raw.writes_per_record", None),
+        ("bytes appended per record", "cost.pipeline.bytes_per_record", "raw produce -> consume",
+         "cost.raw.bytes_per_record", "cost.bytes_vs_raw"),
+        ("broker CPU µs per record", "cost.pipeline.broker_cpu_us_per_record", "raw produce -> consume",
+         "cost.raw.broker_cpu_us_per_record", "cost.broker_cpu_vs_raw"),
     ]
     return rows
 
@@ -140,6 +146,7 @@ def markdown(result: dict[str, Any]) -> str:
         xb = stages.get("xor_batch")
         if xb:
             out.append(f"\n{xb['batches']:.0f} XorBatch records, {xb['mean_events']:.0f} events each on average.")
+    out += _cost_lines(lat_details)
     unavailable = [(k, v["unavailable"]) for k, v in figures.items() if v.get("value") is None]
     if unavailable:
         out += ["", "## Unavailable", ""]
@@ -159,6 +166,29 @@ def markdown(result: dict[str, Any]) -> str:
         out += ["", "## Plots", ""]
         out += [f"![{Path(p).stem}]({Path(p).name})" for p in result["files"]["plots"]]
     return "\n".join(out) + "\n"
+
+
+def _cost_lines(lat_details: dict[str, Any]) -> list[str]:
+    """Per topic: what one record appends; per broker thread group: its CPU (bench.cost)."""
+    out: list[str] = []
+    spent = {s: lat_details.get(f"{s}_cost") for s in ("raw", "pipeline")}
+    if not any(spent.values()):
+        return out
+    out += ["", "What one completed record costs the broker (drained run at the latency load; "
+            "records, transaction markers and bytes appended per record):", "",
+            "| system | topic | records | markers | bytes |", "|---|---|---:|---:|---:|"]
+    for system, cost in spent.items():
+        for role, t in (cost or {}).get("topics", {}).items():
+            out.append(f"| {system} | {role} | {fmt(t['writes_per_record'])} | {fmt(t['markers_per_record'])} "
+                       f"| {fmt(t.get('bytes_per_record'))} |")
+    threads = {s: (c or {}).get("broker_cpu_us_per_record") or {} for s, c in spent.items()}
+    names = sorted({n for t in threads.values() for n in t}, key=lambda n: -threads["pipeline"].get(n, 0.0))
+    if names:
+        out += ["", "The broker's CPU per record by thread group (µs):", "",
+                "| thread group | raw | pipeline |", "|---|---:|---:|"]
+        for name in names[:15]:
+            out.append(f"| {name} | {fmt(threads['raw'].get(name))} | {fmt(threads['pipeline'].get(name))} |")
+    return out
 
 
 # --------------------------------------------------------------------------- plots

@@ -123,6 +123,24 @@ def _kafka(options: Options, progress: Progress) -> Iterator[tuple[str, str, int
             kafka.stop()
 
 
+def local_log_dir(pid: int | None) -> Path | None:
+    """The log directory of a local broker process: ``log.dirs`` of the properties file on its
+    command line (one directory), so the bench can read the bytes appended on disk."""
+    if pid is None:
+        return None
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for arg in args:
+        if arg.endswith(b".properties") and Path(arg.decode()).is_file():
+            for line in Path(arg.decode()).read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() in ("log.dirs", "log.dir") and "," not in value:
+                    return Path(value.strip())
+    return None
+
+
 def local_listener_pid(bootstrap: str) -> int | None:
     """The pid of the local process listening on the first bootstrap address, when it is on
     this host (Linux /proc) - so a given local broker's CPU is reported too."""
@@ -165,7 +183,8 @@ def _delete_topics(env: Env) -> None:
 
 
 def _section_keys(section: str) -> list[str]:
-    return [k for k in FIGURE_KEYS if k.split(".", 1)[0] == section]
+    prefixes = {section, "cost"} if section == "latency" else {section}  # the latency runs measure the cost
+    return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -241,7 +260,7 @@ def run(options: Options) -> dict[str, Any]:
                 meta["kafka"] = kafka_desc
                 env = Env(bootstrap, KafkaSettings.from_env(bootstrap), options.partitions, workdir,
                           profile_dir=profile_dir, commit_interval_ms=options.commit_interval_ms,
-                          kafka_pid=kafka_pid)
+                          kafka_pid=kafka_pid, log_dir=local_log_dir(kafka_pid))
                 try:
                     _kafka_sections(env, plan, options, figures, details, series, guarded)
                 finally:
@@ -254,6 +273,11 @@ def run(options: Options) -> dict[str, Any]:
         figures.unavailable(FIGURE_KEYS, f"not measured: {errors['kafka'].splitlines()[0][:300]}")
 
     meta["loadavg_end"] = _loadavg()
+    if profile_dir is not None:
+        from bench.procs import render_profiles
+
+        progress.start("report", "rendering the profiles")
+        render_profiles(profile_dir)
     meta["seconds"] = round(time.monotonic() - started, 1)
     load1 = float(meta["loadavg_start"].split()[0]) if meta["loadavg_start"] != "?" else 0.0
     if load1 > 0.5 * (os.cpu_count() or 1):
