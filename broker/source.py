@@ -99,7 +99,7 @@ class Source:
         # and plain records are produced without a callback: they cost no report at all. In a
         # transaction only failures matter (the commit covers the rest).
         overrides: dict[str, Any] = {
-            "linger.ms": 5, "delivery.report.only.error": self._transactional, **self.config.producer,
+            "linger.ms": 10, "delivery.report.only.error": self._transactional, **self.config.producer,
         }
         if transactional_id:
             overrides["transactional.id"] = transactional_id

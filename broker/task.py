@@ -156,6 +156,12 @@ class TaskConfig:
     # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
     delivery_retries: int = 3
     retry_backoff_s: float = 0.1
+    # Outputs and events go out as each batch is handled; waiting for their delivery and
+    # committing the input offsets happens once per interval (0: after every batch). A crash
+    # redoes at most this interval's inputs (docs/design.md §4) - it costs a replay, never a
+    # loss - and in return the task waits for the broker a few times a second instead of
+    # once per poll, which is most of its produce and commit requests under load.
+    commit_interval_s: float = 0.1
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -191,8 +197,10 @@ class Task:
        mark: the acker replays or dead-letters them), the other inputs proceed. An input
        whose sink output stays undeliverable gets a fail mark instead of its event;
     5. the input offsets are committed.
-    A crash before 5 reprocesses the batch: its events are folded twice, which can only
-    delay completion (docs/design.md §4), never complete a tree early.
+    Steps 1-3 run per batch (``handle_batch``); 4 and 5 (``finish``) once per
+    ``commit_interval_s`` for every batch handled since, and before partitions are revoked.
+    A crash before 5 reprocesses those batches: their events are folded twice, which can
+    only delay completion (docs/design.md §4), never complete a tree early.
     """
 
     def __init__(
@@ -214,7 +222,7 @@ class Task:
         # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = Producer(
             settings.producer_config(
-                **{"linger.ms": 2, "delivery.report.only.error": True, **self.config.producer}
+                **{"linger.ms": 10, "delivery.report.only.error": True, **self.config.producer}
             )
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_s)
@@ -229,11 +237,16 @@ class Task:
                     # cooperative-sticky (the settings' default) balances partitions over all
                     # topics and may split them (checked in _on_assign).
                     "partition.assignment.strategy": "range",
+                    "fetch.wait.max.ms": 10,
+                    "fetch.min.bytes": 262_144,
                     **self.config.consumer,
                 },
             )
         )
         self._outputs_pending = False
+        # Input offsets handled but not committed yet, and when the next commit is due
+        self._uncommitted: dict[tuple[str, int], int] = {}
+        self._commit_due = 0.0
         # Data topics read together with their replay topic: these must stay co-partitioned.
         self._pairs = [t for t in self.topics if replay_topic(t) in self.topics]
         self._owned: frozenset[tuple[str, int]] = frozenset()  # kept by the rebalance callbacks
@@ -278,9 +291,25 @@ class Task:
                 )
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Still the owner: what was handled is delivered and committed before the partitions
+        # go, so the next owner does not redo it.
+        if self._uncommitted:
+            try:
+                self.finish()
+            except KafkaException as exc:
+                log.warning("could not commit before the partitions were revoked: %s", exc)
+        self._forget(partitions)
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # No longer the owner: these offsets cannot be committed; the new owner redoes them.
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}
         self._owned = self._owned - gone
         self._revoked |= gone
+        for tp in gone:
+            self._uncommitted.pop(tp, None)
 
 
     def stop(self) -> None:
@@ -293,7 +322,7 @@ class Task:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
         self._consumer.subscribe(
-            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         idle_since = time.monotonic()
         try:
@@ -313,19 +342,28 @@ class Task:
                         # within one consume() call; `first` came from the poll before.
                         batch.pop(0)
                         self.counters.dropped_revoked += 1
-                if not batch:
-                    if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                self.process_batch(batch)
+                if batch:
+                    idle_since = time.monotonic()
+                    self.handle_batch(batch)
+                if self._uncommitted and time.monotonic() >= self._commit_due:
+                    self.finish()
+                if not batch and max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                    break
         finally:
             self.close()
         return self.counters
 
     def process_batch(self, batch: list[Message]) -> set[int]:
-        """Process, deliver, commit one batch. Returns the srids failed because an output of
-        theirs could not be delivered (empty when everything was delivered)."""
+        """Process, deliver, commit one batch (``handle_batch``, then ``finish``). Returns the
+        srids failed because an output of theirs could not be delivered (empty when
+        everything was delivered)."""
+        undeliverable = self.handle_batch(batch)
+        return undeliverable | self.finish()
+
+    def handle_batch(self, batch: list[Message]) -> set[int]:
+        """Steps 1-3: run the handler on each input, send the batch's events (after its sink
+        outputs are delivered). Returns the srids failed because a sink output of theirs
+        could not be delivered; ``finish`` confirms the rest."""
         events: _Events = defaultdict(lambda: ([], [], []))
         offsets: dict[tuple[str, int], int] = {}
         for msg in batch:
@@ -350,7 +388,16 @@ class Task:
                 self.name,
             ).encode()
             self._produce(self.ns.acks, value=value, partition=lp)
-        undeliverable |= self._deliver()
+        self._uncommitted.update(offsets)
+        return undeliverable
+
+    def finish(self) -> set[int]:
+        """Steps 4-5 for every batch handled since the last finish: wait for their outputs and
+        events (sending again what failed, failing the source records of what stays
+        undeliverable), then commit their input offsets. Returns the srids failed."""
+        undeliverable = self._deliver()
+        offsets, self._uncommitted = self._uncommitted, {}
+        self._commit_due = time.monotonic() + self.config.commit_interval_s
         if offsets:
             self._commit([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
         return undeliverable
@@ -459,6 +506,11 @@ class Task:
             self.counters.acked += 1
 
     def close(self) -> None:
+        if self._uncommitted:
+            try:
+                self.finish()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("could not commit the last inputs at close: %s", exc)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._producer.flush(30)
         with contextlib.suppress(KafkaException, RuntimeError):

@@ -114,6 +114,7 @@ class Acker:
                     "session.timeout.ms": 10_000,
                     "heartbeat.interval.ms": 1_000,
                     "fetch.wait.max.ms": 20,
+                    "fetch.min.bytes": 262_144,
                     "max.poll.interval.ms": 60_000,
                     **self.config.consumer,
                 },

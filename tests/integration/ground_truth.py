@@ -75,22 +75,42 @@ class GroundTruth:
 
 
 class TruthTask(Task):
-    """A Task whose handler's staged events enter the ground truth after ``process_batch``
-    returned - that is, after the batch's children and events were flushed and confirmed
-    (``Task`` retries what failed and reports the srids it could not deliver)."""
+    """A Task whose handler's staged events enter the ground truth only once ``finish``
+    returned - that is, after the children and events of every batch handled since were
+    flushed and confirmed (``Task`` retries what failed and reports the srids it could not
+    deliver, from ``handle_batch`` for sink outputs and from ``finish`` for the rest)."""
 
     def __init__(self, truth: GroundTruth, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.truth = truth
+        self._staged: list[tuple[int, int]] | None = None  # since the last finish
+        self._failed: set[int] = set()
 
-    def process_batch(self, batch: list[Message]) -> set[int]:
-        staged = self.truth.open_batch()
+    def handle_batch(self, batch: list[Message]) -> set[int]:
+        if self._staged is None:
+            self._staged = self.truth.open_batch()
+        else:
+            self.truth._local.staged = self._staged  # the same thread: the run loop's
+        try:
+            failed = super().handle_batch(batch)
+        except BaseException:
+            self._close(None)
+            raise
+        self._failed |= failed
+        return failed
+
+    def finish(self) -> set[int]:
         failed: set[int] | None = None
         try:
-            failed = super().process_batch(batch)
+            failed = super().finish()
         finally:
-            self.truth.close_batch(staged, failed)
+            self._close(None if failed is None else failed | self._failed)
         return failed
+
+    def _close(self, failed: set[int] | None) -> None:
+        if self._staged is not None:
+            self.truth.close_batch(self._staged, failed)
+        self._staged, self._failed = None, set()
 
 
 class PersistWatch:
