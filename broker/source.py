@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -23,23 +24,43 @@ from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import (
     H_ATTEMPT,
+    H_DEADLINE,
     H_ID,
     H_ORIGIN,
+    H_ROOT,
     H_SRID,
     Headers,
     as_bytes,
-    persist_headers,
     user_headers,
 )
+from broker.ids import encode_id
 from broker.kafka_io import partition_counts
 from broker.partitioning import get_partitioner
-from broker.schemas import Failure, encode_persisted
+from broker.schemas import Failure, avro_longs, encode_persisted
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SendFailure", "SendResult", "Source", "SourceConfig"]
+
+# Fresh ids drawn in bulk with both their encodings - (id, 8-byte big-endian key, Avro
+# long) - so a send encodes none of its two ids itself. list.pop is atomic (threads never
+# share an entry); a forked child starts empty (it must not reuse its parent's ids).
+_ID_POOL: list[tuple[int, bytes, bytes]] = []
+os.register_at_fork(after_in_child=_ID_POOL.clear)
+
+
+def _new_encoded_id() -> tuple[int, bytes, bytes]:
+    try:
+        return _ID_POOL.pop()
+    except IndexError:
+        fresh = ids.new_ids(4096)
+        keys = fresh.astype(">i8").tobytes()
+        _ID_POOL.extend(zip(fresh.tolist(), (keys[i : i + 8] for i in range(0, len(keys), 8)),
+                            avro_longs(fresh), strict=True))
+        return _ID_POOL.pop()
+
 
 
 class SendResult(NamedTuple):
@@ -109,6 +130,7 @@ class Source:
         self._in_transaction_sent = 0
         self._transactions_ready = False
         self._partitions: dict[str, int] = {}
+        self._key_partitions: dict[tuple[str, bytes], int] = {}
         self._pending = PendingData()
         self.sent = 0
 
@@ -160,10 +182,18 @@ class Source:
             raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
 
     def key_hash_partition(self, topic: str, key: bytes | None) -> int:
-        n = self._data_partitions(topic)
         if key is None:
-            return random.randrange(n)
-        return get_partitioner(self.config.partitioners.get(topic, "kafka")).partition(key, n)
+            return random.randrange(self._data_partitions(topic))
+        # Keys repeat (that is what keys are for): their partitions are kept, bounded.
+        cached = self._key_partitions.get((topic, key))
+        if cached is not None:
+            return cached
+        n = self._data_partitions(topic)
+        partition = get_partitioner(self.config.partitioners.get(topic, "kafka")).partition(key, n)
+        if len(self._key_partitions) >= 65_536:
+            self._key_partitions.clear()
+        self._key_partitions[(topic, key)] = partition
+        return partition
 
     def send(
         self,
@@ -224,8 +254,9 @@ class Source:
         timeout_ms: int | None,
         max_attempts: int | None,
     ) -> SendResult:
-        own_headers = user_headers(headers)
-        srid, record_id = ids.new_id(), ids.new_id()
+        own_headers = user_headers(headers) if headers else ()
+        srid, srid_b, srid_avro = _new_encoded_id()
+        record_id, record_b, record_avro = _new_encoded_id()
         origin = srid if origin is None else origin
         created_ms = int(time.time() * 1000)
         timeout_ms = timeout_ms or self.config.timeout_ms
@@ -234,24 +265,21 @@ class Source:
         value = encode_persisted(
             srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
             own_headers, created_ms, timeout_ms, max_attempts or self.config.max_attempts, history,
+            encoded_ids=(srid_avro, record_avro),
         )
-        srid_b = srid.to_bytes(8, "big", signed=True)
-        persist_kwargs: dict[str, Any] = {
-            "key": srid_b,
-            "value": value,
-            "partition": srid % self.ledger_partitions,
-            "headers": persist_headers(record_id, created_ms + timeout_ms),
-            "on_delivery": self._pending.on_persist,
-        }
         try:
-            self._produce(self.ns.persist, **persist_kwargs)
+            kafka_io.produce(
+                self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
+                headers=[(H_ROOT, record_b), (H_DEADLINE, encode_id(created_ms + timeout_ms))],
+                on_delivery=self._pending.on_persist,
+            )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])
             raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
         data_headers: list[tuple[str, bytes | None]] = [
             *own_headers,
             (H_SRID, srid_b),
-            (H_ID, record_id.to_bytes(8, "big", signed=True)),
+            (H_ID, record_b),
             (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
             (H_ATTEMPT, b"1"),
         ]

@@ -36,7 +36,7 @@ from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME
 from broker.ledger.clock import Ticker
 from broker.replay import Outgoing
-from broker.schemas import COUNTERS_KEY, encode_counters, encode_ledger_entry
+from broker.schemas import COUNTERS_KEY, encode_counters, encode_ledger_entries
 from broker.topics import Namespace
 
 
@@ -61,16 +61,13 @@ def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, n
         delta = st.table.take_dirty()
         up = delta.upserts
         if len(up):
-            # Keys packed once (8-byte big-endian slices); values by the Avro encoder that
-            # writes fastavro's bytes without a dict per entry.
+            # Keys packed once (8-byte big-endian slices); values encoded column-wise (numpy
+            # varints: fastavro's bytes without a dict or big-int arithmetic per entry).
             keys = up.srids.astype(">i8").tobytes()
-            deadlines = ticker.ms_of_ticks(up.deadlines).tolist()
-            for i, (value, flags, offset, deadline) in enumerate(
-                zip(up.values.tolist(), up.flags.tolist(), up.offsets.tolist(), deadlines, strict=True)
-            ):
-                batch.changelog.append(
-                    (lp, keys[8 * i : 8 * i + 8], encode_ledger_entry(value, flags, offset, deadline))
-                )
+            values = encode_ledger_entries(up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines))
+            batch.changelog.extend(
+                (lp, keys[i : i + 8], value) for i, value in zip(range(0, len(keys), 8), values, strict=True)
+            )
         if len(delta.tombstones):
             keys = delta.tombstones.astype(">i8").tobytes()
             batch.changelog.extend((lp, keys[i : i + 8], None) for i in range(0, len(keys), 8))

@@ -20,7 +20,7 @@ from broker.headers import H_DEADLINE, H_ROOT, OUTCOME_COMPLETED
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
-from broker.schemas import PersistedRecord, XorBatch, avro_long
+from broker.schemas import PersistedRecord, XorBatch, avro_longs
 from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
@@ -80,19 +80,21 @@ class Ingest:
             if value is None:
                 continue  # a tombstone: a completion (ours or a previous owner's)
             key = msg.key()
-            root = deadline = None
-            for name, header in msg.headers() or ():
-                if name == H_ROOT:
-                    root = header
-                elif name == H_DEADLINE:
-                    deadline = header
+            headers = msg.headers()
+            if headers is not None and len(headers) == 2 and headers[0][0] == H_ROOT and headers[1][0] == H_DEADLINE:
+                root, deadline = headers[0][1], headers[1][1]  # as a Source writes them
+            else:
+                root = deadline = None
+                for name, header in headers or ():
+                    if name == H_ROOT:
+                        root = header
+                    elif name == H_DEADLINE:
+                        deadline = header
             if (
                 key is not None and len(key) == 8 and root is not None and len(root) == 8
                 and deadline is not None and len(deadline) == 8
             ):
-                if not value.startswith(avro_long(int.from_bytes(key, "big", signed=True))):
-                    self.quarantine(st, msg, "persist value does not start with the key's srid")
-                    continue
+                pass  # the value's first field is checked against the key below, in bulk
             else:
                 try:
                     record = self._decode_persist(key, value)
@@ -110,6 +112,19 @@ class Ingest:
         if not msgs:
             return
         srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
+        # A value must start with its key's srid (the record's first Avro field).
+        foreign = [not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)]
+        if any(foreign):
+            for i in [i for i, bad in enumerate(foreign) if bad]:
+                self.quarantine(st, msgs[i], "persist value does not start with the key's srid")
+            keep_list = [not bad for bad in foreign]
+            srids = srids[np.array(keep_list, dtype=bool)]
+            msgs = [m for m, k in zip(msgs, keep_list, strict=True) if k]
+            roots = [r for r, k in zip(roots, keep_list, strict=True) if k]
+            deadlines = [d for d, k in zip(deadlines, keep_list, strict=True) if k]
+            values = [v for v, k in zip(values, keep_list, strict=True) if k]
+            if not msgs:
+                return
         misrouted = (srids == 0) | (srids % self.partitions != lp)
         if misrouted.any():
             for i in np.flatnonzero(misrouted).tolist():

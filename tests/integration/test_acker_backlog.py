@@ -55,7 +55,7 @@ def test_acks_waiting_in_a_backlog_past_the_timeout_complete_and_nothing_is_repl
             lp, np.array([r.srid for r in mine], np.int64), np.array([r.record_id for r in mine], np.int64),
             none, "task",
         )
-        producer.produce(ns.acks, value=batch.encode(), partition=lp)
+        kafka_io.produce(producer, ns.acks, value=batch.encode(), partition=lp)  # the queue may be full
     assert producer.flush(60) == 0
 
     # The outage outlasts the timeout.
