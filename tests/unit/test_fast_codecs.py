@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import io
+
 import fastavro
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -132,3 +134,30 @@ def test_avro_long_is_fastavros_at_every_varint_length_boundary() -> None:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, "long", n)
         assert avro_long(n) == buf.getvalue(), n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(LONGS, max_size=300))
+def test_avro_longs_encodes_a_column_as_avro_long_does_each_value(values: list[int]) -> None:
+    import numpy as np
+
+    from broker.schemas import avro_longs
+
+    assert avro_longs(np.array(values, dtype=np.int64)) == [avro_long(v) for v in values]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(LONGS, st.integers(0, 255), st.integers(0, 2**62), st.integers(0, 2**50)), max_size=100))
+def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple[int, int, int, int]]) -> None:
+    import numpy as np
+
+    from broker.schemas import LEDGER_ENTRY, encode_ledger_entries
+
+    columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(4)]
+    expected = []
+    for value, flags, offset, deadline in rows:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, LEDGER_ENTRY, {"value": value, "flags": flags, "persist_offset": offset,
+                                                       "deadline_ms": deadline})
+        expected.append(buf.getvalue())
+    assert encode_ledger_entries(*columns) == expected

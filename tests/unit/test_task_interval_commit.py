@@ -1,0 +1,133 @@
+"""A task delivers and commits once per commit interval, and never leaves handled inputs
+uncommitted when its partitions are revoked or it closes - nor commits offsets of partitions
+it has lost.
+
+Before the interval, every poll batch paid a producer flush and a synchronous commit: under
+load most of the task's requests to the broker, and small batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+import broker.task
+from broker import ids
+from broker.headers import tracking_headers
+from broker.schemas import avro_long
+from broker.settings import KafkaSettings
+from broker.source import _new_encoded_id
+from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+
+
+class Producer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.produced: list[str] = []
+        self.flushes = 0
+
+    def produce(self, topic: str, **_: Any) -> None:
+        self.produced.append(topic)
+
+    def flush(self, *_: Any) -> int:
+        self.flushes += 1
+        return 0
+
+    def poll(self, *_: Any) -> int:
+        return 0
+
+
+class Consumer:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.commits: list[list[tuple[str, int, int]]] = []
+
+    def commit(self, offsets: list[TopicPartition], **_: Any) -> None:
+        self.commits.append(sorted((tp.topic, tp.partition, tp.offset) for tp in offsets))
+
+    def close(self) -> None:
+        pass
+
+
+class Message:
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+        srid = 1000 + offset
+        self._headers = tracking_headers(srid, srid + 1, srid, 1)
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+
+@pytest.fixture
+def task(monkeypatch: pytest.MonkeyPatch) -> Task:
+    monkeypatch.setattr(broker.task, "Producer", Producer)
+    monkeypatch.setattr(broker.task, "Consumer", Consumer)
+    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
+
+    def handle(record: TaskRecord, ctx: TaskContext) -> None:
+        ctx.emit("out", record.key, record.value)
+
+    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, TaskConfig(commit_interval_s=60))
+
+
+def test_batches_are_handled_at_once_and_committed_together_at_finish(task: Task) -> None:
+    consumer, producer = task._consumer, task._producer
+    task.handle_batch([Message(0, 5), Message(1, 9)])  # type: ignore[list-item]
+    task.handle_batch([Message(0, 6)])  # type: ignore[list-item]
+    # Events went out as each batch was handled; nothing waited or committed yet.
+    assert producer.produced.count("unit.acks") >= 2 and "out" in producer.produced  # type: ignore[attr-defined]
+    assert consumer.commits == [] and producer.flushes == 0  # type: ignore[attr-defined]
+    assert task.finish() == set()
+    assert producer.flushes == 1  # type: ignore[attr-defined]
+    assert consumer.commits == [[("orders", 0, 7), ("orders", 1, 10)]]  # type: ignore[attr-defined]
+    task.finish()  # nothing new: nothing committed
+    assert len(consumer.commits) == 1  # type: ignore[attr-defined]
+
+
+def test_process_batch_still_delivers_and_commits_its_batch(task: Task) -> None:
+    task.process_batch([Message(0, 3)])  # type: ignore[list-item]
+    assert task._consumer.commits == [[("orders", 0, 4)]]  # type: ignore[attr-defined]
+
+
+def test_revoked_partitions_are_committed_before_they_go(task: Task) -> None:
+    task.handle_batch([Message(0, 5), Message(1, 9)])  # type: ignore[list-item]
+    task._on_revoke(task._consumer, [TopicPartition("orders", 0), TopicPartition("orders", 1)])
+    assert task._consumer.commits == [[("orders", 0, 6), ("orders", 1, 10)]]  # type: ignore[attr-defined]
+    assert task._producer.flushes == 1  # type: ignore[attr-defined]
+
+
+def test_lost_partitions_are_not_committed_by_a_member_that_no_longer_owns_them(task: Task) -> None:
+    task.handle_batch([Message(0, 5), Message(1, 9)])  # type: ignore[list-item]
+    task._on_lost(task._consumer, [TopicPartition("orders", 0)])
+    task.finish()
+    assert task._consumer.commits == [[("orders", 1, 10)]]  # type: ignore[attr-defined]
+
+
+def test_close_commits_what_was_handled(task: Task) -> None:
+    task.handle_batch([Message(1, 2)])  # type: ignore[list-item]
+    task.close()
+    assert task._consumer.commits == [[("orders", 1, 3)]]  # type: ignore[attr-defined]
+
+
+def test_a_source_id_comes_with_both_of_its_encodings() -> None:
+    for _ in range(5000):
+        value, key, avro = _new_encoded_id()
+        assert value != 0 and key == ids.encode_id(value) and avro == avro_long(value)
