@@ -58,14 +58,14 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
-            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 8.0)
-        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 20.0)
+            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 15.0)
+        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 30.0)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
-            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 45, "latency": 16, "replay": 12}
-        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 120, "latency": 60, "replay": 30}
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 55, "latency": 16, "replay": 12}
+        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 30}
 
 
 @dataclass
