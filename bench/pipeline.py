@@ -5,6 +5,7 @@ See ``bench.hops`` for how each system runs and what "complete" means for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,8 +42,7 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
     if warm_broker_s > 0:
         if progress:
             progress(0.0, "warming the broker")
-        run_hop(env, "pipeline", duration=warm_broker_s)
-        run_hop(env, "raw", duration=warm_broker_s / 2)
+        runs["warm_broker"] = warm_broker(env, warm_broker_s)
     offset = steps - len(systems)
     for i, system in enumerate(systems):
         step = (lambda f, i=i, s=system: progress((offset + i + f) / steps, s)) if progress else None
@@ -69,6 +69,36 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
     figures.ratio("throughput.pipeline_vs_raw", "throughput.pipeline_rps", "throughput.raw_rps")
     figures.ratio("throughput.pipeline_vs_share", "throughput.pipeline_rps", "throughput.share_rps")
     return runs
+
+
+def _compiler_cpu(env: Env) -> float | None:
+    from bench.cost import thread_cpu
+
+    threads = thread_cpu(env.kafka_pid)
+    return sum(s for name, s in threads.items() if "Compiler" in name) if threads else None
+
+
+def warm_broker(env: Env, budget_s: float, *, quiet_share: float = 0.1) -> dict[str, Any]:
+    """Pipeline and raw traffic, unmeasured, until the broker's JIT compiler threads use less
+    than ``quiet_share`` of a core over a round - or ``budget_s`` of traffic was sent. A
+    fresh broker on this 2-core machine spends about a minute of compiler CPU before its
+    code settles (``jstat -compiler``); a broker in service has long done so. Without the
+    broker's pid (a remote cluster), one round."""
+    rounds = []
+    spent = 0.0
+    while spent < budget_s:
+        before, t0 = _compiler_cpu(env), time.monotonic()
+        run_hop(env, "pipeline", duration=4.0)
+        run_hop(env, "raw", duration=2.0)
+        spent += 6.0
+        after = _compiler_cpu(env)
+        if before is None or after is None:
+            break
+        share = (after - before) / (time.monotonic() - t0)
+        rounds.append(round(share, 3))
+        if share < quiet_share:
+            break
+    return {"seconds": spent, "compiler_share_per_round": rounds}
 
 
 def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,

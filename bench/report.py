@@ -122,6 +122,11 @@ def markdown(result: dict[str, Any]) -> str:
     if cpu_lines:
         out += ["", "CPU during the throughput runs (share of one core; CPU per record completed in the send "
                 "window):", "", *cpu_lines]
+    warm = runs.get("warm_broker")
+    if warm:
+        shares = ", ".join(f"{100 * s:.0f} %" for s in warm.get("compiler_share_per_round", [])) or "not readable"
+        out += ["", f"Before them, {warm['seconds']:.0f} s of unmeasured traffic warmed the broker; its JIT "
+                f"compiler threads used {shares} of a core per round (warm below 10 %)."]
     lat = figures.get("latency.load_rps", {}).get("value")
     if lat:
         out += ["", f"Latency load: {fmt(lat)} records/s (50 % of the measured pipeline throughput); "

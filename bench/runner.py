@@ -51,20 +51,21 @@ class Plan:
     replay_rate: float
     replay_timeout_ms: int
     restore_entries: int
-    # Traffic through a fresh broker before anything is measured: its JIT compiler otherwise
-    # spends a core for tens of seconds, on whichever run comes first (bench.pipeline).
-    warm_broker_s: float = 8.0
+    # At most this much traffic through the broker before anything is measured, until its JIT
+    # compiler is quiet: a fresh one spends about a minute of CPU compiling on this 2-core
+    # machine, on whichever runs come first (bench.pipeline.warm_broker).
+    warm_broker_s: float = 48.0
 
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
-            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 15.0)
-        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 30.0)
+            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 48.0)
+        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 120.0)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
-            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 55, "latency": 16, "replay": 12}
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 12}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 30}
 
 
