@@ -112,24 +112,16 @@ class Ingest:
         if not msgs:
             return
         srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
-        # A value must start with its key's srid (the record's first Avro field).
-        foreign = [not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)]
-        if any(foreign):
-            for i in [i for i, bad in enumerate(foreign) if bad]:
-                self.quarantine(st, msgs[i], "persist value does not start with the key's srid")
-            keep_list = [not bad for bad in foreign]
-            srids = srids[np.array(keep_list, dtype=bool)]
-            msgs = [m for m, k in zip(msgs, keep_list, strict=True) if k]
-            roots = [r for r, k in zip(roots, keep_list, strict=True) if k]
-            deadlines = [d for d, k in zip(deadlines, keep_list, strict=True) if k]
-            values = [v for v, k in zip(values, keep_list, strict=True) if k]
-            if not msgs:
-                return
+        # A value must start with its key's srid (the record's first Avro field), and the srid
+        # must belong to this ledger partition; anything else is quarantined.
+        foreign = np.array([not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)])
         misrouted = (srids == 0) | (srids % self.partitions != lp)
-        if misrouted.any():
-            for i in np.flatnonzero(misrouted).tolist():
-                self.quarantine(st, msgs[i], f"srid {int(srids[i])} does not belong to ledger partition {lp}")
-            keep = ~misrouted
+        if foreign.any() or misrouted.any():
+            for i in np.flatnonzero(foreign | misrouted).tolist():
+                why = ("persist value does not start with the key's srid" if foreign[i]
+                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}")
+                self.quarantine(st, msgs[i], why)
+            keep = ~(foreign | misrouted)
             srids = srids[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
