@@ -554,7 +554,7 @@ class Acking:
             return
         if self._producer is None:
             self._producer = Producer(
-                self.settings.producer_config(**{"linger.ms": 2, **self.config.producer})
+                self.settings.producer_config(user=self.config.producer, defaults={"linger.ms": 2})
             )
         producer = self._producer
         for xb in batches:
