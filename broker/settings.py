@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ConfigurationError
+from broker.kafka_log import client_logging
 
 
 class Secret:
@@ -87,7 +88,8 @@ class KafkaSettings:
     ) -> dict[str, Any]:
         """The librdkafka dict for any client. Applied in this order:
 
-        1. the connection (bootstrap, security, client id);
+        1. the connection (bootstrap, security, client id) and the logging of every client
+           (``broker.kafka_log``: librdkafka's logs and errors through Python logging);
         2. ``defaults``: the caller's tunables (linger, fetch sizes and waits, timeouts ...);
         3. the user's overrides: ``extra``, then ``user`` (a service's own mapping, such as
            ``TaskConfig.consumer``) - they win over everything above;
@@ -101,6 +103,7 @@ class KafkaSettings:
             "security.protocol": self.security_protocol,
             "client.id": self.client_id,
             "log_level": 4,  # librdkafka: warnings and worse
+            **client_logging(),
         }
         if self.sasl_mechanism:
             conf["sasl.mechanism"] = self.sasl_mechanism
