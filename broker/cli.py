@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ReplayBrokerError
+from broker.errors import ConfigurationError, ReplayBrokerError
 
 log = logging.getLogger("replaybroker")
 
@@ -60,11 +61,32 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_CLUSTER = (
+    "no Kafka cluster given: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS "
+    "(--local: the embedded Kafka of `replaybroker kafka up`)"
+)
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    """The cluster of a service or admin command: always an explicit choice. An acker or a
+    redrive silently pointed at a development broker is worse than one that refuses."""
+    if args.local:
+        from broker.dev import kafka_local
+
+        state = kafka_local.running_state(kafka_local.default_run_dir())
+        if state is None:
+            raise ConfigurationError("--local: no embedded Kafka is running (start it with `replaybroker kafka up`)")
+        return state.bootstrap
+    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not servers:
+        raise ConfigurationError(NO_CLUSTER)
+    return str(servers)
+
+
 def _settings(args: argparse.Namespace) -> Any:
-    from broker.dev.kafka_local import bootstrap_or_embedded
     from broker.settings import KafkaSettings
 
-    return KafkaSettings.from_env(bootstrap_or_embedded(getattr(args, "bootstrap", None)))
+    return KafkaSettings.from_env(_bootstrap(args))
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
@@ -194,9 +216,14 @@ def _parser(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 
 def _cluster(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--bootstrap", metavar="HOST:PORT",
-        help="Kafka bootstrap servers (else $KAFKA_BOOTSTRAP_SERVERS, else the running embedded Kafka)",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS; one of them is needed)",
+    )
+    where.add_argument(
+        "--local", action="store_true",
+        help="use the running embedded Kafka (`replaybroker kafka up`) instead",
     )
     parser.add_argument("--namespace", required=True, help="the namespace NS of the topics NS.persist, NS.acks ...")
 
