@@ -6,10 +6,11 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigurationError, ReplayBrokerError
+from broker.errors import ConfigurationError, KafkaUnreachable, ReplayBrokerError
 
 log = logging.getLogger("replaybroker")
 
@@ -83,10 +84,46 @@ def _bootstrap(args: argparse.Namespace) -> str:
     return str(servers)
 
 
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(settings: Any, *, verbose: bool = False) -> None:
+    """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request within
+    ``REACH_TIMEOUT_S``: a command against a wrong address fails at once, with the reason
+    librdkafka saw (refused, unresolvable ...), instead of retrying for minutes."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from broker.kafka_log import without_timing
+
+    errors: list[KafkaError] = []
+    conf = settings.client_config()
+    conf["error_cb"] = errors.append  # they become the reason of the one line
+    if not verbose:
+        conf["log_level"] = 0  # the same reasons, once per connection attempt
+    admin = AdminClient(conf)
+    try:
+        admin.list_topics(timeout=REACH_TIMEOUT_S)
+    except KafkaException as exc:
+        admin.poll(0)  # serves the errors collected meanwhile
+        reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
+        why = without_timing(reasons[-1]) if reasons else _kafka_reason(exc)
+        raise KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}") from exc
+
+
+def _kafka_reason(exc: BaseException) -> str:
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    return str(err.str()) if isinstance(err, KafkaError) else str(exc)
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from broker.settings import KafkaSettings
 
-    return KafkaSettings.from_env(_bootstrap(args))
+    settings = KafkaSettings.from_env(_bootstrap(args))
+    check_reachable(settings, verbose=args.verbose)
+    return settings
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
@@ -343,10 +380,19 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from confluent_kafka import KafkaException
+
+    # The failures a command line tool expects (the cluster, the namespace, the input) are
+    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback.
     try:
         return int(args.func(args))
-    except ReplayBrokerError as exc:
-        print(f"replaybroker: {exc}", file=sys.stderr)
+    except (ReplayBrokerError, KafkaException) as exc:
+        if args.verbose:
+            traceback.print_exception(exc)
+        if isinstance(exc, KafkaException):
+            print(f"replaybroker: {args.command} failed: {_kafka_reason(exc)}", file=sys.stderr)
+        else:
+            print(f"replaybroker: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

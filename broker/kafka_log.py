@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 _VARYING = re.compile(r"\s*\((?:after \d+ms in state|\d+ identical error).*\)$")
 
 
+def without_timing(text: str) -> str:
+    """A librdkafka message without the suffix that changes between its repeats."""
+    return _VARYING.sub("", text)
+
+
 class RepeatLimiter:
     """Admits each key at most once per ``interval_s``; counts what it holds back.
 
@@ -65,7 +70,7 @@ class RepeatFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        held = self.limiter.admit((record.levelno, _VARYING.sub("", message)))
+        held = self.limiter.admit((record.levelno, without_timing(message)))
         if held is None:
             return False
         if held:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 import broker.acker
 import broker.cli
@@ -47,7 +48,7 @@ def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(broker.acker, "Acker", Acker)
     monkeypatch.setattr(broker.topics, "check", record)
     monkeypatch.setattr(broker.dlq, "list_entries", lambda s, *_a: record(s) and [])
-    monkeypatch.setattr(broker.cli, "check_reachable", lambda _s: None, raising=False)
+    monkeypatch.setattr(broker.cli, "check_reachable", lambda *_a, **_k: None)
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     return used
 
@@ -90,3 +91,17 @@ def test_local_without_an_embedded_kafka_is_refused(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "kafka up" in err
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_kafka_error_during_a_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str], verbose: bool
+) -> None:
+    def fail(*_a: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
+
+    monkeypatch.setattr(broker.status, "status", fail)
+    assert main([*(["-v"] if verbose else []), "status", "--namespace", "ns", "--bootstrap", "k:9092"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "replaybroker: status failed: Failed to get metadata: Local: Timed out"
+    assert ("Traceback" in err) is verbose
