@@ -201,7 +201,8 @@ class AckingConfig:
     max_pairs_per_message: int = 50_000
     cache_batch: bool = True  # the handler and the ack step both read the batch
     delivery_timeout_s: float = 60.0
-    producer: Mapping[str, Any] = field(default_factory=dict)  # librdkafka overrides (acks)
+    # librdkafka overrides of the ack producer (linger.ms ...); never of idempotence or acks=all
+    producer: Mapping[str, Any] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)  # Spark Kafka sink (emits)
     history: int = 1000  # BatchStats kept
 
