@@ -49,7 +49,7 @@ def _partitions(settings: Any, topics: list[str]) -> dict[str, int]:
 def _end_offsets(settings: Any, parts: dict[str, int]) -> dict[tuple[str, int], int]:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(settings.consumer_config(None, **{"group.id": f"bench-cost-{uuid.uuid4().hex[:8]}"}))
+    consumer = Consumer(settings.consumer_config(None, defaults={"group.id": f"bench-cost-{uuid.uuid4().hex[:8]}"}))
     try:
         ends = {}
         for topic, n in parts.items():
@@ -111,7 +111,7 @@ def _count_records(settings: Any, ranges: dict[tuple[str, int], tuple[int, int]]
     counts = {tp: 0 for tp in ranges}
     if not todo:
         return counts
-    consumer = Consumer(settings.consumer_config(None, **{
+    consumer = Consumer(settings.consumer_config(None, defaults={
         "group.id": f"bench-cost-{uuid.uuid4().hex[:8]}", "isolation.level": "read_uncommitted",
         "enable.partition.eof": True}))
     consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in todo.items()])

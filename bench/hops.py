@@ -271,7 +271,7 @@ def read_all(env: Env, topic: str, partitions: int) -> list[Any]:
     """Every committed message of ``topic`` (read_committed, from the beginning)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer(env.settings.consumer_config(None, **{"group.id": env.unique("read"),
+    consumer = Consumer(env.settings.consumer_config(None, defaults={"group.id": env.unique("read"),
                                                               "enable.partition.eof": True}))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     out: list[Any] = []

@@ -25,7 +25,7 @@ from broker.schemas import COUNTERS_KEY, LedgerEntry, encode_counters
 
 
 def _fill(env: Env, ns: topics.Namespace, n: int, progress: Callable[[float], None] | None) -> None:
-    producer = Producer(env.settings.producer_config(**{"linger.ms": 20, "batch.size": 1_000_000}))
+    producer = Producer(env.settings.producer_config(defaults={"linger.ms": 20, "batch.size": 1_000_000}))
     srids = ids.new_ids(n).tolist()
     values = ids.new_ids(n).tolist()
     deadline = int(time.time() * 1000) + 3_600_000

@@ -169,7 +169,7 @@ def run_producer(config: dict[str, Any]) -> None:
     from confluent_kafka import Producer
 
     # The Source's producer settings: idempotent, acks=all, lz4, murmur2, linger 5 ms.
-    producer = Producer(_settings(config).producer_config(**{"linger.ms": 5}))
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
     topic = config["topic"]
 
     def send(i: int) -> None:
@@ -242,7 +242,7 @@ def _available(consumer: Any, n: int, timeout: float) -> list[Any]:
 
 def _consumer_conf(config: dict[str, Any], group: str | None, **extra: Any) -> dict[str, Any]:
     # Same fetch settings for every completion point, so latencies compare like for like.
-    return _settings(config).consumer_config(group, **{"fetch.wait.max.ms": 20, **extra})
+    return _settings(config).consumer_config(group, defaults={"fetch.wait.max.ms": 20, **extra})
 
 
 def run_consumer(config: dict[str, Any]) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ReplayBrokerError
+from broker.errors import ConfigurationError, KafkaUnreachable, ReplayBrokerError
 
 log = logging.getLogger("replaybroker")
 
@@ -60,11 +62,68 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_CLUSTER = (
+    "no Kafka cluster given: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS "
+    "(--local: the embedded Kafka of `replaybroker kafka up`)"
+)
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    """The cluster of a service or admin command: always an explicit choice. An acker or a
+    redrive silently pointed at a development broker is worse than one that refuses."""
+    if args.local:
+        from broker.dev import kafka_local
+
+        state = kafka_local.running_state(kafka_local.default_run_dir())
+        if state is None:
+            raise ConfigurationError("--local: no embedded Kafka is running (start it with `replaybroker kafka up`)")
+        return state.bootstrap
+    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not servers:
+        raise ConfigurationError(NO_CLUSTER)
+    return str(servers)
+
+
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(settings: Any, *, verbose: bool = False) -> None:
+    """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request within
+    ``REACH_TIMEOUT_S``: a command against a wrong address fails at once, with the reason
+    librdkafka saw (refused, unresolvable ...), instead of retrying for minutes."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from broker.kafka_log import without_timing
+
+    errors: list[KafkaError] = []
+    conf = settings.client_config()
+    conf["error_cb"] = errors.append  # they become the reason of the one line
+    if not verbose:
+        conf["log_level"] = 0  # the same reasons, once per connection attempt
+    admin = AdminClient(conf)
+    try:
+        admin.list_topics(timeout=REACH_TIMEOUT_S)
+    except KafkaException as exc:
+        admin.poll(0)  # serves the errors collected meanwhile
+        reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
+        why = without_timing(reasons[-1]) if reasons else _kafka_reason(exc)
+        raise KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}") from exc
+
+
+def _kafka_reason(exc: BaseException) -> str:
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    return str(err.str()) if isinstance(err, KafkaError) else str(exc)
+
+
 def _settings(args: argparse.Namespace) -> Any:
-    from broker.dev.kafka_local import bootstrap_or_embedded
     from broker.settings import KafkaSettings
 
-    return KafkaSettings.from_env(bootstrap_or_embedded(getattr(args, "bootstrap", None)))
+    settings = KafkaSettings.from_env(_bootstrap(args))
+    check_reachable(settings, verbose=args.verbose)
+    return settings
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
@@ -194,9 +253,14 @@ def _parser(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 
 def _cluster(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--bootstrap", metavar="HOST:PORT",
-        help="Kafka bootstrap servers (else $KAFKA_BOOTSTRAP_SERVERS, else the running embedded Kafka)",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS; one of them is needed)",
+    )
+    where.add_argument(
+        "--local", action="store_true",
+        help="use the running embedded Kafka (`replaybroker kafka up`) instead",
     )
     parser.add_argument("--namespace", required=True, help="the namespace NS of the topics NS.persist, NS.acks ...")
 
@@ -316,10 +380,19 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from confluent_kafka import KafkaException
+
+    # The failures a command line tool expects (the cluster, the namespace, the input) are
+    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback.
     try:
         return int(args.func(args))
-    except ReplayBrokerError as exc:
-        print(f"replaybroker: {exc}", file=sys.stderr)
+    except (ReplayBrokerError, KafkaException) as exc:
+        if args.verbose:
+            traceback.print_exception(exc)
+        if isinstance(exc, KafkaException):
+            print(f"replaybroker: {args.command} failed: {_kafka_reason(exc)}", file=sys.stderr)
+        else:
+            print(f"replaybroker: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -90,7 +90,7 @@ class OutcomeTail:
 
         self.log = OutcomeLog()
         partitions = partition_counts(settings, [ns.persist])[ns.persist] or 0
-        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": f"{ns.name}.outcomes"}))
+        self._consumer = Consumer(settings.consumer_config(None, defaults={"group.id": f"{ns.name}.outcomes"}))
         self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def poll(self, timeout_s: float = 0.2) -> int:

@@ -24,6 +24,12 @@ class TopologyError(ConfigurationError):
     """Topics are missing or not co-partitioned."""
 
 
+class KafkaUnreachable(ReplayBrokerError):
+    """No broker of the cluster answered in time."""
+
+    retriable = True
+
+
 class LocalKafkaError(ReplayBrokerError):
     """The embedded Kafka could not be resolved, formatted, started or stopped."""
 

@@ -137,7 +137,7 @@ def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s:
     consumer = Consumer(
         settings.consumer_config(
             None,
-            **{"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
+            defaults={"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
         )
     )
     out: list[Message] = []

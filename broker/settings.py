@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ConfigurationError
+from broker.kafka_log import client_logging
 
 
 class Secret:
@@ -38,7 +39,9 @@ class Secret:
 class KafkaSettings:
     """Connection settings shared by every client the broker creates.
 
-    ``extra`` is passed through to librdkafka as is (e.g. ``{"ssl.key.location": ...}``).
+    ``extra`` is passed through to librdkafka as is (e.g. ``{"ssl.key.location": ...}``); it
+    wins over the services' tunable defaults, never over what their guarantee depends on
+    (``client_config``).
     """
 
     bootstrap_servers: str
@@ -76,13 +79,31 @@ class KafkaSettings:
         values.update(overrides)
         return cls(**values)
 
-    def client_config(self, **overrides: Any) -> dict[str, Any]:
-        """The librdkafka dict for any client, with ``overrides`` applied last."""
+    def client_config(
+        self,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        user: Mapping[str, Any] | None = None,
+        required: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The librdkafka dict for any client. Applied in this order:
+
+        1. the connection (bootstrap, security, client id) and the logging of every client
+           (``broker.kafka_log``: librdkafka's logs and errors through Python logging);
+        2. ``defaults``: the caller's tunables (linger, fetch sizes and waits, timeouts ...);
+        3. the user's overrides: ``extra``, then ``user`` (a service's own mapping, such as
+           ``TaskConfig.consumer``) - they win over everything above;
+        4. ``required``: what the caller's guarantee depends on (idempotence, read_committed,
+           manual commits ...). A user override that contradicts one of these raises
+           ``ConfigurationError`` naming the key: it would be overwritten, or break the
+           guarantee, without a word.
+        """
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
             "client.id": self.client_id,
             "log_level": 4,  # librdkafka: warnings and worse
+            **client_logging(),
         }
         if self.sasl_mechanism:
             conf["sasl.mechanism"] = self.sasl_mechanism
@@ -92,30 +113,91 @@ class KafkaSettings:
             conf["sasl.password"] = self.sasl_password.get()
         if self.ssl_ca_location:
             conf["ssl.ca.location"] = self.ssl_ca_location
-        conf.update(self.extra)
-        conf.update(overrides)
+        conf.update(defaults or {})
+        required = required or {}
+        for where, overrides in (("KafkaSettings.extra", self.extra), ("the service's config", user or {})):
+            for key, value in overrides.items():
+                if key in required and not _same(key, value, required[key]):
+                    raise ConfigurationError(
+                        f"{where} sets {key}={value!r}, but {key} must be {required[key]!r}: {_why(key)}"
+                    )
+            conf.update(overrides)
+        conf.update(required)
         return conf
 
-    def producer_config(self, **overrides: Any) -> dict[str, Any]:
-        """Idempotent producer, murmur2 partitioner (agrees with the Java client; docs/design.md §7)."""
-        base: dict[str, Any] = {
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "linger.ms": 5,
-            "compression.type": "lz4",
-        }
-        base.update(overrides)
-        return self.client_config(**base)
+    def producer_config(
+        self,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        user: Mapping[str, Any] | None = None,
+        required: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Idempotent producer (required unless the caller's ``required`` says otherwise),
+        murmur2 partitioner (agrees with the Java client; docs/design.md §7)."""
+        return self.client_config(
+            defaults={**PRODUCER_DEFAULTS, **(defaults or {})},
+            user=user,
+            required={**PRODUCER_REQUIRED, **(required or {})},
+        )
 
-    def consumer_config(self, group_id: str | None, **overrides: Any) -> dict[str, Any]:
-        base: dict[str, Any] = {
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-        }
+    def consumer_config(
+        self,
+        group_id: str | None,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        user: Mapping[str, Any] | None = None,
+        required: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Offsets are committed by the code, never automatically; ``group_id`` is required
+        (the group is part of the design: ``ns.acker``, a task's group ...)."""
+        base_required: dict[str, Any] = {**CONSUMER_REQUIRED}
         if group_id is not None:
-            base["group.id"] = group_id
-        base.update(overrides)
-        return self.client_config(**base)
+            base_required["group.id"] = group_id
+        return self.client_config(
+            defaults={**CONSUMER_DEFAULTS, **(defaults or {})},
+            user=user,
+            required={**base_required, **(required or {})},
+        )
+
+
+# What every producer and consumer of the broker relies on, and the tunable defaults.
+PRODUCER_REQUIRED: Mapping[str, Any] = {"enable.idempotence": True, "acks": "all"}
+PRODUCER_DEFAULTS: Mapping[str, Any] = {"partitioner": "murmur2_random", "linger.ms": 5, "compression.type": "lz4"}
+CONSUMER_REQUIRED: Mapping[str, Any] = {"enable.auto.commit": False}
+CONSUMER_DEFAULTS: Mapping[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+    "partition.assignment.strategy": "cooperative-sticky",
+}
+
+# Why a required setting may not be overridden, for the ConfigurationError.
+_WHY = {
+    "enable.idempotence": "without it a retried produce can duplicate or reorder records",
+    "acks": "a record acknowledged by the leader alone can be lost with it",
+    "enable.auto.commit": "offsets are committed after the input is processed, never before",
+    "enable.auto.offset.store": "offsets are stored only for input that was processed",
+    "isolation.level": "records of aborted transactions must not be read",
+    "partition.assignment.strategy": "range keeps co-partitioned topics on one member",
+    "transactional.id": "it fences the instance's predecessor",
+    "group.id": "the consumer group is part of the design",
+    "auto.offset.reset": "a new group must read its input from the start",
+    "enable.partition.eof": "reading to the end of a partition depends on it",
+    "delivery.report.only.error": "the service's delivery reports depend on it",
+    "allow.auto.create.topics": "a topic must never be created with the broker's defaults",
+}
+
+
+def _why(key: str) -> str:
+    return _WHY.get(key, "the service depends on it")
+
+
+def _normal(key: str, value: Any) -> str:
+    text = str(value).strip().lower()
+    if key == "acks" and text == "-1":
+        return "all"
+    return text
+
+
+def _same(key: str, a: Any, b: Any) -> bool:
+    """Equal as librdkafka reads them: ``True`` is ``"true"``, ``acks=-1`` is ``all``."""
+    return _normal(key, a) == _normal(key, b)

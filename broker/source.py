@@ -119,12 +119,12 @@ class Source:
         # so persist records report success too - the one Python callback per record. Data
         # and plain records are produced without a callback: they cost no report at all. In a
         # transaction only failures matter (the commit covers the rest).
-        overrides: dict[str, Any] = {
-            "linger.ms": 10, "delivery.report.only.error": self._transactional, **self.config.producer,
-        }
+        required: dict[str, Any] = {"delivery.report.only.error": self._transactional}
         if transactional_id:
-            overrides["transactional.id"] = transactional_id
-        self._producer_config = settings.producer_config(**overrides)
+            required["transactional.id"] = transactional_id
+        self._producer_config = settings.producer_config(
+            required=required, user=self.config.producer, defaults={"linger.ms": 10}
+        )
         self._producer = Producer(self._producer_config)
         self._in_transaction = False
         self._in_transaction_sent = 0

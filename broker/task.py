@@ -222,14 +222,14 @@ class Task:
         # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = Producer(
             settings.producer_config(
-                **{"linger.ms": 10, "delivery.report.only.error": True, **self.config.producer}
+                required={"delivery.report.only.error": True}, user=self.config.producer, defaults={"linger.ms": 10}
             )
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_s)
         self._consumer = Consumer(
             settings.consumer_config(
                 group_id,
-                **{
+                required={
                     "isolation.level": "read_committed",
                     # range assigns partition i of every subscribed topic of the same partition
                     # count to one member, so topic[i] and topic.replay[i] - one key range, as
@@ -237,10 +237,9 @@ class Task:
                     # cooperative-sticky (the settings' default) balances partitions over all
                     # topics and may split them (checked in _on_assign).
                     "partition.assignment.strategy": "range",
-                    "fetch.wait.max.ms": 10,
-                    "fetch.min.bytes": 262_144,
-                    **self.config.consumer,
                 },
+                user=self.config.consumer,
+                defaults={"fetch.wait.max.ms": 10, "fetch.min.bytes": 262_144},
             )
         )
         self._outputs_pending = False
@@ -283,10 +282,9 @@ class Task:
         for topic in self._pairs:
             data = {p for t, p in self._owned if t == topic}
             replay = {p for t, p in self._owned if t == replay_topic(topic)}
-            if data != replay:  # only with a user's strategy: theirs wins, but say so
+            if data != replay:  # range never splits them (it is required); say so if it ever does
                 log.warning(
-                    "%s holds %s %s but %s %s: not co-partitioned (partition.assignment.strategy "
-                    "in TaskConfig.consumer overrides range?)",
+                    "%s holds %s %s but %s %s: not co-partitioned",
                     self.name, topic, sorted(data), replay_topic(topic), sorted(replay),
                 )
 

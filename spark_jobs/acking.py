@@ -201,7 +201,8 @@ class AckingConfig:
     max_pairs_per_message: int = 50_000
     cache_batch: bool = True  # the handler and the ack step both read the batch
     delivery_timeout_s: float = 60.0
-    producer: Mapping[str, Any] = field(default_factory=dict)  # librdkafka overrides (acks)
+    # librdkafka overrides of the ack producer (linger.ms ...); never of idempotence or acks=all
+    producer: Mapping[str, Any] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)  # Spark Kafka sink (emits)
     history: int = 1000  # BatchStats kept
 
@@ -554,7 +555,7 @@ class Acking:
             return
         if self._producer is None:
             self._producer = Producer(
-                self.settings.producer_config(**{"linger.ms": 2, **self.config.producer})
+                self.settings.producer_config(user=self.config.producer, defaults={"linger.ms": 2})
             )
         producer = self._producer
         for xb in batches:

@@ -112,7 +112,7 @@ class LedgerWatch:
 
     def __init__(self, settings: KafkaSettings, ns: Namespace) -> None:
         self.outcomes = OutcomeTail(settings, ns)
-        self._dlq = Consumer(settings.consumer_config(None, **{"group.id": f"{ns.name}.watch"}))
+        self._dlq = Consumer(settings.consumer_config(None, defaults={"group.id": f"{ns.name}.watch"}))
         self._dlq.assign([TopicPartition(ns.dlq, 0, OFFSET_BEGINNING)])
         self.dead: set[int] = set()  # origins in the DLQ
 

@@ -91,44 +91,52 @@ class Acker:
         self._last_stats = time.monotonic()
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster.
+        # Each client: what the acker's guarantee depends on (``required``: a user override
+        # that contradicts it is refused) and tunables (``defaults``: KafkaSettings.extra
+        # and AckerConfig.consumer win over them).
         ns, consumer_config = self.ns, settings.consumer_config
-        producer_conf: dict[str, object] = {
-            "linger.ms": 1,
-            "partitioner": "murmur2_random",
+        # Records of aborted transactions (persist records, acks, the changelog) never count.
+        committed = {"isolation.level": "read_committed"}
+        producer_required: dict[str, object] = {
             # A replay topic checked before producing (broker.acker.commit) must not be
             # created by that very look-up, with the broker's default partition count.
             "allow.auto.create.topics": False,
         }
+        producer_defaults: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
         if self.config.exactly_once:
-            producer_conf["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
-            producer_conf["transaction.timeout.ms"] = self.config.transaction_timeout_ms
-        self._producer_config = settings.producer_config(**producer_conf)
+            producer_required["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
+            producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
+        self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
         self._producer = Producer(self._producer_config)
         self._consumer = Consumer(
             consumer_config(
                 self.group_id,
-                **{
+                required={
+                    **committed,
+                    # Partition i of ns.persist, ns.acks and ns.ledger is one ledger partition.
                     "partition.assignment.strategy": "range",
-                    "isolation.level": "read_committed",
+                    # Offsets are stored with the transaction that folded them.
                     "enable.auto.offset.store": False,
+                    # A new group that skipped persist records would never track them.
+                    "auto.offset.reset": "earliest",
+                },
+                user=self.config.consumer,
+                defaults={
                     "session.timeout.ms": 10_000,
                     "heartbeat.interval.ms": 1_000,
                     "fetch.wait.max.ms": 20,
                     "fetch.min.bytes": 262_144,
                     "max.poll.interval.ms": 60_000,
-                    **self.config.consumer,
                 },
             )
         )
         restorer = Consumer(
             consumer_config(
-                None,
-                **{
-                    "group.id": f"{ns.name}.acker.restore",
-                    "enable.partition.eof": True,
-                    "isolation.level": "read_committed",
-                    # EOF is only seen when a fetch comes back empty, and the broker holds
-                    # an empty fetch (and the requests queued behind it) for this long.
+                f"{ns.name}.acker.restore",
+                required={**committed, "enable.partition.eof": True},
+                # EOF is only seen when a fetch comes back empty, and the broker holds
+                # an empty fetch (and the requests queued behind it) for this long.
+                defaults={
                     "fetch.wait.max.ms": 10,
                     # A restore reads whole partitions: big fetches, few round trips.
                     "max.partition.fetch.bytes": 16 * 1024 * 1024,
@@ -138,15 +146,14 @@ class Acker:
         )
         standby = None
         if self.config.standby:
-            standby = Consumer(
-                consumer_config(None, **{"group.id": f"{ns.name}.acker.standby", "isolation.level": "read_committed"})
-            )
+            standby = Consumer(consumer_config(f"{ns.name}.acker.standby", required=committed))
         fetcher = PersistFetcher(
             ns,
             Consumer(
                 consumer_config(
-                    None,
-                    **{"group.id": f"{ns.name}.acker.fetch", "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "enable.partition.eof": True},
+                    f"{ns.name}.acker.fetch",
+                    required={**committed, "enable.auto.offset.store": False, "enable.partition.eof": True},
+                    defaults={"fetch.wait.max.ms": 10},
                 )
             ),
         )

@@ -168,6 +168,8 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], deadline: float) 
     """Ready = an admin client created a topic (the controller and the broker both work)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from broker.kafka_log import client_logging
+
     port = int(bootstrap.rsplit(":", 1)[1])
     while not _port_open(port):  # before any client exists, so librdkafka logs no refusals
         if proc.poll() is not None:
@@ -175,7 +177,7 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], deadline: float) 
         if time.monotonic() > deadline:
             raise LocalKafkaError(f"Kafka did not open port {port} within {READY_TIMEOUT_S:.0f}s")
         time.sleep(0.1)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, **client_logging()})
     name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:

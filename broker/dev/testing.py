@@ -109,7 +109,9 @@ def create_topics(
     """Create ``{name: partitions}`` (replication 1) and wait until they exist."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    from broker.kafka_log import client_logging
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **client_logging()})
     futures = admin.create_topics(
         [NewTopic(n, p, 1, config=dict(config or {})) for n, p in topics.items()],
         operation_timeout=30,

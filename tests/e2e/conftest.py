@@ -65,7 +65,7 @@ def start_acker(bootstrap: str) -> Iterator[Callable[[Namespace], contextlib.Abs
 
 def consume(bootstrap: str, topic: str, partitions: int, count: int, timeout_s: float = 60.0) -> list[Message]:
     """The first ``count`` committed messages of ``topic`` (waits for them up to ``timeout_s``)."""
-    consumer = Consumer(KafkaSettings(bootstrap).consumer_config(None, **{"group.id": "e2e.consume"}))
+    consumer = Consumer(KafkaSettings(bootstrap).consumer_config(None, defaults={"group.id": "e2e.consume"}))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     out: list[Message] = []
     deadline = time.monotonic() + timeout_s

@@ -117,7 +117,7 @@ class PersistWatch:
     """Tails ``ns.persist`` (read_committed): srid -> [(outcome, broker append time)]."""
 
     def __init__(self, settings: KafkaSettings, ns: topics.Namespace, partitions: int) -> None:
-        self._consumer = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
+        self._consumer = Consumer(settings.consumer_config(None, defaults={"group.id": unique_name("watch")}))
         self._consumer.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(partitions)])
         self.tombstones: dict[int, list[tuple[str, int]]] = defaultdict(list)
         self.completed: set[int] = set()

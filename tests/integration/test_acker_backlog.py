@@ -43,7 +43,7 @@ def test_acks_waiting_in_a_backlog_past_the_timeout_complete_and_nothing_is_repl
     sent = [source.send(data, b"k%d" % i, b"v%d" % i) for i in range(RECORDS)]
     source.flush()
     source.close()
-    producer = Producer(settings.producer_config(**{"linger.ms": 20}))
+    producer = Producer(settings.producer_config(defaults={"linger.ms": 20}))
     none = np.empty(0, np.int64)
     for lp in range(P):
         empty = XorBatch(lp, none, none, none, "filler").encode()

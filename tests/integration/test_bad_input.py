@@ -191,7 +191,7 @@ def test_bad_input_is_counted_quarantined_and_survived(bootstrap: str) -> None:
     for thread in [*threads, acker_thread]:
         thread.start()
 
-    raw = Producer(settings.producer_config(**{"enable.idempotence": False, "linger.ms": 0}))
+    raw = Producer(settings.producer_config(required={"enable.idempotence": False}, defaults={"linger.ms": 0}))
     delivered: dict[tuple[str, int, int], Bad] = {}
     delivery_errors: list[str] = []
 
@@ -205,7 +205,7 @@ def test_bad_input_is_counted_quarantined_and_survived(bootstrap: str) -> None:
 
     valid: set[int] = set()
     kinds = 0
-    watch = Consumer(settings.consumer_config(None, **{"group.id": unique_name("watch")}))
+    watch = Consumer(settings.consumer_config(None, defaults={"group.id": unique_name("watch")}))
     watch.assign([TopicPartition(ns.persist, p, OFFSET_BEGINNING) for p in range(P)])
     outcomes: dict[int, list[str]] = {}
     try:

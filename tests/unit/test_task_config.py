@@ -1,5 +1,5 @@
 """The Task's consumer: range assignment (co-partitions a data topic and its replay topic),
-and the user's TaskConfig.consumer still wins."""
+which the user's TaskConfig.consumer cannot override."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import pytest
 
 import broker.task
+from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig
 
@@ -34,9 +35,10 @@ def test_task_consumer_uses_the_range_assignor(consumer_conf: list[dict[str, Any
     assert conf["isolation.level"] == "read_committed"
 
 
-def test_task_consumer_overrides_win(consumer_conf: list[dict[str, Any]]) -> None:
-    config = TaskConfig(consumer={"partition.assignment.strategy": "roundrobin", "isolation.level": "read_uncommitted"})
-    Task(KafkaSettings("fake:9092"), "unit", ["orders", "orders.replay"], "g", lambda r, c: None, config)
-    (conf,) = consumer_conf
-    assert conf["partition.assignment.strategy"] == "roundrobin"
-    assert conf["isolation.level"] == "read_uncommitted"
+def test_task_consumer_refuses_to_give_up_range(consumer_conf: list[dict[str, Any]]) -> None:
+    """Range is what co-partitions a data topic and its replay topic: a user's strategy that
+    would override it is refused (tests/unit/test_client_config.py: tunables still win)."""
+    config = TaskConfig(consumer={"partition.assignment.strategy": "roundrobin"})
+    with pytest.raises(ConfigurationError, match=r"partition\.assignment\.strategy"):
+        Task(KafkaSettings("fake:9092"), "unit", ["orders", "orders.replay"], "g", lambda r, c: None, config)
+    assert consumer_conf == []

@@ -1,0 +1,107 @@
+"""Service and admin commands never pick a cluster by themselves: ``--bootstrap``,
+``KAFKA_BOOTSTRAP_SERVERS`` or ``--local`` (the embedded Kafka of ``replaybroker kafka up``),
+else one line on stderr and a non-zero exit - even while an embedded Kafka runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+import broker.acker
+import broker.cli
+import broker.dev.kafka_local
+import broker.dlq
+import broker.status
+import broker.topics
+from broker.cli import main
+from broker.dev.kafka_local import BrokerState
+
+EMBEDDED = BrokerState(1, "127.0.0.1:19092", 19092, 19093, "/tmp/run", "4.0.0", "c", 0.0)
+
+COMMANDS = [
+    ["status", "--namespace", "ns"],
+    ["acker", "--namespace", "ns"],
+    ["topics", "check", "--namespace", "ns"],
+    ["dlq", "list", "--namespace", "ns"],
+]
+
+
+@pytest.fixture
+def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The bootstrap servers each command went on to use (nothing talks to Kafka)."""
+    used: list[str] = []
+
+    def record(settings: Any, *_a: Any, **_k: Any) -> Any:
+        used.append(settings.bootstrap_servers)
+        return {"sources": {}}
+
+    class Acker:
+        def __init__(self, settings: Any, *_a: Any, **_k: Any) -> None:
+            record(settings)
+
+        def run(self, **_k: Any) -> None:
+            pass
+
+    monkeypatch.setattr(broker.status, "status", record)
+    monkeypatch.setattr(broker.acker, "Acker", Acker)
+    monkeypatch.setattr(broker.topics, "check", record)
+    monkeypatch.setattr(broker.dlq, "list_entries", lambda s, *_a: record(s) and [])
+    monkeypatch.setattr(broker.cli, "check_reachable", lambda *_a, **_k: None)
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    return used
+
+
+def embedded(monkeypatch: pytest.MonkeyPatch, state: BrokerState | None) -> None:
+    monkeypatch.setattr(broker.dev.kafka_local, "running_state", lambda _run_dir: state)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_no_cluster_given_is_refused_even_with_an_embedded_kafka_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str], command: list[str]
+) -> None:
+    embedded(monkeypatch, EMBEDDED)
+    assert main(command) != 0
+    assert clusters_used == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    for way in ("--bootstrap", "KAFKA_BOOTSTRAP_SERVERS", "--local"):
+        assert way in err
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_cluster_given_either_way_is_used(
+    monkeypatch: pytest.MonkeyPatch, clusters_used: list[str], command: list[str]
+) -> None:
+    embedded(monkeypatch, EMBEDDED)
+    assert main([*command, "--bootstrap", "kafka1:9092"]) == 0
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka2:9092")
+    assert main(command) == 0
+    assert main([*command, "--local"]) == 0
+    assert clusters_used == ["kafka1:9092", "kafka2:9092", EMBEDDED.bootstrap]
+
+
+def test_local_without_an_embedded_kafka_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str]
+) -> None:
+    embedded(monkeypatch, None)
+    assert main(["status", "--namespace", "ns", "--local"]) != 0
+    assert clusters_used == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "kafka up" in err
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_kafka_error_during_a_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str], verbose: bool
+) -> None:
+    def fail(*_a: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
+
+    monkeypatch.setattr(broker.status, "status", fail)
+    assert main([*(["-v"] if verbose else []), "status", "--namespace", "ns", "--bootstrap", "k:9092"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "replaybroker: status failed: Failed to get metadata: Local: Timed out"
+    assert ("Traceback" in err) is verbose

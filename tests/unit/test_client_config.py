@@ -1,0 +1,135 @@
+"""The effective librdkafka config of Source, Task and Acker: a user's override of a tunable
+(``KafkaSettings.extra``, ``SourceConfig.producer``, ``TaskConfig.consumer`` ...) wins over
+the service's default; one that contradicts what the guarantee depends on is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import broker.acker.service
+import broker.source
+import broker.task
+from broker.acker import Acker, AckerConfig
+from broker.errors import ConfigurationError
+from broker.settings import KafkaSettings
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskConfig
+
+
+class Clients:
+    """Stands in for Producer and Consumer; keeps every config it was built with."""
+
+    def __init__(self) -> None:
+        self.producers: list[dict[str, Any]] = []
+        self.consumers: list[dict[str, Any]] = []
+
+    def producer(self, conf: dict[str, Any]) -> object:
+        self.producers.append(conf)
+        return object()
+
+    def consumer(self, conf: dict[str, Any]) -> object:
+        self.consumers.append(conf)
+        return object()
+
+
+@pytest.fixture
+def clients(monkeypatch: pytest.MonkeyPatch) -> Clients:
+    made = Clients()
+    for module in (broker.source, broker.task, broker.acker.service):
+        monkeypatch.setattr(module, "Producer", made.producer)
+        if hasattr(module, "Consumer"):
+            monkeypatch.setattr(module, "Consumer", made.consumer)
+    return made
+
+
+def settings(**extra: Any) -> KafkaSettings:
+    return KafkaSettings("fake:9092", extra=extra)
+
+
+def task(settings: KafkaSettings, config: TaskConfig | None = None) -> Task:
+    return Task(settings, "unit", ["orders", "orders.replay"], "g", lambda r, c: None, config)
+
+
+# ------------------------------------------------------------------ tunables: the user wins
+
+
+def test_extra_wins_over_the_settings_defaults() -> None:
+    conf = settings(**{"linger.ms": 50, "compression.type": "zstd"}).producer_config(defaults={"linger.ms": 1})
+    assert conf["linger.ms"] == 50
+    assert conf["compression.type"] == "zstd"
+
+
+def test_source_producer_takes_the_users_linger(clients: Clients) -> None:
+    Source(settings(**{"linger.ms": 50}), "unit")
+    Source(settings(), "unit", SourceConfig(producer={"linger.ms": 70}))
+    assert [c["linger.ms"] for c in clients.producers] == [50, 70]
+
+
+def test_task_takes_the_users_tunables(clients: Clients) -> None:
+    task(settings(**{"fetch.wait.max.ms": 500, "linger.ms": 50}))
+    task(settings(**{"fetch.wait.max.ms": 500}), TaskConfig(consumer={"fetch.wait.max.ms": 300}))
+    assert [c["fetch.wait.max.ms"] for c in clients.consumers] == [500, 300]
+    assert clients.producers[0]["linger.ms"] == 50
+
+
+def test_acker_takes_the_users_tunables(clients: Clients) -> None:
+    Acker(settings(**{"fetch.wait.max.ms": 500, "linger.ms": 50}), "unit", AckerConfig(instance_id="a"))
+    assert clients.producers[0]["linger.ms"] == 50
+    assert {c["group.id"]: c["fetch.wait.max.ms"] for c in clients.consumers} == {
+        "unit.acker": 500, "unit.acker.restore": 500, "unit.acker.fetch": 500,
+    }
+    clients.consumers.clear()
+    Acker(settings(), "unit", AckerConfig(instance_id="a", consumer={"session.timeout.ms": 6_000}))
+    assert clients.consumers[0]["group.id"] == "unit.acker"
+    assert clients.consumers[0]["session.timeout.ms"] == 6_000
+
+
+# ------------------------------------------------------------------ the guarantee: refused
+
+
+def test_a_contradicting_required_setting_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigurationError, match=r"enable\.idempotence"):
+        settings(**{"enable.idempotence": False}).producer_config()
+    with pytest.raises(ConfigurationError, match=r"enable\.auto\.commit"):
+        settings(**{"enable.auto.commit": True}).consumer_config("g")
+
+
+def test_an_agreeing_required_setting_is_accepted() -> None:
+    conf = settings(**{"acks": -1, "enable.idempotence": "true"}).producer_config()
+    assert conf["acks"] == "all"
+    assert conf["enable.idempotence"] is True
+
+
+def test_source_refuses_a_contradicting_transactional_id(clients: Clients) -> None:
+    with pytest.raises(ConfigurationError, match=r"transactional\.id"):
+        Source(settings(), "unit", SourceConfig(producer={"transactional.id": "other"}), transactional_id="mine")
+    with pytest.raises(ConfigurationError, match="acks"):
+        Source(settings(), "unit", SourceConfig(producer={"acks": 1}))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("partition.assignment.strategy", "roundrobin"), ("isolation.level", "read_uncommitted")],
+)
+def test_task_refuses_a_contradicting_consumer_setting(clients: Clients, key: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=key.replace(".", r"\.")):
+        task(settings(), TaskConfig(consumer={key: value}))
+
+
+@pytest.mark.parametrize(
+    ("extra", "consumer"),
+    [
+        ({}, {"isolation.level": "read_uncommitted"}),
+        ({}, {"enable.auto.offset.store": True}),
+        ({"partition.assignment.strategy": "cooperative-sticky"}, {}),
+        ({"allow.auto.create.topics": True}, {}),
+    ],
+)
+def test_acker_refuses_a_contradicting_setting(
+    clients: Clients, extra: dict[str, Any], consumer: dict[str, Any]
+) -> None:
+    (key,) = {**extra, **consumer}
+    with pytest.raises(ConfigurationError, match=key.replace(".", r"\.")):
+        Acker(settings(**extra), "unit", AckerConfig(instance_id="a", consumer=consumer))
