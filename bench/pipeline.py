@@ -116,9 +116,10 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
         lat = run.latencies_ms()
         if lat.size == 0:
             raise BenchError(f"{system}: no latencies recorded")
-        p50, p99 = np.percentile(lat, [50, 99])
+        p50, p99, p999 = np.percentile(lat, [50, 99, 99.9])
         figures.set(f"latency.{system}_p50_ms", float(p50), samples=int(lat.size))
         figures.set(f"latency.{system}_p99_ms", float(p99), samples=int(lat.size), max_ms=round(float(lat.max()), 1))
+        figures.set(f"latency.{system}_p999_ms", float(p999), samples=int(lat.size))
         series[system] = lat
         series[f"{system}_cpu"] = run.cpu_report(per_sent=True)
         if run.cost is not None:

@@ -35,6 +35,8 @@ def _rows() -> list[Row]:
          "latency.raw_p50_ms", None),
         ("completion latency p99 ms (50 % load)", "latency.pipeline_p99_ms", "raw produce -> consume p99",
          "latency.raw_p99_ms", "latency.p99_vs_raw"),
+        ("completion latency p99.9 ms (50 % load)", "latency.pipeline_p999_ms", "raw produce -> consume p99.9",
+         "latency.raw_p999_ms", None),
         ("replay after explicit fail p50 ms", "replay.after_fail_p50_ms", "configured timeout", "replay.timeout_ms",
          None),
         ("replay after explicit fail p99 ms", "replay.after_fail_p99_ms", "configured timeout", "replay.timeout_ms",
