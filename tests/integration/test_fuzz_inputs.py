@@ -31,7 +31,14 @@ quarantined whole:
 - a valid record under a key of 1-7 or 9-16 bytes (any headers);
 - a valid record of another ledger partition's srid, and one of srid 0 (any headers);
 - an empty value (any headers);
-- 500 KB: a record with a 500 KB value, truncated by one byte (no headers).
+- 500 KB: a record with a 500 KB value, truncated by one byte (no headers);
+- a well-formed record without usable registration headers whose ``created_ms + timeout_ms``
+  (its deadline) is beyond 64 bits: no Source writes it (its ``rb-deadline`` is 8 bytes).
+
+ns.persist - quarantined at its deadline: a record with 8-byte ``rb-root`` / ``rb-deadline``
+headers (a deadline during the run) is registered without decoding; when it times out the
+acker reads its value for the replay, finds a ``timeout_ms`` that gives the replay no 64-bit
+deadline, quarantines it byte for byte and lets the srid go (a ``dlq`` tombstone).
 
 ns.persist - ignored, not quarantined: a tombstone (null value) of an unknown srid is a
 completion the acker did not make (another owner's), not garbage.
@@ -40,7 +47,8 @@ Not injected, because they are not malformed for the acker: a well-formed XorBat
 unknown srids of the right partition (an orphan, tested in test_bad_input.py), and a persist
 record with 8-byte ``rb-root`` / ``rb-deadline`` headers whose value starts with its key's
 srid but is otherwise truncated: by design it is registered without decoding and only
-quarantined if a replay needs its value.
+quarantined if a replay needs its value (as in the category above, which does it with a
+deadline during the run).
 
 No forged events: every srid in the bad messages is drawn from this test's seeded generator
 (64-bit, non-zero) and checked against the valid records' srids (fresh ids from the Source),
@@ -106,6 +114,8 @@ CATEGORIES: dict[str, tuple[str, int, str]] = {
     "persist: srid 0": ("persist", 400, "quarantine"),
     "persist: empty value": ("persist", 300, "quarantine"),
     "persist: 500 KB truncated PersistedRecord": ("persist", 20, "quarantine"),
+    "persist: deadline past 64 bits": ("persist", 100, "quarantine"),
+    "persist: registered, timeout past 64 bits": ("persist", 50, "quarantine at its deadline"),
     "persist: tombstone of an unknown srid": ("persist", 200, "ignored"),
 }
 _rest = BAD_TOTAL - sum(n for _, n, _ in CATEGORIES.values())
@@ -126,9 +136,10 @@ class Bad:
 class Fuzz:
     """Deterministic malformed messages from one seeded generator."""
 
-    def __init__(self, ns: topics.Namespace, seed: int) -> None:
+    def __init__(self, ns: topics.Namespace, seed: int, soon_ms: int) -> None:
         self.ns = ns
         self.rng = random.Random(seed)
+        self.soon_ms = soon_ms  # a deadline during the run
 
     def srid_in(self, partition: int) -> int:
         while True:
@@ -149,12 +160,12 @@ class Fuzz:
             "fuzz",
         )
 
-    def record(self, srid: int, size: int = 40) -> PersistedRecord:
+    def record(self, srid: int, size: int = 40, created_ms: int = CREATED_MS, timeout_ms: int = 600_000) -> PersistedRecord:
         return PersistedRecord(
             srid=srid, origin=srid, attempt=1, root_xor=self.rng.randrange(-(2**63), 2**63),
             record_id=self.rng.randrange(-(2**63), 2**63), topic=f"{self.ns.name}.orders",
             key_hash_partition=0, key=b"k", value=self.rng.randbytes(size),
-            created_ms=CREATED_MS, timeout_ms=600_000,
+            created_ms=created_ms, timeout_ms=timeout_ms,
         )
 
     def refused(self, decode: Callable[[bytes], object], make: Callable[[], bytes]) -> bytes:
@@ -247,6 +258,21 @@ class Fuzz:
             return Bad(what, pe, p, key, b"", self.any_headers(), (srid,))
         if what == "persist: 500 KB truncated PersistedRecord":
             return Bad(what, pe, p, key, self.record(srid, HUGE).encode()[:-1], None, (srid,))
+        if what == "persist: deadline past 64 bits":
+            # Decoded in full (no usable headers): created_ms + timeout_ms is no 64-bit deadline.
+            created, timeout = r.choice([
+                (CREATED_MS, 2**63 - 1 - r.randrange(CREATED_MS)),
+                (2**63 - 1 - r.randrange(1000), r.randrange(1000, 2**40)),
+                (-(2**63) + r.randrange(1000), -r.randrange(1000, 2**40)),
+            ])
+            record = self.record(srid, created_ms=created, timeout_ms=timeout)
+            return Bad(what, pe, p, key, record.encode(), self.garbage_headers(), (srid,))
+        if what == "persist: registered, timeout past 64 bits":
+            # Registered from its headers (deadline: a few seconds from now); its value is
+            # read when it times out, and a replay's deadline now + timeout_ms is no long.
+            record = self.record(srid, timeout_ms=2**63 - 1 - r.randrange(CREATED_MS))
+            headers = [(H_ROOT, ids.encode_id(record.root_xor)), (H_DEADLINE, ids.encode_id(self.soon_ms))]
+            return Bad(what, pe, p, key, record.encode(), headers, (srid,))
         if what == "persist: tombstone of an unknown srid":
             return Bad(what, pe, p, key, None, None, (srid,))
         raise AssertionError(what)
@@ -263,7 +289,7 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
     ns = topics.Namespace(unique_name("fuzz"))
     orders = f"{ns.name}.orders"
     topics.create(settings, ns, P, {orders: P}, overrides={ns.persist: LOG_APPEND_TIME})  # PersistWatch's clock
-    bads = Fuzz(ns, SEED).all()
+    bads = Fuzz(ns, SEED, int(time.time() * 1000) + 3_000).all()
     assert len(bads) == BAD_TOTAL
 
     def leaf(record: TaskRecord, ctx: TaskContext) -> None:
@@ -321,7 +347,7 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
         assert len(delivered) == BAD_TOTAL
         # No bad message names a valid record: none can complete, fail or tombstone one.
         assert not valid & {s for b in bads for s in b.srids}
-        want = Counter(b.what for b in bads if CATEGORIES[b.what][2] == "quarantine")
+        want = Counter(b.what for b in bads if CATEGORIES[b.what][2].startswith("quarantine"))
         want_quarantined = sum(want.values())
 
         deadline = time.monotonic() + DEADLINE_S
@@ -345,13 +371,18 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
         watch.close()
     assert not acker_errors, acker_errors
 
-    # (b) Every valid record completed, once; nothing replayed, dead-lettered or timed out.
+    # (b) Every valid record completed, once; nothing replayed or dead-lettered, and only the
+    # records registered to time out timed out (and left as quarantined: a dlq tombstone).
     outcomes = Counter(tuple(o for o, _ in watch.tombstones[s]) for s in valid)
     assert outcomes == Counter({("completed",): len(valid)}), outcomes
+    timing_out = [b for b in bads if CATEGORIES[b.what][2] == "quarantine at its deadline"]
+    assert all([o for o, _ in watch.tombstones[b.srids[0]]] == ["dlq"] for b in timing_out)
     counters = acker.counters()
-    for name in ("replayed", "dlq", "timed_out", "failed", "duplicate_roots"):
+    for name in ("replayed", "dlq", "failed", "duplicate_roots"):
         assert counters[name] == 0, (name, counters)
-    assert counters["registered"] == counters["completed"] == len(valid), counters
+    assert counters["timed_out"] == len(timing_out), counters
+    assert counters["registered"] == len(valid) + len(timing_out), counters
+    assert counters["completed"] == len(valid), counters
 
     # (c) Each rejected message is in the DLQ once, byte for byte, with its reason and source;
     # the ignored ones are not. Per category, the DLQ holds what was injected.
@@ -364,7 +395,7 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
     found: Counter[str] = Counter()
     for where, bad in delivered.items():
         kept = by_source.get(where, [])
-        if CATEGORIES[bad.what][2] == "ignored":
+        if not CATEGORIES[bad.what][2].startswith("quarantine"):
             assert not kept, f"{bad.what} at {where} was quarantined"
             continue
         assert len(kept) == 1, f"{bad.what} at {where}: {len(kept)} DLQ records"
