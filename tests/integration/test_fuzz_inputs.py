@@ -40,6 +40,12 @@ headers (a deadline during the run) is registered without decoding; when it time
 acker reads its value for the replay, finds a ``timeout_ms`` that gives the replay no 64-bit
 deadline, quarantines it byte for byte and lets the srid go (a ``dlq`` tombstone).
 
+ns.persist - dead-lettered at its deadline: a record registered the same way whose
+``key_hash_partition`` is negative decodes, but its replay is refused (no such partition of
+``<topic>.replay``): the acker aborts that commit, rewinds, and dead-letters the record
+(``rb-reason: timeout; cannot replay: ...``, its data key and value, ``rb-origin``) - a dead
+letter, not a quarantine, and counted once as ``dlq`` although its transaction was aborted.
+
 ns.persist - ignored, not quarantined: a tombstone (null value) of an unknown srid is a
 completion the acker did not make (another owner's), not garbage.
 
@@ -57,6 +63,7 @@ so no garbage that parses can XOR, fail or tombstone a valid record.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -72,7 +79,7 @@ from broker import ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
 from broker.errors import DecodeError
-from broker.headers import H_DEADLINE, H_OUTCOME, H_REASON, H_ROOT, H_SOURCE
+from broker.headers import H_DEADLINE, H_ORIGIN, H_OUTCOME, H_REASON, H_ROOT, H_SOURCE
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
@@ -116,6 +123,7 @@ CATEGORIES: dict[str, tuple[str, int, str]] = {
     "persist: 500 KB truncated PersistedRecord": ("persist", 20, "quarantine"),
     "persist: deadline past 64 bits": ("persist", 100, "quarantine"),
     "persist: registered, timeout past 64 bits": ("persist", 50, "quarantine at its deadline"),
+    "persist: registered, negative key_hash_partition": ("persist", 50, "dead-lettered at its deadline"),
     "persist: tombstone of an unknown srid": ("persist", 200, "ignored"),
 }
 _rest = BAD_TOTAL - sum(n for _, n, _ in CATEGORIES.values())
@@ -273,6 +281,13 @@ class Fuzz:
             record = self.record(srid, timeout_ms=2**63 - 1 - r.randrange(CREATED_MS))
             headers = [(H_ROOT, ids.encode_id(record.root_xor)), (H_DEADLINE, ids.encode_id(self.soon_ms))]
             return Bad(what, pe, p, key, record.encode(), headers, (srid,))
+        if what == "persist: registered, negative key_hash_partition":
+            # Registered from its headers; at its deadline the replay to partition -n of
+            # orders.replay is refused by the producer: the commit is aborted, the record is
+            # decided again and dead-lettered (reason: cannot replay).
+            record = dataclasses.replace(self.record(srid), key_hash_partition=-r.randrange(2, 2**31))
+            headers = [(H_ROOT, ids.encode_id(record.root_xor)), (H_DEADLINE, ids.encode_id(self.soon_ms))]
+            return Bad(what, pe, p, key, record.encode(), headers, (srid,))
         if what == "persist: tombstone of an unknown srid":
             return Bad(what, pe, p, key, None, None, (srid,))
         raise AssertionError(what)
@@ -349,13 +364,14 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
         assert not valid & {s for b in bads for s in b.srids}
         want = Counter(b.what for b in bads if CATEGORIES[b.what][2].startswith("quarantine"))
         want_quarantined = sum(want.values())
+        dead = [b for b in bads if CATEGORIES[b.what][2] == "dead-lettered at its deadline"]
 
         deadline = time.monotonic() + DEADLINE_S
         while True:
             assert acker_thread.is_alive() and not acker_errors, f"the acker stopped: {acker_errors}"
             watch.poll(0.2)
             quarantined = acker.totals["quarantined"]
-            if valid <= watch.completed and quarantined >= want_quarantined:
+            if valid <= watch.completed and quarantined >= want_quarantined and acker.totals["dlq"] >= len(dead):
                 break
             assert time.monotonic() < deadline, (
                 f"{len(valid - watch.completed)} valid records pending; quarantined {quarantined} "
@@ -371,15 +387,16 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
         watch.close()
     assert not acker_errors, acker_errors
 
-    # (b) Every valid record completed, once; nothing replayed or dead-lettered, and only the
-    # records registered to time out timed out (and left as quarantined: a dlq tombstone).
+    # (b) Every valid record completed, once; nothing replayed, and only the records
+    # registered to time out timed out (and left quarantined or dead-lettered: a dlq tombstone).
     outcomes = Counter(tuple(o for o, _ in watch.tombstones[s]) for s in valid)
     assert outcomes == Counter({("completed",): len(valid)}), outcomes
-    timing_out = [b for b in bads if CATEGORIES[b.what][2] == "quarantine at its deadline"]
+    timing_out = [b for b in bads if CATEGORIES[b.what][2].endswith("at its deadline")]
     assert all([o for o, _ in watch.tombstones[b.srids[0]]] == ["dlq"] for b in timing_out)
     counters = acker.counters()
-    for name in ("replayed", "dlq", "failed", "duplicate_roots"):
+    for name in ("replayed", "failed", "duplicate_roots"):
         assert counters[name] == 0, (name, counters)
+    assert counters["dlq"] == len(dead), counters
     assert counters["timed_out"] == len(timing_out), counters
     assert counters["registered"] == len(valid) + len(timing_out), counters
     assert counters["completed"] == len(valid), counters
@@ -388,9 +405,13 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
     # the ignored ones are not. Per category, the DLQ holds what was injected.
     dlq = read_to_end(settings, ns.dlq, 1)
     by_source: dict[str, list[Message]] = {}
+    letters: dict[int, list[Message]] = {}  # dead letters (no rb-source) by rb-origin
     for msg in dlq:
-        source_header = dict(msg.headers() or ()).get(H_SOURCE) or b""
-        by_source.setdefault(source_header.decode(), []).append(msg)
+        headers = dict(msg.headers() or ())
+        if H_SOURCE in headers:
+            by_source.setdefault((headers[H_SOURCE] or b"").decode(), []).append(msg)
+        else:
+            letters.setdefault(ids.decode_id(headers[H_ORIGIN] or b""), []).append(msg)
     assert set(by_source) <= set(delivered), "DLQ records of no injected message"
     found: Counter[str] = Counter()
     for where, bad in delivered.items():
@@ -405,7 +426,13 @@ def test_ten_thousand_malformed_inputs_are_quarantined_and_the_run_completes(boo
         assert (msg.key(), msg.value()) == (bad.key, bad.value), f"{bad.what} at {where}: not its bytes"
         found[bad.what] += 1
     assert found == want, {w: (found[w], want[w]) for w in want if found[w] != want[w]}
-    assert len(dlq) == want_quarantined
+    assert len(dlq) == want_quarantined + len(dead)
+    assert set(letters) == {b.srids[0] for b in dead}
+    for b in dead:
+        (msg,) = letters[b.srids[0]]
+        record = PersistedRecord.decode(b.value)
+        assert (msg.key(), msg.value()) == (record.key, record.value)
+        assert b"cannot replay" in (dict(msg.headers() or ()).get(H_REASON) or b""), b.what
 
     # (d) The acker counted each once, in memory and in its changelog.
     assert counters["quarantined"] == want_quarantined, counters
