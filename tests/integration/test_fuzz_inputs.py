@@ -6,7 +6,7 @@ acker (a real ``Acker`` in a thread) must stay up, complete every valid record e
 and keep every message it rejects byte for byte in ``ns.dlq`` (``rb-reason: quarantine: ...``,
 ``rb-source: topic/partition/offset``), counting each once as ``quarantined``.
 
-Each category and its fate (``FATE``):
+Each category and its fate (``CATEGORIES``: topic, how many, fate):
 
 ns.acks - an XorBatch must decode, name its own ledger partition and hold only srids of that
 partition, none 0; a message failing any of this is quarantined whole:
@@ -53,8 +53,8 @@ Not injected, because they are not malformed for the acker: a well-formed XorBat
 unknown srids of the right partition (an orphan, tested in test_bad_input.py), and a persist
 record with 8-byte ``rb-root`` / ``rb-deadline`` headers whose value starts with its key's
 srid but is otherwise truncated: by design it is registered without decoding and only
-quarantined if a replay needs its value (as in the category above, which does it with a
-deadline during the run).
+quarantined if a replay needs its value (the path the "quarantined at its deadline"
+category takes, with a deadline during the run).
 
 No forged events: every srid in the bad messages is drawn from this test's seeded generator
 (64-bit, non-zero) and checked against the valid records' srids (fresh ids from the Source),
