@@ -201,6 +201,10 @@ class Decider:
                     record = PersistedRecord.decode(payload)
                     if record.srid != srid:
                         raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
+                    # A replay's deadline (rb-deadline) is now + timeout_ms, 8 bytes: a value
+                    # registered from its headers may hold a timeout_ms too large for one.
+                    if not -(2**63) <= now_ms + record.timeout_ms < 2**63:
+                        raise DecodeError(f"timeout_ms {record.timeout_ms} gives a replay no 64-bit deadline")
                 except DecodeError as exc:
                     st.count("payload_fetches", int(fetched))
                     self._quarantine(lp, st, srid, offset, reason, payload, exc, decided)

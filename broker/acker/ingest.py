@@ -97,13 +97,10 @@ class Ingest:
                 pass  # the value's first field is checked against the key below, in bulk
             else:
                 try:
-                    record = self._decode_persist(key, value)
+                    key, root, deadline = self._decode_persist(key, value)
                 except DecodeError as exc:
                     self.quarantine(st, msg, str(exc))
                     continue
-                key = ids.encode_id(record.srid)
-                root = ids.encode_id(record.root_xor)
-                deadline = ids.encode_id(record.created_ms + record.timeout_ms)
             msgs.append(msg)
             keys.append(key)
             roots.append(root)
@@ -149,14 +146,19 @@ class Ingest:
         self.completed(st, result.completed)
 
     @staticmethod
-    def _decode_persist(key: bytes | None, value: bytes) -> PersistedRecord:
-        """The full check of a persist record without the registration headers."""
+    def _decode_persist(key: bytes | None, value: bytes) -> tuple[bytes, bytes, bytes]:
+        """The full check of a persist record without the registration headers: its key,
+        root_xor and deadline as the 8 bytes the headers would hold."""
         if key is None or len(key) != 8:
             raise DecodeError("persist key is not an 8-byte srid")
         record = PersistedRecord.decode(value)
         if ids.decode_id(key) != record.srid:
             raise DecodeError("persist key and record srid differ")
-        return record
+        # created_ms and timeout_ms are each a 64-bit long, their sum need not be one.
+        deadline = record.created_ms + record.timeout_ms
+        if not -(2**63) <= deadline < 2**63:
+            raise DecodeError(f"persist deadline created_ms + timeout_ms = {deadline} is not a 64-bit long")
+        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline)
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Fold XOR batches: (srid, xor) pairs and explicit fail marks."""

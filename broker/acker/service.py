@@ -75,6 +75,9 @@ class Acker:
         self.states: dict[int, PartitionState] = {}
         self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        # ``totals`` as of the last committed transaction: an aborted one's counts are undone
+        # with its state by the rewind, or the inputs read again would be counted twice.
+        self._committed_totals = dict(self.totals)
         self.commits = 0
         # The input position of EVERY owned partition, committed with every transaction, even
         # where nothing new was read: offsets are what the group coordinator checks against
@@ -417,6 +420,7 @@ class Acker:
             return
         self.refusals.settle(batch.records)
         self.commits += 1
+        self._committed_totals = dict(self.totals)
 
     def _on_commit_error(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args else None
@@ -465,6 +469,8 @@ class Acker:
         starts = self._start_positions(committed)
         for lp in lps:
             self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
+        self.totals.clear()  # the same dict the states and the changelog count into
+        self.totals.update(self._committed_totals)
         self._positions = {(tp.topic, tp.partition): tp.offset for tp in starts}
         self._read = False
         for tp in starts:

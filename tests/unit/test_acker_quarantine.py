@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from broker import ids
+from broker.headers import persist_headers
 from broker.ledger.clock import ManualClock
 from broker.schemas import XorBatch
 from tests.unit.test_acker_timeouts import (
@@ -19,6 +21,7 @@ from tests.unit.test_acker_timeouts import (
     T0,
     FakeMessage,
     FakeProducer,
+    HeaderMessage,
     Produced,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
@@ -95,3 +98,48 @@ def test_a_batch_for_another_ledger_partition_is_quarantined_whole(fake_kafka: N
     assert [p.value for p in dlq(producer)] == [value, b"\x07"]
     c = acker.counters()
     assert (c["quarantined"], c["folded"], c["completed"], c["pending"]) == (2, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("created_ms", "timeout_ms"),
+    [(T0, 2**63 - 1), (2**63 - 1, 1), (-(2**63), -1)],
+)
+def test_a_persist_record_whose_deadline_is_past_64_bits_is_quarantined(
+    fake_kafka: None, created_ms: int, timeout_ms: int  # noqa: F811
+) -> None:
+    """Without the registration headers the deadline is created_ms + timeout_ms, two Avro
+    longs whose sum need not be one: such a record is bad input, not the acker's end."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    bad = persist_msg(persisted(S1, R1, created_ms, timeout_ms=timeout_ms))
+    consumer.batches.append([bad, persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([acks_msg(0, 0, [S2], [R2])])
+    run_steps(acker, 2)
+
+    (record,) = dlq(producer)
+    assert (record.key, record.value) == (bad.key(), bad.value())
+    assert record.headers["rb-source"] == f"{NS.persist}/0/0".encode()
+    assert (record.headers["rb-reason"] or b"").startswith(b"quarantine: ")
+    assert outcomes(producer) == {S2: b"completed"}
+    c = acker.counters()
+    assert (c["quarantined"], c["registered"], c["completed"], c["pending"]) == (1, 1, 1, 0)
+
+
+def test_a_registered_record_whose_timeout_gives_no_replay_deadline_is_quarantined(fake_kafka: None) -> None:  # noqa: F811
+    """Registered from its 8-byte headers, its value is read only when it fails: a replay's
+    deadline is now + timeout_ms, which must fit the 8-byte rb-deadline header."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    record = persisted(S1, R1, T0, timeout_ms=2**63 - 1 - T0 // 2)
+    msg = HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), record.encode(), headers=persist_headers(R1, T0 + 30_000))
+    consumer.batches.append([msg])
+    run_steps(acker)
+    clock.advance(30_100)
+    run_steps(acker)
+
+    (kept,) = dlq(producer)
+    assert (kept.key, kept.value) == (msg.key(), msg.value())
+    assert (kept.headers["rb-reason"] or b"").startswith(b"quarantine: ")
+    assert outcomes(producer) == {S1: b"dlq"}
+    c = acker.counters()
+    assert (c["quarantined"], c["timed_out"], c["replayed"], c["pending"]) == (1, 1, 0, 0)

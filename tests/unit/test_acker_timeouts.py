@@ -641,6 +641,28 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_only_fencing_stops_the_a
     assert outcomes(FailingOnceProducer.made[1]) == {S2: b"completed"}
 
 
+def test_an_aborted_commit_takes_its_counts_back_with_its_state(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewind after an aborted commit reads the inputs again: what the aborted
+    transaction counted must not be counted twice (seen with a replay the broker refused)."""
+    FailingOnceProducer.made = []
+    FailingOnceProducer.error = KafkaError(KafkaError._FAIL, "injected")
+    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
+    monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), FakeMessage(NS.acks, 0, 0, None, b"\x07")])
+    run_steps(acker)  # the commit fails: aborted, state rewound
+    c = acker.counters()
+    assert (c["registered"], c["quarantined"], c["pending"]) == (0, 0, 0)
+    FailingOnceProducer.error = None
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), FakeMessage(NS.acks, 0, 0, None, b"\x07")])
+    run_steps(acker)  # read again after the rewind, committed
+    c = acker.counters()
+    assert (c["registered"], c["quarantined"], c["pending"]) == (1, 1, 1)
+
+
 # --------------------------------------------------------------------------- backlog: lag gates expiry
 
 
