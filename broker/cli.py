@@ -223,6 +223,23 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker import trace
+
+    try:
+        ident = trace.parse_id(args.id)
+    except ValueError as exc:
+        raise ReplayBrokerError(f"trace takes an srid or origin (decimal or 0x hex), got {args.id!r}") from exc
+    result = trace.trace(_settings(args), args.namespace, ident)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    else:
+        print(trace.render(result))
+    return 0 if result["found"] else 1
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.dev.demo import main_demo
 
@@ -327,6 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster(st)
     st.add_argument("--json", action="store_true", help="one JSON object on stdout")
     st.set_defaults(func=_cmd_status)
+
+    tr = _parser(
+        sub, "trace",
+        "where one source record is: every attempt's persist record, ledger entry, decision, replay "
+        "and DLQ entry (reads the owning partitions of NS.persist and NS.ledger, but the WHOLE replay "
+        "topic and NS.dlq: slow on large ones)",
+    )
+    _cluster(tr)
+    tr.add_argument("id", help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
+    tr.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    tr.set_defaults(func=_cmd_trace)
 
     part = _parser(sub, "partition", "print the partition index of each string key")
     part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",

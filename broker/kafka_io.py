@@ -129,7 +129,16 @@ def retrying(
 
 
 def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0) -> list[Message]:
-    """Every committed message of ``topic``, in offset order per partition.
+    """Every committed message of ``topic`` (partitions ``0 .. partitions-1``), in offset
+    order per partition; ``read_partitions`` reads a chosen few."""
+    return read_partitions(settings, topic, range(partitions), timeout_s)
+
+
+def read_partitions(
+    settings: KafkaSettings, topic: str, partitions: Iterable[int], timeout_s: float = 120.0
+) -> list[Message]:
+    """Every committed message of the given partitions of ``topic``, in offset order per
+    partition.
 
     Starts at each partition's low watermark, not OFFSET_BEGINNING (which costs an extra
     offset lookup, ~0.5 s), with short fetch waits and polls: a ``consume`` waits its whole
@@ -143,7 +152,7 @@ def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s:
     out: list[Message] = []
     try:
         starts = []
-        for p in range(partitions):
+        for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
             if high > low:
                 starts.append(TopicPartition(topic, p, low))
