@@ -129,7 +129,7 @@ def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]
     reader = _Reader(settings, ns, P)
     dlq_entries = [DlqEntry.from_message(m) for m in read_to_end(settings, ns.dlq, 1)]
 
-    attempt_of: dict[int, int] = {}
+    attempt_of: dict[int, int | None] = {}
     data_topics: set[str] = set()
     origin: int | None = None
 
@@ -147,6 +147,7 @@ def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]
     for entry in dlq_entries:
         if entry.kind == RECORD and (entry.origin == ident or any(f.srid == ident for f in entry.history)):
             origin = entry.origin if origin is None else origin
+    guessed = origin is None
     if origin is None:
         origin = ident  # perhaps the origin itself; its replays name it
     attempt_of.setdefault(origin, 1)
@@ -184,10 +185,14 @@ def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]
         if set(attempt_of) <= seen_srids and data_topics <= seen_topics:
             break
 
+    if guessed and ident not in replay_at and ident == origin:
+        # Nothing said which attempt ``ident`` is (its persist record compacted away, no DLQ
+        # entry, no replay naming it): a tombstone alone does not tell.
+        attempt_of[ident] = None
     attempts = [_attempt(reader, srid, attempt, replay_at.get(srid)) for srid, attempt in attempt_of.items()]
     attempts = [a for a in attempts if a["known"] or a["srid"] == ident]
     found = any(a["known"] for a in attempts) or bool(dlq_mine)
-    attempts.sort(key=lambda a: (a["attempt"], a["srid"]))
+    attempts.sort(key=lambda a: (a["attempt"] or 0, a["srid"]))
     return {
         "namespace": namespace,
         "query": ident,
@@ -208,7 +213,7 @@ def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]
     }
 
 
-def _attempt(reader: _Reader, srid: int, attempt: int, replay: Message | None) -> dict[str, Any]:
+def _attempt(reader: _Reader, srid: int, attempt: int | None, replay: Message | None) -> dict[str, Any]:
     record, value_msg, tombstone = _persisted(reader.persist_of(srid))
     persisted = None
     if record is not None and value_msg is not None:
@@ -308,7 +313,8 @@ def render(result: dict[str, Any]) -> str:
     ]
     for a in result["attempts"]:
         mark = "  <- queried" if a["srid"] == result["query"] else ""
-        lines.append(f"attempt {a['attempt']}  srid {a['srid']} ({a['srid_hex']})  ledger partition "
+        number = "?" if a["attempt"] is None else a["attempt"]
+        lines.append(f"attempt {number}  srid {a['srid']} ({a['srid_hex']})  ledger partition "
                      f"{a['ledger_partition']}{mark}")
         p = a["persisted"]
         if p is None:
@@ -342,7 +348,7 @@ def render(result: dict[str, Any]) -> str:
         r = a["replay"]
         if r is not None:
             lines.append(f"  replay:     {r['topic']} {_where(r)} at {r['at']}")
-        elif a["attempt"] > 1:
+        elif (a["attempt"] or 0) > 1:
             lines.append("  replay:     no replay record found")
     for e in result["dlq"]:
         lines.append(f"dlq {ns}.dlq {_where(e)} at {e['at']}  {e['kind']}  reason: {e['reason']}"

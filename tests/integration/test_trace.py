@@ -19,6 +19,8 @@ from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.headers import Tracking
+from broker.ids import encode_id
+from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
@@ -88,6 +90,11 @@ def test_trace_shows_replays_pending_entries_and_dead_letters(bootstrap: str) ->
         wait(lambda: poison.origin in tail.log.dlq_origins(), "the poison record in the DLQ")
         wait(lambda: set(good) <= tail.log.completed_origins().keys(), "the good records")
         wait(lambda: b"hold" in seen, "the held record at the task")
+        hold_key = encode_id(hold.srid)
+        wait(
+            lambda: any(m.key() == hold_key for m in read_to_end(settings, ns.ledger, P)),
+            "the held record's entry in the ledger changelog",
+        )
 
         # ---- replayed once, then completed: trace from the origin and from the replay's srid
         first, second = (t for _, _, _, t in seen[b"flaky"])

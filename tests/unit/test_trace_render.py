@@ -9,7 +9,7 @@ import pytest
 from broker.trace import flag_names, id_hex, parse_id, render
 
 
-def _attempt(srid: int, attempt: int, **fields: Any) -> dict[str, Any]:
+def _attempt(srid: int, attempt: int | None, **fields: Any) -> dict[str, Any]:
     return {
         "srid": srid, "srid_hex": id_hex(srid), "attempt": attempt, "ledger_partition": srid % 2, "known": True,
         "persisted": None, "decision": None, "ledger": {"state": "none"}, "replay": None, **fields,
@@ -62,6 +62,13 @@ def test_render_shows_every_attempt_on_one_screen() -> None:
     assert "  decision:   none yet" in lines
     assert "  replay:     orders.replay 3@0 at T-replayed" in lines
     assert lines[-1] == "dlq shop.dlq 0@2 at T-dlq  record  reason: failed  attempts 2"
+
+
+def test_render_of_an_attempt_whose_number_is_unknown() -> None:
+    tombstone_only = {**RESULT, "attempts": [_attempt(10, None, decision=RESULT["attempts"][0]["decision"])], "dlq": []}
+    lines = render(tombstone_only).splitlines()
+    assert "attempt ?  srid 10 (0x000000000000000a)  ledger partition 0  <- queried" in lines
+    assert lines[-1] == "dlq: no entry"
 
 
 def test_render_of_an_unknown_id_is_one_line() -> None:
