@@ -6,7 +6,9 @@ last event" is decidable."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import (
@@ -174,3 +176,44 @@ def read_changelog(settings: KafkaSettings, ns: topics.Namespace, partitions: in
         elif value is not None:
             live += 1
     return live, dict(counters)
+
+
+class Services:
+    """Services (anything with ``run()`` and ``stop()``: an Acker, a Task) each in a daemon
+    thread, and an ``OutcomeTail`` to wait on. An exception in a service is kept and fails the
+    next ``wait``; ``stop`` stops them all, joins them and closes the tail."""
+
+    def __init__(self, settings: KafkaSettings, ns: topics.Namespace, *services: Any) -> None:
+        from broker.completions import OutcomeTail
+
+        self.services = services
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._guarded(s.run), daemon=True) for s in services]
+        for thread in self.threads:
+            thread.start()
+        self.tail = OutcomeTail(settings, ns)
+
+    def _guarded(self, target: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
+                self.errors.append(exc)
+
+        return run
+
+    def wait(self, done: Callable[[], bool], what: str, limit_s: float = 60.0,
+             detail: Callable[[], str] = lambda: "") -> None:
+        """Poll the tail until ``done()``; fail when a service died or after ``limit_s``."""
+        deadline = time.monotonic() + limit_s
+        while not done():
+            assert not self.errors, f"a pipeline thread died: {self.errors[0]!r}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}{detail()}"
+            self.tail.poll(0.2)
+
+    def stop(self) -> None:
+        for service in self.services:
+            service.stop()
+        for thread in self.threads:
+            thread.join(60)
+        self.tail.close()

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
 
 import orjson
 import pytest
@@ -17,7 +14,6 @@ from confluent_kafka import Producer
 
 from broker import cli, topics
 from broker.acker import Acker, AckerConfig
-from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.dlq import redriven_topic
 from broker.headers import Tracking
@@ -26,6 +22,7 @@ from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+from tests.integration.ground_truth import Services
 
 pytestmark = pytest.mark.integration
 
@@ -65,29 +62,10 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
         settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
         TaskConfig(poll_timeout_s=0.05),
     )
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], Any]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=guarded(s.run), daemon=True) for s in (acker, task)]
-    for thread in threads:
-        thread.start()
-    tail = OutcomeTail(settings, ns)
+    services = Services(settings, ns, acker, task)
+    tail, errors = services.tail, services.errors
     source = Source(settings, ns, SourceConfig(timeout_ms=30_000, max_attempts=3))
-
-    def wait(done: Callable[[], bool], what: str, limit_s: float = 60) -> None:
-        deadline = time.monotonic() + limit_s
-        while not done():
-            assert not errors, f"a pipeline thread died: {errors[0]!r}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            tail.poll(0.2)
+    wait = services.wait
 
     try:
         good = [source.send(topic, f"good-{i}", f"fine {i}").origin for i in range(20)]
@@ -168,12 +146,8 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
         assert listed[0]["redriven"]["new_srid"] == fresh.srid
         assert [t.attempt for _, _, t in seen] == [1, 2, 3, 1]
     finally:
-        task.stop()
-        acker.stop()
-        for thread in threads:
-            thread.join(60)
-        tail.close()
+        services.stop()
         source.close()
-        del acker, task, source, threads
+        del acker, task, source
         gc.collect()  # Kafka clients sit in reference cycles (delivery callbacks)
     assert not errors

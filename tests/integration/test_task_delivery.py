@@ -9,21 +9,18 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
-from broker.completions import OutcomeTail
 from broker.dev.testing import create_topics, unique_name
 from broker.dlq import read_entries
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+from tests.integration.ground_truth import Services
 
 pytestmark = pytest.mark.integration
 
@@ -64,28 +61,11 @@ def test_undeliverable_outputs_fail_their_inputs_into_the_dlq_and_the_rest_compl
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
     task = Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out, config)
     leaf_task = Task(settings, ns, [out], unique_name("leaf"), leaf, TaskConfig(poll_timeout_s=0.05))
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], Any]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=guarded(s.run), daemon=True) for s in (acker, task, leaf_task)]
-    for thread in threads:
-        thread.start()
-    tail = OutcomeTail(settings, ns)
+    services = Services(settings, ns, acker, task, leaf_task)
+    tail = services.tail
 
     def wait(done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not done():
-            assert not errors, f"a pipeline thread died: {errors[0]!r}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}; task {task.counters}"
-            tail.poll(0.2)
+        services.wait(done, what, WAIT_S, lambda: f"; task {task.counters}")
 
     try:
         with Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS, max_attempts=MAX_ATTEMPTS)) as source:
@@ -111,9 +91,5 @@ def test_undeliverable_outputs_fail_their_inputs_into_the_dlq_and_the_rest_compl
         assert counters.undeliverable + counters.errors == len(bad) * MAX_ATTEMPTS
         assert any("not deliverable" in r.getMessage() for r in caplog.records)
     finally:
-        for service in (task, leaf_task, acker):
-            service.stop()
-        for thread in threads:
-            thread.join(60)
-        tail.close()
+        services.stop()
         gc.collect()

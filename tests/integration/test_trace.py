@@ -7,16 +7,12 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
-from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.headers import Tracking
 from broker.ids import encode_id
@@ -25,6 +21,7 @@ from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from broker.trace import id_hex, trace
+from tests.integration.ground_truth import Services
 
 pytestmark = pytest.mark.integration
 
@@ -54,29 +51,10 @@ def test_trace_shows_replays_pending_entries_and_dead_letters(bootstrap: str) ->
         settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
         TaskConfig(poll_timeout_s=0.05),
     )
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], Any]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=guarded(s.run), daemon=True) for s in (acker, task)]
-    for thread in threads:
-        thread.start()
-    tail = OutcomeTail(settings, ns)
+    services = Services(settings, ns, acker, task)
+    tail, errors = services.tail, services.errors
     source = Source(settings, ns, SourceConfig(timeout_ms=30_000, max_attempts=5))
-
-    def wait(done: Callable[[], bool], what: str, limit_s: float = 60) -> None:
-        deadline = time.monotonic() + limit_s
-        while not done():
-            assert not errors, f"a pipeline thread died: {errors[0]!r}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            tail.poll(0.2)
+    wait = services.wait
 
     try:
         good = [source.send(topic, f"good-{i}", f"fine {i}").origin for i in range(5)]
@@ -158,12 +136,8 @@ def test_trace_shows_replays_pending_entries_and_dead_letters(bootstrap: str) ->
         assert missing.returncode == 1
         assert missing.stdout.strip().splitlines() == [f"no record {unknown} ({id_hex(unknown)}) in namespace {ns.name}"]
     finally:
-        task.stop()
-        acker.stop()
-        for thread in threads:
-            thread.join(60)
-        tail.close()
+        services.stop()
         source.close()
-        del acker, task, source, threads
+        del acker, task, source
         gc.collect()  # Kafka clients sit in reference cycles (delivery callbacks)
     assert not errors
