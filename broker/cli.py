@@ -162,6 +162,9 @@ def _cmd_acker(args: argparse.Namespace) -> int:
         exactly_once=not args.unsafe_no_transactions,
         standby=args.standby,
         expiry_lag_slack=args.expiry_lag_slack,
+        group_protocol=args.group_protocol,
+        session_timeout_ms=args.session_timeout_ms,
+        static_membership=not args.dynamic_membership,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
@@ -315,8 +318,24 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster(acker)
     acker.add_argument(
         "--instance-id",
-        help="stable id of this instance: a restart with the same id fences its predecessor "
-        "at once (default: host name + process id, unique but new at every start)",
+        help="stable id of this instance: a restart with the same id fences its predecessor's "
+        "transaction at once and, as a static group member, gets its partitions back without moving "
+        "anyone else's (default: host name + process id, unique but new at every start)",
+    )
+    acker.add_argument(
+        "--dynamic-membership", action="store_true",
+        help="with --instance-id, still join as a dynamic member: a clean stop hands the partitions "
+        "over at once (scaling down) instead of keeping them for a restart up to the session timeout",
+    )
+    acker.add_argument(
+        "--group-protocol", choices=["consumer", "classic"], default="consumer",
+        help="consumer (KIP-848, Kafka >= 4.0): only partitions that change owner move; "
+        "classic: eager range rebalances that pause every acker (older clusters)",
+    )
+    acker.add_argument(
+        "--session-timeout-ms", type=int, default=10_000,
+        help="how long a silent (killed) acker keeps its partitions; within the broker's "
+        "group.consumer.min/max.session.timeout.ms",
     )
     acker.add_argument("--commit-interval-ms", type=int, default=100, help="time between commits, ms")
     acker.add_argument(

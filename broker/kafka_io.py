@@ -22,7 +22,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from broker.errors import DeliveryError, TopologyError
 from broker.settings import KafkaSettings
@@ -213,3 +219,22 @@ def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float
         if time.monotonic() > deadline:
             raise TopologyError(f"topics not visible after creation: {', '.join(missing)}")
         time.sleep(0.1)
+
+
+def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, heartbeat_ms: int) -> str | None:
+    """Set a consumer-protocol group's session timeout and heartbeat interval (KIP-848: they
+    are the group's, not the clients'). Returns None when set, else why not - the broker's
+    bounds (group.consumer.min/max.session.timeout.ms) or a missing ALTER_CONFIGS right; the
+    group then keeps the broker's defaults."""
+    entries = [
+        ConfigEntry("consumer.session.timeout.ms", str(session_ms), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("consumer.heartbeat.interval.ms", str(heartbeat_ms), incremental_operation=AlterConfigOpType.SET),
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+        return None
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        return str(err.str() if isinstance(err, KafkaError) else err)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.errors import ConfigurationError
+
 
 def default_instance_id() -> str:
     """Host name, process id and a random suffix: unique per process, so two ackers on one
@@ -59,14 +61,37 @@ class AckerConfig:
     payload_retry_ms: int = 1_000
     payload_retry_max_ms: int = 30_000
     stats_interval_s: float = 10.0
+    # The group protocol of the acker's consumer group. "consumer" (KIP-848, Kafka >= 4.0):
+    # the broker's ``range`` assignor keeps partition i of ns.persist and ns.acks on one
+    # member and moves only the partitions that change owner, while the others keep
+    # completing. "classic": the eager ``range`` assignor, for older clusters - every
+    # membership change pauses every acker of the namespace.
+    group_protocol: str = "consumer"
+    # How long a member that stopped heartbeating (killed, partitioned away) keeps its
+    # partitions. With the consumer protocol this is a setting of the GROUP, which the acker
+    # sets at start (``consumer.session.timeout.ms``; the broker bounds it with
+    # group.consumer.min/max.session.timeout.ms); with the classic one, of each client.
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    # With an explicit instance_id, join as a static member (``group.instance.id``): a
+    # restarted instance gets its own partitions back and nobody else's move. Its
+    # partitions wait for it up to session_timeout_ms after it stops, even a clean stop.
+    static_membership: bool = True
     # librdkafka settings merged last into the acker's group consumer (e.g. a shorter
-    # session.timeout.ms / max.poll.interval.ms, so a stalled member is replaced sooner).
+    # max.poll.interval.ms, so a stalled member is replaced sooner).
     consumer: Mapping[str, Any] = field(default_factory=dict)
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
     instance_id_generated: bool = field(default=False, init=False, compare=False)
 
+    @property
+    def static(self) -> bool:
+        """Whether the acker joins its group as a static member."""
+        return self.static_membership and not self.instance_id_generated
+
     def __post_init__(self) -> None:
+        if self.group_protocol not in ("consumer", "classic"):
+            raise ConfigurationError(f"group_protocol must be 'consumer' or 'classic', not {self.group_protocol!r}")
         if not self.instance_id:
             object.__setattr__(self, "instance_id", default_instance_id())
             object.__setattr__(self, "instance_id_generated", True)

@@ -46,14 +46,24 @@ from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.state import COUNTERS, PartitionState
-from broker.errors import ReplayBrokerError
-from broker.kafka_io import delete_retention_ms, partition_counts, retrying
+from broker.errors import ConfigurationError, ReplayBrokerError
+from broker.kafka_io import delete_retention_ms, partition_counts, retrying, set_group_timeouts
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
+
+REJOIN_BACKOFF_S = 1.0
+"""Pause before a group consumer that failed fatally is replaced by a new one."""
+
+# Client settings librdkafka refuses with the consumer group protocol, and what sets them.
+_GROUP_SIDE = {
+    "session.timeout.ms": "use AckerConfig.session_timeout_ms (--session-timeout-ms), set on the group",
+    "heartbeat.interval.ms": "use AckerConfig.heartbeat_interval_ms, set on the group",
+    "partition.assignment.strategy": "the broker's range assignor is used",
+}
 
 
 class Acker:
@@ -79,6 +89,7 @@ class Acker:
         # with its state by the rewind, or the inputs read again would be counted twice.
         self._committed_totals = dict(self.totals)
         self.commits = 0
+        self.rejoins = 0  # group consumers replaced after a fatal error
         # The input position of EVERY owned partition, committed with every transaction, even
         # where nothing new was read: offsets are what the group coordinator checks against
         # the member's generation, so a member that lost its partitions (stalled past
@@ -111,28 +122,10 @@ class Acker:
             producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
         self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
         self._producer = Producer(self._producer_config)
-        self._consumer = Consumer(
-            consumer_config(
-                self.group_id,
-                required={
-                    **committed,
-                    # Partition i of ns.persist, ns.acks and ns.ledger is one ledger partition.
-                    "partition.assignment.strategy": "range",
-                    # Offsets are stored with the transaction that folded them.
-                    "enable.auto.offset.store": False,
-                    # A new group that skipped persist records would never track them.
-                    "auto.offset.reset": "earliest",
-                },
-                user=self.config.consumer,
-                defaults={
-                    "session.timeout.ms": 10_000,
-                    "heartbeat.interval.ms": 1_000,
-                    "fetch.wait.max.ms": 20,
-                    "fetch.min.bytes": 262_144,
-                    "max.poll.interval.ms": 60_000,
-                },
-            )
-        )
+        self._consumer_config = self._group_consumer_config(consumer_config, committed)
+        self._consumer = Consumer(self._consumer_config)
+        # The consumer protocol hands out and takes back only what changes owner.
+        self._incremental = self.config.group_protocol == "consumer"
         restorer = Consumer(
             consumer_config(
                 f"{ns.name}.acker.restore",
@@ -177,6 +170,43 @@ class Acker:
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
         return self.changelog.standby
 
+    def _group_consumer_config(self, consumer_config: Callable[..., dict[str, object]], committed: dict[str, str]) -> dict[str, object]:
+        """The group consumer's librdkafka settings for the configured group protocol."""
+        cfg = self.config
+        required: dict[str, object] = {
+            **committed,
+            # Offsets are stored with the transaction that folded them.
+            "enable.auto.offset.store": False,
+            # A new group that skipped persist records would never track them.
+            "auto.offset.reset": "earliest",
+        }
+        defaults: dict[str, object] = {
+            "fetch.wait.max.ms": 20,
+            "fetch.min.bytes": 262_144,
+            "max.poll.interval.ms": 60_000,
+        }
+        if cfg.group_protocol == "consumer":
+            # Partition i of ns.persist, ns.acks and ns.ledger is one ledger partition: the
+            # broker-side range assignor gives equal-sized topics' partition i to one member,
+            # and moves only what changes owner. Session and heartbeat are the group's
+            # (set in start()); librdkafka refuses them here.
+            required["group.protocol"] = "consumer"
+            required["group.remote.assignor"] = "range"
+            for key, instead in _GROUP_SIDE.items():
+                if key in cfg.consumer or key in self.settings.extra:
+                    raise ConfigurationError(f"{key} cannot be set on the acker's consumer with group_protocol='consumer': {instead}")
+        else:
+            required["partition.assignment.strategy"] = "range"
+            defaults["session.timeout.ms"] = cfg.session_timeout_ms
+            defaults["heartbeat.interval.ms"] = cfg.heartbeat_interval_ms
+        if cfg.static:
+            required["group.instance.id"] = f"{self.ns.name}.acker.{cfg.instance_id}"
+        conf = consumer_config(self.group_id, required=required, user=cfg.consumer, defaults=defaults)
+        if cfg.group_protocol == "consumer":
+            for key in _GROUP_SIDE:  # the common consumer defaults' (a user's were refused above)
+                conf.pop(key, None)
+        return conf
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
@@ -188,6 +218,15 @@ class Acker:
         # How long compaction keeps the changelog's tombstones bounds how old a kept
         # (warm/standby) state may be and still be caught up by a suffix read.
         self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
+        if self.config.group_protocol == "consumer":
+            cfg = self.config
+            why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
+            if why is not None:
+                log.warning(
+                    "cannot set session timeout %d ms of group %s (%s): the broker's "
+                    "group.consumer.session.timeout.ms applies - a dead acker's partitions wait that long",
+                    cfg.session_timeout_ms, self.group_id, why,
+                )
         if self.config.exactly_once:
             if self.config.instance_id_generated:
                 log.warning(
@@ -214,12 +253,7 @@ class Acker:
             signal.signal(signal.SIGINT, lambda *_: self.stop())
         self.start()
         self.changelog.assign_standby(self.P, self.states)
-        self._consumer.subscribe(
-            [self.ns.persist, self.ns.acks],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe()
         log.info("acker %s serving %s (P=%d)", self.config.instance_id, self.ns.name, self.P)
         try:
             while not self._stop.is_set():
@@ -229,6 +263,34 @@ class Acker:
             self.commit()
         finally:
             self.close()
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            [self.ns.persist, self.ns.acks],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _rejoin(self, err: KafkaError) -> None:
+        """The group consumer hit a fatal error: it is out of the group for good. Seen: a
+        static member restarted after a kill is refused (UNRELEASED_INSTANCE_ID) until its
+        predecessor's session expires. Whatever it owned is someone else's now (as if
+        lost); a new consumer joins again, after a pause so a refusal is not a busy loop."""
+        log.error(
+            "group consumer failed (%s); everything it owned is dropped, joining again in %.1fs",
+            err.str(), REJOIN_BACKOFF_S,
+        )
+        self.transactions.abort()
+        self._drop(set(self.states))
+        self.changelog.assign_standby(self.P, self.states)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+        self._stop.wait(REJOIN_BACKOFF_S)
+        self._consumer = Consumer(self._consumer_config)
+        self.transactions.consumer = self.expiry.consumer = self._consumer
+        self.rejoins += 1
+        self._subscribe()
 
     def close(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -259,21 +321,25 @@ class Acker:
             read += n
         self.changelog.assign_standby(self.P, self.states)
         assigned = self._start_positions(committed)
-        consumer.assign(assigned)
+        if self._incremental:
+            consumer.incremental_assign(assigned)
+        else:
+            consumer.assign(assigned)
         self.expiry.assigned(assigned)
         self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in assigned)
         seconds = time.monotonic() - started
         self.last_assignment = {
             "partitions": lps,
+            "owned": sorted(self.states),
             "from_standby": warm,
             "changelog_records_read": read,
             "entries": sum(len(self.states[lp].table) for lp in lps),
             "seconds": seconds,
         }
         log.info(
-            "assigned ledger partitions %s: %d from standby/warm state, %d changelog records read, "
+            "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
-            lps, warm, read, self.last_assignment["entries"], seconds,
+            lps, sorted(self.states), warm, read, self.last_assignment["entries"], seconds,
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -293,13 +359,20 @@ class Acker:
                 self.changelog.keep_warm(lp, st)
         self._drop(lps)
         self.changelog.assign_standby(self.P, self.states)
+        if self._incremental:
+            consumer.incremental_unassign(partitions)
+        log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Someone else owns them now: nothing of ours may be committed for them, and the
         # tables may be ahead of their changelogs.
         self.transactions.abort()
-        self._drop({tp.partition for tp in partitions if tp.topic == self.ns.persist})
+        lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
+        self._drop(lps)
         self.changelog.assign_standby(self.P, self.states)
+        if self._incremental:
+            consumer.incremental_unassign(partitions)
+        log.warning("lost ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
 
     def _drop(self, lps: set[int]) -> None:
         for lp in lps:
@@ -338,6 +411,10 @@ class Acker:
             if self.config.batch_size > 1:
                 msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
         if msgs:
+            fatal = next((m.error() for m in msgs if m.error() is not None and m.error().code() == KafkaError._FATAL), None)
+            if fatal is not None:
+                self._rejoin(fatal)
+                return 0
             self._fold_messages(msgs)
         now = time.monotonic()
         if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:

@@ -24,7 +24,8 @@ from broker.task import Task, TaskContext, TaskRecord
 pytestmark = pytest.mark.integration
 
 ASSIGNED = re.compile(
-    r"assigned ledger partitions \[([\d, ]*)\]: (\d+) from standby/warm state, (\d+) changelog records read"
+    r"assigned ledger partitions \[([\d, ]*)\] \(owning \[([\d, ]*)\]\): (\d+) from standby/warm state, "
+    r"(\d+) changelog records read"
 )
 
 
@@ -36,13 +37,15 @@ def _start_acker(bootstrap: str, ns: str, instance: str, log_path: Path, standby
     return subprocess.Popen(args, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
 
 
-def _assignments(log_path: Path) -> list[tuple[list[int], int, int]]:
+def _assignments(log_path: Path) -> list[tuple[list[int], int, int, list[int]]]:
+    """Per assignment logged: partitions owned after it, how many of the new ones came from
+    standby/warm state, changelog records read, the new partitions."""
     out = []
     for line in log_path.read_text(errors="replace").splitlines():
         m = ASSIGNED.search(line)
         if m:
-            parts = [int(p) for p in m.group(1).split(",") if p.strip()]
-            out.append((parts, int(m.group(2)), int(m.group(3))))
+            new, owned = ([int(p) for p in g.split(",") if p.strip()] for g in (m.group(1), m.group(2)))
+            out.append((owned, int(m.group(3)), int(m.group(4)), new))
     return out
 
 
@@ -78,12 +81,13 @@ def test_survivor_takes_over_partitions_of_a_killed_acker(bootstrap: str, tmp_pa
         ackers[victim].wait()
         _wait(lambda: len(_assignments(logs[survivor])) > before
               and len(_assignments(logs[survivor])[-1][0]) == 4, 60, "the survivor to own all partitions")
-        _, from_standby, records_read = _assignments(logs[survivor])[-1]
-        # Range rebalances are eager: the survivor's own partitions come back warm. With
-        # --standby the victim's were tailed all along, so the takeover reads (almost) nothing;
-        # without it their ~1500 logged entries are read from the changelog.
+        _, from_standby, records_read, taken = _assignments(logs[survivor])[-1]
+        # Only the victim's partitions move (the survivor keeps its own). With --standby they
+        # were tailed all along, so the takeover reads (almost) nothing; without it their
+        # ~1500 logged entries are read from the changelog.
+        assert len(taken) == 2, _assignments(logs[survivor])
         if standby:
-            assert from_standby == 4, _assignments(logs[survivor])
+            assert from_standby == 2, _assignments(logs[survivor])
             assert records_read < 100, _assignments(logs[survivor])
         else:
             assert records_read >= 1000, _assignments(logs[survivor])

@@ -81,9 +81,41 @@ def test_acker_takes_the_users_tunables(clients: Clients) -> None:
         "unit.acker": 500, "unit.acker.restore": 500, "unit.acker.fetch": 500,
     }
     clients.consumers.clear()
-    Acker(settings(), "unit", AckerConfig(instance_id="a", consumer={"session.timeout.ms": 6_000}))
+    Acker(settings(), "unit", AckerConfig(instance_id="a", consumer={"max.poll.interval.ms": 6_000}))
     assert clients.consumers[0]["group.id"] == "unit.acker"
+    assert clients.consumers[0]["max.poll.interval.ms"] == 6_000
+    clients.consumers.clear()
+    Acker(settings(), "unit", AckerConfig(instance_id="a", group_protocol="classic", consumer={"session.timeout.ms": 6_000}))
     assert clients.consumers[0]["session.timeout.ms"] == 6_000
+
+
+def test_acker_group_consumer_protocol_and_static_membership(clients: Clients) -> None:
+    Acker(settings(), "unit", AckerConfig(instance_id="a"))
+    group = clients.consumers[0]
+    assert (group["group.protocol"], group["group.remote.assignor"]) == ("consumer", "range")
+    assert group["group.instance.id"] == "unit.acker.a"
+    assert "session.timeout.ms" not in group and "partition.assignment.strategy" not in group
+    clients.consumers.clear()
+    Acker(settings(), "unit", AckerConfig(instance_id="a", static_membership=False))
+    assert "group.instance.id" not in clients.consumers[0]
+    clients.consumers.clear()
+    Acker(settings(), "unit", AckerConfig())  # a generated id is new at every start: never static
+    assert "group.instance.id" not in clients.consumers[0]
+    clients.consumers.clear()
+    Acker(settings(), "unit", AckerConfig(instance_id="a", group_protocol="classic"))
+    classic = clients.consumers[0]
+    assert classic["partition.assignment.strategy"] == "range"
+    assert classic["session.timeout.ms"] == 10_000
+    assert "group.protocol" not in classic
+
+
+@pytest.mark.parametrize("key", ["session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"])
+def test_acker_refuses_client_side_group_settings_with_the_consumer_protocol(clients: Clients, key: str) -> None:
+    # librdkafka would refuse them when the consumer is created; say what sets them instead.
+    with pytest.raises(ConfigurationError, match=key.replace(".", r"\.")):
+        Acker(settings(), "unit", AckerConfig(instance_id="a", consumer={key: 6_000}))
+    with pytest.raises(ConfigurationError, match=key.replace(".", r"\.")):
+        Acker(settings(**{key: 6_000}), "unit", AckerConfig(instance_id="a"))
 
 
 # ------------------------------------------------------------------ the guarantee: refused
