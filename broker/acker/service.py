@@ -126,6 +126,7 @@ class Acker:
         self._consumer = Consumer(self._consumer_config)
         # The consumer protocol hands out and takes back only what changes owner.
         self._incremental = self.config.group_protocol == "consumer"
+        self._rebalanced = False  # a rebalance callback ran since the last poll
         restorer = Consumer(
             consumer_config(
                 f"{ns.name}.acker.restore",
@@ -306,6 +307,7 @@ class Acker:
     # ------------------------------------------------------------------ assignment
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalanced = True
         lps = sorted({tp.partition for tp in partitions if tp.topic == self.ns.persist})
         acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
         if lps != acks:
@@ -343,6 +345,7 @@ class Acker:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalanced = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         clean = True
         try:
@@ -364,6 +367,7 @@ class Acker:
         log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalanced = True
         # Someone else owns them now: nothing of ours may be committed for them, and the
         # tables may be ahead of their changelogs.
         self.transactions.abort()
@@ -382,6 +386,19 @@ class Acker:
         # Outputs not committed yet go with the partition: its next owner re-derives them
         # from the changelog and the inputs after the committed offsets (quarantines too).
         self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]
+
+    def _wake_fetchers(self) -> None:
+        """librdkafka pauses every partition's fetcher while a rebalance callback runs; the
+        partitions that stay are resumed afterwards, but a fetcher with nothing else to do
+        notices only at its next wake-up, up to a second later - every membership change
+        stalled the partitions that did not move for about a second. A request to each
+        leader wakes their fetchers now (one ListOffsets per leader, once per rebalance)."""
+        if not self._incremental or not self.states:
+            return
+        now_ms = int(time.time() * 1000)
+        owned = [TopicPartition(t, lp, now_ms) for lp in self.states for t in (self.ns.persist, self.ns.acks)]
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.offsets_for_times(owned, timeout=5)
 
     def _start_positions(self, committed: list[TopicPartition]) -> list[TopicPartition]:
         """Where each input partition resumes: its committed offset, or its first offset when
@@ -410,6 +427,9 @@ class Acker:
             msgs.append(first)
             if self.config.batch_size > 1:
                 msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+        if self._rebalanced:
+            self._rebalanced = False
+            self._wake_fetchers()
         if msgs:
             fatal = next((m.error() for m in msgs if m.error() is not None and m.error().code() == KafkaError._FATAL), None)
             if fatal is not None:
