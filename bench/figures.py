@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay")
+SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover")
 
 
 def default_results_dir() -> Path:
@@ -26,6 +26,7 @@ def default_results_dir() -> Path:
 COST_ROLES = ("persist", "data", "acks", "ledger", "__consumer_offsets", "__transaction_state")
 
 FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
+TAKEOVER_SIZES = (100_000, 1_000_000)
 
 
 def size_label(n: int) -> str:
@@ -93,7 +94,20 @@ def _specs() -> list[Spec]:
         Spec("restore.entries", "entries", "live entries in the changelog partition restored"),
         Spec("restore.seconds", "s", "the acker's restore path (Acker._load from the start)"),
         Spec("restore.entries_per_s", "entries/s", "changelog restore rate"),
+        Spec("takeover.session_timeout_s", "s", "the acker group's session timeout (bounds detection below)"),
     ]
+    for n in TAKEOVER_SIZES:
+        s = size_label(n)
+        for mode in ("standby", "cold"):
+            how = "with --standby" if mode == "standby" else "without standby"
+            specs += [
+                Spec(f"takeover.{s}.{mode}.detection_s", "s",
+                     f"kill -9 of one of two ackers holding {s} pending entries -> survivor's assignment, {how}"),
+                Spec(f"takeover.{s}.{mode}.restore_s", "s", f"survivor's assignment callback (restore), {s} entries, {how}",
+                     ("<=", 1.0) if mode == "standby" and n == 1_000_000 else None),
+                Spec(f"takeover.{s}.{mode}.total_s", "s",
+                     f"kill -9 -> first completion on the victim's partition, {s} entries, {how}"),
+            ]
     return specs
 
 

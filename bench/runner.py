@@ -6,7 +6,8 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 2. ``restore``    - changelog restore rate;
 3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group;
 4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
-5. ``replay``     - replay latency after an explicit failure and after a timeout.
+5. ``replay``     - replay latency after an explicit failure and after a timeout;
+6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby.
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
 a temporary run directory for this run and stopped after it. Outputs go to
@@ -34,7 +35,7 @@ from typing import Any
 import orjson
 
 from bench import report
-from bench.figures import FIGURE_KEYS, SECTIONS, Figures, default_results_dir
+from bench.figures import FIGURE_KEYS, SECTIONS, TAKEOVER_SIZES, Figures, default_results_dir
 from bench.hops import Env, run_hop
 from bench.progress import Progress
 
@@ -51,6 +52,9 @@ class Plan:
     replay_rate: float
     replay_timeout_ms: int
     restore_entries: int
+    takeover_sizes: tuple[int, ...] = (100_000,)
+    # The embedded broker allows 6 s (group.consumer.min.session.timeout.ms); quick uses it.
+    takeover_session_timeout_ms: int = 10_000
     # At most this much traffic through the broker before anything is measured, until its JIT
     # compiler is quiet: a fresh one spends about a minute of CPU compiling on this 2-core
     # machine, on whichever runs come first (bench.pipeline.warm_broker).
@@ -59,14 +63,15 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
-            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 48.0)
-        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 120.0)
+            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, (100_000,), 6_000, 48.0)
+        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, TAKEOVER_SIZES,
+                   10_000, 120.0)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
-            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 12}
-        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 30}
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 12, "takeover": 40}
+        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 30, "takeover": 150}
 
 
 @dataclass
@@ -319,6 +324,7 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
     from bench.pipeline import measure_latency, measure_throughput
     from bench.replay import measure_replay
     from bench.restore import measure_restore
+    from bench.takeover import measure_takeover
 
     def restore(update: Any) -> None:
         details["restore"] = measure_restore(env, figures, entries=plan.restore_entries, progress=update)
@@ -344,10 +350,15 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
         series["replay"] = rep
         details["replay"] = {k: v for k, v in rep.items() if not hasattr(v, "shape")}
 
+    def takeover(update: Any) -> None:
+        details["takeover"] = measure_takeover(env, figures, sizes=plan.takeover_sizes,
+                                               session_timeout_ms=plan.takeover_session_timeout_ms, progress=update)
+
     guarded("restore", restore)
     guarded("throughput", throughput)
     guarded("latency", latency)
     guarded("replay", replay)
+    guarded("takeover", takeover)
 
 
 def _jsonable(value: Any) -> Any:

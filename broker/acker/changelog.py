@@ -86,6 +86,7 @@ class Changelog:
         # lp -> ms: every changelog record after the standby state's offset was written after
         # this time (freeze, start of a read from the beginning, last record read).
         self.fresh_ms: dict[int, int] = {}
+        self._caught_up: set[int] = set()  # standby partitions logged as caught up once
 
     def new_state(self) -> PartitionState:
         return empty_state(self.totals)
@@ -216,6 +217,7 @@ class Changelog:
     def poll_standby(self) -> None:
         if self._standby_consumer is None or not self.standby:
             return
+        self._caught_up &= self.standby.keys()  # owned since: logged again when it is standby again
         latest: dict[int, dict[bytes, bytes | None]] = defaultdict(dict)
         for msg in self._standby_consumer.consume(10_000, 0):
             if msg.error() is None and msg.partition() in self.standby:
@@ -228,6 +230,11 @@ class Changelog:
                     self.fresh_ms[msg.partition()] = max(self.fresh_ms.get(msg.partition(), ts), ts)
         for lp, records in latest.items():
             self.apply(self.standby[lp][0], records)
+        for lp in self.standby.keys() - self._caught_up:
+            _, high = self._standby_consumer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), cached=True)
+            if high is not None and high >= 0 and self.standby[lp][1] >= high:
+                self._caught_up.add(lp)
+                log.info("standby of ledger partition %d caught up at offset %d", lp, high)
 
     def close(self) -> None:
         self._restorer.close()
