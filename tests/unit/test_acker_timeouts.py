@@ -319,6 +319,9 @@ class FakeConsumer:
     incremental_assign = assign
     incremental_unassign = unassign
 
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        return partitions
+
     def close(self) -> None:
         pass
 
