@@ -19,6 +19,8 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
     from broker.dev import kafka_local
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if args.brokers > 1:
+        return _cmd_kafka_cluster(args, run_dir)
     if args.action == "up":
         return kafka_local.main_up(run_dir, jfr=args.jfr)
     kafka = kafka_local.LocalKafka(run_dir)
@@ -31,6 +33,25 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
         return 0
     if args.action == "down":
         print("stopped" if kafka.stop() else "not running")
+        return 0
+    raise AssertionError(args.action)
+
+
+def _cmd_kafka_cluster(args: argparse.Namespace, run_dir: Path | None) -> int:
+    from broker.dev import kafka_cluster
+
+    cluster = kafka_cluster.LocalCluster(args.brokers, run_dir)
+    if args.action == "up":
+        return kafka_cluster.main_up(args.brokers, run_dir)
+    if args.action == "status":
+        state = kafka_cluster.running_cluster(cluster.run_dir)
+        if state is None:
+            print(f"not running (run dir {cluster.run_dir})")
+            return 1
+        print(f"running: {state.bootstrap} Kafka {state.kafka_version} pids {state.pids} run dir {state.run_dir}")
+        return 0
+    if args.action == "down":
+        print("stopped" if cluster.stop() else "not running")
         return 0
     raise AssertionError(args.action)
 
@@ -145,10 +166,19 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     if args.action == "create":
         if args.partitions is None:
             raise ReplayBrokerError("topics create needs --partitions")
-        created = topics.create(settings, ns, args.partitions, data)
+        created = topics.create(settings, ns, args.partitions, data, replication=args.replication_factor,
+                                min_insync=args.min_insync_replicas)
         for name in created:
             print(f"created {name}")
     P = topics.check(settings, ns, data)
+    problems, warnings = topics.check_replication(settings, ns, data)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if problems:
+        print(f"namespace {ns.name}: {P} ledger partitions, replication problems:", file=sys.stderr)
+        for line in problems:
+            print(f"- {line}", file=sys.stderr)
+        return 2
     print(f"namespace {ns.name}: ok, {P} ledger partitions")
     return 0
 
@@ -299,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     kafka.add_argument("--jfr", metavar="FILE",
                        help="with up: record the broker with Java Flight Recorder; written to FILE at kafka down "
                             "(default: no recording)")
+    kafka.add_argument("--brokers", type=int, default=1,
+                       help="nodes: 1 (default) is the embedded single node; 3 a local KRaft cluster with "
+                       "replication 3 / min.insync 2 (run dir ~/.cache/replaybroker/run/kafka-cluster)")
     kafka.set_defaults(func=_cmd_kafka)
 
     setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")
@@ -311,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument(
         "--data-topic", action="append", metavar="NAME:PARTITIONS",
         help="a data topic and its partition count; its NAME.replay is created beside it (repeatable)",
+    )
+    top.add_argument(
+        "--replication-factor", type=int,
+        help="replicas per partition (create; default: 3 on a cluster of at least 3 brokers, else 1 with a warning)",
+    )
+    top.add_argument(
+        "--min-insync-replicas", type=int,
+        help="replicas an acks=all write needs (create; default: 2 with replication 3, else 1)",
     )
     top.set_defaults(func=_cmd_topics)
 

@@ -7,6 +7,7 @@ belongs to the same acker, and producers choose ``srid mod P`` explicitly. Every
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -17,6 +18,54 @@ from broker.kafka_io import partition_counts, wait_visible
 from broker.settings import KafkaSettings
 
 REPLAY_SUFFIX = ".replay"
+
+log = logging.getLogger(__name__)
+
+# On a cluster of at least 3 brokers every topic of a namespace gets 3 replicas, and a write
+# (acks=all) needs 2 of them in sync: one broker can fail without losing a persist record, a
+# ledger entry or an acknowledged completion, and without stopping writes.
+REPLICATION = 3
+MIN_INSYNC = 2
+
+
+@dataclass(frozen=True)
+class Replication:
+    factor: int
+    min_insync: int
+    brokers: int
+    warning: str | None = None
+
+
+def replication_for(brokers: int, factor: int | None = None, min_insync: int | None = None) -> Replication:
+    """The replication of a namespace's topics on a cluster of ``brokers``: the given values,
+    else 3 and 2 when the cluster has at least 3 brokers, else 1 and 1 - with a warning that
+    names the risk."""
+    if factor is None:
+        factor = REPLICATION if brokers >= REPLICATION else 1
+    if min_insync is None:
+        min_insync = MIN_INSYNC if factor >= REPLICATION else 1
+    if factor > brokers:
+        raise TopologyError(f"replication factor {factor} needs at least {factor} brokers; the cluster has {brokers}")
+    if not 1 <= min_insync <= factor:
+        raise TopologyError(f"min.insync.replicas must be between 1 and the replication factor {factor}, not {min_insync}")
+    warning = None
+    if factor == 1:
+        warning = (
+            f"replication factor 1 ({brokers} broker{'s' if brokers != 1 else ''}): losing one broker's disk loses "
+            "persist records and ledger entries - records under the guarantee would be lost; use a cluster of at "
+            "least 3 brokers (replication 3, min.insync.replicas 2) in production"
+        )
+    elif min_insync < 2:
+        warning = (
+            f"min.insync.replicas {min_insync}: a write acknowledged by one replica is lost if that broker fails "
+            "before the others copy it"
+        )
+    return Replication(factor, min_insync, brokers, warning)
+
+
+def broker_count(settings: KafkaSettings) -> int:
+    admin = AdminClient(settings.client_config())
+    return len(admin.list_topics(timeout=30).brokers)
 
 
 @dataclass(frozen=True)
@@ -84,22 +133,30 @@ def create(
     partitions: int,
     data_topics: Mapping[str, int] | None = None,
     *,
-    replication: int = 1,
+    replication: int | None = None,
+    min_insync: int | None = None,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
     """Create what is missing; topics that exist are left alone (``check`` verifies them).
+    Replication: ``replication_for`` the cluster's size unless given.
 
     Returns the names created.
     """
     admin = AdminClient(settings.client_config())
-    existing = set(admin.list_topics(timeout=30).topics)
+    metadata = admin.list_topics(timeout=30)
+    existing = set(metadata.topics)
     wanted = layout(ns, partitions, data_topics or {})
     new = []
+    rep: Replication | None = None
     for name, (n, config) in wanted.items():
         if name in existing:
             continue
-        config = {**config, **(overrides or {}).get(name, {})}
-        new.append(NewTopic(name, n, replication, config=config))
+        if rep is None:
+            rep = replication_for(len(metadata.brokers), replication, min_insync)
+            if rep.warning:
+                log.warning("namespace %s: %s", ns.name, rep.warning)
+        config = {**config, "min.insync.replicas": str(rep.min_insync), **(overrides or {}).get(name, {})}
+        new.append(NewTopic(name, n, rep.factor, config=config))
     if new:
         for future in admin.create_topics(new, operation_timeout=30).values():
             try:
@@ -109,6 +166,40 @@ def create(
                     raise
         wait_visible(admin, {t.topic: t.num_partitions for t in new})
     return [t.topic for t in new]
+
+
+def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the namespace's replication on this cluster. Problems: on a
+    cluster of at least 3 brokers a topic with fewer than 3 replicas or min.insync.replicas
+    below 2; any partition whose in-sync replicas are fewer than its replicas right now
+    (a broker down or behind). Warnings: replication 1 on a smaller cluster."""
+    names = [*ns.ledger_topics, ns.dlq]
+    for topic in data_topics:
+        names += [topic, replay_topic(topic)]
+    admin = AdminClient(settings.client_config())
+    metadata = admin.list_topics(timeout=30)
+    brokers = len(metadata.brokers)
+    present = [t for t in names if t in metadata.topics and metadata.topics[t].error is None]
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in present]
+    insync = {r.name: int(f.result(timeout=30)["min.insync.replicas"].value) for r, f in admin.describe_configs(resources).items()} if resources else {}
+    problems: list[str] = []
+    warnings: list[str] = []
+    single: list[str] = []
+    for topic in present:
+        parts = metadata.topics[topic].partitions.values()
+        factor = min(len(p.replicas) for p in parts)
+        short = sorted(p.id for p in parts if len(p.isrs) < len(p.replicas))
+        if short:
+            problems.append(f"{topic}: partitions {short} are under-replicated now (in-sync replicas < replicas)")
+        if brokers >= REPLICATION and factor < REPLICATION:
+            problems.append(f"{topic}: replication factor {factor} on a cluster of {brokers} brokers (want {REPLICATION})")
+        elif brokers >= REPLICATION and insync[topic] < MIN_INSYNC:
+            problems.append(f"{topic}: min.insync.replicas {insync[topic]} (want {MIN_INSYNC})")
+        elif factor == 1:
+            single.append(topic)
+    if single:
+        warnings.append(f"{', '.join(single)}: {replication_for(brokers, 1).warning}")
+    return problems, warnings
 
 
 def delete(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.0) -> list[str]:

@@ -105,15 +105,17 @@ def create_topics(
     bootstrap_servers: str,
     topics: Mapping[str, int],
     config: Mapping[str, str] | None = None,
+    *,
+    replication: int = 1,
 ) -> None:
-    """Create ``{name: partitions}`` (replication 1) and wait until they exist."""
+    """Create ``{name: partitions}`` and wait until they exist."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from broker.kafka_log import client_logging
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **client_logging()})
     futures = admin.create_topics(
-        [NewTopic(n, p, 1, config=dict(config or {})) for n, p in topics.items()],
+        [NewTopic(n, p, replication, config=dict(config or {})) for n, p in topics.items()],
         operation_timeout=30,
     )
     for future in futures.values():

@@ -41,6 +41,7 @@ import pytest
 
 from broker import ids, topics
 from broker.completions import OutcomeTail
+from broker.dev.kafka_cluster import LocalCluster
 from broker.dev.kafka_local import LocalKafka
 from broker.dev.testing import create_topics, unique_name
 from broker.headers import H_ORIGIN, H_REASON
@@ -125,6 +126,9 @@ class ChaosReport:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    brokers: int = 1
+    crashed_nodes: list[int] = field(default_factory=list)
+    replication_problems: list[str] = field(default_factory=list)
 
 
 class Processes:
@@ -177,19 +181,32 @@ class Processes:
                 proc.wait()
 
 
-def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka, kills: int, report: ChaosReport,
-           stop: threading.Event) -> None:
-    """``kills`` SIGKILLs of random services at random moments; the broker crashes once, half
-    way through. Every killed service is restarted after a random pause."""
+def _crash(rng: random.Random, kafka: LocalKafka | LocalCluster, report: ChaosReport) -> None:
+    """kill -9 the broker (or one random node of a cluster) and bring it back on its data."""
+    if isinstance(kafka, LocalCluster):
+        node = rng.randrange(kafka.nodes)
+        kafka.kill(node)
+        time.sleep(rng.uniform(1.0, 3.0))
+        kafka.restart(node)
+        report.crashed_nodes.append(node)
+    else:
+        kafka.kill()
+        time.sleep(rng.uniform(1.0, 3.0))
+        kafka.restart()
+    report.broker_restarts += 1
+
+
+def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, kills: int,
+           report: ChaosReport, stop: threading.Event) -> None:
+    """``kills`` SIGKILLs of random services at random moments; the broker (one node of a
+    cluster) crashes once, half way through. Every killed service is restarted after a random
+    pause."""
     names = sorted(procs.commands)
     for n in range(kills):
         if stop.wait(rng.uniform(0.5, 2.5)):
             return
         if n == kills // 2:
-            kafka.kill()
-            time.sleep(rng.uniform(1.0, 3.0))
-            kafka.restart()
-            report.broker_restarts += 1
+            _crash(rng, kafka, report)
         victim = rng.choice(names)
         procs.kill(victim)
         report.kills[victim] = report.kills.get(victim, 0) + 1
@@ -199,12 +216,14 @@ def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka, kills: int, 
 
 def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int | None = None,
               send_s: float = 30.0, drain_s: float = 240.0, unsafe: bool = False,
-              lose_outputs: bool = False) -> ChaosReport:
+              lose_outputs: bool = False, brokers: int = 1) -> ChaosReport:
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
-    report = ChaosReport(seed, records)
+    report = ChaosReport(seed, records, brokers=brokers)
     started = time.monotonic()
-    kafka = LocalKafka(workdir / "kafka", heap="512m")
+    kafka: LocalKafka | LocalCluster = (
+        LocalKafka(workdir / "kafka", heap="512m") if brokers == 1 else LocalCluster(brokers, workdir / "cluster")
+    )
     kafka.start()
     procs: Processes | None = None
     try:
@@ -212,8 +231,9 @@ def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int
         settings = KafkaSettings.from_env(bootstrap)
         ns = topics.Namespace(unique_name("chaos"))
         orders, enriched, sink = _names(ns.name)
-        topics.create(settings, ns, P, {orders: P, enriched: P})
-        create_topics(bootstrap, {sink: P})
+        topics.create(settings, ns, P, {orders: P, enriched: P})  # replication 3 / min.insync 2 on 3 brokers
+        create_topics(bootstrap, {sink: P}, replication=min(brokers, 3))
+        report.replication_problems, _ = topics.check_replication(settings, ns, [orders, enriched])
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         procs = Processes(bootstrap, ns.name, logs, unsafe=unsafe, lose_outputs=lose_outputs)
@@ -312,6 +332,18 @@ def test_chaos_kills_and_a_broker_crash_lose_nothing(tmp_path: Path) -> None:
     print(json.dumps(asdict(report)))
     assert sum(report.kills.values()) >= kills and report.broker_restarts == 1
     assert report.sent == records
+    assert report.problems == [], f"seed {report.seed}: {report.problems}"
+
+
+def test_a_broker_of_three_crashes_and_nothing_is_lost(tmp_path: Path) -> None:
+    """The same scenario on a 3-node cluster (replication 3, min.insync.replicas 2 for every
+    topic, the internal ones included): one node, chosen at random, is killed -9 mid-run and
+    restarted on its data; fewer service kills, so the broker's failure is what is tested."""
+    report = run_chaos(tmp_path, records=2_000, kills=6, brokers=3, send_s=20.0)
+    print(json.dumps(asdict(report)))
+    assert report.replication_problems == []
+    assert report.broker_restarts == 1 and len(report.crashed_nodes) == 1
+    assert report.sent == 2_000
     assert report.problems == [], f"seed {report.seed}: {report.problems}"
 
 
