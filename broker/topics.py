@@ -50,10 +50,11 @@ def replication_for(brokers: int, factor: int | None = None, min_insync: int | N
         raise TopologyError(f"min.insync.replicas must be between 1 and the replication factor {factor}, not {min_insync}")
     warning = None
     if factor == 1:
+        fix = ("use replication 3, min.insync.replicas 2" if brokers >= REPLICATION else
+               "use a cluster of at least 3 brokers (replication 3, min.insync.replicas 2) in production")
         warning = (
             f"replication factor 1 ({brokers} broker{'s' if brokers != 1 else ''}): losing one broker's disk loses "
-            "persist records and ledger entries - records under the guarantee would be lost; use a cluster of at "
-            "least 3 brokers (replication 3, min.insync.replicas 2) in production"
+            f"persist records and ledger entries - records under the guarantee would be lost; {fix}"
         )
     elif min_insync < 2:
         warning = (
