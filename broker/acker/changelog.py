@@ -26,8 +26,10 @@ otherwise the partition is restored from the beginning.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 from confluent_kafka import (
@@ -60,6 +62,22 @@ def reuse_limit_ms(retention_ms: int | None) -> int | None:
     return retention_ms - max(MIN_REUSE_MARGIN_MS, retention_ms // 10)
 
 
+@dataclass
+class RestoreJob:
+    """A partition being restored from ``start`` (or caught up from a kept ``state``)."""
+
+    lp: int
+    state: PartitionState | None
+    start: int
+    low: int
+    high: int
+    reused: bool
+    read: int = 0
+    reading: bool = False  # the restorer is assigned to it
+    done: bool = False
+    began: float = field(default_factory=time.monotonic)
+
+
 class Changelog:
     """Reads ``ns.ledger`` partitions: full restores, catch-ups, and standby tails."""
 
@@ -87,6 +105,7 @@ class Changelog:
         # this time (freeze, start of a read from the beginning, last record read).
         self.fresh_ms: dict[int, int] = {}
         self._caught_up: set[int] = set()  # standby partitions logged as caught up once
+        self._reading: RestoreJob | None = None  # the job the restorer is assigned to
 
     def new_state(self) -> PartitionState:
         return empty_state(self.totals)
@@ -106,6 +125,15 @@ class Changelog:
         """Partition ``lp`` restored: from its standby state when there is one and it is safe
         to reuse (a catch-up read), else from the beginning. Returns the state, the records
         read, and whether the standby state was reused."""
+        job = self.begin(lp)
+        while not self.advance(job, budget_s=None):
+            pass
+        assert job.state is not None
+        return job.state, job.read, job.reused
+
+    def begin(self, lp: int) -> RestoreJob:
+        """A restore of ``lp`` to be run by ``advance``, from its standby state when there is
+        one and it is safe to reuse, else from the beginning."""
         standby = self.standby.pop(lp, None)
         fresh_ms = self.fresh_ms.pop(lp, None)
         low, high = self.watermarks(lp)
@@ -113,11 +141,64 @@ class Changelog:
             st, start = standby
             why = self.unsafe(start, fresh_ms, low, high)
             if why is None:
-                st, read = self.load(lp, st, start, (low, high))
-                return st, read, True
+                return RestoreJob(lp, st, start, low, high, reused=True)
             log.info("ledger partition %d: kept state at offset %d not reused (%s); restoring it", lp, start, why)
-        st, read = self.load(lp, None, OFFSET_BEGINNING, (low, high))
-        return st, read, False
+        return RestoreJob(lp, None, OFFSET_BEGINNING, low, high, reused=False)
+
+    def advance(self, job: RestoreJob, budget_s: float | None) -> bool:
+        """Read and apply ``job``'s changelog for about ``budget_s`` (None: to its end).
+        Records are applied chunk by chunk, in log order - the last record of a key wins
+        either way. True once the job reached the end it saw when it began."""
+        if job.done:
+            return True
+        if job.state is None:
+            job.state = self.new_state()
+        if job.high <= max(job.low, job.start):
+            job.done = True
+            return True
+        if not job.reading:
+            # From the start again if ``load`` or another job took the restorer meanwhile:
+            # re-applying records in log order leaves the same table.
+            if self._reading is not None:
+                self._reading.reading = False
+            self._restorer.assign([TopicPartition(self.ns.ledger, job.lp, job.start)])
+            job.reading = True
+            self._reading = job
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        try:
+            while True:
+                latest: dict[bytes, bytes | None] = {}
+                eof = False
+                # consume() waits out its whole timeout unless 10 000 messages arrive: a long
+                # one would cost every restored partition a second, however small.
+                for msg in self._restorer.consume(10_000, 0.05):
+                    err = msg.error()
+                    if err is None:
+                        latest[msg.key() or b""] = msg.value()
+                        job.read += 1
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        eof = True
+                    else:
+                        raise KafkaException(err)
+                self.apply(job.state, latest)
+                if eof:
+                    job.done = True
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        except BaseException:
+            self.cancel(job)
+            raise
+        if job.done:
+            self.cancel(job)
+        return job.done
+
+    def cancel(self, job: RestoreJob) -> None:
+        """Stop reading for ``job`` (revoked while restoring, or done)."""
+        if job.reading:
+            self._restorer.unassign()
+            job.reading = False
+            self._reading = None
 
     def unsafe(self, start: int, fresh_ms: int | None, low: int, high: int) -> str | None:
         """Why a state reflecting the changelog up to ``start`` cannot be caught up by a
@@ -159,6 +240,9 @@ class Changelog:
         read = 0
         low, high = watermarks if watermarks is not None else self.watermarks(lp)
         if high > max(low, start):
+            if self._reading is not None:  # a restore in progress starts over when it resumes
+                self._reading.reading = False
+                self._reading = None
             self._restorer.assign([TopicPartition(self.ns.ledger, lp, start)])
             try:
                 done = False

@@ -45,6 +45,7 @@ from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
+from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import delete_retention_ms, partition_counts, retrying, set_group_timeouts
@@ -55,6 +56,8 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
 
+RESTORE_SLICE_S = 0.05
+"""Changelog reading per loop iteration while partitions restore: the owned ones fold between."""
 REJOIN_BACKOFF_S = 1.0
 """Pause before a group consumer that failed fatally is replaced by a new one."""
 
@@ -160,6 +163,7 @@ class Acker:
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
+        self.restores = Restores(self.changelog)
         self.refusals = Refusals(ns.dlq)
         self.decider.refused = self.refusals.replay
         self.transactions = Transactions(
@@ -283,6 +287,7 @@ class Acker:
             err.str(), REJOIN_BACKOFF_S,
         )
         self.transactions.abort()
+        self.restores.cancel(self._owned())
         self._drop(set(self.states))
         self.changelog.assign_standby(self.P, self.states)
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -312,41 +317,63 @@ class Acker:
         acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
         if lps != acks:
             log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
-        started = time.monotonic()
         # Stable committed offsets first: waits for any transaction a dead owner left open,
-        # so the changelog read below ends after everything those offsets reflect.
+        # so the changelog read next ends after everything those offsets reflect.
         committed = retrying(lambda: consumer.committed(partitions, timeout=60), "committed offsets")
-        read = warm = 0
-        for lp in lps:
-            self.states[lp], n, reused = self.changelog.take(lp)
-            warm += reused
-            read += n
-        self.changelog.assign_standby(self.P, self.states)
         assigned = self._start_positions(committed)
+        # Restored here if it takes less than a slice (a warm or standby state, a small
+        # changelog), else in the poll loop (broker.acker.restoring): the inputs wait, paused,
+        # and the partitions already owned go on folding meanwhile.
+        pending = self.restores.add(lps, assigned)
+        deadline = time.monotonic() + RESTORE_SLICE_S
+        done = None
+        while done is None and time.monotonic() < deadline:
+            done = self.restores.step(max(deadline - time.monotonic(), 0.001))
         if self._incremental:
             consumer.incremental_assign(assigned)
         else:
             consumer.assign(assigned)
-        self.expiry.assigned(assigned)
-        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in assigned)
-        seconds = time.monotonic() - started
+        if done is pending:
+            self._restored(pending, resume=False)
+        else:
+            consumer.pause(assigned)
+        self.changelog.assign_standby(self.P, self._owned())
+
+    def _restored(self, done: Pending, *, resume: bool = True) -> None:
+        """A callback's partitions are restored: install them and let their inputs flow."""
+        self.states.update(done.states)
+        starts = done.starts
+        if resume:
+            for tp in starts:
+                self._consumer.seek(tp)  # anything fetched before the pause is read again
+            self._consumer.resume(starts)
+            self._rebalanced = True  # resumed fetchers need waking too
+        self.expiry.assigned(starts)
+        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
+        seconds = time.monotonic() - done.began
+        lps = sorted(done.states)
         self.last_assignment = {
             "partitions": lps,
             "owned": sorted(self.states),
-            "from_standby": warm,
-            "changelog_records_read": read,
+            "from_standby": done.warm,
+            "changelog_records_read": done.read,
             "entries": sum(len(self.states[lp].table) for lp in lps),
             "seconds": seconds,
         }
         log.info(
             "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
-            lps, sorted(self.states), warm, read, self.last_assignment["entries"], seconds,
+            lps, sorted(self.states), done.warm, done.read, self.last_assignment["entries"], seconds,
         )
+
+    def _owned(self) -> set[int]:
+        """Ledger partitions owned: restored, or restoring."""
+        return set(self.states) | self.restores.lps
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._rebalanced = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
+        self.restores.cancel(lps)
         clean = True
         try:
             self.commit()
@@ -361,7 +388,7 @@ class Acker:
             if st is not None and clean and not st.failures and not st.tombstones:
                 self.changelog.keep_warm(lp, st)
         self._drop(lps)
-        self.changelog.assign_standby(self.P, self.states)
+        self.changelog.assign_standby(self.P, self._owned())
         if self._incremental:
             consumer.incremental_unassign(partitions)
         log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
@@ -372,8 +399,9 @@ class Acker:
         # tables may be ahead of their changelogs.
         self.transactions.abort()
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
+        self.restores.cancel(lps)
         self._drop(lps)
-        self.changelog.assign_standby(self.P, self.states)
+        self.changelog.assign_standby(self.P, self._owned())
         if self._incremental:
             consumer.incremental_unassign(partitions)
         log.warning("lost ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
@@ -427,6 +455,10 @@ class Acker:
             msgs.append(first)
             if self.config.batch_size > 1:
                 msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+        if self.restores.pending:
+            done = self.restores.step(RESTORE_SLICE_S)
+            if done is not None:
+                self._restored(done)
         if self._rebalanced:
             self._rebalanced = False
             self._wake_fetchers()

@@ -247,6 +247,7 @@ class FakeConsumer:
         self.delivered: dict[tuple[str, int], int] = {}  # next offset after the last delivered
         self.fetched = False
         self.failing: dict[str, int] = {}  # call -> how many more times it fails transiently
+        self.paused: set[tuple[str, int]] = set()
         FakeConsumer.by_group[conf.get("group.id", "")] = self
         if conf.get("group.id", "").endswith(".acker"):
             FakeConsumer.last = self
@@ -262,6 +263,8 @@ class FakeConsumer:
             self.assigned = True
             self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)])
         self.fetched = True
+        if self.paused:  # the acker restores its partitions first (in a step or two here)
+            return []
         batch = self.batches.popleft() if self.batches else []
         for m in batch:
             self.delivered[(m.topic(), m.partition())] = m.offset() + 1
@@ -318,6 +321,12 @@ class FakeConsumer:
 
     incremental_assign = assign
     incremental_unassign = unassign
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update((tp.topic, tp.partition) for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update((tp.topic, tp.partition) for tp in partitions)
 
     def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
         return partitions

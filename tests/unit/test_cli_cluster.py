@@ -47,6 +47,7 @@ def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(broker.status, "status", record)
     monkeypatch.setattr(broker.acker, "Acker", Acker)
     monkeypatch.setattr(broker.topics, "check", record)
+    monkeypatch.setattr(broker.topics, "check_replication", lambda *_a: ([], []))
     monkeypatch.setattr(broker.dlq, "list_entries", lambda s, *_a: record(s) and [])
     monkeypatch.setattr(broker.cli, "check_reachable", lambda *_a, **_k: None)
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
