@@ -107,6 +107,8 @@ def _specs() -> list[Spec]:
                      ("<=", 1.0) if mode == "standby" and n == 1_000_000 else None),
                 Spec(f"takeover.{s}.{mode}.total_s", "s",
                      f"kill -9 -> first completion on the victim's partition, {s} entries, {how}"),
+                Spec(f"takeover.{s}.{mode}.survivor_gap_s", "s",
+                     f"longest gap between completions of the survivor's own partition meanwhile, {s}, {how}"),
             ]
     return specs
 

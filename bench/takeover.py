@@ -11,7 +11,9 @@ log and the completion tombstones:
   partitions (the group's session timeout, with the consumer protocol);
 - ``restore_s``: the callback itself - committed offsets, then the changelog read (a
   catch-up of the standby state, or a full read);
-- ``total_s``: the kill -> the first completion tombstone on the victim's partition.
+- ``total_s``: the kill -> the first completion tombstone on the victim's partition;
+- ``survivor_gap_s``: the longest gap between completions on the survivor's own partition
+  meanwhile (its restore runs in slices between polls: it keeps completing).
 
 Detection is bounded below by the session timeout (``takeover.session_timeout_s``): a member
 is declared dead only after it missed heartbeats for that long. Lowering it below a few
@@ -207,6 +209,10 @@ def _one(env: Env, entries: int, standby: bool, session_timeout_ms: int,
         first = probe.completed_since(victim_lp, killed_at)
         assignment = taken()
         assert assignment is not None and first is not None
+        time.sleep(0.5)  # the survivor's own completions up to a little past the takeover
+        survivor_lp = next(lp for lp in range(P) if lp != victim_lp)
+        own = sorted(at for lp, at in list(probe.completions) if lp == survivor_lp and killed_at <= at <= first + 0.5)
+        gaps = [b - a for a, b in zip([killed_at, *own], own, strict=False)]
         callback_started = assignment["at"] - assignment["seconds"]
         return {
             "entries": entries,
@@ -214,6 +220,8 @@ def _one(env: Env, entries: int, standby: bool, session_timeout_ms: int,
             "detection_s": callback_started - killed_at,
             "restore_s": assignment["seconds"],
             "total_s": first - killed_at,
+            # The survivor's own partition while it detects and restores: completions go on.
+            "survivor_gap_s": max(gaps, default=first - killed_at),
             "from_standby": assignment["from_standby"],
             "changelog_records_read": assignment["records_read"],
             "entries_taken_over": assignment["entries"],
@@ -243,7 +251,7 @@ def measure_takeover(env: Env, figures: Figures, *, sizes: tuple[int, ...], sess
 
         run = _one(env, n, mode == "standby", session_timeout_ms, step)
         runs[label] = run
-        for key in ("detection_s", "restore_s", "total_s"):
+        for key in ("detection_s", "restore_s", "total_s", "survivor_gap_s"):
             figures.set(f"takeover.{label}.{key}", run[key])
     figures.set("takeover.session_timeout_s", session_timeout_ms / 1000)
     return runs
