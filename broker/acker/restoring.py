@@ -2,17 +2,19 @@
 time between polls, so the partitions it already owns keep folding and committing while a
 takeover reads a large changelog (docs/design.md §5, Assignment and restore).
 
-One assignment callback is one ``Pending``: its input partitions are assigned paused at their
-committed offsets; its ledger partitions' ``RestoreJob``s run one after the other, each for
-at most ``budget_s`` per step; when the last one is done, the caller installs the states,
-seeks the inputs to the committed offsets (anything fetched before is read again) and
-resumes them. A partition revoked or lost while restoring is cancelled.
+One assignment callback is one ``Pending``: its input partitions are assigned paused. First
+their committed offsets are fetched (stable ones: this waits for a transaction a dead owner
+left open - up to its transaction timeout - so it is asked again each step, briefly, never
+blocking the loop); then its ledger partitions' ``RestoreJob``s run one after the other, each
+for at most ``budget_s`` per step. When the last one is done, the caller installs the
+states, seeks the inputs to the committed offsets (anything fetched before is read again)
+and resumes them. A partition revoked or lost while restoring is cancelled.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
@@ -26,8 +28,9 @@ class Pending:
     """The partitions of one assignment callback, restoring."""
 
     lps: list[int]
-    jobs: dict[int, RestoreJob]
-    starts: list[TopicPartition]  # input partitions at their committed offsets
+    tps: list[TopicPartition]  # its input partitions
+    starts: list[TopicPartition] | None = None  # ... at their committed offsets, once known
+    jobs: dict[int, RestoreJob] = field(default_factory=dict)
     began: float = field(default_factory=time.monotonic)
     states: dict[int, PartitionState] = field(default_factory=dict)
     read: int = 0
@@ -35,23 +38,27 @@ class Pending:
 
     @property
     def done(self) -> bool:
-        return not self.jobs
+        return self.starts is not None and not self.jobs
+
+
+# (input partitions, timeout s) -> their start positions, or None when not known yet
+Starts = Callable[[list[TopicPartition], float], list[TopicPartition] | None]
 
 
 class Restores:
-    def __init__(self, changelog: Changelog) -> None:
+    def __init__(self, changelog: Changelog, starts: Starts) -> None:
         self.changelog = changelog
+        self._starts = starts
         self.pending: list[Pending] = []
 
     @property
     def lps(self) -> set[int]:
         return {lp for p in self.pending for lp in p.lps}
 
-    def add(self, lps: list[int], starts: list[TopicPartition]) -> Pending:
+    def add(self, lps: list[int], tps: list[TopicPartition]) -> Pending:
         """A new assignment's partitions, restored first (the acker tries to finish them
         inside the assignment callback)."""
-        jobs = {lp: self.changelog.begin(lp) for lp in lps}
-        pending = Pending(list(lps), jobs, list(starts))
+        pending = Pending(list(lps), list(tps))
         self.pending.insert(0, pending)
         return pending
 
@@ -61,6 +68,12 @@ class Restores:
         if not self.pending:
             return None
         head = self.pending[0]
+        if head.starts is None:
+            head.starts = self._starts(head.tps, max(budget_s, 0.05))
+            if head.starts is None:
+                return None
+            # After the offsets: the changelog's end is read now, past whatever they reflect.
+            head.jobs = {lp: self.changelog.begin(lp) for lp in head.lps}
         if head.jobs:
             lp, job = next(iter(head.jobs.items()))
             if self.changelog.advance(job, budget_s):
@@ -83,5 +96,7 @@ class Restores:
             for lp in gone & set(p.states):
                 del p.states[lp]
             p.lps = [lp for lp in p.lps if lp not in gone]
-            p.starts = [tp for tp in p.starts if tp.partition not in gone]
+            p.tps = [tp for tp in p.tps if tp.partition not in gone]
+            if p.starts is not None:
+                p.starts = [tp for tp in p.starts if tp.partition not in gone]
         self.pending = [p for p in self.pending if p.lps]

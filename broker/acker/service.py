@@ -163,7 +163,7 @@ class Acker:
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
-        self.restores = Restores(self.changelog)
+        self.restores = Restores(self.changelog, self._committed_starts)
         self.refusals = Refusals(ns.dlq)
         self.decider.refused = self.refusals.replay
         self.transactions = Transactions(
@@ -317,18 +317,16 @@ class Acker:
         acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
         if lps != acks:
             log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
-        # Stable committed offsets first: waits for any transaction a dead owner left open,
-        # so the changelog read next ends after everything those offsets reflect.
-        committed = retrying(lambda: consumer.committed(partitions, timeout=60), "committed offsets")
-        assigned = self._start_positions(committed)
         # Restored here if it takes less than a slice (a warm or standby state, a small
-        # changelog), else in the poll loop (broker.acker.restoring): the inputs wait, paused,
-        # and the partitions already owned go on folding meanwhile.
-        pending = self.restores.add(lps, assigned)
+        # changelog, no transaction of a dead owner to wait out), else in the poll loop
+        # (broker.acker.restoring): the inputs wait, paused, and the partitions already owned
+        # go on folding meanwhile.
+        pending = self.restores.add(lps, partitions)
         deadline = time.monotonic() + RESTORE_SLICE_S
         done = None
         while done is None and time.monotonic() < deadline:
             done = self.restores.step(max(deadline - time.monotonic(), 0.001))
+        assigned = pending.starts or partitions
         if self._incremental:
             consumer.incremental_assign(assigned)
         else:
@@ -339,31 +337,45 @@ class Acker:
             consumer.pause(assigned)
         self.changelog.assign_standby(self.P, self._owned())
 
+    def _committed_starts(self, tps: list[TopicPartition], timeout_s: float) -> list[TopicPartition] | None:
+        """Where the inputs resume: their stable committed offsets. Asking for them waits
+        for any transaction a dead owner left open, so the changelog read after them ends
+        past everything they reflect. None while that is not settled yet (asked again)."""
+        try:
+            committed = self._consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            log.debug("committed offsets not known yet (%s)", exc)
+            return None
+        return self._start_positions(committed)
+
     def _restored(self, done: Pending, *, resume: bool = True) -> None:
         """A callback's partitions are restored: install them and let their inputs flow."""
-        self.states.update(done.states)
         starts = done.starts
+        assert starts is not None
+        lps = sorted(done.states)
+        owned = sorted(set(self.states) | set(lps))
+        seconds = time.monotonic() - done.began
+        # Before the states: whoever sees them owned (another thread) sees this too.
+        self.last_assignment = {
+            "partitions": lps,
+            "owned": owned,
+            "from_standby": done.warm,
+            "changelog_records_read": done.read,
+            "entries": sum(len(st.table) for st in done.states.values()),
+            "seconds": seconds,
+        }
+        self.expiry.assigned(starts)
+        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
+        self.states.update(done.states)
         if resume:
             for tp in starts:
                 self._consumer.seek(tp)  # anything fetched before the pause is read again
             self._consumer.resume(starts)
             self._rebalanced = True  # resumed fetchers need waking too
-        self.expiry.assigned(starts)
-        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
-        seconds = time.monotonic() - done.began
-        lps = sorted(done.states)
-        self.last_assignment = {
-            "partitions": lps,
-            "owned": sorted(self.states),
-            "from_standby": done.warm,
-            "changelog_records_read": done.read,
-            "entries": sum(len(self.states[lp].table) for lp in lps),
-            "seconds": seconds,
-        }
         log.info(
             "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
-            lps, sorted(self.states), done.warm, done.read, self.last_assignment["entries"], seconds,
+            lps, owned, done.warm, done.read, self.last_assignment["entries"], seconds,
         )
 
     def _owned(self) -> set[int]:
