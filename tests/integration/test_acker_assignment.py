@@ -57,6 +57,8 @@ def _start_acker(bootstrap: str, ns: str, instance: str, log_path: Path) -> subp
         "--instance-id", instance, "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
         "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--group-protocol", PROTOCOL,
     ]
+    if os.environ.get("REPLAYBROKER_TEST_ACKER_DYNAMIC"):  # to show the static-member test fail
+        args.append("--dynamic-membership")
     return subprocess.Popen(args, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
 
 
@@ -246,3 +248,55 @@ def test_membership_changes_move_only_what_changes_owner(bootstrap: str, tmp_pat
     print(f"longest gap between completions of a partition that stayed, ms: {longest}")
     assert stayed_any >= 3, "no partition stayed with its owner through the changes"
     assert pauses == [], "; ".join(pauses)
+
+
+def _log_lines(path: Path, what: str) -> list[str]:
+    return [line for line in path.read_text(errors="replace").splitlines() if what in line]
+
+
+def test_a_restarted_static_member_gets_its_partitions_back_and_nobody_else_moves(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Static membership (``--instance-id``): an acker stopped and started again within the
+    session timeout gets exactly its own partitions back, and the other acker's assignment
+    does not change at all (no revocation, no assignment in its log). With
+    ``REPLAYBROKER_TEST_ACKER_DYNAMIC=1`` (dynamic members) it fails: the other acker takes
+    the stopped one's partitions and gives them back."""
+    settings = KafkaSettings(bootstrap)
+    ns = topics.Namespace(unique_name("static"))
+    topics.create(settings, ns, 4)
+    owners = Owners(settings, ns)
+    logs = {name: tmp_path / f"{name}.log" for name in ("a1", "a2")}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        owners.start()
+        for name in logs:
+            procs[name] = _start_acker(bootstrap, ns.name, name, logs[name])
+        _wait(lambda: set(owners.current().values()) == {"a1", "a2"} and len(owners.current()) == 4, 60,
+              "two ackers sharing four partitions")
+        before = dict(owners.current())
+        mine = sorted(lp for lp, o in before.items() if o == "a1")
+        other_log = len(logs["a2"].read_text(errors="replace").splitlines())
+        procs["a1"].send_signal(signal.SIGTERM)
+        procs["a1"].wait(30)
+        logs["a1"].rename(tmp_path / "a1-first.log")
+        procs["a1"] = _start_acker(bootstrap, ns.name, "a1", logs["a1"])
+        _wait(lambda: logs["a1"].exists() and bool(_log_lines(logs["a1"], "assigned ledger partitions")), 60,
+              "the restarted acker to be assigned")
+        time.sleep(2 * SESSION_TIMEOUT_MS / 1000)  # anything that was going to move has moved
+        after = dict(owners.current())
+        later = logs["a2"].read_text(errors="replace").splitlines()[other_log:]  # before it stops
+    finally:
+        owners.stop()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    assert after == before, f"assignment changed: {before} -> {after}"
+    first = _log_lines(logs["a1"], "assigned ledger partitions")[0]
+    assert f"assigned ledger partitions {mine} " in first, first
+    moved = [line for line in later if "assigned ledger partitions" in line or "revoked ledger partitions" in line]
+    assert moved == [], f"the other acker's partitions moved: {moved}"

@@ -26,7 +26,7 @@ def test_explicit_values_win_and_are_checked() -> None:
     assert replication_for(3, 2, 1).warning is not None  # one in-sync replica: a named risk
     with pytest.raises(TopologyError, match="at least 3 brokers"):
         replication_for(1, 3)
-    with pytest.raises(TopologyError, match="min.insync.replicas"):
+    with pytest.raises(TopologyError, match=r"min\.insync\.replicas"):
         replication_for(3, 3, 4)
     assert replication_for(3, 3).min_insync == 2
     assert replication_for(3, 1).min_insync == 1
