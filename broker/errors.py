@@ -55,3 +55,17 @@ class DecodeError(ReplayBrokerError):
     def __init__(self, message: str, *, record: Any = None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class BackpressureTimeout(ReplayBrokerError):
+    """``Source.send`` waited ``waited_s`` for a slot and none freed: ``pending`` of this
+    source's records were still pending (persisted, neither completed nor dead-lettered) with
+    ``max_pending`` = ``limit``. Nothing of that call was sent; it may be tried again."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, limit: int, pending: int, waited_s: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.pending = pending
+        self.waited_s = waited_s

@@ -27,7 +27,15 @@ def _load(name: str) -> Any:
 
 
 PERSISTED_RECORD = _load("persisted_record")
-XOR_BATCH = _load("xor_batch")
+# XorBatch as schemas/xor_batch.avsc has it, touches included, and XOR_BATCH: the same without
+# the trailing touch fields - what a batch without touches is encoded as (byte for byte the
+# encoding before touches existed, so an older acker reads it) and what older events decode as.
+XOR_BATCH_WITH_TOUCHES = _load("xor_batch")
+_TOUCH_FIELDS = ("touched", "touched_deadlines")
+_XOR_BATCH_JSON = json.loads(resources.files("schemas").joinpath("xor_batch.avsc").read_text())
+XOR_BATCH = fastavro.parse_schema(
+    {**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _TOUCH_FIELDS]}
+)
 LEDGER_ENTRY = _load("ledger_entry")
 
 
@@ -315,44 +323,71 @@ class PersistedRecord:
 # --------------------------------------------------------------------------- XorBatch
 
 
+def _no_ids() -> np.ndarray:
+    return np.empty(0, np.int64)
+
+
 @dataclass(frozen=True)
 class XorBatch:
-    """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays."""
+    """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays;
+    ``touched`` / ``touched_deadlines`` (int64, epoch ms) the deadline extensions (``ctx.touch``)."""
 
     ledger_partition: int
     srids: np.ndarray
     xors: np.ndarray
     failed: np.ndarray
     producer: str = ""
+    touched: np.ndarray = field(default_factory=_no_ids)
+    touched_deadlines: np.ndarray = field(default_factory=_no_ids)
 
     def encode(self) -> bytes:
         if len(self.srids) != len(self.xors):
             raise ValueError("srids and xors differ in length")
-        return _encode(
-            XOR_BATCH,
-            {
-                "ledger_partition": self.ledger_partition,
-                "srids": np.ascontiguousarray(self.srids, dtype=_LE_I64).tobytes(),
-                "xors": np.ascontiguousarray(self.xors, dtype=_LE_I64).tobytes(),
-                "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
-                "producer": self.producer,
-            },
-        )
+        if len(self.touched) != len(self.touched_deadlines):
+            raise ValueError("touched and touched_deadlines differ in length")
+        datum = {
+            "ledger_partition": self.ledger_partition,
+            "srids": np.ascontiguousarray(self.srids, dtype=_LE_I64).tobytes(),
+            "xors": np.ascontiguousarray(self.xors, dtype=_LE_I64).tobytes(),
+            "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
+            "producer": self.producer,
+        }
+        if not len(self.touched):
+            return _encode(XOR_BATCH, datum)
+        datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
+        datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
+        return _encode(XOR_BATCH_WITH_TOUCHES, datum)
 
     @classmethod
     def decode(cls, data: bytes | None) -> XorBatch:
-        d = _decode(XOR_BATCH, data, "XorBatch")
+        # A batch without touches ends after ``producer``: read it that way first; bytes left
+        # over can only be the touch fields.
+        try:
+            d = _decode(XOR_BATCH, data, "XorBatch")
+            d["touched"] = d["touched_deadlines"] = b""
+        except DecodeError as short:
+            if "trailing bytes" not in str(short):
+                raise
+            try:
+                d = _decode(XOR_BATCH_WITH_TOUCHES, data, "XorBatch")
+            except DecodeError:
+                raise short from None
         srids, xors, failed = d["srids"], d["xors"], d["failed"]
+        touched, deadlines = d["touched"], d["touched_deadlines"]
         if len(srids) != len(xors) or len(srids) % 8 or len(failed) % 8:
             raise DecodeError(
                 f"XorBatch arrays are malformed ({len(srids)}, {len(xors)}, {len(failed)} bytes)"
             )
+        if len(touched) != len(deadlines) or len(touched) % 8:
+            raise DecodeError(f"XorBatch touches are malformed ({len(touched)}, {len(deadlines)} bytes)")
         return cls(
             ledger_partition=d["ledger_partition"],
             srids=np.frombuffer(srids, dtype=_LE_I64).astype(np.int64, copy=False),
             xors=np.frombuffer(xors, dtype=_LE_I64).astype(np.int64, copy=False),
             failed=np.frombuffer(failed, dtype=_LE_I64).astype(np.int64, copy=False),
             producer=d["producer"],
+            touched=np.frombuffer(touched, dtype=_LE_I64).astype(np.int64, copy=False),
+            touched_deadlines=np.frombuffer(deadlines, dtype=_LE_I64).astype(np.int64, copy=False),
         )
 
 

@@ -20,8 +20,9 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaException, Producer
 
 from broker import ids, kafka_io
+from broker.backpressure import PendingWindow, PersistFeed
 from broker.delivery import PendingData, SendFailure
-from broker.errors import ConfigurationError, DeliveryError
+from broker.errors import BackpressureTimeout, ConfigurationError, DeliveryError
 from broker.headers import (
     H_ATTEMPT,
     H_DEADLINE,
@@ -77,6 +78,11 @@ class SourceConfig:
     # Data topic -> partitioner name ("kafka" or "spark"); unlisted topics use "kafka".
     partitioners: Mapping[str, str] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
+    # Backpressure (Storm's max.spout.pending): at most this many of the source's records
+    # pending (persisted, neither completed nor dead-lettered); a send waits for a slot up to
+    # max_pending_timeout_s, then raises BackpressureTimeout. None: no limit.
+    max_pending: int | None = None
+    max_pending_timeout_s: float = 30.0
 
 
 class Source:
@@ -133,6 +139,16 @@ class Source:
         self._key_partitions: dict[tuple[str, bytes], int] = {}
         self._pending = PendingData()
         self.sent = 0
+        if self.config.max_pending is not None and self.config.max_pending < 1:
+            raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
+        self._window: PendingWindow | None = None  # built at the first send with max_pending
+        self._feed: PersistFeed | None = None
+        self._transaction_srids: list[int] = []
+        # Backpressure: sends that had to wait for a slot, the seconds they waited, and the
+        # sends that gave up (BackpressureTimeout).
+        self.blocked = 0
+        self.blocked_s = 0.0
+        self.backpressure_timeouts = 0
 
     @property
     def ledger_partitions(self) -> int:
@@ -158,8 +174,17 @@ class Source:
             self._partitions[topic] = n
         return n
 
+    @property
+    def pending(self) -> int | None:
+        """This source's records pending as last read from ``ns.persist`` (None without
+        ``max_pending``)."""
+        return None if self._window is None else len(self._window)
+
     def _raise_failures(self) -> None:
         if failures := self._pending.take_failures():
+            if self._window is not None:
+                for failure in failures:
+                    self._window.not_persisted(failure.srid)
             raise DeliveryError(
                 f"persist record not delivered for {len(failures)} source record(s) "
                 f"({failures[0].error}); none of them was published: `failures` lists them",
@@ -254,6 +279,8 @@ class Source:
         timeout_ms: int | None,
         max_attempts: int | None,
     ) -> SendResult:
+        if self.config.max_pending is not None:
+            self._await_slot(self.config.max_pending)
         own_headers = user_headers(headers) if headers else ()
         srid, srid_b, srid_avro = _new_encoded_id()
         record_id, record_b, record_avro = _new_encoded_id()
@@ -288,8 +315,57 @@ class Source:
             self._in_transaction_sent += 1
         else:
             self._pending.add(srid_b, topic, key_b, value_b, partition, data_headers)
+        if self._window is not None:
+            self._window.sent(srid, origin)
+            if self._transactional:
+                self._transaction_srids.append(srid)
         self.sent += 1
         return SendResult(srid, record_id, partition, origin)
+
+    def _await_slot(self, limit: int) -> None:
+        """Return once fewer than ``limit`` records of this source are pending; raise
+        ``BackpressureTimeout`` (nothing sent) after ``max_pending_timeout_s``.
+
+        The feed starts at the end of ``ns.persist`` as found before this source's first
+        send. While waiting, delivery reports are served and confirmed data records released:
+        the records that hold the slots must reach their tasks to complete."""
+        if self._window is None:
+            self._window = PendingWindow(limit)
+            self._feed = PersistFeed(self.settings, self.ns, self.ledger_partitions, self._window)
+        window, feed = self._window, self._feed
+        assert feed is not None
+        feed.poll(0)
+        if not window.full:
+            return
+        # Inside a transaction its own records complete only after the commit: when they
+        # fill the window alone, waiting cannot free a slot.
+        if self._in_transaction and len(window) <= len(self._transaction_srids):
+            self.backpressure_timeouts += 1
+            raise BackpressureTimeout(
+                f"max_pending={limit} reached by the {len(window)} records of the open "
+                "transaction: commit it before sending more",
+                limit=limit, pending=len(window), waited_s=0.0,
+            )
+        started = time.monotonic()
+        deadline = started + self.config.max_pending_timeout_s
+        self.blocked += 1
+        try:
+            while window.full:
+                self.poll(0)
+                if self._pending.failures and not self._transactional:
+                    self._raise_failures()  # frees their slots; this call sends nothing
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.backpressure_timeouts += 1
+                    waited = time.monotonic() - started
+                    raise BackpressureTimeout(
+                        f"max_pending={limit} reached: {len(window)} records of this source "
+                        f"still pending after waiting {waited:.1f}s; nothing of this send was sent",
+                        limit=limit, pending=len(window), waited_s=waited,
+                    )
+                feed.poll(min(remaining, 0.1))
+        finally:
+            self.blocked_s += time.monotonic() - started
 
     def produce(
         self,
@@ -345,6 +421,7 @@ class Source:
         self._producer.begin_transaction()
         self._in_transaction = True
         self._in_transaction_sent = 0
+        self._transaction_srids = []
         try:
             try:
                 yield self
@@ -363,6 +440,7 @@ class Source:
                 ) from exc
         finally:
             self._in_transaction = False
+            self._transaction_srids = []
 
     def _abort(self) -> list[SendFailure]:
         """Abort the transaction; returns the persist records reported failed in it."""
@@ -370,6 +448,10 @@ class Source:
             self._producer.abort_transaction(30)
             self._producer.poll(0)  # the reports of the records the abort purged
         failures = self._pending.take_failures()
+        if self._window is not None:  # nothing of the transaction was persisted
+            for srid in self._transaction_srids:
+                self._window.not_persisted(srid)
+        self._transaction_srids = []
         # A record the broker refused leaves librdkafka's idempotence state behind (the next
         # transaction fails with skipped sequence numbers), and an abort can fail - even
         # fatally (INVALID_TXN_STATE seen on Kafka 4): a fresh producer with the same
@@ -380,8 +462,13 @@ class Source:
         return failures
 
     def close(self) -> None:
-        if not self._transactional:
-            self.flush()
+        try:
+            if not self._transactional:
+                self.flush()
+        finally:
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
 
     def __enter__(self) -> Source:
         return self

@@ -130,6 +130,19 @@ class TaskContext:
         )
         self._task._outputs_pending = True
 
+    def touch(self, timeout_ms: int | None = None) -> None:
+        """Push the input's source record's deadline forward to now + ``timeout_ms``
+        (default ``TaskConfig.touch_timeout_ms``) - Storm's ``resetTimeout`` - so work that
+        takes longer than the record's timeout is not replayed while it runs. Call it
+        periodically during long work. The touch goes out at once, to ``ns.acks[srid mod P]``
+        with the task's producer, ahead of the input's event; the acker never shortens a
+        deadline with it and ignores it once the record is decided. Untracked input: nothing."""
+        tracking = self.record.tracking
+        if tracking is None:
+            return
+        timeout = self._task.config.touch_timeout_ms if timeout_ms is None else timeout_ms
+        self._task._touch(tracking.srid, int(time.time() * 1000) + timeout)
+
     def skip_ack(self) -> None:
         """Send no event for this input (failure injection: as if the ack were lost). The
         source record then completes only through its timeout and a replay."""
@@ -162,6 +175,8 @@ class TaskConfig:
     # loss - and in return the task waits for the broker a few times a second instead of
     # once per poll, which is most of its produce and commit requests under load.
     commit_interval_s: float = 0.1
+    # ctx.touch(): how far past now a touch pushes the record's deadline, unless given.
+    touch_timeout_ms: int = 30_000
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -181,6 +196,7 @@ class TaskCounters:
     commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
     # Inputs taken before their partition was revoked: not processed, the owner reads them again.
     dropped_revoked: int = 0
+    touches: int = 0  # deadline extensions sent (ctx.touch)
 
 
 class Task:
@@ -453,6 +469,17 @@ class Task:
             acked[:], xors[:] = [acked[i] for i in keep], [xors[i] for i in keep]
             if srid not in failed:
                 failed.append(srid)
+
+    def _touch(self, srid: int, deadline_ms: int) -> None:
+        """One touch, sent now: the handler is still running. Its delivery is not waited
+        for: a touch that is lost costs at most a replay (the record times out as before)."""
+        lp = ids.ledger_partition(srid, self.ledger_partitions)
+        empty = np.empty(0, dtype=np.int64)
+        value = XorBatch(lp, empty, empty, empty, self.name, np.array([srid], dtype=np.int64),
+                         np.array([deadline_ms], dtype=np.int64)).encode()
+        self._produce(self.ns.acks, value=value, partition=lp)
+        self._producer.poll(0)
+        self.counters.touches += 1
 
     def _send_fail_marks(self, srids: set[int]) -> None:
         by_lp: dict[int, list[int]] = defaultdict(list)

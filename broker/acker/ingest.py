@@ -161,8 +161,9 @@ class Ingest:
         return key, ids.encode_id(record.root_xor), ids.encode_id(deadline)
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
-        """Fold XOR batches: (srid, xor) pairs and explicit fail marks."""
-        srids, xors, failed = [], [], []
+        """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline
+        extensions (touches) of the same messages."""
+        srids, xors, failed, touched, touched_deadlines = [], [], [], [], []
         P = self.partitions
         for msg in batch:
             try:
@@ -179,6 +180,16 @@ class Ingest:
                 if rest is None:
                     continue
                 xb = rest
+            if xb.touched.size:
+                bad_t = (xb.touched == 0) | (xb.touched % P != lp)
+                if bad_t.any():
+                    empty = xb.touched[:0]
+                    bad = XorBatch(xb.ledger_partition, empty, empty, empty, xb.producer,
+                                   xb.touched[bad_t], xb.touched_deadlines[bad_t])
+                    self.quarantine(st, msg, f"{int(bad_t.sum())} touch(es) of srid 0 or of other ledger "
+                                    f"partitions than {lp}; the rest of the batch was folded", bad.encode())
+                touched.append(xb.touched[~bad_t])
+                touched_deadlines.append(xb.touched_deadlines[~bad_t])
             srids.append(xb.srids)
             xors.append(xb.xors)
             if xb.failed.size:
@@ -194,6 +205,14 @@ class Ingest:
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
             st.recent_fails.append((self.clock.now_ms(), f))
+        if touched:
+            # A touch pushes a pending entry's deadline; one for an entry that is gone
+            # (completed, decided) or not registered yet is ignored - and counted.
+            t = np.concatenate(touched)
+            deadlines = np.clip(np.concatenate(touched_deadlines), 0, 2**62)  # no overflow in ticks
+            applied = st.table.touch(t, self.ticker.ticks_of(deadlines))
+            st.count("touched", applied)
+            st.count("touches_ignored", int(t.size) - applied)
 
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray
@@ -210,7 +229,8 @@ class Ingest:
         # Only the bad ones, re-encoded as an XorBatch (same partition and producer) to inspect.
         bad = XorBatch(xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer)
         self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
-        return XorBatch(lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer)
+        return XorBatch(lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer,
+                        xb.touched, xb.touched_deadlines)
 
     def completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):

@@ -140,6 +140,21 @@ class ReferenceLedger:
                 done.append((srid, entry.offset))
         return Registered(_removed(done), duplicates)
 
+    def touch(self, srids: np.ndarray, deadlines: np.ndarray) -> int:
+        latest: dict[int, int] = {}
+        for srid, deadline in zip(srids.tolist(), deadlines.tolist(), strict=True):
+            latest[srid] = max(latest.get(srid, deadline), deadline)
+        applied = 0
+        for srid, deadline in latest.items():
+            entry = self.entries_by_srid.get(srid)
+            if entry is None or not entry.registered or entry.failed or entry.deferred:
+                continue
+            applied += 1
+            if deadline > entry.deadline:
+                entry.deadline = deadline
+                entry.dirty = True
+        return applied
+
     def mark_failed(self, srids: np.ndarray, orphan_deadline: int) -> None:
         for srid in srids.tolist():
             if srid == 0:

@@ -476,6 +476,39 @@ class LedgerTable:
         self._deferred[:] = [queued[waiting]]
         return pos[waiting]
 
+    def touch(self, srids: np.ndarray, deadlines: np.ndarray) -> int:
+        """Push deadlines forward (``ctx.touch``, Storm's ``resetTimeout``): each registered,
+        pending entry of ``srids[i]`` gets ``max(deadline, deadlines[i])`` (ticks; a srid
+        repeated in the batch: its latest deadline). Returns how many were applied; the others
+        are ignored: unknown srids (completed, decided, never seen - a touch creates no entry),
+        unregistered entries (their persist record sets the deadline) and failed or deferred
+        ones (already decided). A touch never shortens a deadline, never changes ``value`` and
+        so never completes a tree. A deadline that moved is DIRTY: the changelog carries it,
+        so a restored acker keeps it."""
+        s = _i64(srids)
+        d = _i64(deadlines)
+        if s.shape != d.shape:
+            raise ValueError(f"{s.size} srids but {d.size} deadlines")
+        if s.size == 0:
+            return 0
+        order = np.lexsort((d, s))  # per srid, the largest deadline last
+        s, d = s[order], d[order]
+        last = np.append(s[1:] != s[:-1], True)
+        u, ud = s[last], np.clip(d[last], _INT32_MIN, _INT32_MAX - 1)
+        u, ud = u[u != 0], ud[u != 0]  # 0 is never a srid
+        t = self.hashtable
+        pos = t.lookup(u)
+        found = pos >= 0
+        pos, ud = pos[found], ud[found]
+        f = t.flags[pos]
+        pending = (f & DURABLE_FLAGS) == REGISTERED
+        pos, ud, f = pos[pending], ud[pending], f[pending]
+        later = ud > t.deadline[pos]
+        moved = pos[later]
+        t.deadline[moved] = ud[later].astype(t.deadline.dtype)
+        t.flags[moved] = f[later] | DIRTY
+        return int(pending.sum())
+
     def expire(self, now_tick: int) -> Expired:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.
 

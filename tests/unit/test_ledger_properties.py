@@ -257,6 +257,7 @@ register_op = st.tuples(
     st.lists(st.tuples(srid_st, xor_st, st.integers(0, 99), tick_st), max_size=6),
 )
 fail_op = st.tuples(st.just("mark_failed"), st.lists(srid_st, max_size=3), tick_st)
+touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0, 40)), max_size=4))
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
@@ -273,7 +274,7 @@ simple_ops = st.sampled_from([("take_failed",), ("take_dirty",)])
 expire_op = st.tuples(st.just("expire"), tick_st)
 
 live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op, defer_op, take_deferred_op,
-                     deferred_due_op)
+                     deferred_due_op, touch_op)
 all_ops = st.one_of(live_ops, restore_op, remove_op)
 
 
@@ -309,6 +310,9 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
     if name == "mark_failed":
         ledger.mark_failed(np.array(op[1], dtype=np.int64), op[2])
         return None
+    if name == "touch":
+        s, d = _columns(op[1], [np.int64, np.int64])
+        return ledger.touch(s, d)
     if name == "take_failed":
         return _removed(ledger.take_failed())
     if name == "expire":

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from broker.errors import DecodeError
 from broker.schemas import (
     XOR_BATCH,
+    XOR_BATCH_WITH_TOUCHES,
     Failure,
     LedgerEntry,
     PersistedRecord,
@@ -325,4 +326,28 @@ def test_malformed_xor_batch_arrays_are_a_decode_error(
         {"ledger_partition": 0, "srids": srids, "xors": xors, "failed": failed, "producer": ""},
     )
     with pytest.raises(DecodeError, match="malformed"):
+        XorBatch.decode(buf.getvalue())
+
+
+def test_touches_round_trip_and_a_batch_without_them_keeps_the_older_encoding() -> None:
+    touched = XorBatch(2, np.array([6], np.int64), np.array([9], np.int64), np.empty(0, np.int64), "t",
+                       touched=np.array([6, 10], np.int64), touched_deadlines=np.array([1_000, 2_000], np.int64))
+    back = XorBatch.decode(touched.encode())
+    assert back.touched.tolist() == [6, 10] and back.touched_deadlines.tolist() == [1_000, 2_000]
+    assert back.srids.tolist() == [6] and back.producer == "t"
+    plain = XorBatch(2, np.array([6], np.int64), np.array([9], np.int64), np.empty(0, np.int64), "t")
+    older = io.BytesIO()  # what a sender from before touches writes
+    fastavro.schemaless_writer(older, XOR_BATCH, {"ledger_partition": 2, "srids": plain.srids.astype("<i8").tobytes(),
+                               "xors": plain.xors.astype("<i8").tobytes(), "failed": b"", "producer": "t"})
+    assert plain.encode() == older.getvalue()
+    assert XorBatch.decode(older.getvalue()).touched.size == 0
+
+
+def test_malformed_touches_are_a_decode_error() -> None:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, XOR_BATCH_WITH_TOUCHES, {
+        "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"", "producer": "",
+        "touched": b"\x01" * 8, "touched_deadlines": b"\x01" * 16,
+    })
+    with pytest.raises(DecodeError, match="touches are malformed"):
         XorBatch.decode(buf.getvalue())
