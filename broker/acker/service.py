@@ -186,6 +186,8 @@ class Acker:
             "auto.offset.reset": "earliest",
         }
         defaults: dict[str, object] = {
+            # Names the member in the group's description and the broker's logs.
+            "client.id": f"{self.ns.name}.acker.{cfg.instance_id}",
             "fetch.wait.max.ms": 20,
             "fetch.min.bytes": 262_144,
             "max.poll.interval.ms": 60_000,

@@ -89,7 +89,7 @@ class Owners:
                 continue
             owner: dict[int, str] = {}
             for m in desc.members:
-                name = (m.group_instance_id or m.member_id).rsplit(".", 1)[-1]
+                name = (m.group_instance_id or m.client_id).rsplit(".", 1)[-1]
                 tps = m.assignment.topic_partitions if m.assignment else []
                 persist = {tp.partition for tp in tps if tp.topic == self.ns.persist}
                 acks = {tp.partition for tp in tps if tp.topic == self.ns.acks}
