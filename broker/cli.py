@@ -78,7 +78,9 @@ def _bootstrap(args: argparse.Namespace) -> str:
         if state is None:
             raise ConfigurationError("--local: no embedded Kafka is running (start it with `replaybroker kafka up`)")
         return state.bootstrap
-    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    from broker.settings import env_settings
+
+    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or env_settings().bootstrap_servers
     if not servers:
         raise ConfigurationError(NO_CLUSTER)
     return str(servers)
@@ -122,8 +124,19 @@ def _settings(args: argparse.Namespace) -> Any:
     from broker.settings import KafkaSettings
 
     settings = KafkaSettings.from_env(_bootstrap(args))
+    if args.verbose:
+        print_config(settings, args.command)
     check_reachable(settings, verbose=args.verbose)
     return settings
+
+
+def print_config(settings: Any, command: str, file: Any = None) -> None:
+    """The effective connection of a command (``-v``), one ``key=value`` a line on stderr,
+    secrets masked: what the services will hand to librdkafka."""
+    out = file or sys.stderr
+    print(f"replaybroker {command}: effective Kafka configuration", file=out)
+    for key, value in sorted(settings.describe().items()):
+        print(f"  {key}={value}", file=out)
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
