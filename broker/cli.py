@@ -152,6 +152,8 @@ def _parse_data_topics(specs: list[str]) -> dict[str, int]:
 def _cmd_topics(args: argparse.Namespace) -> int:
     from broker import topics
 
+    if args.action == "acls":
+        return _cmd_acls(args)
     settings = _settings(args)
     ns = topics.Namespace(args.namespace)
     data = _parse_data_topics(args.data_topic or [])
@@ -163,6 +165,30 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             print(f"created {name}")
     P = topics.check(settings, ns, data)
     print(f"namespace {ns.name}: ok, {P} ledger partitions")
+    return 0
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    """Print the least ACLs of a role; with --apply, create them (printing needs no cluster)."""
+    from broker import acls, topics
+
+    if not args.role or not args.principal:
+        raise ReplayBrokerError("topics acls needs --role and --principal")
+    principal = acls.check_principal(args.principal)
+    rules = acls.role_acls(
+        topics.Namespace(args.namespace),
+        args.role,
+        data_topics=[spec.split(":")[0] for spec in args.data_topic or []],
+        inputs=args.input or [],
+        outputs=args.output or [],
+        group=args.group,
+        transactional_id=args.transactional_id,
+    )
+    for line in acls.render(principal, rules):
+        print(line)
+    if args.apply:
+        n = acls.apply(_settings(args), principal, rules)
+        print(f"applied {n} ACLs for {principal}", file=sys.stderr)
     return 0
 
 
@@ -315,13 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(func=_cmd_setup)
 
     top = _parser(sub, "topics", "create or check a namespace's topics")
-    top.add_argument("action", choices=["create", "check"], help="create what is missing, or only check")
+    top.add_argument(
+        "action", choices=["create", "check", "acls"],
+        help="create what is missing, only check, or print (--apply: create) a role's ACLs",
+    )
     _cluster(top)
     top.add_argument("--partitions", type=int, help="ledger partitions P (create)")
     top.add_argument(
         "--data-topic", action="append", metavar="NAME:PARTITIONS",
         help="a data topic and its partition count; its NAME.replay is created beside it (repeatable)",
     )
+    top.add_argument("--role", choices=["source", "task", "acker"], help="acls: the role")
+    top.add_argument("--principal", metavar="User:NAME", help="acls: the principal of the role")
+    top.add_argument("--apply", action="store_true", help="acls: create them (default: print only)")
+    top.add_argument("--group", help="acls (task): the task's consumer group")
+    top.add_argument("--input", action="append", metavar="TOPIC", help="acls (task): an input topic (repeatable)")
+    top.add_argument("--output", action="append", metavar="TOPIC", help="acls (task): an output topic (repeatable)")
+    top.add_argument("--transactional-id", help="acls (source): its transactional id")
     top.set_defaults(func=_cmd_topics)
 
     acker = _parser(sub, "acker", "run an acker (SIGTERM stops it cleanly)")
