@@ -90,6 +90,8 @@ def role_acls(
         acls |= _topic(ns.acks, "WRITE")
         acls.add(Acl("GROUP", group, "LITERAL", "READ"))
         for topic in inputs:
+            if topic in ns.ledger_topics or topic == ns.dlq:
+                raise ConfigurationError(f"a task does not read {topic}")
             acls |= _topic(topic, "READ") | _topic(replay_topic(topic), "READ")
         for topic in outputs:
             if topic in ns.ledger_topics or topic == ns.dlq:

@@ -19,6 +19,12 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
     from broker.dev import kafka_local
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if args.sasl:
+        from broker.dev import kafka_sasl
+
+        run_dir = run_dir or kafka_sasl.default_sasl_run_dir()
+        if args.action == "up":
+            return kafka_sasl.main_up_sasl(run_dir, args.user or ())
     if args.action == "up":
         return kafka_local.main_up(run_dir, jfr=args.jfr)
     kafka = kafka_local.LocalKafka(run_dir)
@@ -335,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     kafka.add_argument("--jfr", metavar="FILE",
                        help="with up: record the broker with Java Flight Recorder; written to FILE at kafka down "
                             "(default: no recording)")
+    kafka.add_argument(
+        "--sasl", action="store_true",
+        help="the secured broker: SASL/SCRAM-SHA-512, ACLs, super user admin (own run dir and ports)",
+    )
+    kafka.add_argument("--user", action="append", metavar="NAME", help="--sasl up: a SCRAM user to create (repeatable)")
     kafka.set_defaults(func=_cmd_kafka)
 
     setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")

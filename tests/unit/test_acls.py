@@ -47,6 +47,12 @@ def test_task_output_to_a_namespace_topic_is_refused(topic: str) -> None:
         role_acls(NS, "task", inputs=["orders"], outputs=[topic], group="g")
 
 
+@pytest.mark.parametrize("topic", [NS.persist, NS.ledger, NS.dlq, NS.acks])
+def test_task_input_from_a_namespace_topic_is_refused(topic: str) -> None:
+    with pytest.raises(ConfigurationError, match="does not read"):
+        role_acls(NS, "task", inputs=[topic], group="g")
+
+
 def test_task_needs_group_and_inputs() -> None:
     with pytest.raises(ConfigurationError, match="--group"):
         role_acls(NS, "task", inputs=["orders"])
