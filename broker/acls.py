@@ -1,4 +1,4 @@
-"""The least ACLs of each role of a namespace (docs/design.md, Security).
+"""The least ACLs of each role of a namespace (docs/design.md §12).
 
 Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What each role needs:
 
