@@ -24,7 +24,7 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
 
         run_dir = run_dir or kafka_sasl.default_sasl_run_dir()
         if args.action == "up":
-            return kafka_sasl.main_up_sasl(run_dir, args.user or ())
+            return kafka_sasl.main_up_sasl(run_dir, args.user or (), tls=args.tls)
     if args.action == "up":
         return kafka_local.main_up(run_dir, jfr=args.jfr)
     kafka = kafka_local.LocalKafka(run_dir)
@@ -345,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sasl", action="store_true",
         help="the secured broker: SASL/SCRAM-SHA-512, ACLs, super user admin (own run dir and ports)",
     )
+    kafka.add_argument("--tls", action="store_true", help="--sasl up: SASL_SSL with a self-signed CA (keytool)")
     kafka.add_argument("--user", action="append", metavar="NAME", help="--sasl up: a SCRAM user to create (repeatable)")
     kafka.set_defaults(func=_cmd_kafka)
 
