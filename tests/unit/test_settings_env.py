@@ -84,3 +84,35 @@ def test_user_override_wins_over_defaults_not_over_required(tmp_path: Path) -> N
     assert conf["linger.ms"] == 50
     assert conf["compression.type"] == "zstd"
     assert conf["enable.idempotence"] is True
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topics", "check"],
+        ["acker", "--instance-id", "a1"],
+        ["status"],
+        ["dlq", "list"],
+        ["trace", "42"],
+    ],
+)
+def test_every_command_prints_its_effective_config_with_v(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import broker.cli
+    from broker.errors import KafkaUnreachable
+
+    def unreachable(settings: KafkaSettings, *, verbose: bool = False) -> None:
+        raise KafkaUnreachable("stopped after the configuration was printed")
+
+    monkeypatch.setattr(broker.cli, "check_reachable", unreachable)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KAFKA_SASL_USERNAME", "svc")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")
+    code = broker.cli.main(["-v", argv[0], "--bootstrap", "h:9092", "--namespace", "ns", *argv[1:]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "effective Kafka configuration" in err
+    assert "sasl.username=svc" in err
+    assert "sasl.password=**********" in err
+    assert "hunter2-secret" not in err
