@@ -225,17 +225,24 @@ def _wait_ready_sasl(proc: subprocess.Popen[bytes], conf: Mapping[str, str], dea
 
     from broker.kafka_log import client_logging
 
+    # Failures are read with ``exception()``, never raised through this frame: a raised one
+    # would tie the admin client into a reference cycle (future -> traceback -> this frame),
+    # and a client freed by the cycle collector on one of librdkafka's own threads aborts the
+    # process.
     admin = AdminClient({**conf, "socket.timeout.ms": 2000, **client_logging()})
     name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        created = admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=5)[name]
         try:
-            admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=5)[name].result(timeout=5)
-            admin.delete_topics([name], operation_timeout=5)
+            failure = created.exception(timeout=10)
+        except TimeoutError:
+            failure = TimeoutError()
+        if failure is None:
+            admin.delete_topics([name], operation_timeout=5)[name].exception(timeout=10)
             return
-        except Exception:  # noqa: BLE001 - any failure here means "not ready yet"
-            time.sleep(0.25)
+        time.sleep(0.25)
     raise LocalKafkaError(f"Kafka did not become ready within {kafka_local.READY_TIMEOUT_S:.0f}s")
 
 

@@ -5,6 +5,7 @@ principal and nothing but their role's ACLs."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings, Secret
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def collect_clients() -> Iterator[None]:
+    """Clients caught in reference cycles (by a raised KafkaException's traceback) are freed
+    here, on the main thread: freed on a librdkafka thread they would abort the process."""
+    yield
+    gc.collect()
 
 ROLES = ("source", "task", "acker")
 

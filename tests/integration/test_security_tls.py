@@ -3,6 +3,7 @@ authenticates and round-trips a record; one that does not trust it gets nothing.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,14 @@ from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings, Secret
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def collect_clients() -> Iterator[None]:
+    """Clients caught in reference cycles (by a raised KafkaException's traceback) are freed
+    here, on the main thread: freed on a librdkafka thread they would abort the process."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
