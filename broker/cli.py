@@ -19,6 +19,12 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
     from broker.dev import kafka_local
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if args.sasl:
+        from broker.dev import kafka_sasl
+
+        run_dir = run_dir or kafka_sasl.default_sasl_run_dir()
+        if args.action == "up":
+            return kafka_sasl.main_up_sasl(run_dir, args.user or (), tls=args.tls)
     if args.brokers > 1:
         return _cmd_kafka_cluster(args, run_dir)
     if args.action == "up":
@@ -99,7 +105,9 @@ def _bootstrap(args: argparse.Namespace) -> str:
         if state is None:
             raise ConfigurationError("--local: no embedded Kafka is running (start it with `replaybroker kafka up`)")
         return state.bootstrap
-    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    from broker.settings import env_settings
+
+    servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or env_settings().bootstrap_servers
     if not servers:
         raise ConfigurationError(NO_CLUSTER)
     return str(servers)
@@ -143,8 +151,19 @@ def _settings(args: argparse.Namespace) -> Any:
     from broker.settings import KafkaSettings
 
     settings = KafkaSettings.from_env(_bootstrap(args))
+    if args.verbose:
+        print_config(settings, args.command)
     check_reachable(settings, verbose=args.verbose)
     return settings
+
+
+def print_config(settings: Any, command: str, file: Any = None) -> None:
+    """The effective connection of a command (``-v``), one ``key=value`` a line on stderr,
+    secrets masked: what the services will hand to librdkafka."""
+    out = file or sys.stderr
+    print(f"replaybroker {command}: effective Kafka configuration", file=out)
+    for key, value in sorted(settings.describe().items()):
+        print(f"  {key}={value}", file=out)
 
 
 def _parse_data_topics(specs: list[str]) -> dict[str, int]:
@@ -160,6 +179,8 @@ def _parse_data_topics(specs: list[str]) -> dict[str, int]:
 def _cmd_topics(args: argparse.Namespace) -> int:
     from broker import topics
 
+    if args.action == "acls":
+        return _cmd_acls(args)
     settings = _settings(args)
     ns = topics.Namespace(args.namespace)
     data = _parse_data_topics(args.data_topic or [])
@@ -180,6 +201,30 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             print(f"- {line}", file=sys.stderr)
         return 2
     print(f"namespace {ns.name}: ok, {P} ledger partitions")
+    return 0
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    """Print the least ACLs of a role; with --apply, create them (printing needs no cluster)."""
+    from broker import acls, topics
+
+    if not args.role or not args.principal:
+        raise ReplayBrokerError("topics acls needs --role and --principal")
+    principal = acls.check_principal(args.principal)
+    rules = acls.role_acls(
+        topics.Namespace(args.namespace),
+        args.role,
+        data_topics=[spec.split(":")[0] for spec in args.data_topic or []],
+        inputs=args.input or [],
+        outputs=args.output or [],
+        group=args.group,
+        transactional_id=args.transactional_id,
+    )
+    for line in acls.render(principal, rules):
+        print(line)
+    if args.apply:
+        n = acls.apply(_settings(args), principal, rules)
+        print(f"applied {n} ACLs for {principal}", file=sys.stderr)
     return 0
 
 
@@ -332,13 +377,22 @@ def build_parser() -> argparse.ArgumentParser:
     kafka.add_argument("--brokers", type=int, default=1,
                        help="nodes: 1 (default) is the embedded single node; 3 a local KRaft cluster with "
                        "replication 3 / min.insync 2 (run dir ~/.cache/replaybroker/run/kafka-cluster)")
+    kafka.add_argument(
+        "--sasl", action="store_true",
+        help="the secured broker: SASL/SCRAM-SHA-512, ACLs, super user admin (own run dir and ports)",
+    )
+    kafka.add_argument("--tls", action="store_true", help="--sasl up: SASL_SSL with a self-signed CA (keytool)")
+    kafka.add_argument("--user", action="append", metavar="NAME", help="--sasl up: a SCRAM user to create (repeatable)")
     kafka.set_defaults(func=_cmd_kafka)
 
     setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")
     setup.set_defaults(func=_cmd_setup)
 
     top = _parser(sub, "topics", "create or check a namespace's topics")
-    top.add_argument("action", choices=["create", "check"], help="create what is missing, or only check")
+    top.add_argument(
+        "action", choices=["create", "check", "acls"],
+        help="create what is missing, only check, or print (--apply: create) a role's ACLs",
+    )
     _cluster(top)
     top.add_argument("--partitions", type=int, help="ledger partitions P (create)")
     top.add_argument(
@@ -353,6 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-insync-replicas", type=int,
         help="replicas an acks=all write needs (create; default: 2 with replication 3, else 1)",
     )
+    top.add_argument("--role", choices=["source", "task", "acker"], help="acls: the role")
+    top.add_argument("--principal", metavar="User:NAME", help="acls: the principal of the role")
+    top.add_argument("--apply", action="store_true", help="acls: create them (default: print only)")
+    top.add_argument("--group", help="acls (task): the task's consumer group")
+    top.add_argument("--input", action="append", metavar="TOPIC", help="acls (task): an input topic (repeatable)")
+    top.add_argument("--output", action="append", metavar="TOPIC", help="acls (task): an output topic (repeatable)")
+    top.add_argument("--transactional-id", help="acls (source): its transactional id")
     top.set_defaults(func=_cmd_topics)
 
     acker = _parser(sub, "acker", "run an acker (SIGTERM stops it cleanly)")

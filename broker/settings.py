@@ -3,10 +3,13 @@ security (SASL/SSL) are configured once and dumped to the librdkafka dict in one
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from broker.errors import ConfigurationError
 from broker.kafka_log import client_logging
@@ -58,26 +61,45 @@ class KafkaSettings:
             raise ConfigurationError("bootstrap_servers is empty")
 
     @classmethod
-    def from_env(cls, bootstrap_servers: str | None = None, **overrides: Any) -> KafkaSettings:
-        """Read ``KAFKA_BOOTSTRAP_SERVERS``, ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``,
-        ``KAFKA_SASL_USERNAME``, ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CA_LOCATION``."""
-        env = os.environ
-        servers = bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS")
+    def from_env(
+        cls, bootstrap_servers: str | None = None, *, env_file: str | Path | None = ".env", **overrides: Any
+    ) -> KafkaSettings:
+        """The connection settings of a service, in this order of precedence:
+
+        1. ``bootstrap_servers`` and ``overrides`` (a command's flags, such as ``--bootstrap``);
+        2. the environment: ``KAFKA_BOOTSTRAP_SERVERS``, ``KAFKA_SECURITY_PROTOCOL``,
+           ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``, ``KAFKA_SASL_PASSWORD``,
+           ``KAFKA_SSL_CA_LOCATION``, ``KAFKA_CLIENT_ID``;
+        3. the same variables in ``env_file`` (``.env`` of the current directory, if any);
+        4. the defaults of ``KafkaSettings``.
+        """
+        env = env_settings(env_file)
+        servers = bootstrap_servers or env.bootstrap_servers
         if not servers:
             raise ConfigurationError(
                 "no Kafka bootstrap servers: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"
             )
-        password = env.get("KAFKA_SASL_PASSWORD")
+        password = env.sasl_password.get_secret_value() if env.sasl_password else None
         values: dict[str, Any] = {
             "bootstrap_servers": servers,
-            "security_protocol": env.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
-            "sasl_mechanism": env.get("KAFKA_SASL_MECHANISM"),
-            "sasl_username": env.get("KAFKA_SASL_USERNAME"),
+            "security_protocol": env.security_protocol,
+            "sasl_mechanism": env.sasl_mechanism,
+            "sasl_username": env.sasl_username,
             "sasl_password": Secret(password) if password else None,
-            "ssl_ca_location": env.get("KAFKA_SSL_CA_LOCATION"),
+            "ssl_ca_location": env.ssl_ca_location,
+            "client_id": env.client_id,
         }
         values.update(overrides)
         return cls(**values)
+
+    def describe(self) -> dict[str, Any]:
+        """The effective connection as librdkafka receives it, secrets masked: what a service
+        prints at start with ``-v``."""
+        conf = {k: v for k, v in self.client_config().items() if isinstance(v, str | int | float | bool)}
+        for key in list(conf):
+            if _secret_key(key):
+                conf[key] = MASK
+        return conf
 
     def client_config(
         self,
@@ -158,6 +180,33 @@ class KafkaSettings:
             user=user,
             required={**base_required, **(required or {})},
         )
+
+
+MASK = "**********"
+
+
+def _secret_key(key: str) -> bool:
+    return "password" in key or key.endswith((".secret", "secret.key")) or "key.pem" in key
+
+
+class KafkaEnv(BaseSettings):
+    """The ``KAFKA_*`` variables, from the environment and from a ``.env`` file (the
+    environment wins). Only ``KafkaSettings.from_env`` reads it."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_", extra="ignore", frozen=True)
+
+    bootstrap_servers: str | None = None
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    client_id: str = "replaybroker"
+
+
+def env_settings(env_file: str | Path | None = ".env") -> KafkaEnv:
+    """``KafkaEnv`` from the environment, then ``env_file`` if it exists."""
+    return KafkaEnv(_env_file=env_file)  # type: ignore[call-arg]
 
 
 # What every producer and consumer of the broker relies on, and the tunable defaults.

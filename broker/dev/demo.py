@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,22 @@ def _fraction(srid: int, salt: bytes) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def _environment(settings: KafkaSettings | None) -> dict[str, str] | None:
+    """The acker's environment: this one, with the connection of ``settings`` if given."""
+    if settings is None:
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_SASL_")}
+    env["KAFKA_SECURITY_PROTOCOL"] = settings.security_protocol
+    for name, value in (
+        ("KAFKA_SASL_MECHANISM", settings.sasl_mechanism),
+        ("KAFKA_SASL_USERNAME", settings.sasl_username),
+        ("KAFKA_SASL_PASSWORD", settings.sasl_password.get() if settings.sasl_password else None),
+    ):
+        if value:
+            env[name] = value
+    return env
+
+
 def run_demo(
     bootstrap: str,
     records: int = 10_000,
@@ -56,16 +73,22 @@ def run_demo(
     deadline_s: float | None = None,
     progress: bool = False,
     keep: bool = True,
+    namespace: str | None = None,
+    roles: Mapping[str, KafkaSettings] | None = None,
 ) -> dict[str, Any]:
-    """Run the demo in a fresh namespace; ``keep=False`` deletes its topics afterwards."""
+    """Run the demo in a fresh namespace; ``keep=False`` deletes its topics afterwards.
+
+    ``roles`` gives the ``source``, ``task`` and ``acker`` each their own connection (their
+    own principal on a secured cluster); the topics are created and watched with the
+    settings of the environment."""
     settings = KafkaSettings.from_env(bootstrap)
-    ns = topics.Namespace(f"demo-{uuid.uuid4().hex[:8]}")
+    ns = topics.Namespace(namespace or f"demo-{uuid.uuid4().hex[:8]}")
     orders, enriched = f"{ns.name}.orders", f"{ns.name}.enriched"
     data_topics = {orders: partitions, enriched: partitions}
     topics.create(settings, ns, partitions, data_topics)
     try:
         return _run(settings, ns, bootstrap, records, orders, enriched, fail_rate, drop_rate,
-                    timeout_s, max_attempts, deadline_s, progress)
+                    timeout_s, max_attempts, deadline_s, progress, roles or {})
     finally:
         if not keep:
             topics.delete(settings, topics.layout(ns, partitions, data_topics))
@@ -74,7 +97,7 @@ def run_demo(
 def _run(
     settings: KafkaSettings, ns: topics.Namespace, bootstrap: str, records: int, orders: str,
     enriched: str, fail_rate: float, drop_rate: float, timeout_s: float, max_attempts: int,
-    deadline_s: float | None, progress: bool,
+    deadline_s: float | None, progress: bool, roles: Mapping[str, KafkaSettings],
 ) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="replaybroker-demo-"))
@@ -84,6 +107,7 @@ def _run(
          "--namespace", ns.name, "--instance-id", f"{ns.name}-acker"],
         stdout=acker_log,
         stderr=subprocess.STDOUT,
+        env=_environment(roles.get("acker")),
     )
 
     def fan_out(record: TaskRecord, ctx: TaskContext) -> None:
@@ -103,14 +127,15 @@ def _run(
     def leaf(record: TaskRecord, ctx: TaskContext) -> None:
         return None
 
-    task_a = Task(settings, ns, [orders, topics.replay_topic(orders)], f"{ns.name}.fan-out", fan_out)
-    task_b = Task(settings, ns, [enriched], f"{ns.name}.leaf", leaf)
+    task_settings = roles.get("task", settings)
+    task_a = Task(task_settings, ns, [orders, topics.replay_topic(orders)], f"{ns.name}.fan-out", fan_out)
+    task_b = Task(task_settings, ns, [enriched], f"{ns.name}.leaf", leaf)
     threads = [threading.Thread(target=t.run, daemon=True) for t in (task_a, task_b)]
     for thread in threads:
         thread.start()
 
     tail = OutcomeTail(settings, ns)
-    source = Source(settings, ns, SourceConfig(timeout_ms=int(timeout_s * 1000), max_attempts=max_attempts))
+    source = Source(roles.get("source", settings), ns, SourceConfig(timeout_ms=int(timeout_s * 1000), max_attempts=max_attempts))
     sent: set[int] = set()
     started = time.monotonic()
     try:

@@ -1,0 +1,153 @@
+"""The least ACLs of each role of a namespace (docs/design.md §12).
+
+Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What each role needs:
+
+- ``source``: writes ``ns.persist`` and its data topics (``DESCRIBE`` their replay topics,
+  which ``Source`` checks), and its transactional id when it uses one;
+- ``task``: reads its input topics and their replay topics with its group, writes
+  ``ns.acks`` and its output (child) topics - and can NOT write ``ns.persist``: only a source
+  starts a tree;
+- ``acker``: reads ``ns.persist``, ``ns.acks`` and ``ns.ledger`` in the groups ``ns.acker*``
+  (PREFIXED: the main group, restore, standby and fetch), writes persist tombstones,
+  ``ns.ledger``, ``ns.dlq`` and the replay topics, and owns the transactional ids
+  ``ns.acker.*`` (PREFIXED: one per instance).
+
+Every role checks the layout at start (``topics.check``): ``DESCRIBE`` on the namespace's
+topics and ``DESCRIBE_CONFIGS`` on the compacted ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from broker.errors import ConfigurationError
+from broker.topics import Namespace, replay_topic
+
+if TYPE_CHECKING:
+    from broker.settings import KafkaSettings
+
+Role = Literal["source", "task", "acker"]
+ROLES: tuple[Role, ...] = ("source", "task", "acker")
+
+
+@dataclass(frozen=True, order=True)
+class Acl:
+    """One ALLOW rule for a principal: ``operation`` on the resource ``(type, name, pattern)``."""
+
+    resource: str  # TOPIC, GROUP, TRANSACTIONAL_ID
+    name: str
+    pattern: str  # LITERAL or PREFIXED
+    operation: str  # READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS
+
+    def __str__(self) -> str:
+        return f"ALLOW {self.operation:<16} {self.resource}:{self.pattern}:{self.name}"
+
+
+def _topic(name: str, *operations: str) -> set[Acl]:
+    return {Acl("TOPIC", name, "LITERAL", op) for op in operations}
+
+
+def _layout_check(ns: Namespace) -> set[Acl]:
+    acls = set().union(*(_topic(t, "DESCRIBE") for t in (*ns.ledger_topics, ns.dlq)))
+    return acls | _topic(ns.persist, "DESCRIBE_CONFIGS") | _topic(ns.ledger, "DESCRIBE_CONFIGS")
+
+
+def acker_group_prefix(ns: Namespace) -> str:
+    return f"{ns.name}.acker"
+
+
+def role_acls(
+    ns: Namespace,
+    role: str,
+    *,
+    data_topics: Iterable[str] = (),
+    inputs: Iterable[str] = (),
+    outputs: Iterable[str] = (),
+    group: str | None = None,
+    transactional_id: str | None = None,
+) -> set[Acl]:
+    """The ALLOW rules ``role`` needs in ``ns``; nothing else is allowed
+    (``allow.everyone.if.no.acl.found=false``).
+
+    ``data_topics``: the data topics a source writes, or whose replay topics an acker writes;
+    ``inputs``/``outputs``/``group``: a task's; ``transactional_id``: a transactional source's.
+    """
+    acls = _layout_check(ns)
+    if role == "source":
+        acls |= _topic(ns.persist, "WRITE")
+        for topic in data_topics:
+            acls |= _topic(topic, "WRITE") | _topic(replay_topic(topic), "DESCRIBE")
+        if transactional_id:
+            acls |= {Acl("TRANSACTIONAL_ID", transactional_id, "LITERAL", op) for op in ("WRITE", "DESCRIBE")}
+    elif role == "task":
+        if not group:
+            raise ConfigurationError("the task role needs its consumer group (--group)")
+        inputs = list(inputs)
+        if not inputs:
+            raise ConfigurationError("the task role needs its input topics (--input)")
+        acls |= _topic(ns.acks, "WRITE")
+        acls.add(Acl("GROUP", group, "LITERAL", "READ"))
+        for topic in inputs:
+            if topic in ns.ledger_topics or topic == ns.dlq:
+                raise ConfigurationError(f"a task does not read {topic}")
+            acls |= _topic(topic, "READ") | _topic(replay_topic(topic), "READ")
+        for topic in outputs:
+            if topic in ns.ledger_topics or topic == ns.dlq:
+                raise ConfigurationError(f"a task does not write {topic}")
+            acls |= _topic(topic, "WRITE")
+    elif role == "acker":
+        acls |= _topic(ns.persist, "READ", "WRITE") | _topic(ns.acks, "READ") | _topic(ns.ledger, "READ", "WRITE")
+        acls |= _topic(ns.dlq, "WRITE")
+        for topic in data_topics:
+            acls |= _topic(topic, "DESCRIBE") | _topic(replay_topic(topic), "WRITE")
+        prefix = acker_group_prefix(ns)
+        acls.add(Acl("GROUP", prefix, "PREFIXED", "READ"))
+        acls |= {Acl("TRANSACTIONAL_ID", f"{prefix}.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
+    else:
+        raise ConfigurationError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    return acls
+
+
+def render(principal: str, acls: Iterable[Acl]) -> list[str]:
+    """One line per rule, sorted: what ``topics acls`` prints."""
+    return [f"{principal} {acl}" for acl in sorted(acls)]
+
+
+def check_principal(principal: str) -> str:
+    kind, _, name = principal.partition(":")
+    if kind != "User" or not name:
+        raise ConfigurationError(f"a principal is User:NAME, got {principal!r}")
+    return principal
+
+
+def apply(settings: KafkaSettings, principal: str, acls: Iterable[Acl], timeout_s: float = 30.0) -> int:
+    """Create the rules (``AdminClient.create_acls``); existing ones are left as they are.
+    Returns how many were sent."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    check_principal(principal)
+    bindings = [
+        AclBinding(
+            ResourceType[acl.resource],
+            acl.name,
+            ResourcePatternType[acl.pattern],
+            principal,
+            "*",
+            AclOperation[acl.operation],
+            AclPermissionType.ALLOW,
+        )
+        for acl in sorted(acls)
+    ]
+    admin = AdminClient(settings.client_config())
+    for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+        future.result(timeout=timeout_s * 2)
+    return len(bindings)

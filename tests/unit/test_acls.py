@@ -1,0 +1,89 @@
+"""The least ACLs of each role: what it needs to do its part, and nothing that would let it
+break the guarantee (a task writing ns.persist would start trees nobody tracks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.acls import Acl, render, role_acls
+from broker.errors import ConfigurationError
+from broker.topics import Namespace
+
+NS = Namespace("shop")
+
+
+def writes(acls: set[Acl]) -> set[str]:
+    return {a.name for a in acls if a.resource == "TOPIC" and a.operation == "WRITE"}
+
+
+def reads(acls: set[Acl]) -> set[str]:
+    return {a.name for a in acls if a.resource == "TOPIC" and a.operation == "READ"}
+
+
+def test_source_writes_persist_and_data_only() -> None:
+    acls = role_acls(NS, "source", data_topics=["orders"], transactional_id="shop.src")
+    assert writes(acls) == {NS.persist, "orders"}
+    assert reads(acls) == set()
+    assert Acl("TRANSACTIONAL_ID", "shop.src", "LITERAL", "WRITE") in acls
+    assert not {a for a in acls if a.resource == "GROUP"}
+
+
+def test_source_without_transactions_owns_no_transactional_id() -> None:
+    assert not {a for a in role_acls(NS, "source", data_topics=["orders"]) if a.resource == "TRANSACTIONAL_ID"}
+
+
+def test_task_reads_inputs_writes_acks_and_outputs_never_persist() -> None:
+    acls = role_acls(NS, "task", inputs=["orders"], outputs=["enriched"], group="enrich")
+    assert reads(acls) == {"orders", "orders.replay"}
+    assert writes(acls) == {NS.acks, "enriched"}
+    assert NS.persist not in writes(acls)
+    assert {a for a in acls if a.resource == "GROUP"} == {Acl("GROUP", "enrich", "LITERAL", "READ")}
+    assert not {a for a in acls if a.resource == "TRANSACTIONAL_ID"}
+
+
+@pytest.mark.parametrize("topic", [NS.persist, NS.ledger, NS.dlq, NS.acks])
+def test_task_output_to_a_namespace_topic_is_refused(topic: str) -> None:
+    with pytest.raises(ConfigurationError, match="does not write"):
+        role_acls(NS, "task", inputs=["orders"], outputs=[topic], group="g")
+
+
+@pytest.mark.parametrize("topic", [NS.persist, NS.ledger, NS.dlq, NS.acks])
+def test_task_input_from_a_namespace_topic_is_refused(topic: str) -> None:
+    with pytest.raises(ConfigurationError, match="does not read"):
+        role_acls(NS, "task", inputs=[topic], group="g")
+
+
+def test_task_needs_group_and_inputs() -> None:
+    with pytest.raises(ConfigurationError, match="--group"):
+        role_acls(NS, "task", inputs=["orders"])
+    with pytest.raises(ConfigurationError, match="--input"):
+        role_acls(NS, "task", group="g")
+
+
+def test_acker_owns_its_prefixes_and_writes_replay_dlq_ledger_tombstones() -> None:
+    acls = role_acls(NS, "acker", data_topics=["orders"])
+    assert reads(acls) == {NS.persist, NS.acks, NS.ledger}
+    assert writes(acls) == {NS.persist, NS.ledger, NS.dlq, "orders.replay"}
+    assert "orders" not in writes(acls)
+    assert Acl("GROUP", "shop.acker", "PREFIXED", "READ") in acls
+    assert Acl("TRANSACTIONAL_ID", "shop.acker.", "PREFIXED", "WRITE") in acls
+    assert NS.acks not in writes(acls)
+
+
+@pytest.mark.parametrize("role", ["source", "task", "acker"])
+def test_every_role_may_check_the_layout(role: str) -> None:
+    acls = role_acls(NS, role, data_topics=["orders"], inputs=["orders"], group="g")
+    for topic in (*NS.ledger_topics, NS.dlq):
+        assert Acl("TOPIC", topic, "LITERAL", "DESCRIBE") in acls
+    assert Acl("TOPIC", NS.persist, "LITERAL", "DESCRIBE_CONFIGS") in acls
+
+
+def test_unknown_role_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="unknown role"):
+        role_acls(NS, "admin")
+
+
+def test_render_is_stable_and_names_the_principal() -> None:
+    lines = render("User:t", role_acls(NS, "source", data_topics=["orders"]))
+    assert lines == render("User:t", set(reversed(sorted(role_acls(NS, "source", data_topics=["orders"])))))
+    assert all(line.startswith("User:t ALLOW ") for line in lines)
