@@ -104,6 +104,8 @@ def role_acls(
             acls |= _topic(topic, "DESCRIBE") | _topic(replay_topic(topic), "WRITE")
         prefix = acker_group_prefix(ns)
         acls.add(Acl("GROUP", prefix, "PREFIXED", "READ"))
+        # It sets its group's session timeout and heartbeat interval (consumer protocol).
+        acls |= {Acl("GROUP", prefix, "LITERAL", op) for op in ("ALTER_CONFIGS", "DESCRIBE_CONFIGS")}
         acls |= {Acl("TRANSACTIONAL_ID", f"{prefix}.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
     else:
         raise ConfigurationError(f"unknown role {role!r}: one of {', '.join(ROLES)}")

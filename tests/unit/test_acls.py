@@ -66,6 +66,7 @@ def test_acker_owns_its_prefixes_and_writes_replay_dlq_ledger_tombstones() -> No
     assert writes(acls) == {NS.persist, NS.ledger, NS.dlq, "orders.replay"}
     assert "orders" not in writes(acls)
     assert Acl("GROUP", "shop.acker", "PREFIXED", "READ") in acls
+    assert Acl("GROUP", "shop.acker", "LITERAL", "ALTER_CONFIGS") in acls  # its session timeout
     assert Acl("TRANSACTIONAL_ID", "shop.acker.", "PREFIXED", "WRITE") in acls
     assert NS.acks not in writes(acls)
 
