@@ -40,6 +40,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from bench.figures import Figures, size_label
 from bench.hops import Env
 from broker import ids, topics
+from broker.dev.testing import stop_processes
 from broker.ledger.table import REGISTERED
 from broker.schemas import COUNTERS_KEY, LedgerEntry, encode_counters
 from broker.source import Source, SourceConfig
@@ -229,13 +230,7 @@ def _one(env: Env, entries: int, standby: bool, session_timeout_ms: int,
     finally:
         if probe is not None:
             probe.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_processes(procs.values())
 
 
 def measure_takeover(env: Env, figures: Figures, *, sizes: tuple[int, ...], session_timeout_ms: int,

@@ -236,33 +236,12 @@ class Changelog:
         """Read ``ns.ledger[lp]`` from ``start`` to its end onto ``st`` (a fresh state when
         None). The last record of each key wins, so re-reading records a state already
         reflects is harmless. Returns the state and the number of records read."""
-        latest: dict[bytes, bytes | None] = {}
-        read = 0
         low, high = watermarks if watermarks is not None else self.watermarks(lp)
-        if high > max(low, start):
-            if self._reading is not None:  # a restore in progress starts over when it resumes
-                self._reading.reading = False
-                self._reading = None
-            self._restorer.assign([TopicPartition(self.ns.ledger, lp, start)])
-            try:
-                done = False
-                while not done:
-                    # consume() waits out its whole timeout unless 10 000 messages arrive:
-                    # a long one would cost every restored partition a second, however small.
-                    for msg in self._restorer.consume(10_000, 0.05):
-                        err = msg.error()
-                        if err is None:
-                            latest[msg.key() or b""] = msg.value()
-                            read += 1
-                        elif err.code() == KafkaError._PARTITION_EOF:
-                            done = True
-                        else:
-                            raise KafkaException(err)
-            finally:
-                self._restorer.unassign()
-        st = st if st is not None else self.new_state()
-        self.apply(st, latest)
-        return st, read
+        job = RestoreJob(lp, st, start, low, high, reused=False)
+        while not self.advance(job, budget_s=None):
+            pass
+        assert job.state is not None
+        return job.state, job.read
 
     def apply(self, st: PartitionState, latest: dict[bytes, bytes | None]) -> None:
         """Apply changelog records (the last per key) to a table: upserts and tombstones."""

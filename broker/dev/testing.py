@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -120,3 +122,14 @@ def create_topics(
     )
     for future in futures.values():
         future.result(timeout=30)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM every process still running, wait for each, SIGKILL what does not exit."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 
 from broker import topics
 from broker.completions import OutcomeLog
-from broker.dev.testing import unique_name
+from broker.dev.testing import stop_processes, unique_name
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task
@@ -211,13 +211,7 @@ def test_membership_changes_move_only_what_changes_owner(bootstrap: str, tmp_pat
         feeding.set()
         task.stop()
         owners.stop()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_processes(procs.values())
         done.stop()
         if os.environ.get("CI"):
             for path in logs.values():
@@ -288,13 +282,7 @@ def test_a_restarted_static_member_gets_its_partitions_back_and_nobody_else_move
         later = logs["a2"].read_text(errors="replace").splitlines()[other_log:]  # before it stops
     finally:
         owners.stop()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_processes(procs.values())
     assert after == before, f"assignment changed: {before} -> {after}"
     first = _log_lines(logs["a1"], "assigned ledger partitions")[0]
     assert f"assigned ledger partitions {mine} " in first, first

@@ -16,7 +16,7 @@ import pytest
 
 from broker import topics
 from broker.completions import OutcomeTail
-from broker.dev.testing import unique_name
+from broker.dev.testing import stop_processes, unique_name
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -109,13 +109,7 @@ def test_survivor_takes_over_partitions_of_a_killed_acker(bootstrap: str, tmp_pa
         assert tail.log.replays() == 0
         tail.close()
     finally:
-        for proc in ackers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_processes(ackers.values())
         if os.environ.get("CI"):
             for path in logs.values():
                 print(path.read_text(errors="replace")[-3000:])
