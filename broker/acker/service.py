@@ -48,7 +48,13 @@ from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ConfigurationError, ReplayBrokerError
-from broker.kafka_io import delete_retention_ms, partition_counts, retrying, set_group_timeouts
+from broker.kafka_io import (
+    delete_retention_ms,
+    is_transient,
+    partition_counts,
+    retrying,
+    set_group_timeouts,
+)
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
@@ -60,6 +66,8 @@ RESTORE_SLICE_S = 0.05
 """Changelog reading per loop iteration while partitions restore: the owned ones fold between."""
 REJOIN_BACKOFF_S = 1.0
 """Pause before a group consumer that failed fatally is replaced by a new one."""
+INIT_TRANSACTIONS_TIMEOUT_S = 30.0
+"""One wait for the transaction coordinator; a transient failure is retried."""
 
 # Client settings librdkafka refuses with the consumer group protocol, and what sets them.
 _GROUP_SIDE = {
@@ -241,7 +249,7 @@ class Acker:
                     "instance's open transaction at once (that waits for transaction_timeout_ms)",
                     self.config.instance_id,
                 )
-            self._producer.init_transactions(60)
+            self._init_transactions()
         self._started = True
 
     def stop(self) -> None:
@@ -597,11 +605,24 @@ class Acker:
         self._producer = Producer(self._producer_config)
         if self.config.exactly_once:
             try:
-                self._producer.init_transactions(60)
+                self._init_transactions()
             except KafkaException as exc:
                 self.stop()
                 raise ReplayBrokerError(f"acker cannot start a new transactional producer: {exc}") from exc
         self.transactions.producer = self._producer
+
+    def _init_transactions(self) -> None:
+        """``init_transactions``, tried again while it fails transiently: a transaction
+        coordinator that is moving or a cluster missing a node is waited for (the acker's
+        inputs wait anyway), not a reason for the service to exit."""
+        while True:
+            try:
+                self._producer.init_transactions(INIT_TRANSACTIONS_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                if not is_transient(exc) or self._stop.is_set():
+                    raise
+                log.warning("initialising transactions failed transiently (%s); trying again", exc.args[0])
 
     def _rewind(self) -> None:
         """After an aborted commit the in-memory state is ahead of Kafka: restore every owned

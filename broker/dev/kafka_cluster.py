@@ -223,7 +223,7 @@ class LocalCluster:
     def wait_ready(self, brokers: int, timeout_s: float = READY_TIMEOUT_S * 2) -> None:
         """Until ``brokers`` brokers are registered and a topic replicated to all of them can
         be created and written with acks=all."""
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
         from broker.kafka_log import client_logging
@@ -233,25 +233,41 @@ class LocalCluster:
         conf = {"bootstrap.servers": self.state.bootstrap, "socket.timeout.ms": 2000, **client_logging()}
         admin = AdminClient(conf)
         name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
-        while True:
-            for i, proc in self.procs.items():
-                if proc.poll() is not None:
-                    tail = _tail(self.node_dir(i) / "server.log")
-                    raise LocalKafkaError(f"node {i} exited with code {proc.returncode}; last log lines:\n{tail}")
-            try:
-                if len(admin.list_topics(timeout=2).brokers) >= brokers:
-                    admin.create_topics([NewTopic(name, 1, min(brokers, self.replication))],
-                                        operation_timeout=5)[name].result(timeout=10)
-                    producer = Producer({**conf, "acks": "all"})
-                    producer.produce(name, b"ready")
-                    if producer.flush(10) == 0:
-                        admin.delete_topics([name], operation_timeout=5)
-                        return
-            except Exception:  # noqa: BLE001 - any failure here means "not ready yet"
-                pass
-            if time.monotonic() > deadline:
-                raise LocalKafkaError(f"the local cluster did not become ready within {timeout_s:.0f}s")
-            time.sleep(0.5)
+        created = False
+        producer: Producer | None = None
+        try:
+            while True:
+                for i, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        tail = _tail(self.node_dir(i) / "server.log")
+                        raise LocalKafkaError(f"node {i} exited with code {proc.returncode}; last log lines:\n{tail}")
+                try:
+                    if len(admin.list_topics(timeout=2).brokers) >= brokers:
+                        if not created:
+                            # Created once: a topic that exists already (an earlier attempt whose
+                            # write timed out) is not a reason to wait forever.
+                            try:
+                                admin.create_topics([NewTopic(name, 1, min(brokers, self.replication))],
+                                                    operation_timeout=5)[name].result(timeout=10)
+                            except KafkaException as exc:
+                                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                                    raise
+                            created = True
+                        if producer is None:
+                            producer = Producer({**conf, "acks": "all", "message.timeout.ms": 10_000})
+                        producer.produce(name, b"ready")
+                        if producer.flush(12) == 0:
+                            admin.delete_topics([name], operation_timeout=5)
+                            return
+                except Exception:  # noqa: BLE001 - any failure here means "not ready yet"
+                    pass
+                if time.monotonic() > deadline:
+                    raise LocalKafkaError(f"the local cluster did not become ready within {timeout_s:.0f}s")
+                time.sleep(0.5)
+        finally:
+            if producer is not None:
+                producer.purge()
+                producer.flush(0)
 
     def kill(self, i: int) -> None:
         """SIGKILL node i (a crash); its data and ports stay for ``restart(i)``."""

@@ -201,6 +201,14 @@ def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluste
     """``kills`` SIGKILLs of random services at random moments; the broker (one node of a
     cluster) crashes once, half way through. Every killed service is restarted after a random
     pause."""
+    try:
+        _kill_and_restart(rng, procs, kafka, kills, report, stop)
+    except Exception as exc:  # noqa: BLE001 - a harness failure is a finding, reported with the logs
+        report.problems.append(f"the chaos thread failed: {exc!r}")
+
+
+def _kill_and_restart(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, kills: int,
+                      report: ChaosReport, stop: threading.Event) -> None:
     names = sorted(procs.commands)
     for n in range(kills):
         if stop.wait(rng.uniform(0.5, 2.5)):
@@ -273,7 +281,19 @@ def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int
             procs.stop()
         kafka.stop()
     report.seconds = round(time.monotonic() - started, 1)
+    if report.problems:
+        _print_logs(workdir)
     return report
+
+
+def _print_logs(workdir: Path) -> None:
+    """The end of every service's and broker node's log: what a failed run needs to be read."""
+    paths = sorted((workdir / "logs").glob("*.log")) + sorted(workdir.glob("*/node-*/server.log")) + sorted(
+        workdir.glob("kafka/**/server.log"))
+    for path in paths:
+        lines = path.read_text(errors="replace").splitlines()
+        print(f"===== {path.relative_to(workdir)} (last 60 of {len(lines)} lines)")
+        print("\n".join(lines[-60:]))
 
 
 def _check(report: ChaosReport, settings: KafkaSettings, ns: topics.Namespace, sent: set[int],

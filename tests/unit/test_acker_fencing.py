@@ -6,8 +6,10 @@ transactional id (they would fence each other in a loop)."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
-from confluent_kafka import TopicPartition
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.acker import Acker, AckerConfig
 from broker.ledger.clock import ManualClock
@@ -65,3 +67,36 @@ def test_ackers_without_an_instance_id_get_distinct_transactional_ids(fake_kafka
     stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
     assert isinstance(stable._producer, FakeProducer)
     assert stable._producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
+
+
+class _SlowCoordinator(FakeProducer):
+    """init_transactions times out twice (a transaction coordinator on a node that is down),
+    then succeeds."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        super().__init__(conf)
+        self.inits = 0
+
+    def init_transactions(self, *_: Any) -> None:
+        self.inits += 1
+        if self.inits <= 2:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator not available", retriable=True))
+
+
+def test_a_transient_init_transactions_failure_is_waited_out_not_an_exit(fake_kafka: None) -> None:
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    slow = _SlowCoordinator({})
+    acker._producer = slow  # type: ignore[assignment]
+    acker._init_transactions()
+    assert slow.inits == 3
+
+
+def test_a_fatal_init_transactions_failure_is_raised(fake_kafka: None) -> None:
+    class Fenced(FakeProducer):
+        def init_transactions(self, *_: Any) -> None:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    acker._producer = Fenced({})  # type: ignore[assignment]
+    with pytest.raises(KafkaException):
+        acker._init_transactions()
