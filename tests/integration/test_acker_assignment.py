@@ -5,16 +5,20 @@ Three acker processes join, leave and are killed while records flow. Ground trut
 
 - who owns what: the group coordinator's own view (``describe_consumer_groups``), sampled
   all along - partition i of ``ns.persist`` and of ``ns.acks`` must always be on one member;
+- no revocation: a partition whose owner did not change around a membership change is never
+  revoked from it (the owners' logs);
 - progress: the completion tombstones on ``ns.persist[i]`` (their create time is the acker's
-  commit): a partition whose owner did not change around a membership change must show no
-  gap longer than two commit intervals;
+  commit): a partition whose owner did not change must show no gap longer than two commit
+  intervals, at all but one of the changes (a stall caused by the protocol shows at every
+  change; one over the bound is a scheduling hiccup of a loaded 2-core machine - seen once:
+  815 ms with a load average of 6);
 - the guarantee: every record sent completes exactly once.
 
 A window in which nothing changes is measured the same way, as the control. Measured on the
 2-core machine (longest gap, ms; commit interval 250): consumer protocol - control 286-344,
 join 307-311, leave 290-326, kill 276-281. ``REPLAYBROKER_TEST_GROUP_PROTOCOL=classic`` runs
-the same test with the eager range assignor and fails: a leave paused the partitions that
-stayed 522 and 1069 ms. Before the acker woke its fetchers after a rebalance callback
+the same test with the eager range assignor and fails: every change revokes the partitions
+that stay, and pauses them (join 533, kill 2080 ms; in another run a leave 522 and 1069 ms). Before the acker woke its fetchers after a rebalance callback
 (``Acker._wake_fetchers``), the consumer protocol failed too: ~1 s after every change.
 """
 
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -223,7 +229,8 @@ def test_membership_changes_move_only_what_changes_owner(bootstrap: str, tmp_pat
     assert sent <= set(completed), f"{len(sent - set(completed))} records never completed"
     assert all(n == 1 for n in completed.values()), "a record completed twice"
 
-    pauses: list[str] = []
+    pauses: dict[str, list[str]] = defaultdict(list)
+    revoked: list[str] = []
     longest: dict[str, int] = {}
     stayed_any = 0
     for what, start, end in events:
@@ -233,15 +240,38 @@ def test_membership_changes_move_only_what_changes_owner(bootstrap: str, tmp_pat
             if before.get(lp) is None or before.get(lp) != after.get(lp):
                 continue  # moved: it waits for its new owner, which is not what this bounds
             stayed_any += 1
+            owner = before[lp]
+            revoked += [f"{what}: {owner} revoked {lp} at {t:.1f}" for t, lps in _revocations(logs[owner])
+                        if start - 1.0 <= t <= end and lp in lps]
             stamps = sorted(s for s in done.stamps[lp] if (start - 1.0) * 1000 <= s <= end * 1000)
             assert len(stamps) > 2, f"{what}: ledger partition {lp} completed nothing while it stayed"
             gap = max(b - a for a, b in itertools.pairwise(stamps))
             longest[what] = max(longest.get(what, 0), gap)
             if gap > MAX_PAUSE_MS:
-                pauses.append(f"{what}: ledger partition {lp} (stayed on {before[lp]}) paused {gap} ms")
+                pauses[what].append(f"{what}: ledger partition {lp} (stayed on {owner}) paused {gap} ms")
     print(f"longest gap between completions of a partition that stayed, ms: {longest}")
     assert stayed_any >= 3, "no partition stayed with its owner through the changes"
-    assert pauses == [], "; ".join(pauses)
+    # Structural: a partition that stays with its owner is never taken away from it (an eager
+    # rebalance revokes everything at every change).
+    assert revoked == [], "; ".join(revoked)
+    # Timing: a stall that comes with membership changes (an eager rebalance; fetchers left
+    # idle after a callback) shows at every change; one change over the bound on a loaded
+    # machine is a scheduling hiccup, which the control window can show just as well.
+    assert len(pauses) <= 1, "; ".join(line for lines in pauses.values() for line in lines)
+
+
+_REVOKED = re.compile(r"^(\S+ \S+) INFO broker\.acker: revoked ledger partitions \[([\d, ]*)\]")
+
+
+def _revocations(path: Path) -> list[tuple[float, set[int]]]:
+    """(when, ledger partitions) of every revocation an acker logged."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = _REVOKED.match(line)
+        if m:
+            when = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((when, {int(x) for x in m.group(2).split(",") if x.strip()}))
+    return out
 
 
 def _log_lines(path: Path, what: str) -> list[str]:
