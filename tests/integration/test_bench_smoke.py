@@ -42,7 +42,9 @@ def test_bench_quick(bootstrap: str, tmp_path: Path) -> None:
     assert len(lines) == 1, f"--json prints one JSON object, got {len(lines)} lines"
     result = json.loads(lines[0])
 
-    assert result["errors"] == {}
+    # What the bench printed while it ran: the first thing to read when an assertion fails.
+    trail = f"\n--- bench stderr (end) ---\n{proc.stderr[-3000:]}"
+    assert result["errors"] == {}, f"bench sections failed: {result['errors']}{trail}"
     figures = result["figures"]
     assert set(FIGURE_KEYS) <= set(figures), f"missing figures: {set(FIGURE_KEYS) - set(figures)}"
     for key in FIGURE_KEYS:
@@ -50,9 +52,9 @@ def test_bench_quick(bootstrap: str, tmp_path: Path) -> None:
         value = entry["value"]
         if value is None:
             assert isinstance(entry.get("unavailable"), str) and entry["unavailable"], f"{key}: no reason"
-            assert key in MAY_BE_UNAVAILABLE, f"{key} unavailable: {entry['unavailable']}"
+            assert key in MAY_BE_UNAVAILABLE, f"{key} unavailable: {entry['unavailable']}{trail}"
         else:
-            assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key}: {value!r}"
+            assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key}: {value!r}{trail}"
             assert entry["unit"]
 
     files = result["files"]
