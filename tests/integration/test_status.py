@@ -38,3 +38,32 @@ def test_status_after_a_demo_run_matches_the_demo(bootstrap: str) -> None:
         capture_output=True, text=True, timeout=120, check=True,
     )
     assert "live records of" in human.stdout and "completed: 1500" in human.stdout
+
+
+def test_latest_counters_read_is_bounded_by_window_not_partition_length(bootstrap: str) -> None:
+    """The last keyed message of each partition is found by reading back from the end in
+    growing windows: with 5000 messages after an old key, far fewer than 5000 are read."""
+    import uuid
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from broker.settings import KafkaSettings
+    from broker.status import FIRST_WINDOW, latest_with_key
+
+    topic = f"status-window-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b"old", key=b"__counters__", partition=0)
+    for i in range(5000):
+        producer.produce(topic, b"x", key=str(i).encode(), partition=0)
+    producer.produce(topic, b"new", key=b"__counters__", partition=0)
+    for i in range(10):
+        producer.produce(topic, b"y", key=str(i).encode(), partition=0)
+    producer.produce(topic, b"only", key=b"__counters__", partition=1)
+    producer.flush(30)
+    found, read = latest_with_key(KafkaSettings(bootstrap_servers=bootstrap), topic, 2, b"__counters__")
+    assert found == {0: b"new", 1: b"only"}
+    assert read <= 2 * FIRST_WINDOW
+    admin.delete_topics([topic])
