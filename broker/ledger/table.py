@@ -658,6 +658,17 @@ class LedgerTable:
             deadlines=t.deadline[slots],
         )
 
+    def pending(self) -> tuple[int, int]:
+        """How many entries are registered (the records this partition guarantees: pending,
+        deferred ones included; unregistered events are not records yet), and the smallest
+        persist offset among them (-1: none) - the oldest pending record, as persist order is
+        registration order. One scan of ``flags`` (O(capacity), like ``take_dirty``)."""
+        t = self.hashtable
+        slots = t.flagged(REGISTERED)
+        if slots.size == 0:
+            return 0, -1
+        return int(slots.size), int(t.offset[slots].min())
+
     def __len__(self) -> int:
         return len(self.hashtable)
 
