@@ -37,7 +37,7 @@ def test_status_after_a_demo_run_matches_the_demo(bootstrap: str) -> None:
          "--namespace", summary["namespace"]],
         capture_output=True, text=True, timeout=120, check=True,
     )
-    assert "live records of" in human.stdout and "completed: 1500" in human.stdout
+    assert "acker counters in" in human.stdout and "completed: 1500" in human.stdout
 
 
 def test_latest_counters_read_is_bounded_by_window_not_partition_length(bootstrap: str) -> None:
