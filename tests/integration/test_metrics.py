@@ -163,3 +163,37 @@ def test_the_acker_reports_pending_entries_and_their_age_until_they_complete(boo
     ages = per_partition(a, "replaybroker_acker_oldest_pending_age_seconds")
     # registered at or before they were sent; scraped 1.5 s later or more
     assert all(1.5 <= age <= (time.time() * 1000 - sent_ms) / 1000 + 5 for p, age in ages.items() if live[p])
+
+
+def test_the_acker_command_serves_metrics_on_its_port(bootstrap: str) -> None:
+    """``replaybroker acker --metrics-port N``: the endpoint answers while it runs."""
+    import subprocess
+    import sys
+
+    from broker.dev.kafka_local import free_port
+    from broker.dev.testing import stop_processes
+
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("metrics-cli"))
+    topics.create(settings, ns, P, {})
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "acker", "--bootstrap", bootstrap, "--namespace", ns.name,
+         "--metrics-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                a = scrape(port)
+                if total(a, "replaybroker_acker_owned_partitions") == P:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, "the acker exited"
+            assert time.monotonic() < deadline, "no metrics on the port"
+            time.sleep(0.3)
+        assert per_partition(a, "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
+    finally:
+        stop_processes([proc])
