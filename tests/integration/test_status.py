@@ -112,7 +112,9 @@ def test_status_reads_one_counters_record_per_partition_and_its_pending_matches_
         services.stop()  # a clean stop commits what was folded
         source.close()
 
+    before = time.time()
     result = status(settings, ns.name)
+    after = time.time()
     # Ground truth: the live (not tombstoned) records of ns.persist, and their created_ms.
     live: dict[bytes, tuple[int, int]] = {}
     persist = read_to_end(settings, ns.persist, P)
@@ -125,11 +127,12 @@ def test_status_reads_one_counters_record_per_partition_and_its_pending_matches_
     assert result["pending"] == len(live) == records - len(acked)
     assert result["pending_per_partition"] == per_partition and result["pending_unknown_partitions"] == []
     assert result["completed"] == len(acked) and result["dlq"] == 0
-    oldest_truth_s = time.time() - min(created for _, created in live.values()) / 1000
+    oldest_s = min(created for _, created in live.values()) / 1000
+    # Registered at or before its created_ms (the batch's first record's time), by a poll at most.
     assert result["oldest_pending_age_s"] is not None
-    assert oldest_truth_s - 1 <= result["oldest_pending_age_s"] <= oldest_truth_s + 2
+    assert before - oldest_s - 0.5 <= result["oldest_pending_age_s"] <= after - oldest_s + 2
     # What it read: one window per partition at most (the acker's last commit ends with the
     # counters record), against ~10^4 messages in ns.persist and ns.ledger.
     ledger = read_to_end(settings, ns.ledger, P)
     assert result["messages_read"] <= P * FIRST_WINDOW
-    assert len(persist) + len(ledger) > 20 * result["messages_read"]
+    assert len(persist) + len(ledger) > 10 * result["messages_read"]
