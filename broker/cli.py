@@ -240,6 +240,7 @@ def _cmd_acker(args: argparse.Namespace) -> int:
         group_protocol=args.group_protocol,
         session_timeout_ms=args.session_timeout_ms,
         static_membership=not args.dynamic_membership,
+        metrics_port=args.metrics_port,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
     )
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
@@ -360,6 +361,13 @@ def _cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", required=True, help="the namespace NS of the topics NS.persist, NS.acks ...")
 
 
+def _metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="N",
+        help="serve Prometheus metrics (replaybroker_*) on http://0.0.0.0:N/metrics (default: no metrics server)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from broker import __version__
 
@@ -454,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="tail the changelog of partitions this instance does not own (fast takeover)",
     )
+    _metrics_port(acker)
     acker.add_argument(
         "--unsafe-no-transactions",
         action="store_true",

@@ -424,14 +424,75 @@ class LedgerEntry:
 
 # --------------------------------------------------------------------------- LedgerCounters
 
+# LedgerCounters as schemas/ledger_counters.avsc has it, pending fields included, and the same
+# without them: what records written before the pending fields existed decode as (the fields
+# are appended, so such a record ends after ``updated_ms``).
 LEDGER_COUNTERS = _load("ledger_counters")
+_PENDING_FIELDS = ("pending", "oldest_pending_offset", "oldest_pending_ms")
+_LEDGER_COUNTERS_JSON = json.loads(resources.files("schemas").joinpath("ledger_counters.avsc").read_text())
+LEDGER_COUNTERS_V1 = fastavro.parse_schema(
+    {**_LEDGER_COUNTERS_JSON, "fields": [f for f in _LEDGER_COUNTERS_JSON["fields"] if f["name"] not in _PENDING_FIELDS]}
+)
 COUNTERS_KEY = b"__counters__"
 
 
-def encode_counters(counters: dict[str, int], updated_ms: int) -> bytes:
-    return _encode(LEDGER_COUNTERS, {"counters": counters, "updated_ms": updated_ms})
+@dataclass(frozen=True)
+class LedgerCounters:
+    """One ledger partition's ``__counters__`` record: its cumulative decision counters and,
+    when the writer knew them, its pending entries as of the same transaction - so
+    ``replaybroker status`` reads one record per partition instead of all of ``ns.persist``.
+
+    ``pending`` is None in records written before the field existed; ``oldest_pending_offset``
+    and ``oldest_pending_ms`` are None also when nothing was pending."""
+
+    counters: dict[str, int]
+    updated_ms: int
+    pending: int | None = None
+    oldest_pending_offset: int | None = None
+    oldest_pending_ms: int | None = None
+
+    def encode(self) -> bytes:
+        datum: dict[str, Any] = {"counters": self.counters, "updated_ms": self.updated_ms}
+        if self.pending is None:
+            return _encode(LEDGER_COUNTERS_V1, datum)  # nothing to add: the older encoding
+        datum.update(
+            pending=self.pending,
+            oldest_pending_offset=self.oldest_pending_offset,
+            oldest_pending_ms=self.oldest_pending_ms,
+        )
+        return _encode(LEDGER_COUNTERS, datum)
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> LedgerCounters:
+        # An older record ends after ``updated_ms``: read it that way first; bytes left over
+        # can only be the pending fields.
+        try:
+            d = _decode(LEDGER_COUNTERS_V1, data, "LedgerCounters")
+        except DecodeError as short:
+            if "trailing bytes" not in str(short):
+                raise
+            try:
+                d = _decode(LEDGER_COUNTERS, data, "LedgerCounters")
+            except DecodeError:
+                raise short from None
+        return cls(
+            dict(d["counters"]), int(d["updated_ms"]),
+            d.get("pending"), d.get("oldest_pending_offset"), d.get("oldest_pending_ms"),
+        )
+
+
+def encode_counters(
+    counters: dict[str, int],
+    updated_ms: int,
+    pending: int | None = None,
+    oldest_pending_offset: int | None = None,
+    oldest_pending_ms: int | None = None,
+) -> bytes:
+    return LedgerCounters(counters, updated_ms, pending, oldest_pending_offset, oldest_pending_ms).encode()
 
 
 def decode_counters(data: bytes | None) -> tuple[dict[str, int], int]:
-    d = _decode(LEDGER_COUNTERS, data, "LedgerCounters")
-    return dict(d["counters"]), int(d["updated_ms"])
+    """The counters and ``updated_ms`` of a record of either encoding (``LedgerCounters.decode``
+    has the pending fields too)."""
+    record = LedgerCounters.decode(data)
+    return record.counters, record.updated_ms

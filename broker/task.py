@@ -37,6 +37,7 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
+from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
@@ -129,6 +130,7 @@ class TaskContext:
             topic, srid=None if tracking is None else tracking.srid, **_record(key, value, user, partition)
         )
         self._task._outputs_pending = True
+        self._task.counters.sink_outputs += 1
 
     def touch(self, timeout_ms: int | None = None) -> None:
         """Push the input's source record's deadline forward to now + ``timeout_ms``
@@ -177,6 +179,9 @@ class TaskConfig:
     commit_interval_s: float = 0.1
     # ctx.touch(): how far past now a touch pushes the record's deadline, unless given.
     touch_timeout_ms: int = 30_000
+    # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
+    # port, see Task.metrics_server.port); None: no HTTP server.
+    metrics_port: int | None = None
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -188,6 +193,7 @@ class TaskCounters:
     failed: int = 0
     untracked: int = 0
     emitted: int = 0
+    sink_outputs: int = 0  # TaskContext.output records
     errors: int = 0
     unacked: int = 0
     retried_batches: int = 0  # batches with outputs sent again after a delivery error
@@ -235,6 +241,10 @@ class Task:
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
         self.handler = handler
         self.counters = TaskCounters()
+        # Its own registry (many tasks run in one process), read at scrape time; served by
+        # run() when config.metrics_port is set.
+        self.metrics = TaskMetrics(lambda: self.counters)
+        self.metrics_server: MetricsServer | None = None
         # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = Producer(
             settings.producer_config(
@@ -339,6 +349,7 @@ class Task:
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         idle_since = time.monotonic()
+        self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
         try:
             while not self._stop.is_set():
                 # poll() returns as soon as one message is there (consume(n, timeout) would
@@ -540,3 +551,6 @@ class Task:
             self._producer.flush(30)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None

@@ -44,7 +44,7 @@ from confluent_kafka import (
 from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
 from broker.ledger.clock import Clock, SystemClock, Ticker
-from broker.schemas import COUNTERS_KEY, LedgerEntry, decode_counters
+from broker.schemas import COUNTERS_KEY, LedgerCounters, LedgerEntry
 from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,16 @@ class Changelog:
         """Apply changelog records (the last per key) to a table: upserts and tombstones."""
         raw_counters = latest.pop(COUNTERS_KEY, None)
         if raw_counters:
-            st.counters, _ = decode_counters(raw_counters)
+            record = LedgerCounters.decode(raw_counters)
+            st.counters = record.counters
+            # Written with the last change of the table (every change of its pending entries
+            # is counted): the restored table's figures. The oldest entry's time is the one
+            # registration time known (None in an older record: computed when needed).
+            st.pending = record.pending
+            st.oldest_pending_offset, st.oldest_pending_ms = record.oldest_pending_offset, record.oldest_pending_ms
+            st.registrations.reset(record.oldest_pending_offset, record.oldest_pending_ms)
+        elif latest:
+            st.pending = None  # entries after the last counters record: unknown until computed
         gone = [k for k, v in latest.items() if v is None and len(k) == 8]
         if gone:
             st.table.remove(np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64))

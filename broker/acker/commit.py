@@ -11,7 +11,8 @@ In this order (docs/design.md §5):
 3. changelog: upserts for entries that changed and are alive - failures whose decision was
    deferred (payload not readable yet) included, so they wait durably - tombstones for
    entries that left (entries born and gone inside one interval never touch it), and the
-   partition's counters;
+   partition's counters with its pending figures (count, oldest offset and registration
+   time), so ``replaybroker status`` reads one record per partition;
 4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
    those where nothing new was read, then the commit. The group coordinator checks these
    offsets against the member's generation: an acker that lost its partitions (it stalled,
@@ -36,7 +37,7 @@ from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME
 from broker.ledger.clock import Ticker
 from broker.replay import Outgoing
-from broker.schemas import COUNTERS_KEY, encode_counters, encode_ledger_entries
+from broker.schemas import COUNTERS_KEY, LedgerCounters, encode_ledger_entries
 from broker.topics import Namespace
 
 
@@ -71,8 +72,14 @@ def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, n
         if len(delta.tombstones):
             keys = delta.tombstones.astype(">i8").tobytes()
             batch.changelog.extend((lp, keys[i : i + 8], None) for i in range(0, len(keys), 8))
+        # The pending figures change only with a registration or a decision, which are
+        # counted: they are computed (one scan of the table) when the counters go out.
         if st.counters_dirty:
-            batch.changelog.append((lp, COUNTERS_KEY, encode_counters(st.counters, now_ms)))
+            st.summarize()
+            record = LedgerCounters(
+                st.counters, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms
+            )
+            batch.changelog.append((lp, COUNTERS_KEY, record.encode()))
             st.counters_dirty = False
 
 

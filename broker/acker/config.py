@@ -80,6 +80,9 @@ class AckerConfig:
     # librdkafka settings merged last into the acker's group consumer (e.g. a shorter
     # max.poll.interval.ms, so a stalled member is replaced sooner).
     consumer: Mapping[str, Any] = field(default_factory=dict)
+    # Serve Prometheus metrics on this port (broker.metrics; 0: any free port, see
+    # Acker.metrics_server.port); None: no HTTP server.
+    metrics_port: int | None = None
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
     instance_id_generated: bool = field(default=False, init=False, compare=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker import ids
 from broker.acker.payloads import PayloadCache
@@ -127,6 +127,11 @@ class Ingest:
             values = [v for v, k in zip(values, kept, strict=True) if k]
             if not msgs:
                 return
+        # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
+        # the persist record's own timestamp, the source's send time unless the topic
+        # stamps append times.
+        ts_type, ts = msgs[0].timestamp()
+        st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         result = st.table.register(
             srids,
             np.frombuffer(b"".join(roots), dtype=">i8").astype(np.int64),

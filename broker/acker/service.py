@@ -56,6 +56,7 @@ from broker.kafka_io import (
     set_group_timeouts,
 )
 from broker.ledger.clock import Clock, SystemClock, Ticker
+from broker.metrics import AckerMetrics, AckerSnapshot, MetricsServer, PartitionFigures, serve
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -178,6 +179,10 @@ class Acker:
             ns, self._producer, self._consumer, self.refusals, exactly_once=self.config.exactly_once
         )
         self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
+        # Its own registry (tests run many ackers in one process); served from start() when
+        # config.metrics_port is set.
+        self.metrics = AckerMetrics(self.clock.now_ms)
+        self.metrics_server: MetricsServer | None = None
 
     @property
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
@@ -250,6 +255,7 @@ class Acker:
                     self.config.instance_id,
                 )
             self._init_transactions()
+        self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
         self._started = True
 
     def stop(self) -> None:
@@ -317,6 +323,9 @@ class Acker:
             self.decider.fetcher.close()
         with contextlib.suppress(KafkaException, RuntimeError):
             self._producer.flush(10)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         self._log_stats()
 
     # ------------------------------------------------------------------ assignment
@@ -525,10 +534,17 @@ class Acker:
 
     def commit(self) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
-        (broker.acker.commit has the order and why)."""
+        (broker.acker.commit has the order and why); then the metrics' snapshot."""
+        began = time.perf_counter()
+        if self._commit():
+            self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        self._publish_metrics()
+
+    def _commit(self) -> bool:
+        """``commit`` without the metrics. Returns whether a transaction was committed."""
         self._last_commit = time.monotonic()
         if not self.states:
-            return  # owning nothing, nothing may be written (what was due left with the partitions)
+            return False  # owning nothing, nothing may be written (what was due left with the partitions)
         now_ms = self.clock.now_ms()
         # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
@@ -561,17 +577,33 @@ class Acker:
             batch.records.append(smaller or rec)
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
         if not batch and not self._read:
-            return
+            return False
         batch.positions = list(positions_of(self._positions))
         self._read = False
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
             self._on_commit_error(exc)
-            return
+            return False
         self.refusals.settle(batch.records)
         self.commits += 1
         self._committed_totals = dict(self.totals)
+        return True
+
+    def _publish_metrics(self) -> None:
+        """The figures of every owned partition as of this commit, for the next scrapes: a
+        copy per partition per commit, so nothing is counted twice on the hot path and the
+        server's thread never reads a dict the loop is changing."""
+        for st in self.states.values():
+            if st.pending is None:  # restored from an older counters record: once
+                st.summarize()
+        self.metrics.publish(AckerSnapshot(
+            {
+                lp: PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms)
+                for lp, st in self.states.items()
+            },
+            {key: inp.lag for key, inp in self.expiry.inputs.items()},
+        ))
 
     def _on_commit_error(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,47 @@ COUNTERS = (
 )
 
 
+class RegistrationTimes:
+    """When the persist records at which offsets were registered: ``(first offset, timestamp)``
+    of each batch of persist records folded, in offset order - so the registration time of
+    the oldest pending entry (its persist offset is in the table, a time is not: a column of
+    it would cost every entry 4 bytes) can be told at a commit without a read.
+
+    ``time_of(offset)`` is the time of the batch the offset falls in, which is at or before
+    the record's own (a batch is one poll: milliseconds, seconds while a backlog is read):
+    an age from it is never too young. After a restore the only sample is the oldest pending
+    entry's from the restored counters record: the entries restored with it get its time
+    until they have all left.
+    """
+
+    def __init__(self) -> None:
+        self._offsets: list[int] = []
+        self._ms: list[int] = []
+
+    def note(self, offset: int, ms: int) -> None:
+        """A batch of persist records from ``offset`` on, timestamped ``ms``."""
+        if self._offsets and offset <= self._offsets[-1]:
+            return  # read again after a rewind: the earlier sample stands
+        self._offsets.append(offset)
+        self._ms.append(ms)
+
+    def reset(self, offset: int | None, ms: int | None) -> None:
+        """Restored: the one known time is the oldest pending entry's (none: nothing known)."""
+        self._offsets, self._ms = ([offset], [ms]) if offset is not None and ms is not None else ([], [])
+
+    def time_of(self, offset: int) -> int | None:
+        """The time of the batch that held ``offset``, dropping the samples of every batch
+        before it (the oldest pending entry only moves forward). None: no sample that old."""
+        i = bisect_right(self._offsets, offset) - 1
+        if i < 0:
+            return None
+        del self._offsets[:i], self._ms[:i]
+        return self._ms[0]
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
 @dataclass
 class PartitionState:
     """One ledger partition: the table, its cumulative counters, and the outputs due."""
@@ -42,6 +84,20 @@ class PartitionState:
     # srid -> failed reads of its payload so far. In memory only: a new owner of the
     # partition starts counting again (a provably lost record is dead-lettered at once).
     payload_tries: dict[int, int] = field(default_factory=dict)
+    registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
+    # The table's pending entries as of the last counters record (None: unknown - restored
+    # from a record without them; computed when the metrics need them): published with the
+    # counters, read by the metrics. A new, empty table has none.
+    pending: int | None = 0
+    oldest_pending_offset: int | None = None
+    oldest_pending_ms: int | None = None
+
+    def summarize(self) -> None:
+        """Compute the pending figures the next counters record carries (O(capacity))."""
+        count, offset = self.table.pending()
+        self.pending = count
+        self.oldest_pending_offset = None if offset < 0 else offset
+        self.oldest_pending_ms = None if offset < 0 else self.registrations.time_of(offset)
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

@@ -165,12 +165,15 @@ class SridTable:
 
     def delete(self, slots: np.ndarray) -> None:
         """Turn live ``slots`` (unique) into tombstones: key INT64_MIN, flags 0, deadline
-        INT32_MAX (``value`` and ``offset`` are left as they are)."""
+        INT32_MAX, offset -1 (``value`` is left as it is). Every slot that is not a registered
+        entry holds offset -1, so the smallest registered offset is one unmasked min of the
+        column read as unsigned (LedgerTable.pending)."""
         if slots.size == 0:
             return
         self.keys[slots] = _TOMBSTONE_KEY
         self.flags[slots] = 0
         self.deadline[slots] = _INT32_MAX
+        self.offset[slots] = -1
         self._live -= slots.size
         self._dead += slots.size
 

@@ -658,6 +658,19 @@ class LedgerTable:
             deadlines=t.deadline[slots],
         )
 
+    def pending(self) -> tuple[int, int]:
+        """How many entries are registered (the records this partition guarantees: pending,
+        deferred ones included; unregistered events are not records yet), and the smallest
+        persist offset among them (-1: none) - the oldest pending record, as persist order is
+        registration order. Two unmasked scans (O(capacity), ~1 ms for 10^6 slots): only a
+        registered entry holds an offset >= 0 (free slots, unregistered entries: -1, which
+        read as unsigned is the largest value)."""
+        t = self.hashtable
+        count = int(np.count_nonzero(t.flags & np.uint8(REGISTERED)))
+        if count == 0:
+            return 0, -1
+        return count, int(t.offset.view(np.uint64).min())
+
     def __len__(self) -> int:
         return len(self.hashtable)
 

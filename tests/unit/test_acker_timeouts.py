@@ -19,7 +19,13 @@ from typing import Any, ClassVar
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -221,6 +227,9 @@ class FakeMessage:
 
     def headers(self) -> None:
         return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_NOT_AVAILABLE, 0)  # the acker falls back to its clock
 
 
 class FakeConsumer:

@@ -17,6 +17,7 @@ from broker.schemas import (
     XOR_BATCH,
     XOR_BATCH_WITH_TOUCHES,
     Failure,
+    LedgerCounters,
     LedgerEntry,
     PersistedRecord,
     XorBatch,
@@ -226,6 +227,40 @@ def test_counters_round_trip() -> None:
         1_700_000_000_999,
     )
     assert decode_counters(encode_counters({}, 0)) == ({}, 0)
+
+
+def _counters_before_pending_fields(counters: dict[str, int], updated_ms: int) -> bytes:
+    """A __counters__ record as acker versions before the pending fields wrote it, encoded
+    by fastavro with that schema (not by the code under test)."""
+    old = fastavro.parse_schema({
+        "type": "record", "name": "LedgerCounters", "namespace": "replaybroker",
+        "fields": [{"name": "counters", "type": {"type": "map", "values": "long"}}, {"name": "updated_ms", "type": "long"}],
+    })
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, old, {"counters": counters, "updated_ms": updated_ms})
+    return buf.getvalue()
+
+
+def test_counters_with_pending_figures_round_trip() -> None:
+    full = LedgerCounters(COUNTERS, 1_700_000_000_999, pending=12, oldest_pending_offset=2**40, oldest_pending_ms=1_700_000_000_123)
+    assert LedgerCounters.decode(full.encode()) == full
+    none_pending = LedgerCounters({}, 5, pending=0)
+    assert LedgerCounters.decode(none_pending.encode()) == none_pending
+    assert decode_counters(full.encode()) == (COUNTERS, 1_700_000_000_999)  # the older reader's view
+
+
+def test_counters_written_before_the_pending_fields_still_decode() -> None:
+    old = _counters_before_pending_fields(COUNTERS, 7)
+    assert LedgerCounters.decode(old) == LedgerCounters(COUNTERS, 7, None, None, None)
+    assert decode_counters(old) == (COUNTERS, 7)
+    # without pending figures the record is still written in the older encoding, byte for byte
+    assert encode_counters(COUNTERS, 7) == old
+
+
+def test_counters_with_garbage_after_the_pending_fields_are_refused() -> None:
+    data = LedgerCounters(COUNTERS, 7, pending=1, oldest_pending_offset=3, oldest_pending_ms=4).encode()
+    with pytest.raises(DecodeError, match="trailing bytes"):
+        LedgerCounters.decode(data + b"\x00")
 
 
 # --------------------------------------------------------------------------- bad input

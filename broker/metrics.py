@@ -1,0 +1,184 @@
+"""Prometheus metrics of the services (``--metrics-port``; docs/design.md §10).
+
+Every series is named ``replaybroker_*``. Each service object has its own
+``CollectorRegistry`` - never the global one: tests run many ackers and tasks in one process,
+and two registrations of one name in a registry are refused.
+
+Nothing here is updated per event. The acker folds millions of events a second in batches
+and already counts each decision once per batch (``PartitionState.count``); at every commit
+it hands a frozen ``AckerSnapshot`` of those counters, its pending figures and its input lag
+to ``AckerMetrics`` (one reference swap), and a scrape reads the latest snapshot from the
+HTTP server's thread. The commit duration is one histogram observation per commit. A task's
+figures are its ``TaskCounters``, read at scrape time.
+
+The acker's per-partition counters are the cumulative, exactly-once ones of the changelog
+(what ``replaybroker status`` sums): when a partition moves, its new owner's series go on from
+the same count. ``rate()`` per series and ``sum by (decision)`` over instances hold across
+such moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+#: The acker counters exported as ``replaybroker_acker_decisions_total{decision=...}``: what
+#: became of entries and input. The names are the counters' own (broker.acker.state).
+DECISIONS = (
+    "completed", "timed_out", "failed", "replayed", "dlq", "quarantined", "orphans", "payload_lost", "refused",
+)
+
+#: Commit durations span an idle commit (~1 ms) to one that reads thousands of payloads.
+COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MetricsServer:
+    """The HTTP endpoint of one registry (``prometheus_client.start_http_server``), stoppable:
+    a service that closes frees its port."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
+        self._server: WSGIServer
+        self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
+        self.port = int(self._server.server_port)  # the bound one: port 0 picks a free port
+        log.info("metrics on http://%s:%d/metrics", addr, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+@dataclass(frozen=True)
+class PartitionFigures:
+    """One owned ledger partition as of a commit."""
+
+    counters: Mapping[str, int]
+    pending: int | None  # None: not computed since the state was restored
+    oldest_pending_ms: int | None  # None: nothing pending, or its time is unknown
+
+
+@dataclass(frozen=True)
+class AckerSnapshot:
+    """What an acker exports, as of its last commit."""
+
+    partitions: Mapping[int, PartitionFigures] = field(default_factory=dict)
+    lag: Mapping[tuple[str, int], int | None] = field(default_factory=dict)  # (topic, partition)
+
+
+class AckerMetrics(Collector):
+    """The acker's series, from the latest ``AckerSnapshot`` and the commit histogram."""
+
+    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.snapshot = AckerSnapshot()
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.commit_seconds = Histogram(
+            "replaybroker_acker_commit_duration_seconds",
+            "Duration of the acker's commits that wrote a transaction (decisions, outputs, changelog, offsets)",
+            buckets=COMMIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    def publish(self, snapshot: AckerSnapshot) -> None:
+        self.snapshot = snapshot  # one reference: a scrape sees one commit's figures
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.snapshot
+        now_ms = self._clock_ms()
+        decisions = CounterMetricFamily(
+            "replaybroker_acker_decisions", "Decisions of the ledger partition (cumulative over its owners)",
+            labels=["decision", "partition"],
+        )
+        folded = CounterMetricFamily(
+            "replaybroker_acker_folded_events", "(srid, xor) events folded into the ledger partition", labels=["partition"]
+        )
+        registered = CounterMetricFamily(
+            "replaybroker_acker_registered", "Persist records registered in the ledger partition", labels=["partition"]
+        )
+        pending = GaugeMetricFamily(
+            "replaybroker_acker_pending_entries", "Registered entries of the ledger partition not decided yet",
+            labels=["partition"],
+        )
+        age = GaugeMetricFamily(
+            "replaybroker_acker_oldest_pending_age_seconds",
+            "Age of the oldest pending entry's registration (0: none pending)", labels=["partition"],
+        )
+        for lp, fig in sorted(snap.partitions.items()):
+            p = str(lp)
+            for name in DECISIONS:
+                decisions.add_metric([name, p], fig.counters.get(name, 0))
+            folded.add_metric([p], fig.counters.get("folded", 0))
+            registered.add_metric([p], fig.counters.get("registered", 0))
+            if fig.pending is not None:
+                pending.add_metric([p], fig.pending)
+                if fig.pending == 0:
+                    age.add_metric([p], 0.0)
+                elif fig.oldest_pending_ms is not None:
+                    age.add_metric([p], max(0.0, (now_ms - fig.oldest_pending_ms) / 1000))
+        lag = GaugeMetricFamily(
+            "replaybroker_acker_input_lag_messages", "High watermark minus the acker's position, per input partition",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), messages in sorted(snap.lag.items()):
+            if messages is not None:
+                lag.add_metric([topic, str(partition)], messages)
+        owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
+        owned.add_metric([], len(snap.partitions))
+        yield from (decisions, folded, registered, pending, age, lag, owned)
+
+
+class TaskFigures(Protocol):
+    """What a task counts (broker.task.TaskCounters): plain ints, only ever increased."""
+
+    processed: int
+    failed: int
+    undeliverable: int
+    errors: int
+    emitted: int
+    sink_outputs: int
+
+
+class TaskMetrics(Collector):
+    """A task's series, read from its counters at scrape time (plain ints: a read from the
+    server's thread sees a whole value)."""
+
+    def __init__(self, counters: Callable[[], TaskFigures]) -> None:
+        self.registry = CollectorRegistry()
+        self._counters = counters
+        self.registry.register(self)
+
+    def collect(self) -> Iterable[Metric]:
+        c = self._counters()
+        for name, what, value in (
+            ("inputs", "Input records handled", c.processed),
+            ("fails", "Inputs failed (explicitly, or by an exception in the handler)", c.failed),
+            ("undeliverable", "Source records failed because an output could not be delivered",
+             c.undeliverable),
+            ("errors", "Exceptions raised by the handler", c.errors),
+        ):
+            family = CounterMetricFamily(f"replaybroker_task_{name}", what)
+            family.add_metric([], value)
+            yield family
+        outputs = CounterMetricFamily(
+            "replaybroker_task_outputs", "Records written: children (anchored) and sink outputs", labels=["kind"]
+        )
+        outputs.add_metric(["child"], c.emitted)
+        outputs.add_metric(["sink"], c.sink_outputs)
+        yield outputs
+
+
+def serve(registry: CollectorRegistry, port: int | None) -> MetricsServer | None:
+    """Serve ``registry`` on ``port`` (None: no server; 0: any free port)."""
+    return None if port is None else MetricsServer(registry, port)
