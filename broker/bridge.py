@@ -317,11 +317,17 @@ class Bridge:
     def _quarantine(self, msg: Message, where: bytes, why: str) -> None:
         """An input record the broker refused at once as a source record (a persist record
         over ``message.max.bytes``): kept byte for byte in ``ns.dlq``, in the same
-        transaction, so the bridge goes on - bad input never stops it."""
-        headers = [(H_REASON, f"{QUARANTINE_PREFIX}bridge: {why}".encode()), (H_SOURCE, where)]
-        self.source.produce(self.ns.dlq, msg.key(), msg.value(), headers=headers)
+        transaction, so the bridge goes on - bad input never stops it. Too large for the DLQ
+        as well: kept without its value (``rb-source`` says where to find it)."""
+        reason = f"{QUARANTINE_PREFIX}bridge: {why}"
+        try:
+            self.source.produce(self.ns.dlq, msg.key(), msg.value(),
+                                headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
+        except KafkaException as exc:  # refused at once: nothing was added to the transaction
+            reason += f"; value dropped: {exc}"
+            self.source.produce(self.ns.dlq, msg.key(), None, headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
         self.counters.quarantined += 1
-        log.warning("input %s quarantined in %s: %s", where.decode(), self.ns.dlq, why)
+        log.warning("input %s quarantined in %s: %s", where.decode(), self.ns.dlq, reason)
 
     def _note(self, msg: Message) -> None:
         tp = (msg.topic(), msg.partition())

@@ -48,6 +48,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from broker import topics
+from broker.bridge import Bridge, BridgeConfig
 from broker.dev.testing import create_topics, stop_processes, unique_name
 from broker.headers import H_INPUT, H_INPUT_TS, H_SRID
 from broker.ids import decode_id
@@ -401,3 +402,37 @@ def test_bridge_refuses_missing_topics(bootstrap: str) -> None:
     create_topics(bootstrap, {f"{input_topic}.guaranteed": 2})
     _refused(_run_cli(*cli), f"{input_topic}.guaranteed.replay")  # a target without its replay topic
     assert read_to_end(settings, f"{input_topic}.guaranteed", 2) == []  # nothing was created or sent
+
+
+def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap: str) -> None:
+    """Bad input never stops the bridge: a record whose persist record the producer refuses
+    (over ``message.max.bytes``) goes to ``ns.dlq`` with where it was read, in the same
+    transaction as its neighbours, which are bridged."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("bridge"))
+    input_topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {f"{input_topic}.guaranteed": 2})
+    create_topics(bootstrap, {input_topic: 1}, {"max.message.bytes": str(3 * 2**20)})
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 3 * 2**20})
+    for value in (b"small-0", b"x" * (3 * 2**19), b"small-2"):
+        producer.produce(input_topic, key=b"k", value=value)
+    assert producer.flush(30) == 0
+
+    bridge = Bridge(settings, ns, BridgeConfig(input_topic, instance_id="q1"))
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while bridge.counters.bridged < 3 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.1)  # polling the counters: the bridge runs in its thread
+    bridge.stop()
+    thread.join(30)
+    assert bridge.counters.bridged == 3 and bridge.counters.quarantined == 1, bridge.counters
+
+    data = read_to_end(settings, f"{input_topic}.guaranteed", 2)
+    assert sorted(m.value() for m in data) == [b"small-0", b"small-2"]
+    [dead] = read_to_end(settings, ns.dlq, 1)
+    headers = dict(dead.headers() or ())
+    assert headers["rb-source"] == f"{input_topic}/0/1".encode()
+    assert headers["rb-reason"].startswith(b"quarantine: bridge: persist record not produced")
+    assert dead.key() == b"k"  # the value is there, or its drop is in the reason
+    assert dead.value() == b"x" * (3 * 2**19) or b"value dropped" in headers["rb-reason"]
