@@ -1,5 +1,5 @@
 """``Bridge``: turns a topic written by producers we do not control into source records
-(docs/design.md §8, *Bridging an existing topic*).
+(docs/design.md §8, *Bridge*; README, *Bridging an existing topic*).
 
 One transactional ``Source`` (``transactional.id`` = ``ns.bridge.<instance-id>``) and one
 consumer group on the input topic (``read_committed``, no automatic commits). Per batch of
