@@ -319,6 +319,19 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0 if result["found"] else 1
 
 
+def _cmd_bridge(args: argparse.Namespace) -> int:
+    from broker.bridge import Bridge, BridgeConfig
+
+    config = BridgeConfig(
+        input_topic=args.from_topic, target_topic=args.to or "", group_id=args.group or "",
+        instance_id=args.instance_id or "", batch_records=args.batch_records, batch_ms=args.batch_ms,
+        session_timeout_ms=args.session_timeout_ms, timeout_ms=args.timeout_ms, max_attempts=args.max_attempts,
+        partitioner=args.partitioner, exactly_once=not args.unsafe_commit,
+    )
+    Bridge(_settings(args), args.namespace, config).run(install_signals=True)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.dev.demo import main_demo
 
@@ -485,6 +498,32 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("id", help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
     tr.add_argument("--json", action="store_true", help="one JSON object on stdout")
     tr.set_defaults(func=_cmd_trace)
+
+    br = _parser(
+        sub, "bridge",
+        "turn an existing topic into source records: persist + data record per input record, the input "
+        "offsets committed in the same transaction (SIGTERM stops it cleanly)",
+    )
+    _cluster(br)
+    br.add_argument("--from", dest="from_topic", required=True, metavar="TOPIC", help="the input topic")
+    br.add_argument("--to", metavar="TOPIC", help="the target data topic (default: TOPIC.guaranteed; "
+                    "it and its replay topic must exist)")
+    br.add_argument("--group", help="the input's consumer group (default: NS.bridge.TOPIC)")
+    br.add_argument("--instance-id", help="stable id of this instance: transactional id NS.bridge.ID and a static "
+                    "group member, so a restart aborts its predecessor's transaction at once (default: host "
+                    "name + process id, new at every start)")
+    br.add_argument("--batch-records", type=int, default=1000, help="input records per transaction, at most")
+    br.add_argument("--batch-ms", type=int, default=100, help="time a transaction stays open, at most, ms")
+    br.add_argument("--session-timeout-ms", type=int, default=10_000,
+                    help="how long a silent (killed) instance keeps its input partitions")
+    br.add_argument("--timeout-ms", type=int, default=30_000, help="per-record timeout of the source records, ms")
+    br.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
+    br.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
+                    help="how keys map to partitions of the target topic")
+    br.add_argument("--unsafe-commit", action="store_true",
+                    help="commit input offsets AFTER the records, outside any transaction - a crash repeats "
+                    "records; only to demonstrate what breaks")
+    br.set_defaults(func=_cmd_bridge)
 
     part = _parser(sub, "partition", "print the partition index of each string key")
     part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",

@@ -15,6 +15,8 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
 | ``rb-attempts``, ``rb-topic``, ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` | DLQ records | what a redrive needs |
 | ``rb-source`` | quarantined input | ``topic/partition/offset`` it was read from |
+| ``rb-input`` | bridged source records (persist and data) | ``topic/partition/offset`` of the input record |
+| ``rb-input-ts`` | bridged source records | the input record's timestamp, ms (ASCII) |
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ DLQ_HEADERS = frozenset(
     {H_REASON, H_ATTEMPTS, H_TOPIC, H_KEY_HASH_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN}
 )
 QUARANTINE_PREFIX = "quarantine: "
+
+# --- bridged input (broker.bridge): where a source record was read from, and when it was
+# written there. User headers to the pipeline: they travel in the persist record and every attempt.
+H_INPUT = "rb-input"
+H_INPUT_TS = "rb-input-ts"
 LOST_PREFIX = "payload lost: "  # rb-reason of a failed record dead-lettered without its value
 
 Headers = Sequence[tuple[str, bytes | None]]

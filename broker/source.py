@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from broker import ids, kafka_io
 from broker.backpressure import PendingWindow, PersistFeed
@@ -412,6 +412,22 @@ class Source:
         if not self._transactions_ready:
             self._producer.init_transactions(30)
             self._transactions_ready = True
+
+    def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: Any, timeout: float = 30.0) -> None:
+        """Commit a consumer's input offsets in the open transaction (``group_metadata`` is
+        its ``consumer_group_metadata()``): the records sent and the input they came from
+        commit together, so a crash neither skips nor repeats the input (the ingest bridge).
+        The group coordinator checks the metadata's generation: a member that lost its
+        partitions has its offsets refused, and the transaction fails."""
+        if not self._in_transaction:
+            raise ConfigurationError("send_offsets() belongs inside `with source.transaction():`")
+        self._producer.send_offsets_to_transaction(list(offsets), group_metadata, timeout)
+
+    def data_partitions(self, topic: str) -> int:
+        """The partition count of data topic ``topic``, checked once: it and its replay topic
+        exist with the same count (``ConfigurationError`` otherwise). A service calls it at
+        start to refuse a topic it could not send to."""
+        return self._data_partitions(topic)
 
     @contextlib.contextmanager
     def transaction(self) -> Any:
