@@ -10,7 +10,11 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
 - ``acker``: reads ``ns.persist``, ``ns.acks`` and ``ns.ledger`` in the groups ``ns.acker*``
   (PREFIXED: the main group, restore, standby and fetch), writes persist tombstones,
   ``ns.ledger``, ``ns.dlq`` and the replay topics, and owns the transactional ids
-  ``ns.acker.*`` (PREFIXED: one per instance).
+  ``ns.acker.*`` (PREFIXED: one per instance);
+- ``bridge``: reads its one input topic with its group (``ns.bridge.<input>`` unless told),
+  writes ``ns.persist``, its target topic (``DESCRIBE`` its replay topic) and ``ns.dlq``
+  (quarantine), and owns the transactional ids ``ns.bridge.*`` (PREFIXED: one per instance;
+  its input offsets commit in those transactions).
 
 Every role checks the layout at start (``topics.check``): ``DESCRIBE`` on the namespace's
 topics and ``DESCRIBE_CONFIGS`` on the compacted ones.
@@ -28,8 +32,8 @@ from broker.topics import Namespace, replay_topic
 if TYPE_CHECKING:
     from broker.settings import KafkaSettings
 
-Role = Literal["source", "task", "acker"]
-ROLES: tuple[Role, ...] = ("source", "task", "acker")
+Role = Literal["source", "task", "acker", "bridge"]
+ROLES: tuple[Role, ...] = ("source", "task", "acker", "bridge")
 
 
 @dataclass(frozen=True, order=True)
@@ -72,7 +76,8 @@ def role_acls(
     (``allow.everyone.if.no.acl.found=false``).
 
     ``data_topics``: the data topics a source writes, or whose replay topics an acker writes;
-    ``inputs``/``outputs``/``group``: a task's; ``transactional_id``: a transactional source's.
+    ``inputs``/``outputs``/``group``: a task's, or a bridge's (one input; its output defaults
+    to the bridge's default target); ``transactional_id``: a transactional source's.
     """
     acls = _layout_check(ns)
     if role == "source":
@@ -107,8 +112,29 @@ def role_acls(
         # It sets its group's session timeout and heartbeat interval (consumer protocol).
         acls |= {Acl("GROUP", prefix, "LITERAL", op) for op in ("ALTER_CONFIGS", "DESCRIBE_CONFIGS")}
         acls |= {Acl("TRANSACTIONAL_ID", f"{prefix}.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
+    elif role == "bridge":
+        acls |= _bridge_acls(ns, list(inputs), list(outputs), group)
     else:
         raise ConfigurationError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    return acls
+
+
+def _bridge_acls(ns: Namespace, inputs: list[str], outputs: list[str], group: str | None) -> set[Acl]:
+    from broker.bridge import default_target
+
+    if len(inputs) != 1:
+        raise ConfigurationError("the bridge role needs its one input topic (--input)")
+    if len(outputs) > 1:
+        raise ConfigurationError("a bridge writes one target topic (--output)")
+    source = inputs[0]
+    target = outputs[0] if outputs else default_target(source)
+    for topic in (source, target):
+        if topic in ns.ledger_topics or topic == ns.dlq:
+            raise ConfigurationError(f"a bridge does not read or write {topic} as data")
+    acls = _topic(source, "READ") | _topic(ns.persist, "WRITE") | _topic(ns.dlq, "WRITE")
+    acls |= _topic(target, "WRITE") | _topic(replay_topic(target), "DESCRIBE")
+    acls.add(Acl("GROUP", group or f"{ns.name}.bridge.{source}", "LITERAL", "READ"))
+    acls |= {Acl("TRANSACTIONAL_ID", f"{ns.name}.bridge.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
     return acls
 
 

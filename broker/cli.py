@@ -428,12 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-insync-replicas", type=int,
         help="replicas an acks=all write needs (create; default: 2 with replication 3, else 1)",
     )
-    top.add_argument("--role", choices=["source", "task", "acker"], help="acls: the role")
+    top.add_argument("--role", choices=["source", "task", "acker", "bridge"], help="acls: the role")
     top.add_argument("--principal", metavar="User:NAME", help="acls: the principal of the role")
     top.add_argument("--apply", action="store_true", help="acls: create them (default: print only)")
-    top.add_argument("--group", help="acls (task): the task's consumer group")
-    top.add_argument("--input", action="append", metavar="TOPIC", help="acls (task): an input topic (repeatable)")
-    top.add_argument("--output", action="append", metavar="TOPIC", help="acls (task): an output topic (repeatable)")
+    top.add_argument("--group", help="acls (task, bridge): the consumer group")
+    top.add_argument("--input", action="append", metavar="TOPIC", help="acls (task, bridge): an input topic (repeatable)")
+    top.add_argument("--output", action="append", metavar="TOPIC", help="acls (task, bridge): an output topic (repeatable)")
     top.add_argument("--transactional-id", help="acls (source): its transactional id")
     top.set_defaults(func=_cmd_topics)
 

@@ -88,3 +88,27 @@ def test_render_is_stable_and_names_the_principal() -> None:
     lines = render("User:t", role_acls(NS, "source", data_topics=["orders"]))
     assert lines == render("User:t", set(reversed(sorted(role_acls(NS, "source", data_topics=["orders"])))))
     assert all(line.startswith("User:t ALLOW ") for line in lines)
+
+
+def test_bridge_reads_its_input_writes_persist_target_and_dlq_owns_its_transactional_ids() -> None:
+    acls = role_acls(NS, "bridge", inputs=["clicks"])
+    assert reads(acls) == {"clicks"}
+    assert writes(acls) == {NS.persist, "clicks.guaranteed", NS.dlq}
+    assert Acl("TOPIC", "clicks.guaranteed.replay", "LITERAL", "DESCRIBE") in acls
+    assert {a for a in acls if a.resource == "GROUP"} == {Acl("GROUP", "shop.bridge.clicks", "LITERAL", "READ")}
+    assert {a for a in acls if a.resource == "TRANSACTIONAL_ID"} == {
+        Acl("TRANSACTIONAL_ID", "shop.bridge.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")
+    }
+    assert NS.acks not in writes(acls) and NS.ledger not in writes(acls)
+
+
+def test_bridge_with_its_own_target_and_group() -> None:
+    acls = role_acls(NS, "bridge", inputs=["clicks"], outputs=["events"], group="g1")
+    assert writes(acls) == {NS.persist, "events", NS.dlq}
+    assert Acl("GROUP", "g1", "LITERAL", "READ") in acls
+
+
+@pytest.mark.parametrize("inputs, outputs", [([], []), (["a", "b"], []), (["a"], ["x", "y"]), ([NS.persist], [])])
+def test_bridge_role_refuses_what_a_bridge_does_not_do(inputs: list[str], outputs: list[str]) -> None:
+    with pytest.raises(ConfigurationError):
+        role_acls(NS, "bridge", inputs=inputs, outputs=outputs)
