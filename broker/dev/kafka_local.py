@@ -178,10 +178,12 @@ def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], deadline: float) 
             raise LocalKafkaError(f"Kafka did not open port {port} within {READY_TIMEOUT_S:.0f}s")
         time.sleep(0.1)
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, **client_logging()})
-    name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        # A new name per attempt: an attempt whose answer timed out may still have created
+        # its topic, and "already exists" must not read as "not ready" until the deadline.
+        name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
         try:
             admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=5)[name].result(timeout=5)
             admin.delete_topics([name], operation_timeout=5)
