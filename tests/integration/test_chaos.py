@@ -150,10 +150,23 @@ class Processes:
                      *(["--lose-outputs"] if lose_outputs else [])],
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.exited_on_their_own: list[str] = []  # found dead by a kill, before their restart
         for name in self.commands:
             self.start(name)
 
+    def note(self, what: str) -> None:
+        """The harness's own timeline (``harness.log``), printed with the services' logs."""
+        with (self.logs / "harness.log").open("a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
+
+    def _mark(self, name: str, what: str) -> None:
+        """A line in the service's log too: its log then shows the harness's kills and starts."""
+        self.note(f"{name}: {what}")
+        with (self.logs / f"{name}.log").open("a") as log:
+            log.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} harness: {what}\n")
+
     def start(self, name: str) -> None:
+        self._mark(name, "start")
         with (self.logs / f"{name}.log").open("ab") as log:
             self.procs[name] = subprocess.Popen(
                 self.commands[name], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -162,8 +175,12 @@ class Processes:
 
     def kill(self, name: str) -> None:
         proc = self.procs[name]
+        exited = proc.poll()
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        if exited is not None:  # found dead: restarting it would hide that
+            self.exited_on_their_own.append(f"{name} (exit code {exited})")
+        self._mark(name, "kill -9" if exited is None else f"kill -9 (it had exited with {exited})")
 
     def died(self) -> list[str]:
         """Services that exited by themselves (the killed ones were restarted at once)."""
@@ -181,8 +198,9 @@ class Processes:
                 proc.wait()
 
 
-def _crash(rng: random.Random, kafka: LocalKafka | LocalCluster, report: ChaosReport) -> None:
+def _crash(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, report: ChaosReport) -> None:
     """kill -9 the broker (or one random node of a cluster) and bring it back on its data."""
+    procs.note("crashing the broker" + (" (one node)" if isinstance(kafka, LocalCluster) else ""))
     if isinstance(kafka, LocalCluster):
         node = rng.randrange(kafka.nodes)
         kafka.kill(node)
@@ -194,6 +212,7 @@ def _crash(rng: random.Random, kafka: LocalKafka | LocalCluster, report: ChaosRe
         time.sleep(rng.uniform(1.0, 3.0))
         kafka.restart()
     report.broker_restarts += 1
+    procs.note("the broker is back")
 
 
 def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, kills: int,
@@ -214,7 +233,7 @@ def _kill_and_restart(rng: random.Random, procs: Processes, kafka: LocalKafka | 
         if stop.wait(rng.uniform(0.5, 2.5)):
             return
         if n == kills // 2:
-            _crash(rng, kafka, report)
+            _crash(rng, procs, kafka, report)
         victim = rng.choice(names)
         procs.kill(victim)
         report.kills[victim] = report.kills.get(victim, 0) + 1
@@ -273,7 +292,7 @@ def run_chaos(workdir: Path, *, records: int = 2_000, kills: int = 20, seed: int
                 break
         tail.poll(1.0)
         tail.close()
-        died = procs.died()
+        died = procs.exited_on_their_own + procs.died()
         procs.stop()
         _check(report, settings, ns, sent, tail, died)
     finally:
