@@ -127,6 +127,7 @@ def package_zip(directory: str | Path | None = None) -> Path:
     if directory is None:
         directory = tempfile.mkdtemp(prefix="rb-pyfiles-")
         atexit.register(shutil.rmtree, directory, True)
+    Path(directory).mkdir(parents=True, exist_ok=True)
     target = Path(directory) / "replaybroker.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for package in PACKAGES:
@@ -229,13 +230,12 @@ def _jvm_ancestor() -> tuple[int | None, str | None]:
 
 
 def _describe_python_worker(_: Any) -> dict[str, Any]:
-    import spark_jobs
-
+    # Pickled by reference: the worker imported this module (and its package) to run it.
     jvm_pid, jvm_main = _jvm_ancestor()
     return {
         "pid": os.getpid(),
         "python": sys.executable,
-        "spark_jobs": str(Path(spark_jobs.__file__).parent),
+        "spark_jobs": str(Path(__file__).parent),
         "jvm_pid": jvm_pid,
         "jvm_main": jvm_main,
     }
