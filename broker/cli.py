@@ -62,6 +62,18 @@ def _cmd_kafka_cluster(args: argparse.Namespace, run_dir: Path | None) -> int:
     raise AssertionError(args.action)
 
 
+def _cmd_spark(args: argparse.Namespace) -> int:
+    from broker.dev import spark_cluster
+
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if args.action == "up":
+        return spark_cluster.main_up(run_dir, cores=args.cores, memory=args.memory)
+    if args.action == "status":
+        return spark_cluster.main_status(run_dir)
+    print("stopped" if spark_cluster.LocalSparkCluster(run_dir).stop() else "not running")
+    return 0
+
+
 def _cmd_setup(args: argparse.Namespace) -> int:
     import importlib.util
     import time
@@ -406,6 +418,13 @@ def build_parser() -> argparse.ArgumentParser:
     kafka.add_argument("--user", action="append", metavar="NAME", help="--sasl up: a SCRAM user to create (repeatable)")
     kafka.set_defaults(func=_cmd_kafka)
 
+    spark = _parser(sub, "spark", "a local standalone Spark master with one worker (pyspark's jars)")
+    spark.add_argument("action", choices=["up", "status", "down"], help="start (prints the master URL), show or stop it")
+    spark.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/spark)")
+    spark.add_argument("--cores", type=int, default=2, help="up: cores the worker offers")
+    spark.add_argument("--memory", default="2g", help="up: memory the worker offers to executors")
+    spark.set_defaults(func=_cmd_spark)
+
     setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")
     setup.set_defaults(func=_cmd_setup)
 
@@ -544,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=30.0, help="per-record timeout, seconds")
     demo.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
     demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
+    demo.add_argument("--master", metavar="URL",
+                      help="with --spark: the Spark master, e.g. spark://127.0.0.1:7077 from "
+                      "`replaybroker spark up` (default: $SPARK_MASTER, else local[2])")
     demo.add_argument("--keep", action="store_true", help="keep the demo's topics (default: delete them)")
     demo.set_defaults(func=_cmd_demo)
 

@@ -34,6 +34,10 @@ class LocalKafkaError(ReplayBrokerError):
     """The embedded Kafka could not be resolved, formatted, started or stopped."""
 
 
+class LocalSparkError(ReplayBrokerError):
+    """The local standalone Spark cluster could not be started, or did not answer."""
+
+
 class DeliveryError(ReplayBrokerError):
     """A record could not be delivered to Kafka.
 

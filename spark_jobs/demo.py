@@ -22,7 +22,10 @@ One run, on the Kafka it is given, in a namespace of its own:
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import sys
 import tempfile
 import threading
 import time
@@ -56,7 +59,7 @@ from spark_jobs.orders import (
     revenue_by_region,
 )
 from spark_jobs.reader import read_with_replay
-from spark_jobs.session import build_spark_session
+from spark_jobs.session import build_spark_session, driver_jvm_pid, python_workers
 from spark_jobs.sinks import OriginParquetSink
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class SparkDemoConfig:
     alerts: bool = True  # emit anchored children to <ns>-alerts, acked by a Task
     deadline_s: float = 240.0
     namespace: str | None = None
+    master: str | None = None  # Spark master (default: spark_jobs.session's: $SPARK_MASTER, local[2])
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -290,7 +294,7 @@ class SparkDemo:
     def _run(self, workdir: Path) -> dict[str, Any]:
         c, settings, ns = self.config, self.settings, self.ns
         create(settings, ns, c.ledger_partitions, self._data_topics())
-        spark = build_spark_session(app_name="replaybroker-spark-demo")
+        spark = build_spark_session(app_name="replaybroker-spark-demo", master=c.master)
         customer_rows = customers()
         dim = customer_frame(spark, customer_rows).cache()
         self.sink = OriginParquetSink(str(workdir / "sink" / "orders"))
@@ -361,8 +365,26 @@ class SparkDemo:
             watch.close()
         summary = self._summary(spark, seconds, sent_s)
         summary["warm_up_seconds"] = round(warm_up_s, 2)
+        summary.update(self._where_it_ran(spark))
         summary["workdir"] = str(workdir) if c.workdir is not None else None
         return summary
+
+    @staticmethod
+    def _where_it_ran(spark: SparkSession) -> dict[str, Any]:
+        """The master, the driver's JVM and the executors; on a cluster also the Python workers
+        of one small job: their pids, interpreter, where ``spark_jobs`` came from (the zip
+        shipped to the executors) and the JVM that started them (the executor)."""
+        sc = spark.sparkContext
+        jsc: Any = sc._jsc
+        where: dict[str, Any] = {
+            "spark_master": sc.master,
+            "driver_pid": os.getpid(),
+            "driver_jvm_pid": driver_jvm_pid(spark),
+            "executors": sorted(filter(None, str(jsc.sc().getExecutorIds().mkString(",")).split(","))),
+        }
+        if not (sc.master or "local").startswith("local"):
+            where["python_workers"] = python_workers(spark)
+        return where
 
     def _summary(self, spark: SparkSession, seconds: float, sent_s: float) -> dict[str, Any]:
         assert self.watch is not None and self.acking is not None and self.sink is not None
@@ -415,12 +437,47 @@ def run_spark_demo(
     timeout_s: float | None = None,
     max_attempts: int | None = None,
     keep: bool = True,
+    master: str | None = None,
 ) -> dict[str, Any]:
     """Run the Spark demo on ``bootstrap``; returns the summary (see the module docstring).
-    ``keep=False`` deletes the topics it created afterwards."""
-    config = SparkDemoConfig(records=records, fail_rate=fail_rate, restart=restart, workdir=workdir)
+    ``keep=False`` deletes the topics it created afterwards; ``master`` is the Spark master
+    (default: ``$SPARK_MASTER``, else ``local[2]``; under spark-submit its ``--master``)."""
+    config = SparkDemoConfig(
+        records=records, fail_rate=fail_rate, restart=restart, workdir=workdir, master=master
+    )
     if timeout_s is not None:
         config = replace(config, timeout_ms=int(timeout_s * 1000))
     if max_attempts is not None:
         config = replace(config, max_attempts=max_attempts)
     return SparkDemo(bootstrap, config).run(keep=keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The example job as a program: ``spark-submit ... spark_jobs/demo.py --bootstrap H:P``
+    (or ``python -m spark_jobs.demo``). Prints the summary as JSON; exit 1 if a record was lost."""
+    import orjson
+
+    parser = argparse.ArgumentParser(description="source -> the order job on Spark -> acker, with failures")
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, $SPARK_MASTER, local[2])")
+    parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument("--fail-rate", type=float, default=0.05)
+    parser.add_argument("--no-restart", action="store_true", help="no mid-batch query restart")
+    parser.add_argument("--timeout", type=float, help="per-record timeout, seconds (default: 30)")
+    parser.add_argument("--workdir", help="keep checkpoint and sink here (default: a temporary dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the demo's topics")
+    args = parser.parse_args(argv)
+    if not args.bootstrap:
+        parser.error("--bootstrap or $KAFKA_BOOTSTRAP_SERVERS is needed")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run_spark_demo(
+        args.bootstrap, records=args.records, fail_rate=args.fail_rate, restart=not args.no_restart,
+        workdir=args.workdir, keep=args.keep, master=args.master, timeout_s=args.timeout,
+    )
+    sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    return 0 if summary["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,15 +6,35 @@ without them could never read Kafka later. The jars come from the classpath that
 repository (``$REPLAYBROKER_SPARK_JARS``, else ``<home>/maven/spark-sql-kafka-<version>.classpath``),
 so nothing is downloaded when Spark starts. Without either, the connector is named by its
 Maven coordinates (``spark.jars.packages``) and Spark fetches it, as on any cluster.
+
+On a cluster (a master that is not ``local``) the executors are other JVMs, and their Python
+workers other processes, maybe on other machines:
+
+- the connector jars go by ``spark.jars`` - local paths the driver serves to the executors;
+- this project's packages (``broker``, ``spark_jobs``, ``schemas``) go as one zip
+  (``package_zip``, ``SparkContext.addPyFile``) that every Python worker puts on its path: a
+  UDF or a function of ``spark_jobs`` pickled by reference imports them there;
+- the Python workers run ``$PYSPARK_PYTHON`` as the driver saw it; it defaults to this
+  interpreter for ``local`` and for a master on a loopback address (``replaybroker spark up``:
+  the executors are on this machine), and is the cluster's business anywhere else.
+
+Under ``spark-submit`` the launcher has chosen all of that (``--master``, ``--packages``,
+``--py-files``, ``spark.pyspark.python``): the session then adds only the defaults below.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import sys
+import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
@@ -81,6 +101,42 @@ def connector_jars(extra: Iterable[str] = ()) -> list[str] | None:
     return [*jars, *extra]
 
 
+PACKAGES = ("broker", "spark_jobs", "schemas")  # what a Python worker of these jobs imports
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _launched_by_spark_submit() -> bool:
+    """spark-submit (and the pyspark shell) start the JVM first and hand its gateway to Python."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _loopback_master(master: str) -> bool:
+    """A standalone master on this machine (``spark://127.0.0.1:7077``)."""
+    if not master.startswith("spark://"):
+        return False
+    return all(urlparse(f"spark://{hp}").hostname in LOOPBACK_HOSTS for hp in master[8:].split(","))
+
+
+def package_zip(directory: str | Path | None = None) -> Path:
+    """``replaybroker.zip`` of the packages in ``PACKAGES``, as imported here (sources and
+    ``schemas/*.avsc``, no bytecode), written into ``directory`` - by default a temporary one
+    removed when this process exits. ``spark-submit --py-files`` takes the same zip."""
+    import broker
+
+    root = Path(broker.__file__).resolve().parent.parent
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="rb-pyfiles-")
+        atexit.register(shutil.rmtree, directory, True)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    target = Path(directory) / "replaybroker.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in PACKAGES:
+            for path in sorted((root / package).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                    archive.write(path, str(path.relative_to(root)))
+    return target
+
+
 def build_spark_session(
     app_name: str = "replaybroker",
     master: str | None = None,
@@ -89,32 +145,110 @@ def build_spark_session(
 ) -> SparkSession:
     """A SparkSession, shared with any already running in this process (``getOrCreate``).
 
-    ``master`` defaults to ``$SPARK_MASTER``, else ``local[2]``; ``conf`` overrides the
-    defaults above; ``jars`` are added to the Kafka connector's jars (``spark.jars``).
-    JVM-level settings (driver memory, jars) only take effect when this call starts the JVM.
+    ``master`` defaults to ``$SPARK_MASTER``, else ``local[2]`` (under spark-submit: its
+    ``--master``); ``conf`` overrides the defaults above; ``jars`` are added to the Kafka
+    connector's jars (``spark.jars``). JVM-level settings (driver memory, jars) only take
+    effect when this call starts the JVM. On a cluster master the project's packages are
+    shipped to the executors (module docstring).
     """
-    master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
-    builder = SparkSession.builder.appName(app_name).master(master)
+    submitted = _launched_by_spark_submit()
+    master = master or os.environ.get("SPARK_MASTER") or (None if submitted else DEFAULT_MASTER)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     settings = dict(_DEFAULT_CONF)
-    if master.startswith("local"):
+    if master is not None and (master.startswith("local") or _loopback_master(master)):
         # Python workers (UDFs) run this interpreter, not whatever `python3` is on PATH; on a
-        # cluster the executors' own Python is the cluster's business. PySpark 4 takes the
-        # workers' interpreter from $PYSPARK_PYTHON when the context starts (the conf key is
-        # read only by spark-submit): without it a UDF runs outside this virtualenv.
+        # remote cluster the executors' own Python is the cluster's business. PySpark 4 takes
+        # the workers' interpreter from $PYSPARK_PYTHON when the context starts (the conf key
+        # is read only by spark-submit): without it a UDF runs outside this virtualenv.
         settings["spark.pyspark.python"] = sys.executable
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not submitted:
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is not None and _loopback_master(master):
+        # Executors on this machine call the driver back on loopback, whatever the host's
+        # name resolves to.
+        settings.setdefault("spark.driver.host", "127.0.0.1")
+        settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
     settings.update(conf or {})
-    local = connector_jars(jars)
-    if local is None:
-        import pyspark
+    if not submitted:  # spark-submit resolved --jars / --packages itself
+        local = connector_jars(jars)
+        if local is None:
+            import pyspark
 
-        settings["spark.jars.packages"] = f"{CONNECTOR_ARTIFACT}:{pyspark.__version__}"
-        local = list(jars)
-    settings["spark.jars"] = ",".join(
-        [*local, *filter(None, settings.get("spark.jars", "").split(","))]
-    )
+            settings["spark.jars.packages"] = f"{CONNECTOR_ARTIFACT}:{pyspark.__version__}"
+            local = list(jars)
+        settings["spark.jars"] = ",".join(
+            [*local, *filter(None, settings.get("spark.jars", "").split(","))]
+        )
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _ship_packages(spark)
     return spark
+
+
+def _ship_packages(spark: SparkSession) -> None:
+    """``addPyFile`` of ``package_zip()`` once per context, on a cluster master, unless
+    spark-submit ``--py-files`` shipped something already."""
+    sc = spark.sparkContext
+    if (sc.master or "local").startswith("local") or sc.getConf().get("spark.submit.pyFiles"):
+        return
+    if getattr(sc, "_replaybroker_zip", None) is None:
+        zip_path = package_zip()
+        sc.addPyFile(str(zip_path))
+        sc._replaybroker_zip = zip_path  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- where code runs
+
+
+def _process_parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _jvm_ancestor() -> tuple[int | None, str | None]:
+    """(pid, main class) of the nearest JVM above this process (Linux ``/proc``): the
+    executor (``...executor.CoarseGrainedExecutorBackend``) on a cluster, the driver's JVM
+    (``...deploy.SparkSubmit``) in ``local`` mode."""
+    pid = _process_parent(os.getpid())
+    while pid is not None and pid > 1:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            break
+        if args and Path(args[0]).name == "java":
+            main = next((a for a in args[1:] if a.startswith("org.apache.spark.")), None)
+            return pid, main
+        pid = _process_parent(pid)
+    return None, None
+
+
+def _describe_python_worker(_: Any) -> dict[str, Any]:
+    # Pickled by reference: the worker imported this module (and its package) to run it.
+    jvm_pid, jvm_main = _jvm_ancestor()
+    return {
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "spark_jobs": str(Path(__file__).parent),
+        "jvm_pid": jvm_pid,
+        "jvm_main": jvm_main,
+    }
+
+
+def python_workers(spark: SparkSession, tasks: int = 2) -> list[dict[str, Any]]:
+    """Where this project's code runs on the executors: ``tasks`` tasks, each a Python worker
+    that imports ``spark_jobs`` and reports its pid, interpreter, where ``spark_jobs`` came
+    from (the shipped zip on a cluster) and the JVM that started it."""
+    rdd = spark.sparkContext.parallelize(range(tasks), tasks)
+    return rdd.map(_describe_python_worker).collect()
+
+
+def driver_jvm_pid(spark: SparkSession) -> int:
+    jvm: Any = spark.sparkContext._jvm
+    return int(jvm.java.lang.ProcessHandle.current().pid())

@@ -212,6 +212,8 @@ def main_demo(args: argparse.Namespace) -> int:
             # Failure injection is the point of the Spark demo: 5 % unless told otherwise.
             fail_rate=0.05 if args.fail_rate is None else args.fail_rate,
             keep=args.keep,
+            timeout_s=args.timeout,
+            master=getattr(args, "master", None),
         )
     else:
         bootstrap = bootstrap_or_embedded(args.bootstrap, start_embedded=True)
