@@ -42,6 +42,7 @@ MAX_TOPICS = 1_024
 """Topics with an estimate of their own; later ones share one (``OTHER_TOPICS``): the topic is
 read from a header, and a stream of made-up names must not grow the acker without bound."""
 OTHER_TOPICS = "*"
+_OTHER = OTHER_TOPICS.encode()
 
 
 def bucket_of(latency_ms: np.ndarray) -> np.ndarray:
@@ -157,8 +158,8 @@ class AdaptiveTimeouts:
         """The id of a source topic (its name as the persist header carries it)."""
         tid = self._ids.get(topic)
         if tid is None:
-            if len(self.names) >= MAX_TOPICS:
-                return self.topic_id(OTHER_TOPICS.encode())
+            if len(self.names) >= MAX_TOPICS and topic != _OTHER:
+                return self.topic_id(_OTHER)
             tid = self._ids[topic] = len(self.names)
             self.names.append(topic.decode("utf-8", "replace"))
             self._windows.append(LatencyWindow(self.policy.window_ms, self.policy.slots))
