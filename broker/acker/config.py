@@ -96,6 +96,10 @@ class AckerConfig:
     adaptive_initial_ms: int | None = None
     adaptive_min_samples: int = 500
     adaptive_window_ms: int = 20_000
+    # Timed-out auto records raise the estimate (as latencies of at least their timeout) only
+    # while they are more than this share of the topic's records in the window: a slow-down,
+    # not the odd record a task dropped.
+    adaptive_timeout_share: float = 0.01
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
     instance_id_generated: bool = field(default=False, init=False, compare=False)
@@ -106,7 +110,7 @@ class AckerConfig:
             floor_ms=self.adaptive_floor_ms, ceiling_ms=self.adaptive_ceiling_ms,
             safety_factor=self.adaptive_safety_factor, quantile=self.adaptive_quantile,
             initial_ms=self.adaptive_initial_ms, min_samples=self.adaptive_min_samples,
-            window_ms=self.adaptive_window_ms,
+            window_ms=self.adaptive_window_ms, timeout_share=self.adaptive_timeout_share,
         )
 
     @property

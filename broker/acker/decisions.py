@@ -81,7 +81,8 @@ def collect_failures(
     facts, not the absence of an ack: the lag does not hold them back.
 
     A timed-out auto entry is a latency sample for ``adaptive`` (censored: at least its
-    timeout): when a slow-down outruns the estimate, the timeouts themselves raise it.
+    timeout): when a slow-down outruns the estimate, the timeouts themselves raise it
+    (broker.ledger.adaptive: only while they are more than the odd dropped record).
     """
     oldest = min((ms for st in states.values() for ms, _ in st.recent_fails), default=None)
     release = oldest is None or now_ms - oldest >= fail_hold_ms
@@ -92,7 +93,7 @@ def collect_failures(
             st.count("orphans", len(expired.orphans))
             st.count("timed_out", len(expired.timed_out))
             if adaptive is not None and len(st.auto_runs):
-                adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms)
+                adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms, timed_out=True)
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "timeout"))
         if release:

@@ -17,6 +17,14 @@ window; one that rises is followed as soon as a tail of slow completions shows, 
 commit. With fewer than ``min_samples`` in the window the estimate is not trusted and the
 initial timeout applies.
 
+Timeouts are samples too, censored ones: a record that timed out took at least its timeout.
+Without them a slow-down that outruns the estimate would never be seen - every slow record
+times out, only the fast ones complete - and its replays would time out as well, up to the
+DLQ. With all of them, one dropped record (a task bug, not slowness) in 1 000 would become the
+p99.9 and multiply the next timeouts by the safety factor, again with each drop. So they are
+kept apart and count only while they are more than ``timeout_share`` of the topic's records
+in the window: slowness, not the odd drop.
+
 Where latencies come from
 -------------------------
 The table keeps no registration time (4 B per entry would break the memory budget of
@@ -88,6 +96,13 @@ class LatencyWindow:
             assert self._slot is not None
             self.counts[self._slot % self.slots] += np.bincount(bucket_of(lat), minlength=BUCKETS)
 
+    def merged(self, other: LatencyWindow) -> LatencyWindow:
+        """A new window holding both windows' counts (both advanced to the same time)."""
+        both = LatencyWindow(self.slots * self.slot_ms, self.slots)
+        both.counts = self.counts + other.counts
+        both._slot = self._slot
+        return both
+
     def samples(self, now_ms: int) -> int:
         """Latencies in the window at ``now_ms``."""
         self._advance(now_ms)
@@ -118,6 +133,8 @@ class AdaptivePolicy:
     min_samples: int = 500
     window_ms: int = 20_000
     slots: int = 10
+    # Timeouts raise the estimate while they are more than this share of the window's records.
+    timeout_share: float = 0.01
 
     def __post_init__(self) -> None:
         if not 0 < self.floor_ms <= self.ceiling_ms:
@@ -137,7 +154,7 @@ class AdaptivePolicy:
 class Estimate:
     """One topic's figures, for the stats line and the metrics."""
 
-    samples: int
+    samples: int  # in the window (timeouts included while they count)
     quantile_ms: float | None  # None: fewer than min_samples, the initial timeout applies
     timeout_ms: int
     given: int  # deadlines given adaptively for this topic by this acker
@@ -152,6 +169,7 @@ class AdaptiveTimeouts:
         self._ids: dict[bytes, int] = {}
         self.names: list[str] = []
         self._windows: list[LatencyWindow] = []
+        self._timeouts: list[LatencyWindow] = []  # censored samples, apart (module doc)
         self._given: list[int] = []
 
     def topic_id(self, topic: bytes) -> int:
@@ -163,12 +181,22 @@ class AdaptiveTimeouts:
             tid = self._ids[topic] = len(self.names)
             self.names.append(topic.decode("utf-8", "replace"))
             self._windows.append(LatencyWindow(self.policy.window_ms, self.policy.slots))
+            self._timeouts.append(LatencyWindow(self.policy.window_ms, self.policy.slots))
             self._given.append(0)
         return tid
 
+    def _window(self, tid: int, now_ms: int) -> LatencyWindow:
+        """The topic's completions, and its timeouts too while they are more than
+        ``timeout_share`` of its records (module doc)."""
+        done, late = self._windows[tid], self._timeouts[tid]
+        n_late = late.samples(now_ms)
+        if n_late and n_late > self.policy.timeout_share * (n_late + done.samples(now_ms)):
+            return done.merged(late)
+        return done
+
     def timeout_ms(self, tid: int, now_ms: int) -> int:
         """The timeout a record of topic ``tid`` registered now gets."""
-        window = self._windows[tid]
+        window = self._window(tid, now_ms)
         if window.samples(now_ms) < self.policy.min_samples:
             return self.policy.initial
         q = window.quantile(self.policy.quantile, now_ms)
@@ -184,17 +212,20 @@ class AdaptiveTimeouts:
             self._given[tid] += int(np.count_nonzero(mine))
         return out
 
-    def observe(self, tids: np.ndarray, latencies_ms: np.ndarray, now_ms: int) -> None:
-        """Add completion latencies of records of topics ``tids``."""
+    def observe(self, tids: np.ndarray, latencies_ms: np.ndarray, now_ms: int, *, timed_out: bool = False) -> None:
+        """Add completion latencies of records of topics ``tids`` (``timed_out``: the records
+        timed out after these latencies - censored samples)."""
         if tids.size == 0:
             return
+        windows = self._timeouts if timed_out else self._windows
         for tid in np.unique(tids).tolist():
-            self._windows[tid].add(latencies_ms[tids == tid], now_ms)
+            windows[tid].add(latencies_ms[tids == tid], now_ms)
 
-    def observe_offsets(self, runs: AutoRegistrations, offsets: np.ndarray, now_ms: int) -> int:
-        """Entries of one ledger partition left the table at ``now_ms`` (completed, or timed out:
-        then the latency is at least their timeout - a censored sample, which is what lets the
-        estimate grow when a slow-down outruns it); their latencies are added by topic.
+    def observe_offsets(
+        self, runs: AutoRegistrations, offsets: np.ndarray, now_ms: int, *, timed_out: bool = False
+    ) -> int:
+        """Entries of one ledger partition left the table at ``now_ms``, completed or (with
+        ``timed_out``) timed out; their latencies since registration are added by topic.
         Returns how many were auto entries with a known registration time."""
         if not len(runs) or offsets.size == 0:
             return 0
@@ -202,14 +233,15 @@ class AdaptiveTimeouts:
         auto = tids >= 0
         n = int(np.count_nonzero(auto))
         if n:
-            self.observe(tids[auto], now_ms - ms[auto], now_ms)
+            self.observe(tids[auto], now_ms - ms[auto], now_ms, timed_out=timed_out)
         return n
 
     def estimates(self, now_ms: int) -> dict[str, Estimate]:
         out = {}
         for tid, name in enumerate(self.names):
-            samples = self._windows[tid].samples(now_ms)
-            q = self._windows[tid].quantile(self.policy.quantile, now_ms) if samples >= self.policy.min_samples else None
+            window = self._window(tid, now_ms)
+            samples = window.samples(now_ms)
+            q = window.quantile(self.policy.quantile, now_ms) if samples >= self.policy.min_samples else None
             out[name] = Estimate(samples, q, self.timeout_ms(tid, now_ms), self._given[tid])
         return out
 

@@ -142,3 +142,15 @@ def test_observe_offsets_adds_latency_since_registration() -> None:
     assert a.estimates(T0 + 400)["orders"].samples == 2
     q = a.estimates(T0 + 400)["orders"].quantile_ms
     assert q is not None and 400 <= q < 400 * 1.1
+
+
+def test_the_odd_timeout_is_a_drop_but_many_are_a_slow_down() -> None:
+    a = AdaptiveTimeouts(AdaptivePolicy(floor_ms=100, min_samples=100, timeout_share=0.01))
+    t = a.topic_id(b"orders")
+    a.observe(np.full(1_000, t), np.full(1_000, 200.0), T0)
+    fast = a.timeout_ms(t, T0)
+    a.observe(np.full(5, t), np.full(5, fast + 50.0), T0, timed_out=True)  # 0.5 %: dropped records
+    assert a.timeout_ms(t, T0) == fast
+    a.observe(np.full(20, t), np.full(20, fast + 50.0), T0, timed_out=True)  # 2.5 %: slowness
+    assert a.timeout_ms(t, T0) >= 3 * fast
+    assert a.estimates(T0)["orders"].samples == 1_025
