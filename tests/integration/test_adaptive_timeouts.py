@@ -19,6 +19,7 @@ from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+from broker.trace import render, trace
 from tests.integration.ground_truth import Services
 
 pytestmark = pytest.mark.integration
@@ -91,6 +92,10 @@ def test_a_dropped_record_is_replayed_long_before_the_ceiling_and_a_slow_down_re
     replayed = [o for o, events in log.outcomes.items() if any(e[1] == "replay" for e in events)]
     assert replayed == [lost]
     assert len(read_to_end(settings, topics.replay_topic(topic), 2)) == 1
+    # trace says whose deadline it is: the acker's, for both attempts.
+    attempts = trace(settings, ns.name, lost)["attempts"]
+    assert [a["persisted"]["timeout_ms"] for a in attempts] == ["auto", "auto"]
+    assert "timeout auto " in render(trace(settings, ns.name, lost))
     # Every registration of the auto source got an adaptive deadline, the replay's too.
     assert acker.counters()["adaptive"] == WARM + SLOW + 2
     assert est[topic].samples >= 100 and est[topic].quantile_ms is not None
