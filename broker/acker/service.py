@@ -57,7 +57,14 @@ from broker.kafka_io import (
 )
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, SystemClock, Ticker
-from broker.metrics import AckerMetrics, AckerSnapshot, MetricsServer, PartitionFigures, serve
+from broker.metrics import (
+    AckerMetrics,
+    AckerSnapshot,
+    MetricsServer,
+    PartitionFigures,
+    TopicEstimate,
+    serve,
+)
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -608,6 +615,10 @@ class Acker:
                 for lp, st in self.states.items()
             },
             {key: inp.lag for key, inp in self.expiry.inputs.items()},
+            {
+                topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)
+                for topic, e in self.adaptive.estimates(self.clock.now_ms()).items()
+            },
         ))
 
     def _on_commit_error(self, exc: KafkaException) -> None:

@@ -9,6 +9,7 @@ import itertools
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from broker import ids
 from broker.acker import Acker, AckerConfig
@@ -201,3 +202,18 @@ def test_timeouts_raise_an_estimate_that_a_slow_down_outran() -> None:
     after = acker.adaptive.timeout_ms(0, clock.now_ms())
     assert after >= 3 * before
     assert {outcomes(producer)[r.srid] for r in slow} == {b"replay"}
+
+
+def test_the_estimate_and_the_deadlines_given_are_metrics() -> None:
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    feed = Feed(consumer)
+    learn(acker, feed, clock, latency_ms=800)
+    run_steps(acker)  # a commit publishes the figures
+    text = generate_latest(acker.metrics.registry).decode()
+    given = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("replaybroker_acker_adaptive_deadlines_total{"))
+    assert given == 120
+    timeout = next(line for line in text.splitlines() if line.startswith("replaybroker_acker_adaptive_timeout_seconds{"))
+    assert 'topic="orders"' in timeout and 2.4 <= float(timeout.rsplit(" ", 1)[1]) <= 2.7
+    assert 'replaybroker_acker_adaptive_latency_samples{topic="orders"} 120.0' in text
