@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Literal, NamedTuple
 
 from confluent_kafka import KafkaException, Producer
@@ -97,7 +98,9 @@ class SourceConfig:
 
 
 def _check_timeout(timeout: object) -> None:
-    if timeout != AUTO and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+    """A positive number of ms or "auto": a negative one would read as the auto marker in the
+    persist record (``AUTO_TIMEOUT_MS``)."""
+    if timeout != AUTO and (not isinstance(timeout, Integral) or isinstance(timeout, bool) or timeout <= 0):
         raise ConfigurationError(f"timeout_ms must be a positive number of ms or {AUTO!r}, not {timeout!r}")
 
 
