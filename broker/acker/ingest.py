@@ -215,14 +215,12 @@ class Ingest:
         record = PersistedRecord.decode(value)
         if ids.decode_id(key) != record.srid:
             raise DecodeError("persist key and record srid differ")
-        if record.timeout_ms == AUTO_TIMEOUT_MS:
-            deadline = record.created_ms + ADAPTIVE_FALLBACK_MS
-            return key, ids.encode_id(record.root_xor), ids.encode_id(deadline), record.topic.encode()
+        auto = record.timeout_ms == AUTO_TIMEOUT_MS  # the acker gives the deadline; this one is a fallback
         # created_ms and timeout_ms are each a 64-bit long, their sum need not be one.
-        deadline = record.created_ms + record.timeout_ms
+        deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if auto else record.timeout_ms)
         if not -(2**63) <= deadline < 2**63:
             raise DecodeError(f"persist deadline created_ms + timeout_ms = {deadline} is not a 64-bit long")
-        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline), None
+        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline), record.topic.encode() if auto else None
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline

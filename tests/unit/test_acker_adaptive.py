@@ -217,3 +217,14 @@ def test_the_estimate_and_the_deadlines_given_are_metrics() -> None:
     timeout = next(line for line in text.splitlines() if line.startswith("replaybroker_acker_adaptive_timeout_seconds{"))
     assert 'topic="orders"' in timeout and 2.4 <= float(timeout.rsplit(" ", 1)[1]) <= 2.7
     assert 'replaybroker_acker_adaptive_latency_samples{topic="orders"} 120.0' in text
+
+
+def test_an_auto_record_whose_fallback_deadline_is_past_64_bits_is_quarantined() -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    r = persisted(ids.new_id(), ids.new_id(), 2**63 - 1, timeout_ms=AUTO_TIMEOUT_MS)
+    consumer.batches.append([FakeMessage(NS.persist, ids.ledger_partition(r.srid, 2), 0, ids.encode_id(r.srid), r.encode())])
+    run_steps(acker, 2)
+    c = acker.counters()
+    assert (c["quarantined"], c["registered"], c["adaptive"]) == (1, 0, 0)
+    assert [p.topic for p in producer.committed if p.topic == NS.dlq] == [NS.dlq]
