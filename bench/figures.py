@@ -42,6 +42,7 @@ class Spec:
     what: str
     # (comparison, bound): ">=" or "<=" against a number; None = no target.
     target: tuple[str, float] | None = None
+    zero: bool = False  # 0 is a measurement (a count of what should not happen), not a failure
 
 
 def _specs() -> list[Spec]:
@@ -78,6 +79,18 @@ def _specs() -> list[Spec]:
         Spec("replay.after_timeout_p99_ms", "ms", "persist of a never-acked record -> replay visible, p99"),
         Spec("replay.after_fail_vs_timeout", "x", "replay-after-fail p99 / configured timeout"),
         Spec("replay.after_timeout_vs_timeout", "x", "replay-after-timeout p99 / configured timeout"),
+        Spec("replay.adaptive_fixed_timeout_ms", "ms", "fixed timeout sized for the worst case of the latency-shift "
+             "runs (also the adaptive ceiling)"),
+        Spec("replay.fixed_detect_p50_ms", "ms", "send of a dropped record -> its replay visible, fixed timeout, p50"),
+        Spec("replay.fixed_detect_max_ms", "ms", "send of a dropped record -> its replay visible, fixed timeout, max"),
+        Spec("replay.adaptive_detect_p50_ms", "ms", "send of a dropped record -> its replay visible, timeout auto, p50"),
+        Spec("replay.adaptive_detect_max_ms", "ms", "send of a dropped record -> its replay visible, timeout auto, max"),
+        Spec("replay.adaptive_detect_speedup", "x", "fixed / adaptive detection p50 under the latency shift",
+             (">=", 3.0)),
+        Spec("replay.fixed_spurious_per_1e5", "replays", "replays of records that completed (a slow task), "
+             "per 10^5 records, fixed timeout, task slowing down 5x", zero=True),
+        Spec("replay.adaptive_spurious_per_1e5", "replays", "replays of records that completed (a slow task), "
+             "per 10^5 records, timeout auto, task slowing down 5x", zero=True),
         Spec("cost.pipeline.writes_per_record", "records", "Kafka records appended per completed record, all topics "
              "(internal ones included), drained run at the latency load"),
         Spec("cost.pipeline.bytes_per_record", "B", "bytes appended to the broker's logs per completed record, all topics"),
@@ -125,7 +138,7 @@ class Figures:
 
     def set(self, key: str, value: float | None, *, unavailable: str | None = None, **extra: Any) -> None:
         spec = SPECS[key]
-        if value is None or not _finite(value) or value <= 0:
+        if value is None or not _finite(value) or value < 0 or (value == 0 and not spec.zero):
             reason = unavailable or (f"not a positive number: {value!r}" if value is not None else "not measured")
             self.values[key] = {"value": None, "unit": spec.unit, "unavailable": reason, **extra}
             return

@@ -6,7 +6,8 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 2. ``restore``    - changelog restore rate;
 3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group;
 4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
-5. ``replay``     - replay latency after an explicit failure and after a timeout;
+5. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
+   adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
 6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby.
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
@@ -27,7 +28,7 @@ import subprocess
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class Plan:
     replay_rate: float
     replay_timeout_ms: int
     restore_entries: int
+    adaptive_records: int = 2_000
     takeover_sizes: tuple[int, ...] = (100_000,)
     # The embedded broker allows 6 s (group.consumer.min.session.timeout.ms); quick uses it.
     takeover_session_timeout_ms: int = 10_000
@@ -63,15 +65,16 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
-            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, (100_000,), 6_000, 48.0)
-        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, TAKEOVER_SIZES,
-                   10_000, 120.0)
+            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
+                       6_000, 48.0)
+        return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
+                   TAKEOVER_SIZES, 10_000, 120.0)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
-            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 12, "takeover": 40}
-        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 30, "takeover": 150}
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40}
+        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150}
 
 
 @dataclass
@@ -321,6 +324,7 @@ def run(options: Options) -> dict[str, Any]:
 
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
+    from bench.adaptive import measure_adaptive
     from bench.pipeline import measure_latency, measure_throughput
     from bench.replay import measure_replay
     from bench.restore import measure_restore
@@ -345,10 +349,15 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
         details["latency"] = {k: v for k, v in lat.items() if not hasattr(v, "shape")}
 
     def replay(update: Any) -> None:
+        def part(start: float, share: float) -> Callable[[float, str], None]:
+            return lambda f, detail: update(start + share * f, detail)
+
         rep = measure_replay(env, figures, timeout_ms=plan.replay_timeout_ms, records=plan.replay_records,
-                             rate=plan.replay_rate, progress=update)
+                             rate=plan.replay_rate, progress=part(0.0, 0.25))
         series["replay"] = rep
         details["replay"] = {k: v for k, v in rep.items() if not hasattr(v, "shape")}
+        details["replay"]["adaptive"] = measure_adaptive(
+            env, figures, records=plan.adaptive_records, progress=part(0.25, 0.75))
 
     def takeover(update: Any) -> None:
         details["takeover"] = measure_takeover(env, figures, sizes=plan.takeover_sizes,

@@ -10,7 +10,9 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-attempt`` | data records | attempt number (``1`` on a first attempt) |
 | ``rb-path`` | data records below the root | emit indices from the root: ``0.2`` is the third child of the source record (``0``, which carries no header), ``0.2.0`` its first grandchild |
 | ``rb-root`` | persist records | the root's creation event (XOR of the source's record ids) |
-| ``rb-deadline`` | persist records | created_ms + timeout_ms |
+| ``rb-deadline`` | persist records | created_ms + timeout_ms (an auto record: + ``ADAPTIVE_FALLBACK_MS``) |
+| ``rb-timeout`` | persist records with an adaptive timeout | ``auto``: the acker sets the deadline (docs/design.md §6) |
+| ``rb-topic`` | auto persist records; DLQ records | the data topic (auto: whose latency estimate applies) |
 | ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
 | ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
 | ``rb-attempts``, ``rb-topic``, ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` | DLQ records | what a redrive needs |
@@ -42,6 +44,16 @@ TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT, H_PATH})
 # --- persist records: register an srid from key + headers without decoding the value
 H_ROOT = "rb-root"
 H_DEADLINE = "rb-deadline"
+# An adaptive timeout (``timeout_ms="auto"``): the acker gives the deadline from its latency
+# estimate for the data topic named by ``rb-topic`` (both read from headers: the acker
+# registers persist records without decoding them). The value's ``timeout_ms`` is
+# ``AUTO_TIMEOUT_MS``, so a replay (which reads the value) is auto too; ``rb-deadline`` holds
+# created_ms + ``ADAPTIVE_FALLBACK_MS``, for a reader that does not know ``rb-timeout``.
+H_TIMEOUT = "rb-timeout"
+AUTO = "auto"
+AUTO_B = b"auto"
+AUTO_TIMEOUT_MS = -1
+ADAPTIVE_FALLBACK_MS = 300_000
 
 # --- persist tombstones: why the srid left the ledger (broker.completions reads them)
 H_OUTCOME = "rb-outcome"
@@ -111,8 +123,12 @@ def child_path_header(parent_headers: Headers | None, index: int) -> tuple[str, 
     return (H_PATH, child_path(path_of(parent_headers), index).encode())
 
 
-def persist_headers(root_xor: int, deadline_ms: int) -> list[tuple[str, bytes]]:
-    return [(H_ROOT, encode_id(root_xor)), (H_DEADLINE, encode_id(deadline_ms))]
+def persist_headers(root_xor: int, deadline_ms: int, auto_topic: str | None = None) -> list[tuple[str, bytes]]:
+    """A persist record's headers; with ``auto_topic``, an adaptive timeout for that topic."""
+    headers = [(H_ROOT, encode_id(root_xor)), (H_DEADLINE, encode_id(deadline_ms))]
+    if auto_topic is not None:
+        headers += [(H_TIMEOUT, AUTO_B), (H_TOPIC, auto_topic.encode())]
+    return headers
 
 
 def user_headers(headers: Headers | None) -> tuple[tuple[str, bytes | None], ...]:

@@ -69,11 +69,21 @@ class PartitionFigures:
 
 
 @dataclass(frozen=True)
+class TopicEstimate:
+    """One source topic's adaptive timeout (docs/design.md §6) as of a commit."""
+
+    timeout_ms: int  # what a record registered now gets
+    quantile_ms: float | None  # None: too few latencies in the window, the initial timeout applies
+    samples: int
+
+
+@dataclass(frozen=True)
 class AckerSnapshot:
     """What an acker exports, as of its last commit."""
 
     partitions: Mapping[int, PartitionFigures] = field(default_factory=dict)
     lag: Mapping[tuple[str, int], int | None] = field(default_factory=dict)  # (topic, partition)
+    adaptive: Mapping[str, TopicEstimate] = field(default_factory=dict)  # source topic ->
 
 
 class AckerMetrics(Collector):
@@ -107,6 +117,10 @@ class AckerMetrics(Collector):
         registered = CounterMetricFamily(
             "replaybroker_acker_registered", "Persist records registered in the ledger partition", labels=["partition"]
         )
+        adaptive = CounterMetricFamily(
+            "replaybroker_acker_adaptive_deadlines",
+            "Deadlines given from the latency estimate (timeout auto) in the ledger partition", labels=["partition"],
+        )
         pending = GaugeMetricFamily(
             "replaybroker_acker_pending_entries", "Registered entries of the ledger partition not decided yet",
             labels=["partition"],
@@ -121,6 +135,7 @@ class AckerMetrics(Collector):
                 decisions.add_metric([name, p], fig.counters.get(name, 0))
             folded.add_metric([p], fig.counters.get("folded", 0))
             registered.add_metric([p], fig.counters.get("registered", 0))
+            adaptive.add_metric([p], fig.counters.get("adaptive", 0))
             if fig.pending is not None:
                 pending.add_metric([p], fig.pending)
                 if fig.pending == 0:
@@ -136,7 +151,30 @@ class AckerMetrics(Collector):
                 lag.add_metric([topic, str(partition)], messages)
         owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
         owned.add_metric([], len(snap.partitions))
-        yield from (decisions, folded, registered, pending, age, lag, owned)
+        yield from (decisions, folded, registered, adaptive, pending, age, lag, owned, *self._estimates(snap))
+
+    @staticmethod
+    def _estimates(snap: AckerSnapshot) -> tuple[Metric, ...]:
+        """This acker's adaptive timeout per source topic, and what it rests on."""
+        timeout = GaugeMetricFamily(
+            "replaybroker_acker_adaptive_timeout_seconds",
+            "Timeout a record of the topic registered now gets (timeout auto)", labels=["topic"],
+        )
+        quantile = GaugeMetricFamily(
+            "replaybroker_acker_adaptive_latency_quantile_seconds",
+            "The completion latency quantile the timeout is computed from (absent: too few samples)",
+            labels=["topic"],
+        )
+        samples = GaugeMetricFamily(
+            "replaybroker_acker_adaptive_latency_samples", "Completion latencies in the estimate's window",
+            labels=["topic"],
+        )
+        for topic, est in sorted(snap.adaptive.items()):
+            timeout.add_metric([topic], est.timeout_ms / 1000)
+            samples.add_metric([topic], est.samples)
+            if est.quantile_ms is not None:
+                quantile.add_metric([topic], est.quantile_ms / 1000)
+        return timeout, quantile, samples
 
 
 class TaskFigures(Protocol):

@@ -23,6 +23,8 @@ import orjson
 
 from broker import ids
 from broker.headers import (
+    ADAPTIVE_FALLBACK_MS,
+    AUTO_TIMEOUT_MS,
     DLQ_HEADERS,
     H_ATTEMPTS,
     H_HISTORY,
@@ -106,10 +108,13 @@ def decide(
         created_ms=now_ms,
         history=history,
     )
+    # A replay of an auto record is auto too: the acker that registers it gives its deadline.
+    auto = record.timeout_ms == AUTO_TIMEOUT_MS
+    headers = (persist_headers(record_id, now_ms + ADAPTIVE_FALLBACK_MS, record.topic) if auto
+               else persist_headers(record_id, now_ms + again.timeout_ms))
     persist = Outgoing(
         ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode(),
-        tuple(persist_headers(record_id, now_ms + again.timeout_ms)),
-        record.srid,
+        tuple(headers), record.srid,
     )
     data = Outgoing(
         replay_topic(record.topic),

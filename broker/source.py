@@ -15,7 +15,8 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from numbers import Integral
+from typing import Any, Literal, NamedTuple
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
@@ -24,12 +25,18 @@ from broker.backpressure import PendingWindow, PersistFeed
 from broker.delivery import PendingData, SendFailure
 from broker.errors import BackpressureTimeout, ConfigurationError, DeliveryError
 from broker.headers import (
+    ADAPTIVE_FALLBACK_MS,
+    AUTO,
+    AUTO_B,
+    AUTO_TIMEOUT_MS,
     H_ATTEMPT,
     H_DEADLINE,
     H_ID,
     H_ORIGIN,
     H_ROOT,
     H_SRID,
+    H_TIMEOUT,
+    H_TOPIC,
     Headers,
     as_bytes,
     user_headers,
@@ -71,9 +78,14 @@ class SendResult(NamedTuple):
     origin: int
 
 
+Timeout = int | Literal["auto"]
+"""A record's timeout: ms, or ``"auto"`` - the acker gives the deadline from the completion
+latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
+
+
 @dataclass(frozen=True)
 class SourceConfig:
-    timeout_ms: int = 30_000
+    timeout_ms: Timeout = 30_000
     max_attempts: int = 5
     # Data topic -> partitioner name ("kafka" or "spark"); unlisted topics use "kafka".
     partitioners: Mapping[str, str] = field(default_factory=dict)
@@ -83,6 +95,13 @@ class SourceConfig:
     # max_pending_timeout_s, then raises BackpressureTimeout. None: no limit.
     max_pending: int | None = None
     max_pending_timeout_s: float = 30.0
+
+
+def _check_timeout(timeout: object) -> None:
+    """A positive number of ms or "auto": a negative one would read as the auto marker in the
+    persist record (``AUTO_TIMEOUT_MS``)."""
+    if timeout != AUTO and (not isinstance(timeout, Integral) or isinstance(timeout, bool) or timeout <= 0):
+        raise ConfigurationError(f"timeout_ms must be a positive number of ms or {AUTO!r}, not {timeout!r}")
 
 
 class Source:
@@ -139,6 +158,7 @@ class Source:
         self._key_partitions: dict[tuple[str, bytes], int] = {}
         self._pending = PendingData()
         self.sent = 0
+        _check_timeout(self.config.timeout_ms)
         if self.config.max_pending is not None and self.config.max_pending < 1:
             raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
         self._window: PendingWindow | None = None  # built at the first send with max_pending
@@ -227,7 +247,7 @@ class Source:
         value: bytes | str | None,
         headers: Headers | None = None,
         *,
-        timeout_ms: int | None = None,
+        timeout_ms: Timeout | None = None,
         max_attempts: int | None = None,
     ) -> SendResult:
         self._before_send()
@@ -248,7 +268,7 @@ class Source:
         key_hash_partition: int,
         partitioner: str = "kafka",
         history: Sequence[Failure] = (),
-        timeout_ms: int | None = None,
+        timeout_ms: Timeout | None = None,
         max_attempts: int | None = None,
     ) -> SendResult:
         """Send a record again as a FRESH source record that keeps its ``origin`` (DLQ
@@ -276,7 +296,7 @@ class Source:
         partition: int,
         partitioner: str,
         history: tuple[Failure, ...],
-        timeout_ms: int | None,
+        timeout_ms: Timeout | None,
         max_attempts: int | None,
     ) -> SendResult:
         if self.config.max_pending is not None:
@@ -286,19 +306,28 @@ class Source:
         record_id, record_b, record_avro = _new_encoded_id()
         origin = srid if origin is None else origin
         created_ms = int(time.time() * 1000)
-        timeout_ms = timeout_ms or self.config.timeout_ms
+        timeout = timeout_ms or self.config.timeout_ms
         # The PersistedRecord, encoded straight from its fields; the rb-root / rb-deadline
-        # headers let the acker register it without decoding the value.
+        # headers let the acker register it without decoding the value (an auto timeout:
+        # rb-timeout and rb-topic too, broker.headers).
+        persist_headers: list[tuple[str, bytes | None]] = [(H_ROOT, record_b)]
+        if isinstance(timeout, str):
+            _check_timeout(timeout)
+            timeout = AUTO_TIMEOUT_MS
+            persist_headers += [(H_DEADLINE, encode_id(created_ms + ADAPTIVE_FALLBACK_MS)),
+                                (H_TIMEOUT, AUTO_B), (H_TOPIC, topic.encode())]
+        else:
+            _check_timeout(timeout)
+            persist_headers.append((H_DEADLINE, encode_id(created_ms + timeout)))
         value = encode_persisted(
             srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
-            own_headers, created_ms, timeout_ms, max_attempts or self.config.max_attempts, history,
+            own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
             encoded_ids=(srid_avro, record_avro),
         )
         try:
             kafka_io.produce(
                 self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
-                headers=[(H_ROOT, record_b), (H_DEADLINE, encode_id(created_ms + timeout_ms))],
-                on_delivery=self._pending.on_persist,
+                headers=persist_headers, on_delivery=self._pending.on_persist,
             )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])

@@ -35,7 +35,7 @@ from confluent_kafka import Message
 from broker import ids
 from broker.dlq import RECORD, DlqEntry
 from broker.errors import DecodeError
-from broker.headers import H_ATTEMPT, H_ORIGIN, H_OUTCOME, H_SRID
+from broker.headers import AUTO, AUTO_TIMEOUT_MS, H_ATTEMPT, H_ORIGIN, H_OUTCOME, H_SRID
 from broker.kafka_io import partition_counts, read_partitions, read_to_end
 from broker.ledger.table import DEFERRED, FAILED, REGISTERED
 from broker.schemas import LedgerEntry, PersistedRecord
@@ -217,16 +217,17 @@ def _attempt(reader: _Reader, srid: int, attempt: int | None, replay: Message | 
     record, value_msg, tombstone = _persisted(reader.persist_of(srid))
     persisted = None
     if record is not None and value_msg is not None:
-        deadline = record.created_ms + record.timeout_ms
+        auto = record.timeout_ms == AUTO_TIMEOUT_MS  # the acker gives the deadline (design §6)
+        deadline = None if auto else record.created_ms + record.timeout_ms
         attempt = record.attempt
         persisted = {
             "partition": value_msg.partition(),
             "offset": value_msg.offset(),
             "created_ms": record.created_ms,
             "created": _iso(record.created_ms),
-            "timeout_ms": record.timeout_ms,
+            "timeout_ms": AUTO if auto else record.timeout_ms,
             "deadline_ms": deadline,
-            "deadline": _iso(deadline),
+            "deadline": "set by the acker (ledger entry)" if deadline is None else _iso(deadline),
             "max_attempts": record.max_attempts,
             "topic": record.topic,
             "key_hash_partition": record.key_hash_partition,
@@ -321,7 +322,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append("  persisted:  not persisted / compacted away")
         else:
             lines.append(
-                f"  persisted:  {ns}.persist {_where(p)}  created {p['created']}  timeout {p['timeout_ms']} ms  "
+                f"  persisted:  {ns}.persist {_where(p)}  created {p['created']}  timeout {p['timeout_ms']}"
+                f"{'' if p['timeout_ms'] == AUTO else ' ms'}  "
                 f"deadline {p['deadline']}"
             )
             lines.append(

@@ -43,6 +43,7 @@ from confluent_kafka import (
 
 from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
+from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.schemas import COUNTERS_KEY, LedgerCounters, LedgerEntry
 from broker.topics import Namespace
@@ -257,6 +258,9 @@ class Changelog:
             st.registrations.reset(record.oldest_pending_offset, record.oldest_pending_ms)
         elif latest:
             st.pending = None  # entries after the last counters record: unknown until computed
+        if latest:
+            # Entries another owner registered: no registration times of ours cover them.
+            st.auto_runs = AutoRegistrations()
         gone = [k for k, v in latest.items() if v is None and len(k) == 8]
         if gone:
             st.table.remove(np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ConfigurationError
+from broker.ledger.adaptive import AdaptivePolicy
 
 
 def default_instance_id() -> str:
@@ -83,9 +84,34 @@ class AckerConfig:
     # Serve Prometheus metrics on this port (broker.metrics; 0: any free port, see
     # Acker.metrics_server.port); None: no HTTP server.
     metrics_port: int | None = None
+    # Adaptive timeouts (a source's timeout "auto", docs/design.md §6): a record registered
+    # now gets now + clamp(p99.9 of its topic's recent completion latencies x safety factor,
+    # floor, ceiling); the initial timeout (None: the ceiling) while the window holds fewer
+    # than adaptive_min_samples latencies. The window forgets a latency after
+    # adaptive_window_ms. The estimate is not persisted: a new owner learns it again.
+    adaptive_floor_ms: int = 1_000
+    adaptive_ceiling_ms: int = 300_000
+    adaptive_safety_factor: float = 3.0
+    adaptive_quantile: float = 0.999
+    adaptive_initial_ms: int | None = None
+    adaptive_min_samples: int = 500
+    adaptive_window_ms: int = 20_000
+    # Timed-out auto records raise the estimate (as latencies of at least their timeout) only
+    # while they are more than this share of the topic's records in the window: a slow-down,
+    # not the odd record a task dropped.
+    adaptive_timeout_share: float = 0.01
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
     instance_id_generated: bool = field(default=False, init=False, compare=False)
+
+    @property
+    def adaptive(self) -> AdaptivePolicy:
+        return AdaptivePolicy(
+            floor_ms=self.adaptive_floor_ms, ceiling_ms=self.adaptive_ceiling_ms,
+            safety_factor=self.adaptive_safety_factor, quantile=self.adaptive_quantile,
+            initial_ms=self.adaptive_initial_ms, min_samples=self.adaptive_min_samples,
+            window_ms=self.adaptive_window_ms, timeout_share=self.adaptive_timeout_share,
+        )
 
     @property
     def static(self) -> bool:
@@ -95,6 +121,10 @@ class AckerConfig:
     def __post_init__(self) -> None:
         if self.group_protocol not in ("consumer", "classic"):
             raise ConfigurationError(f"group_protocol must be 'consumer' or 'classic', not {self.group_protocol!r}")
+        try:
+            self.adaptive  # noqa: B018 - checks the adaptive settings
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
         if not self.instance_id:
             object.__setattr__(self, "instance_id", default_instance_id())
             object.__setattr__(self, "instance_id_generated", True)

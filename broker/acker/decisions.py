@@ -38,6 +38,7 @@ from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_DLQ
+from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
@@ -64,7 +65,8 @@ class _Ready:
 
 
 def collect_failures(
-    states: Mapping[int, PartitionState], now_ms: int, expiry_ticks: Mapping[int, int | None], fail_hold_ms: int
+    states: Mapping[int, PartitionState], now_ms: int, expiry_ticks: Mapping[int, int | None], fail_hold_ms: int,
+    adaptive: AdaptiveTimeouts | None = None,
 ) -> None:
     """Move every timed-out or explicitly failed entry from its table to ``st.failures``.
 
@@ -77,6 +79,10 @@ def collect_failures(
     partitions) is ``fail_hold_ms`` old, every held mark is decided in this commit, so the
     marks of one task batch - spread over ledger partitions - are decided together. They are
     facts, not the absence of an ack: the lag does not hold them back.
+
+    A timed-out auto entry is a latency sample for ``adaptive`` (censored: at least its
+    timeout): when a slow-down outruns the estimate, the timeouts themselves raise it
+    (broker.ledger.adaptive: only while they are more than the odd dropped record).
     """
     oldest = min((ms for st in states.values() for ms, _ in st.recent_fails), default=None)
     release = oldest is None or now_ms - oldest >= fail_hold_ms
@@ -86,6 +92,8 @@ def collect_failures(
             expired = st.table.expire(tick)
             st.count("orphans", len(expired.orphans))
             st.count("timed_out", len(expired.timed_out))
+            if adaptive is not None and len(st.auto_runs):
+                adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms, timed_out=True)
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "timeout"))
         if release:

@@ -16,7 +16,17 @@ from broker import ids
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
-from broker.headers import H_DEADLINE, H_ROOT, OUTCOME_COMPLETED
+from broker.headers import (
+    ADAPTIVE_FALLBACK_MS,
+    AUTO_B,
+    AUTO_TIMEOUT_MS,
+    H_DEADLINE,
+    H_ROOT,
+    H_TIMEOUT,
+    H_TOPIC,
+    OUTCOME_COMPLETED,
+)
+from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
@@ -37,8 +47,11 @@ class Ingest:
         orphan_ttl_ms: int,
         cache: PayloadCache,
         outgoing: list[tuple[int, Outgoing]],
+        adaptive: AdaptiveTimeouts | None = None,
     ) -> None:
         self.ns = ns
+        # Latency per source topic and the deadlines it gives records with timeout "auto".
+        self.adaptive = adaptive or AdaptiveTimeouts()
         self.clock = clock
         self.ticker = ticker
         self.orphan_ttl_ms = orphan_ttl_ms
@@ -69,27 +82,37 @@ class Ingest:
         with the key's srid (its first Avro field) and kept as bytes for a replay; a record
         without the headers (an older producer) is decoded in full. Anything else is
         quarantined, as is a value that turns out undecodable when a replay needs it.
+        A record with ``rb-timeout: auto`` gets its deadline from the latency estimate of the
+        topic in ``rb-topic`` instead of ``rb-deadline`` (``_adaptive_deadlines``).
         """
         msgs: list[Message] = []
         keys: list[bytes] = []
         roots: list[bytes] = []
         deadlines: list[bytes] = []
         values: list[bytes] = []
+        autos: list[bytes | None] = []  # the topic of a record with an adaptive timeout
         for msg in batch:
             value = msg.value()
             if value is None:
                 continue  # a tombstone: a completion (ours or a previous owner's)
             key = msg.key()
             headers = msg.headers()
+            auto: bytes | None = None
             if headers is not None and len(headers) == 2 and headers[0][0] == H_ROOT and headers[1][0] == H_DEADLINE:
                 root, deadline = headers[0][1], headers[1][1]  # as a Source writes them
             else:
-                root = deadline = None
+                root = deadline = timeout = None
                 for name, header in headers or ():
                     if name == H_ROOT:
                         root = header
                     elif name == H_DEADLINE:
                         deadline = header
+                    elif name == H_TIMEOUT:
+                        timeout = header
+                    elif name == H_TOPIC:
+                        auto = header
+                if timeout != AUTO_B:
+                    auto = None
             if (
                 key is not None and len(key) == 8 and root is not None and len(root) == 8
                 and deadline is not None and len(deadline) == 8
@@ -97,7 +120,7 @@ class Ingest:
                 pass  # the value's first field is checked against the key below, in bulk
             else:
                 try:
-                    key, root, deadline = self._decode_persist(key, value)
+                    key, root, deadline, auto = self._decode_persist(key, value)
                 except DecodeError as exc:
                     self.quarantine(st, msg, str(exc))
                     continue
@@ -106,6 +129,7 @@ class Ingest:
             roots.append(root)
             deadlines.append(deadline)
             values.append(value)
+            autos.append(auto)
         if not msgs:
             return
         srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
@@ -125,6 +149,7 @@ class Ingest:
             roots = [r for r, k in zip(roots, kept, strict=True) if k]
             deadlines = [d for d, k in zip(deadlines, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
+            autos = [a for a, k in zip(autos, kept, strict=True) if k]
             if not msgs:
                 return
         # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
@@ -132,14 +157,19 @@ class Ingest:
         # stamps append times.
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
+        offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
+        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
+        auto_mask = self._adaptive_deadlines(st, offsets, autos, deadline_ms)
         result = st.table.register(
             srids,
             np.frombuffer(b"".join(roots), dtype=">i8").astype(np.int64),
-            np.array([m.offset() for m in msgs], dtype=np.int64),
-            self.ticker.ticks_of(np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)),
+            offsets,
+            self.ticker.ticks_of(deadline_ms),
         )
         dup = int(result.duplicates.sum())
         st.count("registered", len(msgs) - dup)
+        if auto_mask is not None:
+            st.count("adaptive", int(np.count_nonzero(auto_mask & ~result.duplicates)))
         if dup:
             st.count("duplicate_roots", dup)
             log.warning("refused %d duplicate persist records in partition %d", dup, lp)
@@ -150,20 +180,47 @@ class Ingest:
                 put(srid, value)
         self.completed(st, result.completed)
 
+    def _adaptive_deadlines(
+        self, st: PartitionState, offsets: np.ndarray, autos: list[bytes | None], deadline_ms: np.ndarray
+    ) -> np.ndarray | None:
+        """Give the records with an adaptive timeout their deadline, ``now + clamp(quantile x
+        safety factor, floor, ceiling)`` of their topic's latency (in ``deadline_ms``, in
+        place), and note when they were registered, for their latency when they leave.
+        Returns the mask of auto records (None: none in the batch, nothing done)."""
+        if not any(autos):
+            if len(st.auto_runs):  # a run of fixed records ends the auto run before it
+                st.auto_runs.note(offsets, np.full(offsets.size, -1, np.int32), self.clock.now_ms())
+            return None
+        now = self.clock.now_ms()
+        topic_id = self.adaptive.topic_id
+        tids = np.array([-1 if t is None else topic_id(t) for t in autos], dtype=np.int32)
+        auto = tids >= 0
+        deadline_ms[auto] = self.adaptive.deadlines(tids[auto], now)
+        st.auto_runs.note(offsets, tids, now)
+        return auto
+
+    def left(self, st: PartitionState, offsets: np.ndarray) -> None:
+        """Entries at these persist offsets left the table now (completed or timed out): the
+        latency of the auto ones is a sample of their topic's estimate."""
+        if len(st.auto_runs):
+            self.adaptive.observe_offsets(st.auto_runs, offsets, self.clock.now_ms())
+
     @staticmethod
-    def _decode_persist(key: bytes | None, value: bytes) -> tuple[bytes, bytes, bytes]:
+    def _decode_persist(key: bytes | None, value: bytes) -> tuple[bytes, bytes, bytes, bytes | None]:
         """The full check of a persist record without the registration headers: its key,
-        root_xor and deadline as the 8 bytes the headers would hold."""
+        root_xor and deadline as the 8 bytes the headers would hold, and its topic when its
+        timeout is adaptive."""
         if key is None or len(key) != 8:
             raise DecodeError("persist key is not an 8-byte srid")
         record = PersistedRecord.decode(value)
         if ids.decode_id(key) != record.srid:
             raise DecodeError("persist key and record srid differ")
+        auto = record.timeout_ms == AUTO_TIMEOUT_MS  # the acker gives the deadline; this one is a fallback
         # created_ms and timeout_ms are each a 64-bit long, their sum need not be one.
-        deadline = record.created_ms + record.timeout_ms
+        deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if auto else record.timeout_ms)
         if not -(2**63) <= deadline < 2**63:
             raise DecodeError(f"persist deadline created_ms + timeout_ms = {deadline} is not a 64-bit long")
-        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline)
+        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline), record.topic.encode() if auto else None
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline
@@ -239,6 +296,7 @@ class Ingest:
 
     def completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):
+            self.left(st, done.offsets)
             srids = done.srids.tolist()
             st.count("completed", len(srids))
             st.tombstones.extend((srid, OUTCOME_COMPLETED) for srid in srids)

@@ -55,8 +55,16 @@ from broker.kafka_io import (
     retrying,
     set_group_timeouts,
 )
+from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, SystemClock, Ticker
-from broker.metrics import AckerMetrics, AckerSnapshot, MetricsServer, PartitionFigures, serve
+from broker.metrics import (
+    AckerMetrics,
+    AckerSnapshot,
+    MetricsServer,
+    PartitionFigures,
+    TopicEstimate,
+    serve,
+)
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -168,7 +176,11 @@ class Acker:
         )
         cache = PayloadCache(self.config.replay_cache_entries)
         self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
-        self.ingest = Ingest(ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing)
+        # One latency estimate per source topic for the whole process (timeout "auto").
+        self.adaptive = AdaptiveTimeouts(self.config.adaptive)
+        self.ingest = Ingest(
+            ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive
+        )
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
@@ -556,7 +568,7 @@ class Acker:
         gating = [t for lp, t in expiry_ticks.items() if self.states[lp].table.due(now_tick)]
         common = None if None in gating else min((t for t in gating if t is not None), default=now_tick)
         expiry_ticks = dict.fromkeys(expiry_ticks, common)
-        collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms)
+        collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
@@ -603,6 +615,10 @@ class Acker:
                 for lp, st in self.states.items()
             },
             {key: inp.lag for key, inp in self.expiry.inputs.items()},
+            {
+                topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)
+                for topic, e in self.adaptive.estimates(self.clock.now_ms()).items()
+            },
         ))
 
     def _on_commit_error(self, exc: KafkaException) -> None:
@@ -692,9 +708,11 @@ class Acker:
     def _log_stats(self) -> None:
         self._last_stats = time.monotonic()
         c = self.counters()
+        adaptive = self.adaptive.summary(self.clock.now_ms())
         log.info(
-            "acker %s partitions=%s %s",
+            "acker %s partitions=%s %s%s",
             self.config.instance_id,
             sorted(self.states),
             " ".join(f"{k}={v}" for k, v in c.items()),
+            f" adaptive {adaptive}" if adaptive else "",
         )

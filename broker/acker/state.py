@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.table import LedgerTable
 
 COUNTERS = (
@@ -25,6 +26,7 @@ COUNTERS = (
     "payload_retries",  # payload reads that failed and were put off to a later commit
     "payload_lost",  # failed records dead-lettered without their value: payload unreadable
     "refused",  # outputs the broker refused for good, decided again: replay -> DLQ, DLQ w/o value
+    "adaptive",  # deadlines given from the latency estimate (timeout "auto")
 )
 
 
@@ -85,6 +87,9 @@ class PartitionState:
     # partition starts counting again (a provably lost record is dead-lettered at once).
     payload_tries: dict[int, int] = field(default_factory=dict)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
+    # When and for which topic the auto entries were registered: their latencies when they
+    # leave (broker.ledger.adaptive). Not restored: a new owner learns again.
+    auto_runs: AutoRegistrations = field(default_factory=AutoRegistrations)
     # The table's pending entries as of the last counters record (None: unknown - restored
     # from a record without them; computed when the metrics need them): published with the
     # counters, read by the metrics. A new, empty table has none.
@@ -98,6 +103,7 @@ class PartitionState:
         self.pending = count
         self.oldest_pending_offset = None if offset < 0 else offset
         self.oldest_pending_ms = None if offset < 0 else self.registrations.time_of(offset)
+        self.auto_runs.drop_below(offset)
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

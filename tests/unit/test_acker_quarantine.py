@@ -102,7 +102,7 @@ def test_a_batch_for_another_ledger_partition_is_quarantined_whole(fake_kafka: N
 
 @pytest.mark.parametrize(
     ("created_ms", "timeout_ms"),
-    [(T0, 2**63 - 1), (2**63 - 1, 1), (-(2**63), -1)],
+    [(T0, 2**63 - 1), (2**63 - 1, 1), (-(2**63), -2)],
 )
 def test_a_persist_record_whose_deadline_is_past_64_bits_is_quarantined(
     fake_kafka: None, created_ms: int, timeout_ms: int  # noqa: F811

@@ -1,0 +1,76 @@
+"""What a Source writes for a fixed and for an adaptive timeout (no cluster: the producer is a
+stand-in that keeps what was produced)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker import ids
+from broker.errors import ConfigurationError
+from broker.headers import (
+    ADAPTIVE_FALLBACK_MS,
+    AUTO_B,
+    AUTO_TIMEOUT_MS,
+    H_DEADLINE,
+    H_ROOT,
+    H_TIMEOUT,
+    H_TOPIC,
+)
+from broker.schemas import PersistedRecord
+from broker.settings import KafkaSettings
+from broker.source import Source, SourceConfig
+
+
+class KeepingProducer:
+    def __init__(self) -> None:
+        self.produced: list[dict[str, Any]] = []
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.produced.append({"topic": topic, **kwargs})
+
+    def poll(self, *_: Any) -> int:
+        return 0
+
+
+def source(config: SourceConfig) -> tuple[Source, KeepingProducer]:
+    src = Source(KafkaSettings("fake:9092"), "unit", config)
+    src._ledger_partitions = 2  # what topics.check would have found
+    src._partitions["orders"] = 4
+    producer = KeepingProducer()
+    src._producer = producer  # type: ignore[assignment]
+    return src, producer
+
+
+def persist_of(producer: KeepingProducer) -> tuple[dict[str, bytes], PersistedRecord]:
+    (p,) = [p for p in producer.produced if p["topic"] == "unit.persist"]
+    return dict(p["headers"]), PersistedRecord.decode(p["value"])
+
+
+def test_a_fixed_timeout_is_the_deadline_header_as_before() -> None:
+    src, producer = source(SourceConfig(timeout_ms=7_000))
+    src.send("orders", "k", "v")
+    headers, record = persist_of(producer)
+    assert list(headers) == [H_ROOT, H_DEADLINE]  # the acker's fast path: exactly these two
+    assert ids.decode_id(headers[H_DEADLINE]) == record.created_ms + 7_000 and record.timeout_ms == 7_000
+
+
+@pytest.mark.parametrize("how", ["config", "send"])
+def test_an_auto_timeout_marks_the_persist_record_for_the_acker(how: str) -> None:
+    src, producer = source(SourceConfig(timeout_ms="auto") if how == "config" else SourceConfig())
+    src.send("orders", "k", "v", timeout_ms="auto" if how == "send" else None)
+    headers, record = persist_of(producer)
+    assert headers[H_TIMEOUT] == AUTO_B and headers[H_TOPIC] == b"orders"
+    assert record.timeout_ms == AUTO_TIMEOUT_MS  # a replay, built from the value, is auto too
+    assert ids.decode_id(headers[H_DEADLINE]) == record.created_ms + ADAPTIVE_FALLBACK_MS
+
+
+@pytest.mark.parametrize("bad", [0, -1, -30_000, "fast", 1.5, True])
+def test_a_timeout_is_positive_ms_or_auto(bad: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        Source(KafkaSettings("fake:9092"), "unit", SourceConfig(timeout_ms=bad))
+    src, _ = source(SourceConfig())
+    if bad != 0:  # 0 (falsy) means "the configured one", as it always did
+        with pytest.raises(ConfigurationError):
+            src.send("orders", "k", "v", timeout_ms=bad)
