@@ -240,10 +240,14 @@ def _cmd_acls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_acker(args: argparse.Namespace) -> int:
-    from broker.acker import Acker, AckerConfig
+_ADAPTIVE = ("adaptive_floor_ms", "adaptive_ceiling_ms", "adaptive_safety_factor")
 
-    config = AckerConfig(
+
+def acker_config(args: argparse.Namespace) -> Any:
+    """The ``AckerConfig`` of ``replaybroker acker``'s arguments."""
+    from broker.acker import AckerConfig
+
+    return AckerConfig(
         commit_interval_ms=args.commit_interval_ms,
         orphan_ttl_ms=args.orphan_ttl_ms,
         exactly_once=not args.unsafe_no_transactions,
@@ -254,7 +258,14 @@ def _cmd_acker(args: argparse.Namespace) -> int:
         static_membership=not args.dynamic_membership,
         metrics_port=args.metrics_port,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
+        **{key: getattr(args, key) for key in _ADAPTIVE if getattr(args, key) is not None},
     )
+
+
+def _cmd_acker(args: argparse.Namespace) -> int:
+    from broker.acker import Acker
+
+    config = acker_config(args)
     Acker(_settings(args), args.namespace, config).run(install_signals=True)
     return 0
 
@@ -480,6 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
         "group.consumer.min/max.session.timeout.ms",
     )
     acker.add_argument("--commit-interval-ms", type=int, default=100, help="time between commits, ms")
+    # Records sent with timeout "auto" (AckerConfig.adaptive_*; unset: its defaults).
+    acker.add_argument("--adaptive-floor-ms", type=int, help="'auto' timeouts: the shortest the acker gives, ms (1000)")
+    acker.add_argument(
+        "--adaptive-ceiling-ms", type=int,
+        help="'auto' timeouts: the longest, and the first before enough samples, ms (300000)",
+    )
+    acker.add_argument(
+        "--adaptive-safety-factor", type=float,
+        help="'auto' timeouts: p99.9 of the topic's completion latency times this (3)",
+    )
     acker.add_argument(
         "--orphan-ttl-ms", type=int, default=60_000,
         help="how long events for an unknown srid are kept before they count as orphans, ms",

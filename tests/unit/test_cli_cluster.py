@@ -106,3 +106,14 @@ def test_a_kafka_error_during_a_command_is_one_line(
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "replaybroker: status failed: Failed to get metadata: Local: Timed out"
     assert ("Traceback" in err) is verbose
+
+
+def test_acker_adaptive_settings_from_the_command_line() -> None:
+    from broker.cli import acker_config, build_parser
+
+    given = acker_config(build_parser().parse_args(
+        ["acker", "--namespace", "ns", "--adaptive-floor-ms", "500", "--adaptive-ceiling-ms", "60000",
+         "--adaptive-safety-factor", "2.5"]))
+    assert (given.adaptive_floor_ms, given.adaptive_ceiling_ms, given.adaptive_safety_factor) == (500, 60_000, 2.5)
+    default = acker_config(build_parser().parse_args(["acker", "--namespace", "ns"]))
+    assert (default.adaptive_floor_ms, default.adaptive_ceiling_ms, default.adaptive_safety_factor) == (1_000, 300_000, 3.0)
