@@ -128,6 +128,9 @@ def layout(
     return topics
 
 
+_WARNED_REPLICATION: set[str] = set()  # clusters already warned about low replication
+
+
 def create(
     settings: KafkaSettings,
     ns: Namespace,
@@ -155,7 +158,11 @@ def create(
         if rep is None:
             rep = replication_for(len(metadata.brokers), replication, min_insync)
             if rep.warning:
-                log.warning("namespace %s: %s", ns.name, rep.warning)
+                # Once per cluster and process: a test suite or a bench creates hundreds of
+                # namespaces on one small development broker.
+                first = settings.bootstrap_servers not in _WARNED_REPLICATION
+                _WARNED_REPLICATION.add(settings.bootstrap_servers)
+                log.log(logging.WARNING if first else logging.DEBUG, "namespace %s: %s", ns.name, rep.warning)
         config = {**config, "min.insync.replicas": str(rep.min_insync), **(overrides or {}).get(name, {})}
         new.append(NewTopic(name, n, rep.factor, config=config))
     if new:
