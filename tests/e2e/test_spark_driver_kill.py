@@ -18,12 +18,18 @@ JVM's Python workers - at a moment drawn by a seeded RNG (the seed is printed; s
 - ``anytime``: a random delay after the query started (between batches or inside one).
 
 A killed driver is started again at once on the same checkpoint, which runs the batch it cut
-again. The record timeout (15 s) is shorter than a driver restart on this machine (20-40 s):
-records in flight during the downtime time out and are replayed, so originals, their replays
-and re-runs of cut batches meet in the sink, which must keep one row per (origin, path).
+again. The record timeout (45 s) is about a driver restart plus its cold first batch here:
+records sent while the driver is down, or read by a batch that is cut, may time out and be
+replayed, and every alert of a cut batch that reached the alert task leaves its order's tree
+unbalanced when the batch runs again with new child ids (docs/design.md §11), so that order is
+replayed after its timeout. Originals, their replays and re-runs of cut batches meet in the
+sink, which must keep one row per (origin, path). A shorter timeout times out records inside
+the 20-50 s batches of a restarted driver again and again (15 s: 91 of 600 orders reached
+their 20 attempts); with 45 s no record can reach ``MAX_ATTEMPTS`` in this run, so none may
+be dead-lettered.
 
 Checked against the topics and the sink's files, not the code under test: every origin sent
-has exactly one ``completed`` tombstone in ``ns.persist`` or is in ``ns.dlq`` (none both);
+has exactly one ``completed`` tombstone in ``ns.persist`` (and none is in ``ns.dlq``);
 the Parquet files hold exactly one row per (origin, path), one for every completed origin,
 and none for an origin not sent; all batches are in one query's directories (every restart
 resumed the checkpoint).
@@ -63,11 +69,13 @@ from spark_jobs.orders import make_orders
 pytestmark = pytest.mark.e2e
 
 KILLS = 5
-MOMENTS = ("started", "started", "written", "written", "anytime")  # shuffled by the seed
-RECORDS = 450  # at most; sent at SEND_RATE while the kills go on
-SEND_RATE = 3.0  # records/s
+# (step, nth batch of the driver's start), shuffled by the seed. The first batch of a start
+# is mostly the cut batch run again; the second reads new offsets (originals and replays).
+MOMENTS = (("started", 1), ("written", 1), ("written", 2), ("anytime", 0), ("anytime", 0))
+RECORDS = 600  # at most; sent at SEND_RATE until the last start
+SEND_RATE = 2.5  # records/s
 FAIL_RATE = 0.05
-TIMEOUT_MS = 15_000
+TIMEOUT_MS = 45_000
 MAX_ATTEMPTS = 20
 LEDGER_PARTITIONS = 4
 DATA_PARTITIONS = 4
@@ -142,6 +150,12 @@ class Driver:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
+
+
+def _reached(batches: list[tuple[int, str]], step: str, nth: int) -> bool:
+    """The ``nth`` batch this start ran reached ``step``."""
+    order = list(dict.fromkeys(batch_id for batch_id, _ in batches))
+    return len(order) >= nth and (order[nth - 1], step) in batches
 
 
 def inside(batches: list[tuple[int, str]]) -> str:
@@ -256,7 +270,11 @@ def test_the_driver_killed_inside_its_batches_loses_and_doubles_nothing(
     checkpoint, sink = tmp_path / "checkpoint", tmp_path / "sink"
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_MASTER", "PYSPARK_PYTHON")}
     # Many short JVM lives on 2 cores: the client compiler only, as test_spark_cluster.py.
-    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
+    # Whole-stage code generation compiles each plan with Janino before it runs: most of a cold
+    # driver's first batch here, for a few hundred rows.
+    env["PYSPARK_SUBMIT_ARGS"] = (
+        "--driver-java-options -XX:TieredStopAtLevel=1 --conf spark.sql.codegen.wholeStage=false pyspark-shell"
+    )
     driver = Driver(
         ["--bootstrap", bootstrap, "--namespace", ns.name, "--topic", orders, "--alerts-topic", alerts,
          "--checkpoint", str(checkpoint), "--sink", str(sink), "--fail-rate", str(FAIL_RATE),
@@ -290,22 +308,22 @@ def test_the_driver_killed_inside_its_batches_loses_and_doubles_nothing(
         task_thread.start()
         try:
             sender.start()
-            for moment in moments:
+            for step, nth in moments:
                 driver.start()
                 t0 = time.monotonic()
-                if moment == "anytime":
-                    check("query start", lambda: "query started" in driver.text())
-                    delay = rng.uniform(0, 10)
+                if step == "anytime":  # from the process start: in Spark's start-up too
+                    delay = rng.uniform(5, 35)
                 else:
-                    # A batch of this start (the log is this start's) reaching the step.
-                    check(f"batch {moment}", lambda m=moment: any(s == m for _, s in driver.batches()))
-                    delay = rng.uniform(0, 2.0) if moment == "started" else rng.uniform(0, 0.3)
+                    # The nth batch of this start (the log is this start's) reaching the step.
+                    check(f"batch #{nth} {step}", lambda s=step, n=nth: _reached(driver.batches(), s, n))
+                    delay = rng.uniform(0, 2.0) if step == "started" else rng.uniform(0, 0.3)
                 time.sleep(delay)
+                driver.check_alive()
                 driver.kill()
                 where = inside(driver.batches())
                 kills.append(where)
-                print(f"kill {len(kills)} ({moment} + {delay:.2f}s, {time.monotonic() - t0:.1f}s after "
-                      f"start #{driver.starts}): {where}; {len(sender.origins)} sent")
+                print(f"kill {len(kills)} ({step} #{nth} + {delay:.2f}s, {time.monotonic() - t0:.1f}s after "
+                      f"start #{driver.starts}): {where}; {len(sender.origins)} sent", flush=True)
             sender.stop()
             driver.start()
             sent = set(sender.origins)
@@ -338,8 +356,8 @@ def test_the_driver_killed_inside_its_batches_loses_and_doubles_nothing(
     assert any(k.startswith("inside") for k in kills), kills
     assert len(sent) >= 100
     assert not outcomes.unsettled(sent), "lost"
-    assert completed | outcomes.dead <= sent
-    assert not completed & outcomes.dead
+    assert completed <= sent
+    assert not outcomes.dead, f"dead-lettered: {len(outcomes.dead)}"
     assert set(outcomes.completions.values()) == {1}, "an origin completed twice"
 
     # The sink's files, read as any Parquet reader would.
