@@ -270,11 +270,7 @@ def test_the_driver_killed_inside_its_batches_loses_and_doubles_nothing(
     checkpoint, sink = tmp_path / "checkpoint", tmp_path / "sink"
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_MASTER", "PYSPARK_PYTHON")}
     # Many short JVM lives on 2 cores: the client compiler only, as test_spark_cluster.py.
-    # Whole-stage code generation compiles each plan with Janino before it runs: most of a cold
-    # driver's first batch here, for a few hundred rows.
-    env["PYSPARK_SUBMIT_ARGS"] = (
-        "--driver-java-options -XX:TieredStopAtLevel=1 --conf spark.sql.codegen.wholeStage=false pyspark-shell"
-    )
+    env["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
     driver = Driver(
         ["--bootstrap", bootstrap, "--namespace", ns.name, "--topic", orders, "--alerts-topic", alerts,
          "--checkpoint", str(checkpoint), "--sink", str(sink), "--fail-rate", str(FAIL_RATE),
