@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,9 @@ class Driver:
         return self.proc.wait(timeout_s)
 
 
-def _reached(batches: list[tuple[int, str]], step: str, nth: int) -> bool:
-    """The ``nth`` batch this start ran reached ``step``."""
+def _reached(driver: Driver, step: str, nth: int) -> bool:
+    """The ``nth`` batch of the driver's current start reached ``step``."""
+    batches = driver.batches()
     order = list(dict.fromkeys(batch_id for batch_id, _ in batches))
     return len(order) >= nth and (order[nth - 1], step) in batches
 
@@ -311,7 +313,7 @@ def test_the_driver_killed_inside_its_batches_loses_and_doubles_nothing(
                     delay = rng.uniform(5, 35)
                 else:
                     # The nth batch of this start (the log is this start's) reaching the step.
-                    check(f"batch #{nth} {step}", lambda s=step, n=nth: _reached(driver.batches(), s, n))
+                    check(f"batch #{nth} {step}", partial(_reached, driver, step, nth))
                     delay = rng.uniform(0, 2.0) if step == "started" else rng.uniform(0, 0.3)
                 time.sleep(delay)
                 driver.check_alive()
