@@ -45,7 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from broker import topics
 from broker.bridge import Bridge, BridgeConfig
@@ -404,6 +411,17 @@ def test_bridge_refuses_missing_topics(bootstrap: str) -> None:
     assert read_to_end(settings, f"{input_topic}.guaranteed", 2) == []  # nothing was created or sent
 
 
+def _read_until(settings: KafkaSettings, topic: str, partitions: int, count: int, timeout_s: float = 30.0) -> list[Message]:
+    """``read_to_end`` until it holds ``count`` messages (or the timeout: the caller's assertion
+    then shows what there was)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = read_to_end(settings, topic, partitions)
+        if len(got) >= count or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
 def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap: str) -> None:
     """Bad input never stops the bridge: a record whose persist record the producer refuses
     (over ``message.max.bytes``) goes to ``ns.dlq`` with where it was read, in the same
@@ -428,9 +446,11 @@ def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap:
     thread.join(30)
     assert bridge.counters.bridged == 3 and bridge.counters.quarantined == 1, bridge.counters
 
-    data = read_to_end(settings, f"{input_topic}.guaranteed", 2)
+    # A transaction's markers are written after its commit returned: until then a read_committed
+    # reader ends before the batch (seen on a loaded machine). Read until both are visible.
+    data, dlq = _read_until(settings, f"{input_topic}.guaranteed", 2, 2), _read_until(settings, ns.dlq, 1, 1)
     assert sorted(m.value() for m in data) == [b"small-0", b"small-2"]
-    [dead] = read_to_end(settings, ns.dlq, 1)
+    [dead] = dlq
     headers = dict(dead.headers() or ())
     assert headers["rb-source"] == f"{input_topic}/0/1".encode()
     assert headers["rb-reason"].startswith(b"quarantine: bridge: persist record not produced")
