@@ -151,6 +151,7 @@ class Processes:
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.exited_on_their_own: list[str] = []  # found dead by a kill, before their restart
+        self.refused_at_start: list[str] = []  # started during the broker's outage: exited 2
         for name in self.commands:
             self.start(name)
 
@@ -173,12 +174,30 @@ class Processes:
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
             )
 
+    def restart_refused(self) -> None:
+        """What a supervisor does once the broker is back: start again the services that
+        refused to start while it was down."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None and self._refused_to_start(name):
+                self.refused_at_start.append(name)
+                self._mark(name, f"exited {proc.returncode} (cannot reach Kafka); restarted")
+                self.start(name)
+
+    def _refused_to_start(self, name: str) -> bool:
+        lines = [line for line in (self.logs / f"{name}.log").read_text(errors="replace").splitlines()
+                 if line.strip() and not line.startswith("=====")]
+        return bool(lines) and lines[-1].startswith("replaybroker: cannot reach Kafka")
+
     def kill(self, name: str) -> None:
         proc = self.procs[name]
         exited = proc.poll()
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        if exited is not None:  # found dead: restarting it would hide that
+        if exited is not None and self._refused_to_start(name):
+            # It started while the broker was down and refused, as a service must when it
+            # cannot reach its cluster (one line, exit 2); a supervisor starts it again.
+            self.refused_at_start.append(name)
+        elif exited is not None:  # found dead: restarting it would hide that
             self.exited_on_their_own.append(f"{name} (exit code {exited})")
         self._mark(name, "kill -9" if exited is None else f"kill -9 (it had exited with {exited})")
 
@@ -198,6 +217,11 @@ class Processes:
                 proc.wait()
 
 
+REACH_WAIT_S = 12.0
+"""How long a starting service tries to reach its cluster before it refuses (``cli.REACH_TIMEOUT_S``
+plus its start-up)."""
+
+
 def _crash(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, report: ChaosReport) -> None:
     """kill -9 the broker (or one random node of a cluster) and bring it back on its data."""
     procs.note("crashing the broker" + (" (one node)" if isinstance(kafka, LocalCluster) else ""))
@@ -213,6 +237,8 @@ def _crash(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluste
         kafka.restart()
     report.broker_restarts += 1
     procs.note("the broker is back")
+    time.sleep(REACH_WAIT_S)  # a service started just before the crash gives up after this
+    procs.restart_refused()
 
 
 def _chaos(rng: random.Random, procs: Processes, kafka: LocalKafka | LocalCluster, kills: int,
