@@ -122,6 +122,7 @@ DELTA_VARIANTS: dict[str, tuple[int, float | None]] = {
     "whole table": (1, None),  # one partition: every batch reads every (origin, path)
     "batch's buckets": (64, None),
     "batch's buckets + replay window": (64, 600.0),
+    "whole table + replay window": (1, 600.0),
 }
 
 
@@ -144,7 +145,7 @@ def _prefill(spark: SparkSession, path: Path, rows: int, buckets: int, batch_row
     for index in range(max(1, rows // batch_rows)):
         batch = _delta_rows(spark, min(batch_rows, rows), seed=1_000 + index, written_at=old)
         batch = batch.withColumn(BUCKET, F.pmod(F.col("origin"), F.lit(buckets)).cast("int"))
-        batch.write.format("delta").partitionBy(BUCKET).mode("append").save(str(path))
+        batch.repartition(BUCKET).write.format("delta").partitionBy(BUCKET).mode("append").save(str(path))
 
 
 def measure_delta_sink(
@@ -153,40 +154,48 @@ def measure_delta_sink(
     batches: int = 4,
     replayed: float = 0.1,
     workdir: str | None = None,
+    variants: tuple[str, ...] = tuple(DELTA_VARIANTS),
 ) -> dict[str, Any]:
     """Seconds of ``OriginDeltaSink.write`` per micro-batch of ``batch_rows`` new rows plus
     ``replayed`` of that many ids already in the table, for a table of each of ``sizes`` rows,
-    per variant of DELTA_VARIANTS (median of ``batches`` batches after a first, warm-up one)."""
+    per variant of DELTA_VARIANTS (median of ``batches`` batches after a first, warm-up one).
+
+    The tables of one variant take their batches in turn (batch 1 to each, then batch 2 ...),
+    so a change in the machine's load falls on both sizes alike."""
     spark = build_spark_session(app_name="replaybroker-measure-delta")
     results: dict[str, Any] = {"batch_rows": batch_rows, "replayed": replayed, "seconds_median": {}}
     with tempfile.TemporaryDirectory(prefix="rb-measure-delta-", dir=workdir) as tmp:
         root = Path(tmp)
+        prefilled: dict[tuple[int, int], Path] = {}
         for size in sizes:
-            prefilled: dict[int, Path] = {}
-            for name, (buckets, window) in DELTA_VARIANTS.items():
-                table = root / f"{size}-{len(prefilled)}-{name.replace(' ', '-')}"
-                if buckets not in prefilled:
-                    started = time.monotonic()
-                    _prefill(spark, root / f"prefill-{size}-{buckets}", size, buckets)
-                    prefilled[buckets] = root / f"prefill-{size}-{buckets}"
-                    results.setdefault("prefill_s", {})[f"{size}/{buckets}"] = round(time.monotonic() - started, 1)
-                shutil.copytree(prefilled[buckets], table)
-                sink = OriginDeltaSink(str(table), buckets=buckets, replay_window_s=window, query_id="measure")
-                seconds = []
-                for batch_id in range(batches + 1):
-                    rows = _delta_rows(spark, batch_rows, seed=batch_id)
-                    if batch_id > 0:  # replays of the previous batch's ids: within any window
-                        replays = _delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1)
-                        rows = rows.unionByName(replays)
+            for buckets in sorted({DELTA_VARIANTS[v][0] for v in variants}):
+                started = time.monotonic()
+                prefilled[size, buckets] = root / f"prefill-{size}-{buckets}"
+                _prefill(spark, prefilled[size, buckets], size, buckets)
+                results.setdefault("prefill_s", {})[f"{size}/{buckets}"] = round(time.monotonic() - started, 1)
+        for index, name in enumerate(variants):
+            buckets, window = DELTA_VARIANTS[name]
+            sinks = {}
+            for size in sizes:
+                table = root / f"{index}-{size}"
+                shutil.copytree(prefilled[size, buckets], table)
+                sinks[size] = OriginDeltaSink(str(table), buckets=buckets, replay_window_s=window, query_id="m")
+            seconds: dict[int, list[float]] = {size: [] for size in sizes}
+            for batch_id in range(batches + 1):
+                rows = _delta_rows(spark, batch_rows, seed=batch_id)
+                if batch_id > 0:  # replays of the previous batch's ids: within any window
+                    rows = rows.unionByName(_delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1))
+                for size, sink in sinks.items():
                     started = time.monotonic()
                     sink.write(rows, batch_id)
-                    seconds.append(time.monotonic() - started)
+                    seconds[size].append(time.monotonic() - started)
+            for size, sink in sinks.items():
                 written = sink.read(spark).count()
-                assert written == size + (batches + 1) * batch_rows, (name, written)
-                files = spark.read.format("delta").load(str(table)).inputFiles()
-                results["seconds_median"].setdefault(name, {})[size] = round(statistics.median(seconds[1:]), 2)
-                results.setdefault("files", {}).setdefault(name, {})[size] = len(files)
-                sys.stderr.write(f"{name} / {size}: {[round(s, 2) for s in seconds]}\n")
+                assert written == size + (batches + 1) * batch_rows, (name, size, written)
+                files = len(sink.read(spark).inputFiles())
+                results["seconds_median"].setdefault(name, {})[size] = round(statistics.median(seconds[size][1:]), 2)
+                results.setdefault("files", {}).setdefault(name, {})[size] = files
+                sys.stderr.write(f"{name} / {size}: {[round(s, 2) for s in seconds[size]]}\n")
     return results
 
 

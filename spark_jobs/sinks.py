@@ -163,10 +163,13 @@ class OriginDeltaSink:
         origin_column: str = ORIGIN,
         *,
         path_column: str = PATH,
-        buckets: int = 64,
+        buckets: int = 1,
         replay_window_s: float | None = None,
         query_id: str | None = None,
     ) -> None:
+        """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
+        batch of random origins touches every bucket and writes a file to each
+        (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
         if buckets < 1:
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
         self.path = path.rstrip("/")
@@ -216,7 +219,8 @@ class OriginDeltaSink:
         )
         if not DeltaTable.isDeltaTable(spark, self.path):
             (
-                rows.write.format("delta")
+                rows.repartition(BUCKET)  # one file per bucket, as the MERGE writes them
+                .write.format("delta")
                 .partitionBy(BUCKET)
                 .option("txnAppId", app_id)
                 .option("txnVersion", batch_id)

@@ -61,7 +61,9 @@ def test_a_replayed_output_leaves_one_row(
     first copy or in a later one; a sibling of a fan-out (same origin, another path) and
     ids in buckets the batch does not share are written; the table is partitioned by
     bucket."""
-    sink = OriginDeltaSink(str(tmp_path / "facts"), query_id="q-replay", replay_window_s=replay_window_s)
+    sink = OriginDeltaSink(
+        str(tmp_path / "facts"), query_id="q-replay", buckets=64, replay_window_s=replay_window_s
+    )
     sink.write(_facts(spark, [(10, "0", 1.0), (10, "0", 1.0), (-7, "0", 2.0)]), 0)
     sink.write(_facts(spark, [(10, "0", 1.5), (10, "0.1", 3.0), (2**63 - 1, "0", 4.0)]), 1)
     sink.write(_facts(spark, [(-7, "0", 2.5), (10, "0.1", 3.5), (10, "0", 1.5)]), 2)
