@@ -89,6 +89,10 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     else:
         connector = maven.spark_kafka_connector_jars()
         print(f"Spark Kafka connector: {len(connector)} jars", file=sys.stderr)
+        if maven.installed_delta_version() is None:
+            print("Delta Lake: skipped (delta-spark not installed: the `spark` extra)", file=sys.stderr)
+        else:
+            print(f"Delta Lake: {len(maven.delta_jars())} jars", file=sys.stderr)
     print(f"setup done in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0
 
@@ -436,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_argument("--memory", default="2g", help="up: memory the worker offers to executors")
     spark.set_defaults(func=_cmd_spark)
 
-    setup = _parser(sub, "setup", "resolve the Kafka and Spark connector jars (Maven)")
+    setup = _parser(sub, "setup", "resolve the Kafka, Spark connector and Delta Lake jars (Maven)")
     setup.set_defaults(func=_cmd_setup)
 
     top = _parser(sub, "topics", "create or check a namespace's topics")

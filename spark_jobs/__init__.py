@@ -4,7 +4,8 @@
   attempt decoded from the rb-* headers, in the JVM;
 - ``Acking``: the ``foreachBatch`` wrapper - the user's batch function, its children, then one
   XOR event per srid (``bit_xor`` in Spark), packed per ledger partition into ``ns.acks``;
-- ``OriginParquetSink``: an idempotent sink, one row per origin id;
+- ``OriginParquetSink`` / ``OriginDeltaSink``: idempotent sinks, one row per output id
+  (origin, path), as Parquet files or a Delta Lake table;
 - ``build_spark_session``: the session, with the Kafka connector jars from the local Maven
   repository;
 - ``orders`` (the example job) and ``demo`` (``run_spark_demo``).
@@ -21,7 +22,7 @@ from spark_jobs.acking import (
 )
 from spark_jobs.reader import kafka_options, read_with_replay
 from spark_jobs.session import build_spark_session
-from spark_jobs.sinks import OriginParquetSink
+from spark_jobs.sinks import OriginDeltaSink, OriginParquetSink
 
 __all__ = [
     "Acking",
@@ -30,6 +31,7 @@ __all__ = [
     "BatchResult",
     "BatchStats",
     "Emit",
+    "OriginDeltaSink",
     "OriginParquetSink",
     "build_spark_session",
     "catching_udf",

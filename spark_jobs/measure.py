@@ -7,12 +7,17 @@ Both variants read the same topic from the start in batches of ``batch_records``
 ``query.recentProgress``, first batch of each query left out (query start-up). The variants
 alternate (plain, acked, plain, acked) and the second round is reported, so JIT warm-up
 does not favour the second one. No acker runs: the acks are produced, not folded.
+
+``python -m spark_jobs.measure --delta`` (no Kafka) times ``OriginDeltaSink.write`` of one
+micro-batch against a table that already holds 10^3 or 10^5 rows, for each way of bounding
+its MERGE (``measure_delta_sink``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,7 +36,7 @@ from spark_jobs.acking import Acking, BatchHandler, with_tracking
 from spark_jobs.orders import customer_frame, customers, make_orders, order_job
 from spark_jobs.reader import read_with_replay
 from spark_jobs.session import build_spark_session
-from spark_jobs.sinks import OriginParquetSink
+from spark_jobs.sinks import BUCKET, WRITTEN_AT, OriginDeltaSink, OriginParquetSink
 
 
 def _run_query(
@@ -111,13 +116,102 @@ def measure_ack_overhead(
     return results
 
 
+# The ways of bounding OriginDeltaSink's MERGE: (buckets, replay window, rows already there
+# older than the window).
+DELTA_VARIANTS: dict[str, tuple[int, float | None]] = {
+    "whole table": (1, None),  # one partition: every batch reads every (origin, path)
+    "batch's buckets": (64, None),
+    "batch's buckets + replay window": (64, 600.0),
+    "whole table + replay window": (1, 600.0),
+}
+
+
+def _delta_rows(spark: SparkSession, n: int, seed: int, written_at: float | None = None) -> DataFrame:
+    """``n`` facts with random-looking origins (xxhash64 of a sequence, as random as srids)."""
+    rows = spark.range(n).select(
+        F.xxhash64(F.col("id"), F.lit(seed)).alias("origin"),
+        F.lit("0").alias("path"),
+        (F.col("id") % 1000).cast("double").alias("amount"),
+    )
+    if written_at is not None:
+        rows = rows.withColumn(WRITTEN_AT, F.timestamp_seconds(F.lit(written_at)))
+    return rows
+
+
+def _prefill(spark: SparkSession, path: Path, rows: int, buckets: int, batch_rows: int = 2_000) -> None:
+    """``rows`` already in the table, appended ``batch_rows`` at a time like the sink's own
+    micro-batches (the file count matters as much as the row count), written a day ago."""
+    old = time.time() - 86_400
+    for index in range(max(1, rows // batch_rows)):
+        batch = _delta_rows(spark, min(batch_rows, rows), seed=1_000 + index, written_at=old)
+        batch = batch.withColumn(BUCKET, F.pmod(F.col("origin"), F.lit(buckets)).cast("int"))
+        batch.repartition(BUCKET).write.format("delta").partitionBy(BUCKET).mode("append").save(str(path))
+
+
+def measure_delta_sink(
+    sizes: tuple[int, ...] = (1_000, 100_000),
+    batch_rows: int = 1_000,
+    batches: int = 4,
+    replayed: float = 0.1,
+    workdir: str | None = None,
+    variants: tuple[str, ...] = tuple(DELTA_VARIANTS),
+) -> dict[str, Any]:
+    """Seconds of ``OriginDeltaSink.write`` per micro-batch of ``batch_rows`` new rows plus
+    ``replayed`` of that many ids already in the table, for a table of each of ``sizes`` rows,
+    per variant of DELTA_VARIANTS (median of ``batches`` batches after a first, warm-up one).
+
+    The tables of one variant take their batches in turn (batch 1 to each, then batch 2 ...),
+    so a change in the machine's load falls on both sizes alike."""
+    spark = build_spark_session(app_name="replaybroker-measure-delta")
+    results: dict[str, Any] = {"batch_rows": batch_rows, "replayed": replayed, "seconds_median": {}}
+    with tempfile.TemporaryDirectory(prefix="rb-measure-delta-", dir=workdir) as tmp:
+        root = Path(tmp)
+        prefilled: dict[tuple[int, int], Path] = {}
+        for size in sizes:
+            for buckets in sorted({DELTA_VARIANTS[v][0] for v in variants}):
+                started = time.monotonic()
+                prefilled[size, buckets] = root / f"prefill-{size}-{buckets}"
+                _prefill(spark, prefilled[size, buckets], size, buckets)
+                results.setdefault("prefill_s", {})[f"{size}/{buckets}"] = round(time.monotonic() - started, 1)
+        for index, name in enumerate(variants):
+            buckets, window = DELTA_VARIANTS[name]
+            sinks = {}
+            for size in sizes:
+                table = root / f"{index}-{size}"
+                shutil.copytree(prefilled[size, buckets], table)
+                sinks[size] = OriginDeltaSink(str(table), buckets=buckets, replay_window_s=window, query_id="m")
+            seconds: dict[int, list[float]] = {size: [] for size in sizes}
+            for batch_id in range(batches + 1):
+                rows = _delta_rows(spark, batch_rows, seed=batch_id)
+                if batch_id > 0:  # replays of the previous batch's ids: within any window
+                    rows = rows.unionByName(_delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1))
+                for size, sink in sinks.items():
+                    started = time.monotonic()
+                    sink.write(rows, batch_id)
+                    seconds[size].append(time.monotonic() - started)
+            for size, sink in sinks.items():
+                written = sink.read(spark).count()
+                assert written == size + (batches + 1) * batch_rows, (name, size, written)
+                files = len(sink.read(spark).inputFiles())
+                results["seconds_median"].setdefault(name, {})[size] = round(statistics.median(seconds[size][1:]), 2)
+                results.setdefault("files", {}).setdefault(name, {})[size] = files
+                sys.stderr.write(f"{name} / {size}: {[round(s, 2) for s in seconds[size]]}\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--bootstrap", help="Kafka (the acking measurement)")
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--batch-records", type=int, default=2_000)
+    parser.add_argument("--delta", action="store_true", help="time OriginDeltaSink instead (no Kafka)")
     args = parser.parse_args(argv)
-    result = measure_ack_overhead(args.bootstrap, args.records, args.batch_records)
+    if args.delta:
+        result = measure_delta_sink()
+    elif args.bootstrap is None:
+        parser.error("--bootstrap is required (or --delta)")
+    else:
+        result = measure_ack_overhead(args.bootstrap, args.records, args.batch_records)
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -7,6 +7,11 @@ repository (``$REPLAYBROKER_SPARK_JARS``, else ``<home>/maven/spark-sql-kafka-<v
 so nothing is downloaded when Spark starts. Without either, the connector is named by its
 Maven coordinates (``spark.jars.packages``) and Spark fetches it, as on any cluster.
 
+Delta Lake's jars (``OriginDeltaSink``) come the same way, for the same reason, when the
+``delta-spark`` package is installed (the ``spark`` extra): the classpath ``replaybroker
+setup`` resolved for its version (``<home>/maven/delta-spark-<version>.classpath``), else its
+coordinates; the session then also carries Delta's SQL extension and catalog.
+
 On a cluster (a master that is not ``local``) the executors are other JVMs, and their Python
 workers other processes, maybe on other machines:
 
@@ -50,6 +55,12 @@ _DEFAULT_CONF: dict[str, str] = {
 }
 
 CONNECTOR_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+DELTA_ARTIFACT = "io.delta:delta-spark_2.13"
+# MERGE (and Delta's SQL) needs the extension; the catalog makes spark_catalog Delta-aware.
+DELTA_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
 
 
 def _home() -> Path:
@@ -72,6 +83,29 @@ def resolved_connector_jars(pyspark_version: str | None = None) -> list[str] | N
     return jars if jars and all(Path(j).exists() for j in jars) else None
 
 
+def delta_version() -> str | None:
+    """The installed ``delta-spark`` package's version (None without it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("delta-spark")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resolved_delta_jars() -> list[str] | None:
+    """Delta's resolved jars for the installed ``delta-spark``, or None (not installed, or
+    ``replaybroker setup`` has not resolved them)."""
+    version = delta_version()
+    if version is None:
+        return None
+    cache = _home() / "maven" / f"delta-spark-{version}.classpath"
+    if not cache.exists():
+        return None
+    jars = [j for j in cache.read_text().strip().split(os.pathsep) if j]
+    return jars if jars and all(Path(j).exists() for j in jars) else None
+
+
 _VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -88,17 +122,21 @@ def _spark_home_jars() -> set[str]:
     return {_artifact(str(j)) for j in jars_dir.glob("*.jar")}
 
 
+def _unshipped(resolved: Iterable[str]) -> list[str]:
+    """``resolved`` minus the artifacts Spark already ships (scala-library, hadoop client,
+    slf4j, lz4, snappy, antlr4-runtime ...): two versions of one class on the classpath is a
+    bug waiting for the wrong class loader, so only what Spark lacks is added."""
+    shipped = _spark_home_jars()
+    return [j for j in resolved if _artifact(j) not in shipped]
+
+
 def connector_jars(extra: Iterable[str] = ()) -> list[str] | None:
-    """The connector's jars minus the artifacts Spark already ships (scala-library, hadoop
-    client, slf4j, lz4, snappy ...): two versions of one class on the classpath is a bug
-    waiting for the wrong class loader, so only what Spark lacks is added. None when the
-    connector has not been resolved locally."""
+    """The connector's jars (and Delta's, when resolved) that Spark lacks, then ``extra``.
+    None when the connector has not been resolved locally."""
     resolved = resolved_connector_jars()
     if resolved is None:
         return None
-    shipped = _spark_home_jars()
-    jars = [j for j in resolved if _artifact(j) not in shipped]
-    return [*jars, *extra]
+    return [*_unshipped([*resolved, *(resolved_delta_jars() or [])]), *extra]
 
 
 PACKAGES = ("broker", "spark_jobs", "schemas")  # what a Python worker of these jobs imports
@@ -147,7 +185,7 @@ def build_spark_session(
 
     ``master`` defaults to ``$SPARK_MASTER``, else ``local[2]`` (under spark-submit: its
     ``--master``); ``conf`` overrides the defaults above; ``jars`` are added to the Kafka
-    connector's jars (``spark.jars``). JVM-level settings (driver memory, jars) only take
+    connector's and Delta's jars (``spark.jars``). JVM-level settings (driver memory, jars) only take
     effect when this call starts the JVM. On a cluster master the project's packages are
     shipped to the executors (module docstring).
     """
@@ -170,14 +208,22 @@ def build_spark_session(
         # name resolves to.
         settings.setdefault("spark.driver.host", "127.0.0.1")
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
+    delta = delta_version()
+    if delta is not None and not submitted:
+        settings.update(DELTA_CONF)
     settings.update(conf or {})
     if not submitted:  # spark-submit resolved --jars / --packages itself
         local = connector_jars(jars)
         if local is None:
             import pyspark
 
-            settings["spark.jars.packages"] = f"{CONNECTOR_ARTIFACT}:{pyspark.__version__}"
+            packages = [f"{CONNECTOR_ARTIFACT}:{pyspark.__version__}"]
+            if delta is not None:
+                packages.append(f"{DELTA_ARTIFACT}:{delta}")
+            settings["spark.jars.packages"] = ",".join(packages)
             local = list(jars)
+        elif delta is not None and resolved_delta_jars() is None:
+            settings["spark.jars.packages"] = f"{DELTA_ARTIFACT}:{delta}"
         settings["spark.jars"] = ",".join(
             [*local, *filter(None, settings.get("spark.jars", "").split(","))]
         )

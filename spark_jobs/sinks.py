@@ -1,4 +1,5 @@
-"""An idempotent sink: Parquet facts, one directory per micro-batch, one row per output id.
+"""Idempotent sinks, one row per output id: Parquet facts, one directory per micro-batch
+(``OriginParquetSink``), or a Delta Lake table (``OriginDeltaSink``, at the end).
 
 A record's output identity is its origin (the srid of its source record's first attempt) and
 its path (``rb-path``: the emit indices from the source record, ``"0"`` for the source record
@@ -22,9 +23,11 @@ Readers see every output id at most once in ``read()`` without a dedup step of t
 
 from __future__ import annotations
 
+import time
 import uuid
+from datetime import UTC, datetime
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -117,3 +120,143 @@ class OriginParquetSink:
     def read(self, spark: SparkSession) -> DataFrame:
         """Every fact written, with its ``query_id`` and ``batch_id``."""
         return spark.read.parquet(self.path)
+
+
+# --------------------------------------------------------------------------- Delta Lake
+
+BUCKET = "bucket"
+WRITTEN_AT = "written_at"
+_DELTA_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_DELTA_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+class OriginDeltaSink:
+    """A Delta Lake table with one row per output id (origin, path), written idempotently.
+
+    ``write(df, batch_id)``:
+
+    1. keeps one row per (origin, path) of the batch and adds ``bucket = pmod(origin,
+       buckets)`` (the table's partition column) and ``written_at`` (the batch's time);
+    2. inserts the rows whose id is not in the table yet - the first batch creates the table,
+       every later one is an insert-only ``MERGE`` whose condition names only the buckets
+       present in the batch and, with ``replay_window_s``, only rows written within that
+       window: Delta skips every other partition, and every file whose ``written_at`` range
+       is older (its min/max statistics), before it reads anything;
+    3. commits with a transaction id - ``txnAppId`` ``replaybroker-<query id>`` (the
+       streaming query's id, kept in its checkpoint), ``txnVersion`` the batch id - so a
+       batch that runs again after a driver crash, its commit already in the log, writes
+       nothing (the MERGE takes them as session settings, the first write as options).
+
+    ``replay_window_s`` bounds the MERGE by time: a replay (same origin and path, later
+    attempt) comes within ``max_attempts x timeout`` of its origin's first attempt, so of the
+    earlier write of its id, so any window above that (with a margin for slow batches and
+    clock skew) finds every earlier copy while the work per batch stays the rows written in
+    the window - not the table. Without it every batch reads the (origin, path) columns of
+    its buckets in full. A record sent again *after* its window (a DLQ entry redriven a day
+    later, under its old origin) would then be written twice: leave the window unset, or
+    longer, where that happens.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        origin_column: str = ORIGIN,
+        *,
+        path_column: str = PATH,
+        buckets: int = 1,
+        replay_window_s: float | None = None,
+        query_id: str | None = None,
+    ) -> None:
+        """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
+        batch of random origins touches every bucket and writes a file to each
+        (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
+        if buckets < 1:
+            raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
+        self.path = path.rstrip("/")
+        self.origin_column = origin_column
+        self.path_column = path_column
+        self.buckets = buckets
+        self.replay_window_s = replay_window_s
+        self.query_id = query_id
+        self._own_id = str(uuid.uuid4())
+
+    @property
+    def key(self) -> list[str]:
+        return [self.origin_column, self.path_column]
+
+    def current_query_id(self, spark: SparkSession) -> str:
+        if self.query_id is not None:
+            return self.query_id
+        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or self._own_id
+
+    def app_id(self, spark: SparkSession) -> str:
+        return f"replaybroker-{self.current_query_id(spark)}"
+
+    def _bucket(self) -> Column:
+        return F.pmod(F.col(self.origin_column), F.lit(self.buckets)).cast("int")
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        from delta.tables import DeltaTable
+
+        missing = set(self.key) - set(df.columns)
+        if missing:
+            raise ConfigurationError(
+                f"the sink deduplicates on {self.key}; the rows lack {sorted(missing)}: carry "
+                "them over from the input rows (siblings of a fan-out share their origin)"
+            )
+        spark = df.sparkSession
+        if "Delta" not in (spark.conf.get("spark.sql.extensions", "") or ""):
+            raise ConfigurationError(
+                "the Spark session has no Delta Lake: build it with build_spark_session() "
+                "after `replaybroker setup` resolved Delta's jars"
+            )
+        app_id = self.app_id(spark)
+        now = time.time()
+        rows = (
+            df.dropDuplicates(self.key)
+            .withColumn(BUCKET, self._bucket())
+            .withColumn(WRITTEN_AT, F.timestamp_seconds(F.lit(now)))
+        )
+        if not DeltaTable.isDeltaTable(spark, self.path):
+            (
+                rows.repartition(BUCKET)  # one file per bucket, as the MERGE writes them
+                .write.format("delta")
+                .partitionBy(BUCKET)
+                .option("txnAppId", app_id)
+                .option("txnVersion", batch_id)
+                .mode("append")
+                .save(self.path)
+            )
+            return
+        present = sorted(r[0] for r in df.select(self._bucket().alias(BUCKET)).distinct().collect())
+        if not present:
+            return
+        condition = [
+            f"t.{BUCKET} IN ({', '.join(map(str, present))})",
+            f"t.{BUCKET} = s.{BUCKET}",
+            *(f"t.`{c}` = s.`{c}`" for c in self.key),
+        ]
+        if self.replay_window_s is not None:
+            # A literal, not an expression: Delta's file skipping compares it with each file's
+            # min/max of written_at.
+            cutoff = datetime.fromtimestamp(now - self.replay_window_s, UTC).isoformat()
+            condition.append(f"t.{WRITTEN_AT} >= TIMESTAMP '{cutoff}'")
+        merge = (
+            DeltaTable.forPath(spark, self.path)
+            .alias("t")
+            .merge(rows.alias("s"), " AND ".join(condition))
+            .whenNotMatchedInsertAll()
+        )
+        # DML takes its transaction id from the session (the writer options are for appends);
+        # in foreachBatch that is the query's own clone of the session.
+        spark.conf.set(_DELTA_TXN_APP_ID, app_id)
+        spark.conf.set(_DELTA_TXN_VERSION, str(batch_id))
+        try:
+            merge.execute()
+        finally:
+            spark.conf.unset(_DELTA_TXN_APP_ID)
+            spark.conf.unset(_DELTA_TXN_VERSION)
+
+    def read(self, spark: SparkSession) -> DataFrame:
+        """Every fact written, with its ``bucket`` and ``written_at``."""
+        return spark.read.format("delta").load(self.path)

@@ -1,10 +1,11 @@
 """Jars from Maven Central, resolved once into the local Maven repository (development only).
 
 The embedded Kafka (``org.apache.kafka:kafka_2.13`` + ``kafka-tools`` + a log4j2 slf4j
-binding) and Spark's Kafka connector (``spark-sql-kafka-0-10_2.13:<pyspark version>``) are
-resolved by ``mvn dependency:build-classpath``; each classpath is cached in
+binding), Spark's Kafka connector (``spark-sql-kafka-0-10_2.13:<pyspark version>``) and
+Delta Lake (``delta-spark_2.13:<delta-spark version>``, when the ``delta-spark`` package is
+installed) are resolved by ``mvn dependency:build-classpath``; each classpath is cached in
 ``<home>/maven/<name>.classpath`` and reused while every jar on it still exists. Services
-never resolve anything: ``spark_jobs.session`` only reads the cached connector classpath.
+never resolve anything: ``spark_jobs.session`` only reads the cached classpaths.
 """
 
 from __future__ import annotations
@@ -147,3 +148,27 @@ def spark_kafka_connector_jars(pyspark_version: str | None = None) -> list[str]:
         pyspark_version = pyspark.__version__
     coordinates = [("org.apache.spark", "spark-sql-kafka-0-10_2.13", pyspark_version)]
     return resolve_classpath(f"spark-sql-kafka-{pyspark_version}", coordinates)
+
+
+DELTA_PACKAGE = "delta-spark"  # the PyPI package; its version is the jars' version
+
+
+def installed_delta_version() -> str | None:
+    """The installed ``delta-spark`` (the ``spark`` extra pins the release built on the pinned
+    pyspark), or None without it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DELTA_PACKAGE)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def delta_jars(delta_version: str | None = None) -> list[str]:
+    """Jars of ``io.delta:delta-spark_2.13:<version>`` (``delta-storage`` and what Spark may
+    lack), the version of the installed Python package unless given: the Python API
+    (``delta.tables``) and the jars must be one release."""
+    version = delta_version or installed_delta_version()
+    if version is None:
+        raise LocalKafkaError(f"no `{DELTA_PACKAGE}` installed: it comes with the `spark` extra")
+    return resolve_classpath(f"delta-spark-{version}", [("io.delta", "delta-spark_2.13", version)])

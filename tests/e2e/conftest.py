@@ -21,12 +21,13 @@ from spark_jobs.session import build_spark_session
 @pytest.fixture(scope="session")
 def spark(kafka: KafkaCluster) -> Iterator[SparkSession]:
     """ONE Spark session for the whole run. ``build_spark_session`` always loads the Kafka
-    connector jars: they cannot be added to a JVM that is already running, and every later
-    ``getOrCreate`` (the demo's too) returns this session.
+    connector jars (and Delta's, resolved here first): they cannot be added to a JVM that is
+    already running, and every later ``getOrCreate`` (the demo's too) returns this session.
 
     It depends on ``kafka`` only to be stopped before it: Spark's cached Kafka producers
     would otherwise retry a vanished broker until the JVM exits."""
     maven.spark_kafka_connector_jars()  # resolved once (no-op when `setup` did it already)
+    maven.delta_jars()
     session = build_spark_session(app_name="replaybroker-e2e")
     try:
         yield session
