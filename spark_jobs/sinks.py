@@ -41,7 +41,34 @@ QUERY_ID = "query_id"
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
-class OriginParquetSink:
+class _OriginKeyed:
+    """What both sinks share: rows are identified by (origin column, path column), and batch
+    writes are attributed to the streaming query's id - or, outside a streaming query, to an
+    id drawn for this sink object (never another sink's)."""
+
+    origin_column: str
+    path_column: str
+    query_id: str | None
+
+    def _init_identity(self, path: str, origin_column: str, path_column: str, query_id: str | None) -> None:
+        self.path = path.rstrip("/")
+        self.origin_column = origin_column
+        self.path_column = path_column
+        self.query_id = query_id
+        # With dashes, like a query id: Spark's partition inference then always reads a string.
+        self._own_id = str(uuid.uuid4())
+
+    @property
+    def key(self) -> list[str]:
+        return [self.origin_column, self.path_column]
+
+    def current_query_id(self, spark: SparkSession) -> str:
+        if self.query_id is not None:
+            return self.query_id
+        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or self._own_id
+
+
+class OriginParquetSink(_OriginKeyed):
     def __init__(
         self,
         path: str,
@@ -53,19 +80,9 @@ class OriginParquetSink:
     ) -> None:
         """``query_id`` names the batch directories' query; by default the streaming query's
         id, and outside a streaming query one drawn for this sink object."""
-        self.path = path.rstrip("/")
-        self.origin_column = origin_column
-        self.path_column = path_column
+        self._init_identity(path, origin_column, path_column, query_id)
         # Micro-batches are small; one file each keeps the dedup read cheap.
         self.files_per_batch = files_per_batch
-        self.query_id = query_id
-        # Writes from no streaming query: never into another sink object's directories. With
-        # dashes, like a query id: Spark's partition inference then always reads a string.
-        self._own_id = str(uuid.uuid4())
-
-    @property
-    def key(self) -> list[str]:
-        return [self.origin_column, self.path_column]
 
     def _exists(self, spark: SparkSession) -> bool:
         """Hadoop's own FileSystem, so any URI Spark can write (file:, hdfs:, s3a:) works."""
@@ -74,11 +91,6 @@ class OriginParquetSink:
         path = jvm.org.apache.hadoop.fs.Path(self.path)
         fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
         return bool(fs.exists(path))
-
-    def current_query_id(self, spark: SparkSession) -> str:
-        if self.query_id is not None:
-            return self.query_id
-        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or self._own_id
 
     def written(
         self, spark: SparkSession, except_batch: tuple[str, int] | None = None
@@ -130,7 +142,7 @@ _DELTA_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _DELTA_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
-class OriginDeltaSink:
+class OriginDeltaSink(_OriginKeyed):
     """A Delta Lake table with one row per output id (origin, path), written idempotently.
 
     ``write(df, batch_id)``:
@@ -172,22 +184,9 @@ class OriginDeltaSink:
         (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
         if buckets < 1:
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
-        self.path = path.rstrip("/")
-        self.origin_column = origin_column
-        self.path_column = path_column
+        self._init_identity(path, origin_column, path_column, query_id)
         self.buckets = buckets
         self.replay_window_s = replay_window_s
-        self.query_id = query_id
-        self._own_id = str(uuid.uuid4())
-
-    @property
-    def key(self) -> list[str]:
-        return [self.origin_column, self.path_column]
-
-    def current_query_id(self, spark: SparkSession) -> str:
-        if self.query_id is not None:
-            return self.query_id
-        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or self._own_id
 
     def app_id(self, spark: SparkSession) -> str:
         return f"replaybroker-{self.current_query_id(spark)}"
