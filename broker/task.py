@@ -50,6 +50,13 @@ _LOST_MEMBERSHIP = frozenset(
      KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST,
      KafkaError._STATE}
 )
+# Commit errors of a coordinator that is loading, moving or unreachable (seen right after a
+# broker restart: COORDINATOR_LOAD_IN_PROGRESS): the offsets are committed with the next batch.
+_TRANSIENT_COMMIT = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+     KafkaError.NOT_COORDINATOR, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
+     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD}
+)
 
 class TaskRecord(NamedTuple):
     topic: str
@@ -200,6 +207,7 @@ class TaskCounters:
     undeliverable: int = 0  # source records failed because an output could not be delivered
     dropped: int = 0  # untracked outputs given up (no source record to fail)
     commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
+    commits_deferred: int = 0  # commits the group coordinator could not take yet: done later
     # Inputs taken before their partition was revoked: not processed, the owner reads them again.
     dropped_revoked: int = 0
     touches: int = 0  # deadline extensions sent (ctx.touch)
@@ -424,14 +432,25 @@ class Task:
         offsets, self._uncommitted = self._uncommitted, {}
         self._commit_due = time.monotonic() + self.config.commit_interval_s
         if offsets:
-            self._commit([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+            self._commit(offsets)
         return undeliverable
 
-    def _commit(self, offsets: list[TopicPartition]) -> None:
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
         try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+            )
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
+            if err is not None and (err.code() in _TRANSIENT_COMMIT or (err.retriable() and not err.fatal())):
+                # Not committed yet, and still ours: the offsets go with the next commit (newer
+                # offsets of a partition read since win). A crash before that redoes the
+                # batches, whose events arrive twice - that only delays their completion.
+                for tp, offset in offsets.items():
+                    self._uncommitted.setdefault(tp, offset)
+                self.counters.commits_deferred += 1
+                log.warning("offsets not committed yet (%s): committed with the next batch", err)
+                return
             if err is None or err.code() not in _LOST_MEMBERSHIP:
                 raise
             # The group moved on while this batch ran (seen in a chaos run: the task died of

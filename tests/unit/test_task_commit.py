@@ -89,3 +89,23 @@ def test_other_commit_errors_still_raise(task: Task, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Consumer, "error", KafkaError._MSG_TIMED_OUT)
     with pytest.raises(KafkaException):
         task.process_batch([Message()])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "code", [KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR]
+)
+def test_a_coordinator_not_ready_defers_the_commit_to_the_next_batch(
+    task: Task, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    # Seen in a chaos run: right after a broker restart the task's commit got
+    # COORDINATOR_LOAD_IN_PROGRESS and the task process exited.
+    monkeypatch.setattr(Consumer, "error", code)
+    task.process_batch([Message()])  # type: ignore[list-item]
+    assert task.counters.commits_deferred == 1 and task.counters.processed == 1
+    assert task._uncommitted == {("orders", 0): 8}  # kept for the next commit
+
+    committed: list[Any] = []
+    monkeypatch.setattr(Consumer, "commit", lambda self, **kw: committed.append(kw["offsets"]))
+    task.finish()
+    assert [(tp.topic, tp.partition, tp.offset) for tp in committed[0]] == [("orders", 0, 8)]
+    assert task._uncommitted == {}
