@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -94,6 +95,16 @@ class Transactions:
         self.consumer = consumer
         self.refusals = refusals
         self.exactly_once = exactly_once
+        # When the transaction that is open now (or that failed and was not aborted yet) was
+        # begun, on this process's monotonic clock; None when none is open.
+        self.open_since: float | None = None
+
+    def outlived(self, timeout_ms: int) -> bool:
+        """Whether the open transaction is older than ``transaction.timeout.ms``: then its
+        coordinator may have aborted it itself, which bumps the producer's epoch - a fencing
+        error after that comes from the coordinator, not from a newer instance (the
+        coordinator times a transaction from its first partition, later than our begin)."""
+        return self.open_since is not None and time.monotonic() - self.open_since >= timeout_ms / 1000
 
     def write(self, batch: Batch) -> None:
         """Raises KafkaException when the transaction failed (the caller aborts)."""
@@ -108,6 +119,8 @@ class Transactions:
                 group = self.consumer.consumer_group_metadata()
             except RuntimeError as exc:  # left the group (closing, or it timed out): no commit
                 raise KafkaException(KafkaError(KafkaError._STATE, f"not a group member: {exc}")) from exc
+            if self.open_since is None:
+                self.open_since = time.monotonic()
             producer.begin_transaction()
         produce = producer.produce
         persist, ledger = self.ns.persist, self.ns.ledger
@@ -151,6 +164,7 @@ class Transactions:
         if self.exactly_once:
             producer.send_offsets_to_transaction(batch.positions, group, 30)
             producer.commit_transaction(60)
+            self.open_since = None
         else:
             if producer.flush(60):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
@@ -183,6 +197,12 @@ class Transactions:
         if self.exactly_once:
             with contextlib.suppress(KafkaException):
                 self.producer.abort_transaction(30)
+                self.open_since = None
+
+    def replace_producer(self, producer: Producer) -> None:
+        """A new producer, whose ``init_transactions`` aborted whatever the old one left open."""
+        self.producer = producer
+        self.open_since = None
 
 
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})

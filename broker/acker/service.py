@@ -110,6 +110,10 @@ class Acker:
         self._committed_totals = dict(self.totals)
         self.commits = 0
         self.rejoins = 0  # group consumers replaced after a fatal error
+        # Commits fenced because their transaction outlived its timeout (the coordinator
+        # aborted it); the producer is replaced once partitions are owned again.
+        self.fenced_by_timeout = 0
+        self._producer_stale = False
         # The input position of EVERY owned partition, committed with every transaction, even
         # where nothing new was read: offsets are what the group coordinator checks against
         # the member's generation, so a member that lost its partitions (stalled past
@@ -305,18 +309,22 @@ class Acker:
             on_lost=self._on_lost,
         )
 
-    def _rejoin(self, err: KafkaError) -> None:
-        """The group consumer hit a fatal error: it is out of the group for good. Seen: a
-        static member restarted after a kill is refused (UNRELEASED_INSTANCE_ID) until its
-        predecessor's session expires. Whatever it owned is someone else's now (as if
-        lost); a new consumer joins again, after a pause so a refusal is not a busy loop."""
-        log.error(
-            "group consumer failed (%s); everything it owned is dropped, joining again in %.1fs",
-            err.str(), REJOIN_BACKOFF_S,
-        )
-        self.transactions.abort()
+    def _rejoin(self, err: KafkaError | None) -> None:
+        """The group consumer hit a fatal error (``err``), or the producer was fenced by its
+        coordinator (None): out of the group for good. Seen: a static member restarted after
+        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires.
+        Whatever it owned is someone else's now (as if lost); a new consumer joins again,
+        after a pause so a refusal is not a busy loop."""
+        if err is not None:
+            log.error(
+                "group consumer failed (%s); everything it owned is dropped, joining again in %.1fs",
+                err.str(), REJOIN_BACKOFF_S,
+            )
+            self.transactions.abort()
         self.restores.cancel(self._owned())
         self._drop(set(self.states))
+        self.totals.clear()  # what was folded since the last commit is dropped with them
+        self.totals.update(self._committed_totals)
         self.changelog.assign_standby(self.P, self.states)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
@@ -557,6 +565,8 @@ class Acker:
         self._last_commit = time.monotonic()
         if not self.states:
             return False  # owning nothing, nothing may be written (what was due left with the partitions)
+        if self._producer_stale:
+            self._new_producer()  # fenced by a timed-out transaction, and a member again
         now_ms = self.clock.now_ms()
         # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
@@ -623,6 +633,24 @@ class Acker:
 
     def _on_commit_error(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args else None
+        if is_fenced(exc) and self.transactions.outlived(self.config.transaction_timeout_ms):
+            # Seen after a broker outage longer than the transaction timeout: the coordinator
+            # came back, aborted the transaction it found expired and bumped our epoch. No
+            # other instance is involved - but one may be (a paused zombie fenced by its
+            # successor looks the same), so this instance does not simply start a new producer,
+            # which would fence a successor: it leaves the group, drops what it owned and joins
+            # again; a new producer is started only once it owns partitions again (a successor
+            # holding our instance id keeps it out of the group).
+            log.warning(
+                "commit failed (%s): the transaction outlived transaction.timeout.ms (%d ms), its "
+                "coordinator aborted it; everything owned is dropped, joining the group again in %.1fs "
+                "(a new producer once partitions are owned again)",
+                err, self.config.transaction_timeout_ms, REJOIN_BACKOFF_S,
+            )
+            self.fenced_by_timeout += 1
+            self._producer_stale = True
+            self._rejoin(None)
+            return
         if is_fenced(exc):
             # Another instance took over with our transactional id: stop, and never write
             # again with this producer.
@@ -657,7 +685,8 @@ class Acker:
             except KafkaException as exc:
                 self.stop()
                 raise ReplayBrokerError(f"acker cannot start a new transactional producer: {exc}") from exc
-        self.transactions.producer = self._producer
+        self.transactions.replace_producer(self._producer)
+        self._producer_stale = False
 
     def _init_transactions(self) -> None:
         """``init_transactions``, tried again while it fails transiently: a transaction
@@ -703,6 +732,8 @@ class Acker:
             # behind on the partition's inputs, and the entries held back at the last commit
             "expiry_holds": self.expiry.holds,
             "expiry_held": self.expiry.held,
+            "rejoins": self.rejoins,
+            "fenced_by_timeout": self.fenced_by_timeout,
         }
 
     def _log_stats(self) -> None:

@@ -5,13 +5,16 @@ transactional id (they would fence each other in a loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+import broker.acker.service
 from broker.acker import Acker, AckerConfig
+from broker.errors import ReplayBrokerError
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
 from tests.unit.test_acker_timeouts import (
@@ -19,6 +22,7 @@ from tests.unit.test_acker_timeouts import (
     R1,
     S1,
     T0,
+    FakeConsumer,
     FakeMessage,
     FakeProducer,
     fake_kafka,
@@ -100,3 +104,45 @@ def test_a_fatal_init_transactions_failure_is_raised(fake_kafka: None) -> None:
     acker._producer = Fenced({})  # type: ignore[assignment]
     with pytest.raises(KafkaException):
         acker._init_transactions()
+
+
+def _fence_commits(producer: FakeProducer) -> None:
+    def fenced(*_: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "Failed to end transaction: fenced", fatal=True))
+
+    producer.commit_transaction = fenced  # type: ignore[method-assign]
+
+
+def test_a_transaction_the_coordinator_aborted_on_timeout_costs_a_rejoin_not_the_service(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in a chaos run: a broker outage longer than transaction.timeout.ms; the coordinator
+    came back, aborted the expired transaction and bumped the epoch, and the acker stopped as
+    if a newer instance had taken its transactional id."""
+    monkeypatch.setattr(broker.acker.service, "REJOIN_BACKOFF_S", 0.0)
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    acker.config = dataclasses.replace(acker.config, transaction_timeout_ms=0)  # every transaction outlived it
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    _fence_commits(producer)
+    run_steps(acker)
+    assert acker.fenced_by_timeout == 1 and acker.rejoins == 1
+    assert acker._producer is producer  # no new producer while it owns nothing: it could fence a successor
+    rejoined = FakeConsumer.last
+    assert rejoined is not None and rejoined is not consumer
+    rejoined.batches.append([persist_msg(persisted(S1, R1, T0))])  # read again from the committed offsets
+    run_steps(acker)
+    fresh = acker._producer
+    assert isinstance(fresh, FakeProducer) and fresh is not producer
+    assert fresh.transactions == 1 and fresh.offsets[0][(NS.persist, 0)] == 1
+    assert acker.counters()["registered"] == 1
+
+
+def test_a_young_transaction_fenced_means_a_newer_instance_and_the_acker_stops(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)  # transaction timeout 10 s: a commit is far younger
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    _fence_commits(producer)
+    with pytest.raises(ReplayBrokerError, match="fenced"):
+        run_steps(acker)
+    assert acker.fenced_by_timeout == 0
