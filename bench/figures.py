@@ -63,6 +63,18 @@ def _specs() -> list[Spec]:
             Spec(f"fold.{s}.dict_bytes_per_entry", "B", f"dict fold bytes per pending entry at {s}"),
         ]
     specs += [
+        Spec("floor.produce_us_per_record", "µs", "CPU to produce one 100 B record, no headers (confluent-kafka)"),
+        Spec("floor.produce_4_headers_us_per_record", "µs", "the same with the data record's four tracking headers"),
+        Spec("floor.produce_2_headers_callback_us_per_record", "µs",
+             "a persist-sized record with its two headers and a delivery callback"),
+        Spec("floor.produce_tombstone_1_header_us_per_record", "µs", "a tombstone with its outcome header"),
+        Spec("floor.consume_us_per_record", "µs", "CPU to consume one record, headers not read"),
+        Spec("floor.consume_4_headers_us_per_record", "µs", "the same, its four headers read"),
+        Spec("floor.pipeline_us_per_record", "µs",
+             "the client calls one completed record makes in the pipeline, added up (its floor)"),
+        Spec("floor.raw_us_per_record", "µs", "produce + consume without headers (the raw baseline's calls)"),
+        Spec("floor.best_pipeline_vs_raw", "x",
+             "raw floor / pipeline floor: the best throughput.pipeline_vs_raw these client calls allow"),
         Spec("latency.load_rps", "records/s", "offered load: 50 % of the measured pipeline throughput"),
         Spec("latency.pipeline_p50_ms", "ms", "persist -> completed tombstone visible (read_committed), p50"),
         Spec("latency.pipeline_p99_ms", "ms", "persist -> completed tombstone visible (read_committed), p99"),

@@ -124,6 +124,17 @@ def markdown(result: dict[str, Any]) -> str:
     if cpu_lines:
         out += ["", "CPU during the throughput runs (share of one core; CPU per record completed in the send "
                 "window):", "", *cpu_lines]
+    floor = {k.split(".", 1)[1]: v.get("value") for k, v in figures.items() if k.startswith("floor.")}
+    if floor.get("pipeline_us_per_record") and floor.get("raw_us_per_record"):
+        out += ["", f"Client floor (bench/floor.py, CPU per record in confluent-kafka itself): produce "
+                f"{fmt(floor['produce_us_per_record'])} µs, with the four tracking headers "
+                f"{fmt(floor['produce_4_headers_us_per_record'])}, persist-sized with two headers and a delivery "
+                f"callback {fmt(floor['produce_2_headers_callback_us_per_record'])}, a tombstone with its header "
+                f"{fmt(floor['produce_tombstone_1_header_us_per_record'])}; consume "
+                f"{fmt(floor['consume_us_per_record'])}, with four headers read "
+                f"{fmt(floor['consume_4_headers_us_per_record'])}. One completed record's calls add up to "
+                f"{fmt(floor['pipeline_us_per_record'])} µs against raw's {fmt(floor['raw_us_per_record'])}: "
+                f"at best {fmt(floor['best_pipeline_vs_raw'])}x raw throughput on this data path."]
     warm = runs.get("warm_broker")
     if warm:
         shares = ", ".join(f"{100 * s:.0f} %" for s in warm.get("compiler_share_per_round", [])) or "not readable"

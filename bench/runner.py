@@ -195,7 +195,8 @@ def _delete_topics(env: Env) -> None:
 
 
 def _section_keys(section: str) -> list[str]:
-    prefixes = {section, "cost"} if section == "latency" else {section}  # the latency runs measure the cost
+    # The latency runs measure the cost; the throughput section the client floor.
+    prefixes = {"latency": {section, "cost"}, "throughput": {section, "floor"}}.get(section, {section})
     return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
 
@@ -325,6 +326,7 @@ def run(options: Options) -> dict[str, Any]:
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
     from bench.adaptive import measure_adaptive
+    from bench.floor import measure_floor
     from bench.pipeline import measure_latency, measure_throughput
     from bench.replay import measure_replay
     from bench.restore import measure_restore
@@ -338,6 +340,14 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                                   skip_share=options.skip_share, warm_broker_s=plan.warm_broker_s)
         series["throughput"] = runs
         details["throughput"] = {k: {kk: vv for kk, vv in v.items() if kk != "recv_rel"} for k, v in runs.items()}
+        update(0.97, "client floor")
+        try:
+            details["floor"] = measure_floor(env.bootstrap, env.settings, figures, partitions=env.partitions,
+                                             records=20_000 if plan.quick else 100_000, created=env.created_topics)
+        except Exception as exc:  # noqa: BLE001 - the throughput figures stand without it
+            traceback.print_exc()
+            figures.unavailable([k for k in FIGURE_KEYS if k.startswith("floor.")],
+                                f"error: {type(exc).__name__}: {exc}"[:300])
 
     def latency(update: Any) -> None:
         peak = figures.value("throughput.pipeline_rps")
