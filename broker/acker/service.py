@@ -74,6 +74,9 @@ log = logging.getLogger("broker.acker")
 RESTORE_SLICE_S = 0.05
 """Changelog reading per loop iteration while partitions restore: the owned ones fold between."""
 REJOIN_BACKOFF_S = 1.0
+# How long a restored partition's seek may keep failing (its fetcher still starting) before
+# the acker gives up.
+SEEK_RETRY_S = 30.0
 """Pause before a group consumer that failed fatally is replaced by a new one."""
 INIT_TRANSACTIONS_TIMEOUT_S = 30.0
 """One wait for the transaction coordinator; a transient failure is retried."""
@@ -114,6 +117,9 @@ class Acker:
         # aborted it); the producer is replaced once partitions are owned again.
         self.fenced_by_timeout = 0
         self._producer_stale = False
+        # Restored partitions whose inputs are still to be sought and resumed (_resume_restored).
+        self._to_resume: list[TopicPartition] = []
+        self._seek_failing_since: float | None = None
         # The input position of EVERY owned partition, committed with every transaction, even
         # where nothing new was read: offsets are what the group coordinator checks against
         # the member's generation, so a member that lost its partitions (stalled past
@@ -407,15 +413,39 @@ class Acker:
         self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         self.states.update(done.states)
         if resume:
-            for tp in starts:
-                self._consumer.seek(tp)  # anything fetched before the pause is read again
-            self._consumer.resume(starts)
-            self._rebalanced = True  # resumed fetchers need waking too
+            self._to_resume = [*self._to_resume, *starts]
+            self._resume_restored()
         log.info(
             "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
             lps, owned, done.warm, done.read, self.last_assignment["entries"], seconds,
         )
+
+    def _resume_restored(self) -> None:
+        """Seek the restored partitions' inputs to their starts (anything fetched before the
+        pause is read again) and resume them. Seen on a loaded machine: a seek right after a
+        takeover's assignment fails with "Erroneous state" while the partition's fetcher is
+        still starting; such a partition stays paused and is sought again at the next step
+        (for up to ``SEEK_RETRY_S``), instead of the acker exiting."""
+        waiting: list[TopicPartition] = []
+        for tp in self._to_resume:
+            if tp.partition not in self.states:
+                continue  # revoked or lost meanwhile
+            try:
+                self._consumer.seek(tp)
+            except KafkaException as exc:
+                if self._seek_failing_since is None:
+                    self._seek_failing_since = time.monotonic()
+                elif time.monotonic() - self._seek_failing_since > SEEK_RETRY_S:
+                    raise
+                log.debug("seek of %s[%d] to %d failed (%s): tried again", tp.topic, tp.partition, tp.offset, exc)
+                waiting.append(tp)
+                continue
+            self._consumer.resume([tp])
+            self._rebalanced = True  # resumed fetchers need waking too
+        self._to_resume = waiting
+        if not waiting:
+            self._seek_failing_since = None
 
     def _owned(self) -> set[int]:
         """Ledger partitions owned: restored, or restoring."""
@@ -461,6 +491,7 @@ class Acker:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+        self._to_resume = [tp for tp in self._to_resume if tp.partition not in lps]
         self.expiry.forget(lps)
         # Outputs not committed yet go with the partition: its next owner re-derives them
         # from the changelog and the inputs after the committed offsets (quarantines too).
@@ -510,6 +541,8 @@ class Acker:
             done = self.restores.step(RESTORE_SLICE_S)
             if done is not None:
                 self._restored(done)
+        if self._to_resume:
+            self._resume_restored()
         if self._rebalanced:
             self._rebalanced = False
             self._wake_fetchers()

@@ -146,3 +146,25 @@ def test_a_young_transaction_fenced_means_a_newer_instance_and_the_acker_stops(f
     with pytest.raises(ReplayBrokerError, match="fenced"):
         run_steps(acker)
     assert acker.fenced_by_timeout == 0
+
+
+def test_a_seek_that_fails_while_the_fetcher_starts_is_tried_again_not_the_end_of_the_acker(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in a takeover on a loaded machine: the survivor restored the victim's partition
+    and its seek failed with "Erroneous state"; the acker exited."""
+    monkeypatch.setattr(broker.acker.service, "RESTORE_SLICE_S", 0.0)  # restored in the loop, then sought
+    clock = ManualClock(T0)
+    acker, consumer, _producer = make_acker(clock)
+    failures = [2]
+
+    def seek(tp: TopicPartition) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise KafkaException(KafkaError(KafkaError._STATE, f"Failed to seek to offset {tp.offset}: Erroneous state"))
+
+    consumer.seek = seek  # type: ignore[method-assign]
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    run_steps(acker, 10)
+    assert failures == [0] and not consumer.paused
+    assert acker.counters()["registered"] == 1
