@@ -45,6 +45,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from broker import ids
 from broker.errors import TopologyError
 from broker.headers import (
+    AUTO_B,
     DLQ_HEADERS,
     H_ATTEMPTS,
     H_HISTORY,
@@ -53,6 +54,7 @@ from broker.headers import (
     H_PARTITIONER,
     H_REASON,
     H_SOURCE,
+    H_TIMEOUT,
     H_TOPIC,
 )
 from broker.kafka_io import partition_counts, read_to_end
@@ -131,6 +133,7 @@ class DlqEntry:
     key_hash_partition: int | None = None
     partitioner: str | None = None
     history: tuple[Failure, ...] = ()
+    auto_timeout: bool = False  # its timeout was adaptive (timeout_ms="auto"): a redrive keeps that
     # quarantined input: where it was read
     source: str | None = None
 
@@ -191,6 +194,7 @@ class DlqEntry:
             key_hash_partition=partition,
             partitioner=_text(rb.get(H_PARTITIONER)) or "kafka",
             history=history,
+            auto_timeout=rb.get(H_TIMEOUT) == AUTO_B,
             **common,
         )
 
@@ -252,6 +256,7 @@ def entry_json(entry: DlqEntry, marker: Marker | None = None, value_limit: int =
                 "topic": entry.topic,
                 "key_hash_partition": entry.key_hash_partition,
                 "partitioner": entry.partitioner,
+                "timeout": "auto" if entry.auto_timeout else None,
                 "history": [
                     {"srid": f.srid, "attempt": f.attempt, "reason": f.reason, "at_ms": f.at_ms, "at": _iso(f.at_ms)}
                     for f in entry.history
@@ -458,7 +463,7 @@ def redrive(
             done: list[Redriven] = []
             with source.transaction():
                 for entry in plan.selected[start : start + chunk]:
-                    done.append(_redrive_one(source, ns, marker_topic, entry))
+                    done.append(_redrive_one(source, ns, marker_topic, entry, keep_auto=timeout_ms is None))
             result.redriven.extend(done)
         return result
     finally:
@@ -466,7 +471,9 @@ def redrive(
             source.close()
 
 
-def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEntry) -> Redriven:
+def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEntry, *, keep_auto: bool = True) -> Redriven:
+    """One entry, as a fresh source record with its origin. A record whose timeout was
+    adaptive is sent with ``timeout_ms="auto"`` again, unless the redrive gave a timeout."""
     assert entry.origin is not None and entry.topic is not None and entry.key_hash_partition is not None
     now_ms = int(time.time() * 1000)
     last = entry.history[-1] if entry.history else None
@@ -485,6 +492,7 @@ def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEnt
         key_hash_partition=entry.key_hash_partition,
         partitioner=entry.partitioner or "kafka",
         history=(*entry.history, note),
+        timeout_ms="auto" if keep_auto and entry.auto_timeout else None,
     )
     marker = Marker(entry.origin, sent.srid, f"{ns.dlq} {entry.where}", now_ms)
     source.produce(marker_topic, entry.marker_key, marker.encode())

@@ -11,7 +11,7 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-path`` | data records below the root | emit indices from the root: ``0.2`` is the third child of the source record (``0``, which carries no header), ``0.2.0`` its first grandchild |
 | ``rb-root`` | persist records | the root's creation event (XOR of the source's record ids) |
 | ``rb-deadline`` | persist records | created_ms + timeout_ms (an auto record: + ``ADAPTIVE_FALLBACK_MS``) |
-| ``rb-timeout`` | persist records with an adaptive timeout | ``auto``: the acker sets the deadline (docs/design.md §6) |
+| ``rb-timeout`` | persist records with an adaptive timeout; DLQ records of them | ``auto``: the acker sets the deadline (docs/design.md §6); a redrive keeps it |
 | ``rb-topic`` | auto persist records; DLQ records | the data topic (auto: whose latency estimate applies) |
 | ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
 | ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
@@ -70,8 +70,9 @@ H_PARTITIONER = "rb-partitioner"
 H_HISTORY = "rb-history"
 H_SOURCE = "rb-source"
 # Headers the acker appends to a dead-lettered record, after the user's own headers.
+# ``rb-timeout: auto`` among them marks a record whose timeout was adaptive: a redrive keeps it.
 DLQ_HEADERS = frozenset(
-    {H_REASON, H_ATTEMPTS, H_TOPIC, H_KEY_HASH_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN}
+    {H_REASON, H_ATTEMPTS, H_TOPIC, H_KEY_HASH_PARTITION, H_PARTITIONER, H_HISTORY, H_ORIGIN, H_TIMEOUT}
 )
 QUARANTINE_PREFIX = "quarantine: "
 

@@ -24,6 +24,7 @@ import orjson
 from broker import ids
 from broker.headers import (
     ADAPTIVE_FALLBACK_MS,
+    AUTO_B,
     AUTO_TIMEOUT_MS,
     DLQ_HEADERS,
     H_ATTEMPTS,
@@ -33,6 +34,7 @@ from broker.headers import (
     H_PARTITIONER,
     H_REASON,
     H_SOURCE,
+    H_TIMEOUT,
     H_TOPIC,
     LOST_PREFIX,
     QUARANTINE_PREFIX,
@@ -146,6 +148,7 @@ def dlq_record(
         (H_PARTITIONER, record.partitioner.encode()),
         (H_HISTORY, _history_json(history)),
         (H_ORIGIN, ids.encode_id(record.origin)),
+        *(((H_TIMEOUT, AUTO_B),) if record.timeout_ms == AUTO_TIMEOUT_MS else ()),
     )
     return Outgoing(ns.dlq, 0, record.key, record.value, headers, record.srid)
 

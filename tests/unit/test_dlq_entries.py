@@ -132,3 +132,37 @@ def test_markers_round_trip_and_origin_ids_parse_as_listed() -> None:
     assert parse_origin(str(ORIGIN)) == ORIGIN
     assert parse_origin("0x" + ids.encode_id(ORIGIN).hex()) == ORIGIN
     assert parse_origin("0x1f") == 31
+
+
+def test_a_record_with_an_adaptive_timeout_is_redriven_with_auto_again() -> None:
+    """A record sent with timeout_ms="auto" and dead-lettered keeps "auto" through a redrive
+    (unless the redrive is given a timeout); a fixed one gets the redrive's timeout."""
+    from broker.dlq import _redrive_one
+    from broker.headers import AUTO_TIMEOUT_MS
+
+    auto = PersistedRecord(
+        srid=ORIGIN, origin=ORIGIN, attempt=1, root_xor=5, record_id=5, topic="orders", key_hash_partition=4,
+        key=b"k", value=b"v", created_ms=1, timeout_ms=AUTO_TIMEOUT_MS, max_attempts=1,
+    )
+    history = [Failure(ORIGIN, 1, "timeout", 1_000)]
+    entry = DlqEntry.from_message(Msg(dlq_record(NS, auto, history, "timeout"), 0))
+    fixed = DlqEntry.from_message(Msg(dead(), 1))
+    assert entry.kind == RECORD and entry.auto_timeout and entry.headers == ()
+    assert not fixed.auto_timeout and entry_json(entry)["timeout"] == "auto"
+
+    class FakeSource:
+        def __init__(self) -> None:
+            self.timeouts: list[Any] = []
+
+        def resend(self, *_: Any, **kw: Any) -> Any:
+            self.timeouts.append(kw["timeout_ms"])
+            return type("Sent", (), {"srid": 9, "key_hash_partition": 4})()
+
+        def produce(self, *_: Any, **__: Any) -> None:
+            pass
+
+    source = FakeSource()
+    _redrive_one(source, NS, "m", entry)  # type: ignore[arg-type]
+    _redrive_one(source, NS, "m", fixed)  # type: ignore[arg-type]
+    _redrive_one(source, NS, "m", entry, keep_auto=False)  # type: ignore[arg-type]
+    assert source.timeouts == ["auto", None, None]
