@@ -116,6 +116,7 @@ class Removed:
 
     srids: np.ndarray  # int64
     offsets: np.ndarray  # int64
+    values: np.ndarray | None = None  # int64 XOR values, where the caller needs them (timeouts)
 
     def __len__(self) -> int:
         return int(self.srids.size)
@@ -149,11 +150,6 @@ class Expired(NamedTuple):
     """Registered entries past their deadline: replay them."""
     orphans: Removed
     """Unregistered entries past their orphan deadline: count them, nothing to replay."""
-    unwatched: int = 0
-    """Watches that ended without a late completion (``watch``): nothing to do."""
-    superseded_unknown: int = 0
-    """Of ``orphans``: superseded marks of a srid never registered here - its replay had
-    completed before the mark (or its persist record never came)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -281,6 +277,8 @@ class LedgerTable:
         self._superseded: list[Removed] = []  # late completions of watched srids (take_superseded)
         self._settled: list[Removed] = []  # superseded replays that failed (take_settled)
         self._may_watch = False  # a WATCH entry may be in the table (pending() masks then)
+        self._unwatched = 0  # watches expire dropped since the last take_expired_counts
+        self._unknown_marks = 0  # unregistered SUPERSEDED entries expire dropped since then
 
     # ------------------------------------------------------------------ public operations
 
@@ -402,7 +400,7 @@ class LedgerTable:
         into it like any event; one that brings it to 0 means the original's whole tree
         completed after all (docs/design.md §4: 0 only with every event of the tree), and
         ``take_superseded`` hands it out. A watch is no pending record: it never times out
-        (``expire`` drops it, counted in ``unwatched``), a fail mark makes it FAILED (it can
+        (``expire`` drops it, counted by ``take_expired_counts``), a fail mark makes it FAILED (it can
         then never complete) and a second persist record of the srid is refused.
 
         Returns the watches that are complete at once (events folded meanwhile into an
@@ -457,7 +455,7 @@ class LedgerTable:
         times out or fails it is settled (``take_settled``), never replayed or dead-lettered.
         An unknown srid gets an unregistered SUPERSEDED entry with ``orphan_deadline``: its
         persist record may not have been read yet; if none comes, the replay had completed
-        before the mark (``expire`` counts it in ``superseded_unknown``). Returns how many
+        before the mark (``take_expired_counts``). Returns how many
         srids were registered entries here."""
         s = _i64(srids)
         if s.size == 0:
@@ -469,6 +467,15 @@ class LedgerTable:
         f = flags[pos]
         flags[pos] = f | (SUPERSEDED | DIRTY)
         return int(np.count_nonzero(f & REGISTERED))
+
+    def take_expired_counts(self) -> tuple[int, int]:
+        """What ``expire`` dropped besides its result since the last call: watches that ended
+        without a late completion, and superseded marks of srids never registered here
+        (also among the orphans: the replay had completed before the mark, or its persist
+        record never came)."""
+        out = (self._unwatched, self._unknown_marks)
+        self._unwatched = self._unknown_marks = 0
+        return out
 
     def take_settled(self) -> Removed:
         """Superseded entries that timed out or failed since the last call (they have left the
@@ -655,11 +662,11 @@ class LedgerTable:
         timed_out = due[registered & ~superseded]
         orphans = due[~registered & ~watched]
         result = Expired(
-            Removed(t.keys[timed_out], t.offset[timed_out]),
+            Removed(t.keys[timed_out], t.offset[timed_out], t.value[timed_out]),
             Removed(t.keys[orphans], t.offset[orphans]),
-            int(np.count_nonzero(watched)),
-            int(np.count_nonzero(~registered & superseded)),
         )
+        self._unwatched += int(np.count_nonzero(watched))
+        self._unknown_marks += int(np.count_nonzero(~registered & superseded))
         self._remove(due)
         self._min_deadline = int(t.deadline.min())
         return result
