@@ -37,6 +37,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from broker.acker import superseding
 from broker.acker.changelog import Changelog
 from broker.acker.commit import Batch, Transactions, is_fatal, is_fenced, positions_of, take_changes
 from broker.acker.config import AckerConfig
@@ -46,7 +47,6 @@ from broker.acker.lag import ExpiryGate
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
-from broker.acker import superseding
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
