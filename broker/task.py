@@ -567,9 +567,10 @@ class Task:
     def _handle(self, msg: Message, events: _Events) -> None:
         headers = tuple(msg.headers() or ())
         tracking = Tracking.from_headers(headers)
+        markers = self._markers
         if (
-            tracking is not None and tracking.attempt > 1 and self._markers is not None
-            and (tracking.srid in self._markers or self._slow_origins) and self._superseded(tracking)
+            tracking is not None and tracking.attempt > 1 and markers is not None
+            and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
         ):
             # Its original attempt completed after all: ack it as a leaf, do no work, emit
             # nothing - the replay's tree completes, and no output is written twice.

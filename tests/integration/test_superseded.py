@@ -28,7 +28,7 @@ TIMEOUT_MS = 4_000
 HOLD_S = 6.0  # longer than the timeout (plus a tick and a commit), shorter than the replay's deadline
 
 
-def test_a_slow_original_completes_late_and_its_replay_is_skipped(pipelines: Any) -> None:
+def test_a_slow_original_completes_late_and_its_replay_is_skipped(pipelines: Any) -> None:  # noqa: F811
     p: Pipeline = pipelines(ledger_partitions=2, data_partitions=2, timeout_ms=TIMEOUT_MS)
     out = f"{p.ns.name}.out"
     topics.create(p.settings, p.ns, 2, {out: 1})

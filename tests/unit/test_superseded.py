@@ -159,7 +159,7 @@ def test_watches_and_marks_survive_the_changelog() -> None:
 
 
 @pytest.fixture
-def markers_topic(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def markers_topic(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """ns.superseded exists with the ledger's partition count; the replay topics with 4."""
     counts = {NS.superseded: FakeConsumer.partitions}
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: {n: counts.get(n, 4) for n in names})
@@ -206,7 +206,7 @@ def test_the_acker_marks_the_replay_of_a_late_original_and_settles_it(markers_to
     assert (c["superseded_settled"], c["replayed"], c["dlq"], c["pending"]) == (1, 1, 0, 0)
 
 
-def test_without_the_markers_topic_the_replay_is_still_marked_for_its_acker(fake_kafka: None, caplog: Any) -> None:
+def test_without_the_markers_topic_the_replay_is_still_marked_for_its_acker(fake_kafka: None, caplog: Any) -> None:  # noqa: F811
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)  # ns.superseded: 4 partitions, not 2
     lp = ids.ledger_partition(S, FakeConsumer.partitions)
