@@ -18,6 +18,7 @@ import argparse
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from broker import ids
@@ -30,10 +31,10 @@ from broker.topics import Namespace
 class _Msg:
     __slots__ = ("_h",)
 
-    def __init__(self, headers: list[tuple[str, bytes | None]]) -> None:
+    def __init__(self, headers: Sequence[tuple[str, bytes | None]]) -> None:
         self._h = headers
 
-    def headers(self) -> list[tuple[str, bytes | None]]:
+    def headers(self) -> Sequence[tuple[str, bytes | None]]:
         return self._h
 
     def topic(self) -> str:
