@@ -65,7 +65,7 @@ def _task(markers: SupersededMarkers | None) -> Task:
     task.ns, task._ledger_partitions, task.name = Namespace("bench"), 8, "bench"
     task.config, task.counters = TaskConfig(), TaskCounters()
     task.handler = lambda _r, _c: None
-    task._markers, task._slow_origins = markers, {}
+    task._markers, task._slow_origins, task._slow_until = markers, set(), 0.0
     return task
 
 

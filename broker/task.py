@@ -185,10 +185,10 @@ class TaskConfig:
     # ns.superseded.
     skip_superseded: bool = True
     # A batch that took longer than slow_batch_s to handle may have outlived its records'
-    # timeouts: for a replay of one of its inputs, read in the next superseded_wait_s after
-    # it, the task waits up to superseded_wait_s for the acker's marker (the marker is written
-    # once the late ack is folded, ~a commit interval) - otherwise the replay, queued behind
-    # its original, would be handled before the marker can arrive.
+    # timeouts: a replay of one of its inputs read within superseded_wait_s after it waits,
+    # at most until then, for the acker's marker (written once the late ack is folded, ~a
+    # commit interval) - otherwise the replay, queued behind its original, would be handled
+    # before the marker can arrive. One window per slow batch, shared by all its replays.
     slow_batch_s: float = 1.0
     superseded_wait_s: float = 1.0
     # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
@@ -295,9 +295,10 @@ class Task:
         # Superseded markers (ns.superseded), read while run() runs; None: not read (off, or
         # batches handled outside run()).
         self._markers: SupersededMarkers | None = None
-        # origin -> monotonic time until which a replay of it waits for a marker (inputs of
-        # a slow batch)
-        self._slow_origins: dict[int, float] = {}
+        # The origins of the last slow batch's inputs, and until when (monotonic) a replay of
+        # one of them waits for its marker: one window per slow batch, shared by its replays.
+        self._slow_origins: set[int] = set()
+        self._slow_until = 0.0
 
     @property
     def ledger_partitions(self) -> int:
@@ -538,31 +539,32 @@ class Task:
 
     def _note_slow(self, batch: list[Message]) -> None:
         """The inputs of a batch that took long: a replay of one of them read soon after may
-        be superseded by the ack this batch just sent (``_superseded``)."""
-        now = time.monotonic()
-        until = now + self.config.slow_batch_s + self.config.superseded_wait_s
-        slow = self._slow_origins
-        for origin, t in list(slow.items()):
-            if t < now:
-                del slow[origin]
-        for msg in batch:
-            tracking = None if msg.error() else Tracking.from_headers(msg.headers())
-            if tracking is not None and len(slow) < 100_000:
-                slow[tracking.origin] = until
+        be superseded by the ack this batch just sent (``_superseded``). The wait for their
+        markers is one window of ``superseded_wait_s`` from now, shared by all of them: a slow
+        batch whose originals do not complete (their trees go on downstream) stalls the task
+        that long once, not once per replay."""
+        self._slow_origins = {
+            t.origin for t in (None if m.error() else Tracking.from_headers(m.headers()) for m in batch) if t is not None
+        }
+        self._slow_until = time.monotonic() + self.config.superseded_wait_s
 
     def _superseded(self, tracking: Tracking) -> bool:
         """Whether this replay is marked superseded; for a replay of a slow batch's input,
-        after waiting a little for the marker (see ``TaskConfig.slow_batch_s``)."""
+        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_s``)."""
         markers = self._markers
         assert markers is not None
-        if tracking.srid in markers:
+        if tracking.srid in markers.srids:
             return True
-        until = self._slow_origins.pop(tracking.origin, None)
-        if until is None or until < time.monotonic():
+        left = self._slow_until - time.monotonic()
+        if left <= 0:
+            self._slow_origins = set()
             return False
+        if tracking.origin not in self._slow_origins:
+            return False
+        self._slow_origins.discard(tracking.origin)
         self.counters.superseded_waits += 1
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
-        return markers.wait_for(tracking.srid, self.config.superseded_wait_s)
+        return markers.wait_for(tracking.srid, left)
 
     def _handle(self, msg: Message, events: _Events) -> None:
         headers = tuple(msg.headers() or ())
