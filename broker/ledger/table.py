@@ -66,6 +66,17 @@ come, timed-out and FAILED ones apart (they keep their reason), the oldest (smal
 offset) first up to a limit - the rest stay untouched, costing no changelog write - and
 only looks at the srids deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
 entries: a bound that is too low costs a scan, never a missed expiry.
+
+Watches and superseded replays (docs/design.md §6)
+--------------------------------------------------
+A timed-out srid that the service replayed can be put back as a WATCH entry (``watch``): its
+XOR value at expiry, the replay's srid in the ``offset`` column, the end of the watch in
+``deadline``. Late events fold into it as into any entry; at 0 the original's tree completed
+after all and ``take_superseded`` hands out (srid, replay srid). A watch is not registered: it
+never completes, times out or is replayed; ``expire`` drops it at its deadline. A replay srid
+marked SUPERSEDED (``mark_superseded``) still completes at 0, but when it times out or fails it
+goes to ``take_settled`` instead of ``expire``'s timeouts or ``take_failed``. Both flags are
+durable: the changelog carries them.
 """
 
 from __future__ import annotations
