@@ -54,7 +54,7 @@ def _topic(name: str, *operations: str) -> set[Acl]:
 
 
 def _layout_check(ns: Namespace) -> set[Acl]:
-    acls = set().union(*(_topic(t, "DESCRIBE") for t in (*ns.ledger_topics, ns.dlq)))
+    acls = set().union(*(_topic(t, "DESCRIBE") for t in (*ns.ledger_topics, ns.dlq, ns.superseded)))
     return acls | _topic(ns.persist, "DESCRIBE_CONFIGS") | _topic(ns.ledger, "DESCRIBE_CONFIGS")
 
 
@@ -92,7 +92,7 @@ def role_acls(
         inputs = list(inputs)
         if not inputs:
             raise ConfigurationError("the task role needs its input topics (--input)")
-        acls |= _topic(ns.acks, "WRITE")
+        acls |= _topic(ns.acks, "WRITE") | _topic(ns.superseded, "READ")  # markers: skip superseded replays
         acls.add(Acl("GROUP", group, "LITERAL", "READ"))
         for topic in inputs:
             if topic in ns.ledger_topics or topic == ns.dlq:
@@ -103,8 +103,9 @@ def role_acls(
                 raise ConfigurationError(f"a task does not write {topic}")
             acls |= _topic(topic, "WRITE")
     elif role == "acker":
-        acls |= _topic(ns.persist, "READ", "WRITE") | _topic(ns.acks, "READ") | _topic(ns.ledger, "READ", "WRITE")
-        acls |= _topic(ns.dlq, "WRITE")
+        acls |= _topic(ns.persist, "READ", "WRITE") | _topic(ns.acks, "READ", "WRITE") | _topic(ns.ledger, "READ", "WRITE")
+        # ns.acks: superseded marks for the acker of a replay; ns.superseded: the markers
+        acls |= _topic(ns.dlq, "WRITE") | _topic(ns.superseded, "WRITE")
         for topic in data_topics:
             acls |= _topic(topic, "DESCRIBE") | _topic(replay_topic(topic), "WRITE")
         prefix = acker_group_prefix(ns)

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 #: became of entries and input. The names are the counters' own (broker.acker.state).
 DECISIONS = (
     "completed", "timed_out", "failed", "replayed", "dlq", "quarantined", "orphans", "payload_lost", "refused",
+    "superseded", "superseded_settled",
 )
 
 #: Commit durations span an idle commit (~1 ms) to one that reads thousands of payloads.
@@ -186,6 +187,7 @@ class TaskFigures(Protocol):
     errors: int
     emitted: int
     sink_outputs: int
+    skipped: int
 
 
 class TaskMetrics(Collector):
@@ -205,6 +207,7 @@ class TaskMetrics(Collector):
             ("undeliverable", "Source records failed because an output could not be delivered",
              c.undeliverable),
             ("errors", "Exceptions raised by the handler", c.errors),
+            ("skipped", "Superseded replays acked without running the handler", c.skipped),
         ):
             family = CounterMetricFamily(f"replaybroker_task_{name}", what)
             family.add_metric([], value)

@@ -27,14 +27,20 @@ def _load(name: str) -> Any:
 
 
 PERSISTED_RECORD = _load("persisted_record")
-# XorBatch as schemas/xor_batch.avsc has it, touches included, and XOR_BATCH: the same without
-# the trailing touch fields - what a batch without touches is encoded as (byte for byte the
-# encoding before touches existed, so an older acker reads it) and what older events decode as.
-XOR_BATCH_WITH_TOUCHES = _load("xor_batch")
+# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and two prefixes of it: without
+# the trailing ``superseded`` field (XOR_BATCH_WITH_TOUCHES) and without the touch fields too
+# (XOR_BATCH). A batch is encoded with the shortest that holds it (byte for byte the encoding
+# before the later fields existed, so an older acker reads it); older events decode as these.
+XOR_BATCH_FULL = _load("xor_batch")
 _TOUCH_FIELDS = ("touched", "touched_deadlines")
+_SUPERSEDED_FIELDS = ("superseded",)
 _XOR_BATCH_JSON = json.loads(resources.files("schemas").joinpath("xor_batch.avsc").read_text())
+XOR_BATCH_WITH_TOUCHES = fastavro.parse_schema(
+    {**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _SUPERSEDED_FIELDS]}
+)
 XOR_BATCH = fastavro.parse_schema(
-    {**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _TOUCH_FIELDS]}
+    {**_XOR_BATCH_JSON,
+     "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _TOUCH_FIELDS + _SUPERSEDED_FIELDS]}
 )
 LEDGER_ENTRY = _load("ledger_entry")
 
@@ -330,7 +336,8 @@ def _no_ids() -> np.ndarray:
 @dataclass(frozen=True)
 class XorBatch:
     """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays;
-    ``touched`` / ``touched_deadlines`` (int64, epoch ms) the deadline extensions (``ctx.touch``)."""
+    ``touched`` / ``touched_deadlines`` (int64, epoch ms) the deadline extensions (``ctx.touch``);
+    ``superseded`` the replay srids the acker marks as superseded (docs/design.md §6)."""
 
     ledger_partition: int
     srids: np.ndarray
@@ -339,6 +346,7 @@ class XorBatch:
     producer: str = ""
     touched: np.ndarray = field(default_factory=_no_ids)
     touched_deadlines: np.ndarray = field(default_factory=_no_ids)
+    superseded: np.ndarray = field(default_factory=_no_ids)
 
     def encode(self) -> bytes:
         if len(self.srids) != len(self.xors):
@@ -352,11 +360,14 @@ class XorBatch:
             "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
             "producer": self.producer,
         }
-        if not len(self.touched):
+        if not len(self.touched) and not len(self.superseded):
             return _encode(XOR_BATCH, datum)
         datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
         datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
-        return _encode(XOR_BATCH_WITH_TOUCHES, datum)
+        if not len(self.superseded):
+            return _encode(XOR_BATCH_WITH_TOUCHES, datum)
+        datum["superseded"] = np.ascontiguousarray(self.superseded, dtype=_LE_I64).tobytes()
+        return _encode(XOR_BATCH_FULL, datum)
 
     @classmethod
     def decode(cls, data: bytes | None) -> XorBatch:
@@ -364,16 +375,24 @@ class XorBatch:
         # over can only be the touch fields.
         try:
             d = _decode(XOR_BATCH, data, "XorBatch")
-            d["touched"] = d["touched_deadlines"] = b""
+            d["touched"] = d["touched_deadlines"] = d["superseded"] = b""
         except DecodeError as short:
             if "trailing bytes" not in str(short):
                 raise
             try:
                 d = _decode(XOR_BATCH_WITH_TOUCHES, data, "XorBatch")
-            except DecodeError:
-                raise short from None
+                d["superseded"] = b""
+            except DecodeError as middle:
+                if "trailing bytes" not in str(middle):
+                    raise short from None
+                try:
+                    d = _decode(XOR_BATCH_FULL, data, "XorBatch")
+                except DecodeError:
+                    raise short from None
         srids, xors, failed = d["srids"], d["xors"], d["failed"]
-        touched, deadlines = d["touched"], d["touched_deadlines"]
+        touched, deadlines, superseded = d["touched"], d["touched_deadlines"], d["superseded"]
+        if len(superseded) % 8:
+            raise DecodeError(f"XorBatch superseded array is malformed ({len(superseded)} bytes)")
         if len(srids) != len(xors) or len(srids) % 8 or len(failed) % 8:
             raise DecodeError(
                 f"XorBatch arrays are malformed ({len(srids)}, {len(xors)}, {len(failed)} bytes)"
@@ -388,6 +407,7 @@ class XorBatch:
             producer=d["producer"],
             touched=np.frombuffer(touched, dtype=_LE_I64).astype(np.int64, copy=False),
             touched_deadlines=np.frombuffer(deadlines, dtype=_LE_I64).astype(np.int64, copy=False),
+            superseded=np.frombuffer(superseded, dtype=_LE_I64).astype(np.int64, copy=False),
         )
 
 

@@ -37,6 +37,7 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
+from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
@@ -186,6 +187,17 @@ class TaskConfig:
     commit_interval_s: float = 0.1
     # ctx.touch(): how far past now a touch pushes the record's deadline, unless given.
     touch_timeout_ms: int = 30_000
+    # Skip replays the acker marked superseded (their original attempt completed late,
+    # docs/design.md §6): ack them without running the handler. The markers come from
+    # ns.superseded.
+    skip_superseded: bool = True
+    # A batch that took longer than slow_batch_s to handle may have outlived its records'
+    # timeouts: a replay of one of its inputs read within superseded_wait_s after it waits,
+    # at most until then, for the acker's marker (written once the late ack is folded, ~a
+    # commit interval) - otherwise the replay, queued behind its original, would be handled
+    # before the marker can arrive. One window per slow batch, shared by all its replays.
+    slow_batch_s: float = 1.0
+    superseded_wait_s: float = 1.0
     # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
     # port, see Task.metrics_server.port); None: no HTTP server.
     metrics_port: int | None = None
@@ -211,6 +223,8 @@ class TaskCounters:
     # Inputs taken before their partition was revoked: not processed, the owner reads them again.
     dropped_revoked: int = 0
     touches: int = 0  # deadline extensions sent (ctx.touch)
+    skipped: int = 0  # superseded replays acked without running the handler
+    superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
 
 class Task:
@@ -286,6 +300,13 @@ class Task:
         self._revoked: set[tuple[str, int]] = set()  # since the batch's first message
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
+        # Superseded markers (ns.superseded), read while run() runs; None: not read (off, or
+        # batches handled outside run()).
+        self._markers: SupersededMarkers | None = None
+        # The origins of the last slow batch's inputs, and until when (monotonic) a replay of
+        # one of them waits for its marker: one window per slow batch, shared by its replays.
+        self._slow_origins: set[int] = set()
+        self._slow_until = 0.0
 
     @property
     def ledger_partitions(self) -> int:
@@ -353,6 +374,8 @@ class Task:
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
+        if self.config.skip_superseded and self._markers is None:
+            self._markers = SupersededMarkers(self.settings, self.ns)
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -399,6 +422,9 @@ class Task:
         could not be delivered; ``finish`` confirms the rest."""
         events: _Events = defaultdict(lambda: ([], [], []))
         offsets: dict[tuple[str, int], int] = {}
+        if self._markers is not None:
+            self._markers.poll()
+        began = time.monotonic()
         for msg in batch:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -406,6 +432,8 @@ class Task:
                 continue
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             self._handle(msg, events)
+        if self._markers is not None and time.monotonic() - began > self.config.slow_batch_s:
+            self._note_slow(batch)
         undeliverable: set[int] = set()
         if self._outputs_pending:
             # Sink outputs first: an input is acked only after its outputs are delivered - one
@@ -528,11 +556,52 @@ class Task:
                 len(marks_lost), marks_lost[0].error,
             )
 
+    def _note_slow(self, batch: list[Message]) -> None:
+        """The inputs of a batch that took long: a replay of one of them read soon after may
+        be superseded by the ack this batch just sent (``_superseded``). The wait for their
+        markers is one window of ``superseded_wait_s`` from now, shared by all of them: a slow
+        batch whose originals do not complete (their trees go on downstream) stalls the task
+        that long once, not once per replay."""
+        self._slow_origins = {
+            t.origin for t in (None if m.error() else Tracking.from_headers(m.headers()) for m in batch) if t is not None
+        }
+        self._slow_until = time.monotonic() + self.config.superseded_wait_s
+
+    def _superseded(self, tracking: Tracking) -> bool:
+        """Whether this replay is marked superseded; for a replay of a slow batch's input,
+        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_s``)."""
+        markers = self._markers
+        assert markers is not None
+        if tracking.srid in markers.srids:
+            return True
+        left = self._slow_until - time.monotonic()
+        if left <= 0:
+            self._slow_origins = set()
+            return False
+        if tracking.origin not in self._slow_origins:
+            return False
+        self._slow_origins.discard(tracking.origin)
+        self.counters.superseded_waits += 1
+        self._producer.flush()  # the late ack of the original must be out for the acker to see it
+        return markers.wait_for(tracking.srid, left)
+
     def _handle(self, msg: Message, events: _Events) -> None:
         headers = tuple(msg.headers() or ())
+        tracking = Tracking.from_headers(headers)
+        markers = self._markers
+        if (
+            tracking is not None and tracking.attempt > 1 and markers is not None
+            and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
+        ):
+            # Its original attempt completed after all: ack it as a leaf, do no work, emit
+            # nothing - the replay's tree completes, and no output is written twice.
+            srids, xors, _ = events[ids.ledger_partition(tracking.srid, self.ledger_partitions)]
+            srids.append(tracking.srid)
+            xors.append(tracking.record_id)
+            self.counters.skipped += 1
+            return
         record = TaskRecord(
-            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers,
-            Tracking.from_headers(headers),
+            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers, tracking,
         )
         ctx = TaskContext(self, record)
         self.counters.processed += 1
@@ -570,6 +639,8 @@ class Task:
             self._producer.flush(30)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
+        if self._markers is not None:
+            self._markers.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

@@ -90,6 +90,10 @@ class Namespace:
         return f"{self.name}.dlq"
 
     @property
+    def superseded(self) -> str:
+        return f"{self.name}.superseded"
+
+    @property
     def ledger_topics(self) -> tuple[str, str, str]:
         return (self.persist, self.acks, self.ledger)
 
@@ -110,6 +114,9 @@ COMPACTED = {
 ACKS = {"cleanup.policy": "delete", "retention.ms": "86400000"}
 REPLAY = {"cleanup.policy": "delete", "retention.ms": str(7 * 86400000)}
 DLQ = {"cleanup.policy": "delete", "retention.ms": str(30 * 86400000)}
+# Superseded markers (replay srid -> original srid) matter while their replay may still be
+# read: compacted, and deleted after the replay topics' retention.
+SUPERSEDED = {**COMPACTED, "cleanup.policy": "compact,delete", "retention.ms": REPLAY["retention.ms"]}
 
 
 def layout(
@@ -121,6 +128,7 @@ def layout(
         ns.acks: (partitions, dict(ACKS)),
         ns.ledger: (partitions, dict(COMPACTED)),
         ns.dlq: (1, dict(DLQ)),
+        ns.superseded: (partitions, dict(SUPERSEDED)),
     }
     for topic, n in data_topics.items():
         topics[topic] = (n, {})

@@ -37,12 +37,14 @@ from broker.dlq import RECORD, DlqEntry
 from broker.errors import DecodeError
 from broker.headers import AUTO, AUTO_TIMEOUT_MS, H_ATTEMPT, H_ORIGIN, H_OUTCOME, H_SRID
 from broker.kafka_io import partition_counts, read_partitions, read_to_end
-from broker.ledger.table import DEFERRED, FAILED, REGISTERED
+from broker.ledger.table import DEFERRED, FAILED, REGISTERED, SUPERSEDED, WATCH
 from broker.schemas import LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
 
-FLAG_NAMES = ((REGISTERED, "registered"), (FAILED, "failed"), (DEFERRED, "deferred"))
+FLAG_NAMES = (
+    (REGISTERED, "registered"), (FAILED, "failed"), (DEFERRED, "deferred"), (WATCH, "watch"), (SUPERSEDED, "superseded"),
+)
 
 
 def parse_id(text: str) -> int:

@@ -49,6 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
+from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -205,6 +206,9 @@ class AckingConfig:
     producer: Mapping[str, Any] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)  # Spark Kafka sink (emits)
     history: int = 1000  # BatchStats kept
+    # Hand the handler the batch without the replays the acker marked superseded
+    # (docs/design.md §6): they are acked as leaves, nothing is written for them.
+    skip_superseded: bool = True
 
 
 @dataclass
@@ -218,11 +222,14 @@ class BatchStats:
     fail_marks: int = 0
     children: int = 0
     messages: int = 0
+    skipped: int = 0  # superseded replays acked without handing them to the handler
     handler_s: float = 0.0
     ack_s: float = 0.0
 
 
-STAT_FIELDS = ("inputs", "untracked", "replay_inputs", "srids", "pairs", "fail_marks", "children", "messages")
+STAT_FIELDS = (
+    "inputs", "untracked", "replay_inputs", "srids", "pairs", "fail_marks", "children", "messages", "skipped",
+)
 
 
 # --------------------------------------------------------------------------- events (pure Spark)
@@ -238,6 +245,14 @@ def with_tracking(batch: DataFrame) -> DataFrame:
             "spark_jobs.read_with_replay (or the Kafka source with includeHeaders=true)"
         )
     return with_tracking_columns(batch, "headers")
+
+
+def without_superseded(batch: DataFrame, marked: DataFrame) -> DataFrame:
+    """``batch`` without the rows whose srid is in ``marked`` (a ``srid`` column: superseded
+    replays). A broadcast left-anti join in the JVM, no Python per row; untracked rows (null
+    srid) match nothing and stay. The events are still computed over the whole batch, so a
+    row left out here is acked as a leaf (its record id), which completes its replay."""
+    return batch.join(F.broadcast(marked), SRID, "left_anti")
 
 
 def xor_events(
@@ -464,6 +479,11 @@ class Acking:
         self.ledger_partitions = check(self.settings, self.ns)
         self._producer: Producer | None = None
         self._delivery_errors: list[str] = []
+        # Superseded markers, read on the driver once per batch; as a DataFrame, rebuilt only
+        # when new markers were read.
+        self._markers = SupersededMarkers(self.settings, self.ns) if self.config.skip_superseded else None
+        self._marked: DataFrame | None = None
+        self._marked_read = -1
         self.history: deque[BatchStats] = deque(maxlen=self.config.history)
         self.totals: dict[str, int] = dict.fromkeys(
             ("batches", "interrupted", "failed_batches", *STAT_FIELDS), 0
@@ -485,8 +505,9 @@ class Acking:
         if self.config.cache_batch:
             batch = batch.persist()
         try:
-            result = self.handler(batch, batch_id) or BatchResult()
-            decision = decide(batch, result)
+            rows, skipped = self._skip_superseded(batch)
+            result = self.handler(rows, batch_id) or BatchResult()
+            decision = decide(rows, result)
             emits = list(result.emits)
             if result.write is not None:
                 emits += result.write(decision.ok, batch_id) or ()
@@ -500,7 +521,7 @@ class Acking:
         finally:
             if self.config.cache_batch:
                 batch.unpersist()
-        stats = BatchStats(batch_id, messages=len(xor_batches), **counts)
+        stats = BatchStats(batch_id, messages=len(xor_batches), skipped=skipped, **counts)
         stats.handler_s = handled - started
         stats.ack_s = time.monotonic() - handled
         self.history.append(stats)
@@ -509,6 +530,22 @@ class Acking:
             self.totals[name] += getattr(stats, name)
         log.debug("batch %d acked: %s", batch_id, asdict(stats))
         return stats
+
+    def _skip_superseded(self, batch: DataFrame) -> tuple[DataFrame, int]:
+        """The rows for the handler and how many superseded replays were left out. Nothing is
+        joined or counted while no marker is known (the usual case)."""
+        markers = self._markers
+        if markers is None:
+            return batch, 0
+        markers.poll()
+        if not markers.srids:
+            return batch, 0
+        if self._marked is None or markers.read != self._marked_read:
+            self._marked = batch.sparkSession.createDataFrame([(s,) for s in markers.srids], f"{SRID} long")
+            self._marked_read = markers.read
+        marked = F.broadcast(self._marked)
+        skipped = batch.join(marked, SRID, "left_semi").count()
+        return (without_superseded(batch, self._marked), skipped) if skipped else (batch, 0)
 
     # ------------------------------------------------------------------ children
 
@@ -580,6 +617,9 @@ class Acking:
         if self._producer is not None:
             self._producer.flush(self.config.delivery_timeout_s)
             self._producer = None
+        if self._markers is not None:
+            self._markers.close()
+            self._markers = None
 
     def __enter__(self) -> Acking:
         return self

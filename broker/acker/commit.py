@@ -188,7 +188,7 @@ class Transactions:
         replay topics), fresh from the producer's metadata: one may have been deleted or
         shrunk since the decision looked it up."""
         counts: dict[str, int | None] = {}
-        for name in {rec.topic for rec in records} - {self.ns.persist, self.ns.dlq}:
+        for name in {rec.topic for rec in records} - {self.ns.persist, self.ns.dlq, self.ns.acks, self.ns.superseded}:
             meta = self.producer.list_topics(topic=name, timeout=10).topics.get(name)
             counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
         return counts

@@ -24,6 +24,13 @@ def default_instance_id() -> str:
 class AckerConfig:
     commit_interval_ms: int = 100
     orphan_ttl_ms: int = 60_000
+    # After a timeout is replayed, the acker keeps the expired entry's XOR value (a WATCH
+    # entry, in the changelog) this long, so that late events of the original attempt can
+    # still complete it and mark the replay superseded (docs/design.md §6); at most
+    # ``max_watches`` per ledger partition (those over it are not watched, and counted).
+    # None: orphan_ttl_ms. 0 turns superseding off.
+    watch_ms: int | None = None
+    max_watches: int = 100_000
     tick_ms: int = 100
     batch_size: int = 20_000
     poll_timeout_s: float = 0.02

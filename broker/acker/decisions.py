@@ -92,6 +92,13 @@ def collect_failures(
             expired = st.table.expire(tick)
             st.count("orphans", len(expired.orphans))
             st.count("timed_out", len(expired.timed_out))
+            unwatched, unknown_marks = st.table.take_expired_counts()
+            st.count("unwatched", unwatched)
+            st.count("superseded_unknown", unknown_marks)
+            if expired.timed_out.values is not None and len(expired.timed_out):
+                st.expired_values.update(
+                    zip(expired.timed_out.srids.tolist(), expired.timed_out.values.tolist(), strict=True)
+                )
             if adaptive is not None and len(st.auto_runs):
                 adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms, timed_out=True)
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
@@ -238,11 +245,30 @@ class Decider:
             st.payload_tries.pop(r.srid, None)
             st.count("payload_fetches", int(r.fetched))
             self._decide_record(st, r, now_ms, decided)
+        self._watch(states, now_ms)
         for lp, w in waits.items():
             if w:
                 srids, offsets, failed, ticks = zip(*w, strict=True)
                 states[lp].table.defer(np.array(srids, np.int64), np.array(offsets, np.int64),
                                        np.array(ticks, np.int64), np.array(failed, bool))
+
+    def _watch(self, states: Mapping[int, PartitionState], now_ms: int) -> None:
+        """Watch the timeouts replayed in this commit (LedgerTable.watch), up to
+        ``max_watches`` per partition; what is over it is counted in ``watch_skipped``."""
+        cfg = self.config
+        watch_ms = cfg.orphan_ttl_ms if cfg.watch_ms is None else cfg.watch_ms
+        for st in states.values():
+            st.expired_values.clear()  # a decision put off comes back without its value
+            if not st.watches:
+                continue
+            watches, st.watches = st.watches, []
+            room = 0 if watch_ms <= 0 else max(0, cfg.max_watches - st.table.watching())
+            st.count("watch_skipped", max(0, len(watches) - room) if watch_ms > 0 else 0)
+            watches = watches[:room]
+            if watches:
+                srids, values, replays = zip(*watches, strict=True)
+                st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
+                               self.ticker.tick_of(now_ms + watch_ms))
 
     def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
         """Payload reads per partition in this commit: all that are needed when they fit in
@@ -278,6 +304,12 @@ class Decider:
             st.count("refused")
         decided.append((record.created_ms, r.offset, r.lp, decision.records))
         st.tombstones.append((r.srid, decision.kind.encode()))
+        value = st.expired_values.pop(r.srid, None)
+        if decision.new_srid is not None and r.reason == "timeout":
+            if value is None:
+                st.count("watch_skipped")  # its decision was put off: its value is gone
+            else:
+                st.watches.append((r.srid, value, decision.new_srid))
 
     def _unreadable(
         self, lp: int, st: PartitionState, failure: tuple[int, int, str], detail: str, now_ms: int,

@@ -225,7 +225,7 @@ class Ingest:
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline
         extensions (touches) of the same messages."""
-        srids, xors, failed, touched, touched_deadlines = [], [], [], [], []
+        srids, xors, failed, touched, touched_deadlines, superseded = [], [], [], [], [], []
         P = self.partitions
         for msg in batch:
             try:
@@ -252,6 +252,14 @@ class Ingest:
                                     f"partitions than {lp}; the rest of the batch was folded", bad.encode())
                 touched.append(xb.touched[~bad_t])
                 touched_deadlines.append(xb.touched_deadlines[~bad_t])
+            if xb.superseded.size:
+                bad_m = (xb.superseded == 0) | (xb.superseded % P != lp)
+                if bad_m.any():
+                    empty = xb.superseded[:0]
+                    bad = XorBatch(xb.ledger_partition, empty, empty, empty, xb.producer, superseded=xb.superseded[bad_m])
+                    self.quarantine(st, msg, f"{int(bad_m.sum())} superseded mark(s) of srid 0 or of other ledger "
+                                    f"partitions than {lp}; the rest of the batch was folded", bad.encode())
+                superseded.append(xb.superseded[~bad_m])
             srids.append(xb.srids)
             xors.append(xb.xors)
             if xb.failed.size:
@@ -267,6 +275,13 @@ class Ingest:
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
             st.recent_fails.append((self.clock.now_ms(), f))
+        if superseded:
+            # Replays whose original completed late (broker.acker.superseding): never
+            # replayed or dead-lettered from now on; an unknown one waits for its persist record.
+            m = np.concatenate(superseded)
+            if m.size:
+                st.count("superseded_marks", int(m.size))
+                st.table.mark_superseded(m, orphan_tick)
         if touched:
             # A touch pushes a pending entry's deadline; one for an entry that is gone
             # (completed, decided) or not registered yet is ignored - and counted.
@@ -292,7 +307,7 @@ class Ingest:
         bad = XorBatch(xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer)
         self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
         return XorBatch(lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer,
-                        xb.touched, xb.touched_deadlines)
+                        xb.touched, xb.touched_deadlines, xb.superseded)
 
     def completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):

@@ -37,6 +37,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from broker.acker import superseding
 from broker.acker.changelog import Changelog
 from broker.acker.commit import Batch, Transactions, is_fatal, is_fenced, positions_of, take_changes
 from broker.acker.config import AckerConfig
@@ -105,6 +106,7 @@ class Acker:
         self.ticker = Ticker.starting_at(self.clock, self.config.tick_ms)
         self.group_id = f"{self.ns.name}.acker"
         self.P = 0  # ledger partitions, checked against the cluster by start()
+        self.markers = False  # ns.superseded exists with P partitions (checked by start())
         self.states: dict[int, PartitionState] = {}
         self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
@@ -257,6 +259,15 @@ class Acker:
             return
         self.P = check(self.settings, self.ns)
         self.ingest.partitions = self.decider.partitions = self.P
+        # Markers for tasks need ns.superseded (created with the namespace since it exists);
+        # without it, superseded replays are still settled, but tasks do not skip them.
+        markers = partition_counts(self.settings, [self.ns.superseded])[self.ns.superseded]
+        self.markers = markers == self.P
+        if not self.markers:
+            log.warning(
+                "%s %s: tasks cannot skip superseded replays (replaybroker topics create adds it)",
+                self.ns.superseded, "does not exist" if markers is None else f"has {markers} partitions, not {self.P}",
+            )
         # How long compaction keeps the changelog's tombstones bounds how old a kept
         # (warm/standby) state may be and still be caught up by a suffix read.
         self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
@@ -622,6 +633,9 @@ class Acker:
         decided.sort(key=lambda d: (d[0], d[1]))
         for _, _, lp, records in decided:
             out.extend((lp, rec) for rec in records)
+        # Late completions of watched replays: markers and superseded marks; superseded
+        # replays that timed out or failed: settled.
+        out.extend(superseding.take(self.states.items(), self.ns, self.P, self.markers, self.decider.cache))
         # Every failure is decided now or deferred in its table (an unreadable payload):
         # nothing makes the commit wait.
         batch = Batch()
@@ -760,7 +774,8 @@ class Acker:
         ``replaybroker status`` reads them.)"""
         return {
             **self.totals,
-            "pending": sum(len(st.table) for st in self.states.values()),
+            # (watches of replayed timeouts are no pending records)
+            "pending": sum(len(st.table) - st.table.watching() for st in self.states.values()),
             # (partition, commit) pairs with due entries held back because the acker was
             # behind on the partition's inputs, and the entries held back at the last commit
             "expiry_holds": self.expiry.holds,

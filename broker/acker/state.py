@@ -27,6 +27,12 @@ COUNTERS = (
     "payload_lost",  # failed records dead-lettered without their value: payload unreadable
     "refused",  # outputs the broker refused for good, decided again: replay -> DLQ, DLQ w/o value
     "adaptive",  # deadlines given from the latency estimate (timeout "auto")
+    "superseded",  # replayed srids whose original attempt completed late: the replay marked superseded
+    "superseded_marks",  # superseded marks received for this partition's replay srids
+    "superseded_settled",  # superseded replays that timed out or failed: settled, not replayed
+    "superseded_unknown",  # superseded marks of srids never registered here (the replay had completed)
+    "unwatched",  # watches that ended without a late completion
+    "watch_skipped",  # replayed timeouts not watched (max_watches reached, or the decision was put off)
 )
 
 
@@ -86,6 +92,11 @@ class PartitionState:
     # srid -> failed reads of its payload so far. In memory only: a new owner of the
     # partition starts counting again (a provably lost record is dead-lettered at once).
     payload_tries: dict[int, int] = field(default_factory=dict)
+    # srid -> XOR value of the entries that timed out in this commit, until their decision:
+    # a replayed one is watched with it (LedgerTable.watch).
+    expired_values: dict[int, int] = field(default_factory=dict)
+    # (srid, value, replay srid) decided in this commit, to be watched.
+    watches: list[tuple[int, int, int]] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
     # When and for which topic the auto entries were registered: their latencies when they
     # leave (broker.ledger.adaptive). Not restored: a new owner learns again.

@@ -66,6 +66,17 @@ come, timed-out and FAILED ones apart (they keep their reason), the oldest (smal
 offset) first up to a limit - the rest stay untouched, costing no changelog write - and
 only looks at the srids deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
 entries: a bound that is too low costs a scan, never a missed expiry.
+
+Watches and superseded replays (docs/design.md §6)
+--------------------------------------------------
+A timed-out srid that the service replayed can be put back as a WATCH entry (``watch``): its
+XOR value at expiry, the replay's srid in the ``offset`` column, the end of the watch in
+``deadline``. Late events fold into it as into any entry; at 0 the original's tree completed
+after all and ``take_superseded`` hands out (srid, replay srid). A watch is not registered: it
+never completes, times out or is replayed; ``expire`` drops it at its deadline. A replay srid
+marked SUPERSEDED (``mark_superseded``) still completes at 0, but when it times out or fails it
+goes to ``take_settled`` instead of ``expire``'s timeouts or ``take_failed``. Both flags are
+durable: the changelog carries them.
 """
 
 from __future__ import annotations
@@ -88,10 +99,18 @@ DIRTY = 0x08
 """Changed since the last ``take_dirty``."""
 DEFERRED = 0x10
 """Failed, decision put off until ``deadline`` (``defer`` / ``take_deferred``)."""
-DURABLE_FLAGS = REGISTERED | FAILED | DEFERRED
+WATCH = 0x20
+"""Not an attempt any more: a timed-out entry that was replayed, kept with its ``value`` so that
+late events of the original attempt can still bring it to 0 (``watch`` / ``take_superseded``);
+its ``offset`` column holds the replay's srid, its ``deadline`` the end of the watch."""
+SUPERSEDED = 0x40
+"""The original attempt of this (replay) srid completed late: the entry completes as usual
+when its events arrive, but is never replayed or dead-lettered (``take_settled``)."""
+DURABLE_FLAGS = REGISTERED | FAILED | DEFERRED | WATCH | SUPERSEDED
 """The flag bits that belong to the entry's state and travel through the changelog."""
 
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
+_STATE = REGISTERED | FAILED | DEFERRED | WATCH  # what decides whether an entry completes
 _FAILED_MASK = REGISTERED | FAILED | DEFERRED
 _FAILED_NOW = REGISTERED | FAILED  # what take_failed hands out (a DEFERRED entry waits)
 _INT32_MIN = int(np.iinfo(np.int32).min)
@@ -108,6 +127,7 @@ class Removed:
 
     srids: np.ndarray  # int64
     offsets: np.ndarray  # int64
+    values: np.ndarray | None = None  # int64 XOR values, where the caller needs them (timeouts)
 
     def __len__(self) -> int:
         return int(self.srids.size)
@@ -185,10 +205,13 @@ class Entry:
     logged: bool
     dirty: bool
     deferred: bool = False
+    watching: bool = False
+    superseded: bool = False
 
     @property
     def complete(self) -> bool:
-        return self.registered and not self.failed and not self.deferred and self.value == 0
+        return (self.registered and not self.failed and not self.deferred and not self.watching
+                and self.value == 0)
 
 
 def _i64(a: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -197,6 +220,14 @@ def _i64(a: Iterable[int] | np.ndarray) -> np.ndarray:
 
 def _empty_removed() -> Removed:
     return Removed(np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def _concat_removed(parts: list[Removed]) -> Removed:
+    if not parts:
+        return _empty_removed()
+    if len(parts) == 1:
+        return parts[0]
+    return Removed(np.concatenate([p.srids for p in parts]), np.concatenate([p.offsets for p in parts]))
 
 
 def _clamp_tick(tick: int) -> int:
@@ -254,6 +285,11 @@ class LedgerTable:
         self._failed_candidates: list[np.ndarray] = []  # srids that may be REGISTERED|FAILED
         self._deferred: list[np.ndarray] = []  # srids that may be DEFERRED
         self._min_deferred = _INT32_MAX  # lower bound of every DEFERRED entry's deadline
+        self._superseded: list[Removed] = []  # late completions of watched srids (take_superseded)
+        self._settled: list[Removed] = []  # superseded replays that failed (take_settled)
+        self._may_watch = False  # a WATCH entry may be in the table (pending() masks then)
+        self._unwatched = 0  # watches expire dropped since the last take_expired_counts
+        self._unknown_marks = 0  # unregistered SUPERSEDED entries expire dropped since then
 
     # ------------------------------------------------------------------ public operations
 
@@ -280,8 +316,13 @@ class LedgerTable:
         t.value[pos] = value
         f = t.flags[pos] | DIRTY
         t.flags[pos] = f
-        done = ((f & DURABLE_FLAGS) == REGISTERED) & (value == 0)
-        return self._remove_where(pos, done)
+        zero = value == 0
+        state = f & _STATE
+        if self._may_watch:
+            late = zero & (state == WATCH)  # the original attempt of a replay completed late
+            if late.any():
+                self._superseded.append(self._remove_where(pos, late))
+        return self._remove_where(pos, (state == REGISTERED) & zero)
 
     def register(
         self,
@@ -323,7 +364,7 @@ class LedgerTable:
         pos = self._find_or_insert(u, _INT32_MAX)
         t = self.hashtable
         f = t.flags[pos]
-        again = (f & REGISTERED) != 0
+        again = (f & (REGISTERED | WATCH)) != 0  # a watched srid was registered before its replay
         duplicates[src[again]] = True
         fresh = ~again
         p = pos[fresh]
@@ -363,6 +404,97 @@ class LedgerTable:
         if registered.any():
             self._failed_candidates.append(u[registered])
 
+    def watch(self, srids: np.ndarray, values: np.ndarray, replays: np.ndarray, deadline: int) -> Removed:
+        """Keep timed-out srids that were replayed, until tick ``deadline``: each gets a WATCH
+        entry holding ``values[i]`` (its XOR value when it expired) and, in the ``offset``
+        column, the replay's srid ``replays[i]``. Late events of the original attempt fold
+        into it like any event; one that brings it to 0 means the original's whole tree
+        completed after all (docs/design.md §4: 0 only with every event of the tree), and
+        ``take_superseded`` hands it out. A watch is no pending record: it never times out
+        (``expire`` drops it, counted by ``take_expired_counts``), a fail mark makes it FAILED (it can
+        then never complete) and a second persist record of the srid is refused.
+
+        Returns the watches that are complete at once (events folded meanwhile into an
+        unregistered entry of the srid made the value 0) - also handed out by
+        ``take_superseded``. A srid that is registered again in the table is left alone.
+        """
+        s = _i64(srids)
+        vals = _i64(values)
+        reps = _i64(replays)
+        if not s.size == vals.size == reps.size:
+            raise ValueError("watch needs srids, values, replays of one length")
+        if s.size == 0:
+            return _empty_removed()
+        u, src = _first_occurrences(s)
+        _check_nonzero(u)
+        dl = min(_clamp_tick(deadline), _INT32_MAX - 1)
+        pos = self._find_or_insert(u, dl)
+        t = self.hashtable
+        f = t.flags[pos]
+        free = (f & (REGISTERED | WATCH | DEFERRED)) == 0  # fresh, or late events already here
+        pos, src = pos[free], src[free]
+        value = t.value[pos] ^ vals[src]
+        t.value[pos] = value
+        nf = f[free] | (WATCH | DIRTY)
+        t.flags[pos] = nf
+        t.offset[pos] = reps[src]
+        t.deadline[pos] = dl
+        self._min_deadline = min(self._min_deadline, dl)
+        self._may_watch = True
+        done = self._remove_where(pos, ((nf & _STATE) == WATCH) & (value == 0))
+        if len(done):
+            self._superseded.append(done)
+        return done
+
+    def watching(self) -> int:
+        """How many WATCH entries the table holds (one scan of the flags; 0 at once when none
+        was ever added)."""
+        if not self._may_watch:
+            return 0
+        return int(np.count_nonzero(self.hashtable.flags & np.uint8(WATCH)))
+
+    def take_superseded(self) -> Removed:
+        """The watched srids whose original attempt completed late, since the last call, with
+        the replay's srid in ``offsets``. They have left the table."""
+        out = _concat_removed(self._superseded)
+        self._superseded.clear()
+        return out
+
+    def mark_superseded(self, srids: np.ndarray, orphan_deadline: int) -> int:
+        """Set SUPERSEDED on replay srids whose original completed late. Such an entry still
+        completes when its events arrive (a task acks it without working on it), but when it
+        times out or fails it is settled (``take_settled``), never replayed or dead-lettered.
+        An unknown srid gets an unregistered SUPERSEDED entry with ``orphan_deadline``: its
+        persist record may not have been read yet; if none comes, the replay had completed
+        before the mark (``take_expired_counts``). Returns how many
+        srids were registered entries here."""
+        s = _i64(srids)
+        if s.size == 0:
+            return 0
+        u = np.unique(s)
+        _check_nonzero(u)
+        pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
+        flags = self.hashtable.flags
+        f = flags[pos]
+        flags[pos] = f | (SUPERSEDED | DIRTY)
+        return int(np.count_nonzero(f & REGISTERED))
+
+    def take_expired_counts(self) -> tuple[int, int]:
+        """What ``expire`` dropped besides its result since the last call: watches that ended
+        without a late completion, and superseded marks of srids never registered here
+        (also among the orphans: the replay had completed before the mark, or its persist
+        record never came)."""
+        out = (self._unwatched, self._unknown_marks)
+        self._unwatched = self._unknown_marks = 0
+        return out
+
+    def take_settled(self) -> Removed:
+        """Superseded entries that timed out or failed since the last call (they have left the
+        table): the acker settles them - their origin completed through the original."""
+        out = _concat_removed(self._settled)
+        self._settled.clear()
+        return out
+
     def take_failed(self, hold: np.ndarray | None = None) -> Removed:
         """Remove and return the registered entries marked FAILED (replay them now).
 
@@ -383,7 +515,11 @@ class LedgerTable:
         pos = self.hashtable.lookup(candidates)
         pos = pos[pos >= 0]
         f = self.hashtable.flags[pos]
-        return self._remove_where(pos, (f & _FAILED_MASK) == _FAILED_NOW)
+        now = (f & _FAILED_MASK) == _FAILED_NOW
+        settle = now & ((f & SUPERSEDED) != 0)
+        if settle.any():
+            self._settled.append(self._remove_where(pos, settle))
+        return self._remove_where(pos, now & ~settle)
 
     def defer(
         self,
@@ -453,6 +589,11 @@ class LedgerTable:
         later = pos[~due]
         self._deferred[:] = [t.keys[later]] if later.size else []
         self._min_deferred = int(t.deadline[later].min()) if later.size else _INT32_MAX
+        sup = (t.flags[take] & SUPERSEDED) != 0
+        if sup.any():
+            self._settled.append(Removed(t.keys[take[sup]], t.offset[take[sup]]))
+            self._remove(take[sup])
+            take = take[~sup]
         failed = (t.flags[take] & FAILED) != 0
         out = Deferred(
             Removed(t.keys[take[~failed]], t.offset[take[~failed]]),
@@ -501,7 +642,7 @@ class LedgerTable:
         found = pos >= 0
         pos, ud = pos[found], ud[found]
         f = t.flags[pos]
-        pending = (f & DURABLE_FLAGS) == REGISTERED
+        pending = (f & _STATE) == REGISTERED
         pos, ud, f = pos[pending], ud[pending], f[pending]
         later = ud > t.deadline[pos]
         moved = pos[later]
@@ -522,13 +663,21 @@ class LedgerTable:
         t = self.hashtable
         due = np.flatnonzero(t.deadline <= now)  # free slots hold INT32_MAX: never due
         due = due[(t.flags[due] & DEFERRED) == 0]
-        registered = (t.flags[due] & REGISTERED) != 0
-        timed_out = due[registered]
-        orphans = due[~registered]
+        f = t.flags[due]
+        registered = (f & REGISTERED) != 0
+        superseded = (f & SUPERSEDED) != 0
+        watched = (f & WATCH) != 0
+        settle = registered & superseded
+        if settle.any():
+            self._settled.append(Removed(t.keys[due[settle]], t.offset[due[settle]]))
+        timed_out = due[registered & ~superseded]
+        orphans = due[~registered & ~watched]
         result = Expired(
-            Removed(t.keys[timed_out], t.offset[timed_out]),
+            Removed(t.keys[timed_out], t.offset[timed_out], t.value[timed_out]),
             Removed(t.keys[orphans], t.offset[orphans]),
         )
+        self._unwatched += int(np.count_nonzero(watched))
+        self._unknown_marks += int(np.count_nonzero(~registered & superseded))
         self._remove(due)
         self._min_deadline = int(t.deadline.min())
         return result
@@ -607,6 +756,8 @@ class LedgerTable:
         failed = (new_flags & _FAILED_MASK) == _FAILED_NOW
         if failed.any():
             self._failed_candidates.append(u[failed])
+        if ((new_flags & WATCH) != 0).any():
+            self._may_watch = True
         deferred = (new_flags & DEFERRED) != 0
         if deferred.any():
             self._deferred.append(u[deferred])
@@ -644,6 +795,8 @@ class LedgerTable:
             logged=bool(f & LOGGED),
             dirty=bool(f & DIRTY),
             deferred=bool(f & DEFERRED),
+            watching=bool(f & WATCH),
+            superseded=bool(f & SUPERSEDED),
         )
 
     def entries(self) -> Entries:
@@ -667,6 +820,11 @@ class LedgerTable:
         read as unsigned is the largest value)."""
         t = self.hashtable
         count = int(np.count_nonzero(t.flags & np.uint8(REGISTERED)))
+        if self._may_watch:  # a watch's offset column holds a srid: leave those out
+            watching = (t.flags & np.uint8(WATCH)) != 0
+            self._may_watch = bool(watching.any())
+            if self._may_watch:
+                return count, (-1 if count == 0 else int(t.offset.view(np.uint64)[~watching].min()))
         if count == 0:
             return 0, -1
         return count, int(t.offset.view(np.uint64).min())
@@ -687,6 +845,7 @@ class LedgerTable:
         / ``take_deferred`` (the only other arrays that grow with entries; the first two are
         empty right after those calls, the last holds the srids still deferred)."""
         queued = sum(a.nbytes for a in (*self._left_logged, *self._failed_candidates, *self._deferred))
+        queued += sum(r.srids.nbytes + r.offsets.nbytes for r in (*self._superseded, *self._settled))
         return int(self.hashtable.nbytes + queued)
 
     @property

@@ -16,6 +16,8 @@ from broker.ledger.table import (
     DURABLE_FLAGS,
     FAILED,
     REGISTERED,
+    SUPERSEDED,
+    WATCH,
     Entry,
     LedgerTable,
 )
@@ -208,7 +210,7 @@ def test_entry_fields_and_flags() -> None:
     assert table.nbytes == table.capacity * (8 + 8 + 8 + 4 + 1)
     assert table.bytes_per_entry == table.nbytes
     assert LedgerTable().bytes_per_entry == float("inf")
-    assert DURABLE_FLAGS == REGISTERED | FAILED | DEFERRED
+    assert DURABLE_FLAGS == REGISTERED | FAILED | DEFERRED | WATCH | SUPERSEDED
 
 
 def test_srid_zero_is_rejected() -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from broker.errors import DecodeError
 from broker.schemas import (
     XOR_BATCH,
+    XOR_BATCH_FULL,
     XOR_BATCH_WITH_TOUCHES,
     Failure,
     LedgerCounters,
@@ -385,4 +386,34 @@ def test_malformed_touches_are_a_decode_error() -> None:
         "touched": b"\x01" * 8, "touched_deadlines": b"\x01" * 16,
     })
     with pytest.raises(DecodeError, match="touches are malformed"):
+        XorBatch.decode(buf.getvalue())
+
+
+def test_superseded_marks_round_trip_and_batches_without_them_keep_the_shorter_encodings() -> None:
+    empty = np.empty(0, np.int64)
+    marks = XorBatch(3, empty, empty, empty, "acker", superseded=np.array([7, -11], np.int64))
+    back = XorBatch.decode(marks.encode())
+    assert back.superseded.tolist() == [7, -11] and back.touched.size == 0 and back.srids.size == 0
+    both = XorBatch(3, np.array([7], np.int64), np.array([5], np.int64), empty, "t", touched=np.array([7], np.int64),
+                    touched_deadlines=np.array([1_000], np.int64), superseded=np.array([11], np.int64))
+    back = XorBatch.decode(both.encode())
+    assert (back.srids.tolist(), back.touched.tolist(), back.superseded.tolist()) == ([7], [7], [11])
+    touched = XorBatch(3, empty, empty, empty, "t", touched=np.array([7], np.int64),
+                       touched_deadlines=np.array([1_000], np.int64))
+    older = io.BytesIO()  # what a sender from before superseded marks writes
+    fastavro.schemaless_writer(older, XOR_BATCH_WITH_TOUCHES, {
+        "ledger_partition": 3, "srids": b"", "xors": b"", "failed": b"", "producer": "t",
+        "touched": touched.touched.astype("<i8").tobytes(), "touched_deadlines": touched.touched_deadlines.astype("<i8").tobytes(),
+    })
+    assert touched.encode() == older.getvalue()
+    assert XorBatch.decode(older.getvalue()).superseded.size == 0
+
+
+def test_malformed_superseded_marks_are_a_decode_error() -> None:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, XOR_BATCH_FULL, {
+        "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"", "producer": "",
+        "touched": b"", "touched_deadlines": b"", "superseded": b"\x01" * 9,
+    })
+    with pytest.raises(DecodeError, match="superseded array is malformed"):
         XorBatch.decode(buf.getvalue())

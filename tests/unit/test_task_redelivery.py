@@ -61,6 +61,7 @@ def make_task(producer: FakeProducer, **config: Any) -> Task:
     task._outputs = Outputs(producer, task.config.delivery_retries, task.config.retry_backoff_s)
     task._outputs_pending = False
     task._uncommitted, task._commit_due = {}, 0.0
+    task._markers, task._slow_origins, task._slow_until = None, set(), 0.0
     return task
 
 
