@@ -76,10 +76,6 @@ def _acking_figures(figures: Figures, acking: dict[str, Any]) -> None:
         figures.set(f"spark.{variant}_rps", run["records_per_s"], rows=run["rows"], batches=run["batches"])
         figures.set(f"spark.{variant}_batch_p50_ms", run["batch_ms_p50"])
         figures.set(f"spark.{variant}_rows_per_batch", float(run["rows_per_batch"]))
-        if "jobs_per_batch" in run:
-            figures.set(f"spark.{variant}_jobs_per_batch", float(run["jobs_per_batch"]),
-                        stages=run["stages_per_batch"])
-        else:
-            figures.set(f"spark.{variant}_jobs_per_batch", None,
-                        unavailable="this Spark does not expose the scheduler's next job id")
+        figures.set(f"spark.{variant}_jobs_per_batch", run.get("jobs_per_batch"), stages=run.get("stages_per_batch"),
+                    unavailable="the status tracker listed no jobs of the batches")
     figures.ratio("spark.acked_vs_plain", "spark.acked_rps", "spark.plain_rps")

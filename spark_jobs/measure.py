@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,41 +57,40 @@ def _run_query(
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def _next_job_id(spark: SparkSession) -> int | None:
-    """The id the next Spark job will get (ids are drawn in submission order), or None when
-    this Spark does not expose it."""
-    try:
-        return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId().get())
-    except Exception:  # noqa: BLE001 - a diagnostic only: jobs per batch are then unavailable
-        return None
+_JOB_GROUP = "spark.jobGroup.id"
 
 
 class Probe:
     """A ``foreachBatch`` function around another: per batch its wall time and the Spark jobs
-    (and their stages) it ran - what the Spark UI shows, read from the status tracker."""
+    (and their stages) it ran - what the Spark UI shows, read from the status tracker.
+
+    Each batch runs under a job group of its own (the thread's ``spark.jobGroup.id``, put back
+    afterwards), so its jobs are the group's; they are counted once the query has ended
+    (``resolve``), when the status tracker, which trails the scheduler, has seen them all."""
 
     def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
         self.func = func
         self.batches: list[dict[str, Any]] = []
+        self._prefix = f"probe-{uuid.uuid4().hex[:8]}"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        first = _next_job_id(spark)
+        sc = batch.sparkSession.sparkContext
+        group = f"{self._prefix}-{batch_id}"
+        previous = sc.getLocalProperty(_JOB_GROUP)
+        sc.setLocalProperty(_JOB_GROUP, group)
         started = time.perf_counter()
-        self.func(batch, batch_id)
-        seconds = time.perf_counter() - started
-        last = _next_job_id(spark)
-        jobs = list(range(first, last)) if first is not None and last is not None else None
-        self.batches.append({"batch_id": batch_id, "seconds": seconds, "job_ids": jobs})
+        try:
+            self.func(batch, batch_id)
+        finally:
+            sc.setLocalProperty(_JOB_GROUP, previous)  # type: ignore[arg-type]
+        self.batches.append({"batch_id": batch_id, "seconds": time.perf_counter() - started, "group": group})
 
     def resolve(self, spark: SparkSession) -> None:
-        """Stages per batch, once the status tracker has seen the jobs (it trails them)."""
         tracker = spark.sparkContext.statusTracker()
         for entry in self.batches:
-            if entry["job_ids"] is None:
-                continue
-            infos = [tracker.getJobInfo(j) for j in entry["job_ids"]]
-            entry["jobs"] = len(entry["job_ids"])
+            ids = tracker.getJobIdsForGroup(entry["group"])
+            infos = [tracker.getJobInfo(j) for j in ids]
+            entry["jobs"] = len(ids)
             entry["stages"] = sum(len(i.stageIds) for i in infos if i is not None)
 
 
