@@ -65,7 +65,7 @@ class Plan:
     warm_broker_s: float = 48.0
     # spark: orders in the topic, per micro-batch, rounds (the first warms the JVM), the rows
     # already in the small and the large sink, and the sink batches timed per size.
-    spark_records: int = 12_000
+    spark_records: int = 9_000
     spark_batch_records: int = 3_000
     spark_rounds: int = 2
     spark_sink_sizes: tuple[int, int] = (1_000, 100_000)

@@ -15,19 +15,36 @@ is started once and warm for every figure after the first round.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.figures import Figures
+from bench.figures import FIGURE_KEYS, Figures
 from bench.hops import Env
 from broker import topics
+
+
+def spark_missing() -> str | None:
+    """Why Spark cannot run here (no pyspark, no Java), or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "Spark is not available: pyspark is not installed (the spark extra)"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "Spark is not available: no java on PATH and no JAVA_HOME"
+    return None
 
 
 def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: int, rounds: int,
                   sink_sizes: tuple[int, int], sink_batches: int,
                   progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
+    missing = spark_missing()
+    if missing is not None:
+        figures.unavailable([k for k in FIGURE_KEYS if k.startswith("spark.")], missing)
+        return {"unavailable": missing}
     from spark_jobs.measure import compare_acking, measure_sink_growth, send_orders
     from spark_jobs.session import build_spark_session
 
