@@ -1,12 +1,17 @@
-"""What the acking step costs a micro-batch: the order job on the same data, with and without
-``Acking``, in one run (``python -m spark_jobs.measure --bootstrap HOST:PORT``).
+"""What the acking step costs a micro-batch, and what a sink's batch costs as it grows
+(``python -m spark_jobs.measure --bootstrap HOST:PORT``; ``replaybroker bench --only spark``).
 
-Both variants read the same topic from the start in batches of ``batch_records`` with an
-``availableNow`` trigger; the figures are Spark's own ``durationMs`` of each micro-batch
-(``addBatch``: the foreachBatch function; ``triggerExecution``: the whole trigger) from
-``query.recentProgress``, first batch of each query left out (query start-up). The variants
-alternate (plain, acked, plain, acked) and the second round is reported, so JIT warm-up
-does not favour the second one. No acker runs: the acks are produced, not folded.
+``compare_acking``: the order job on the same topic, with and without ``Acking``, in one
+Spark session. Every query reads the topic from the start in batches of ``batch_records``
+offsets with an ``availableNow`` trigger; the figures are Spark's own ``durationMs`` of each
+micro-batch (``triggerExecution``: the whole trigger; ``addBatch``: the foreachBatch function)
+from ``query.recentProgress``, and the Spark jobs and stages each batch ran (``Probe``). The
+variants alternate round by round, the first round (JIT warm-up) and the first batch of every
+query (its start-up) left out. No acker runs: the acks are produced, not folded.
+
+``measure_sink_growth``: ``OriginDeltaSink`` (with its replay window) and ``OriginParquetSink``
+written micro-batch by micro-batch into sinks prefilled, by one bulk write, with a small and
+a large number of rows.
 
 ``python -m spark_jobs.measure --delta`` (no Kafka) times ``OriginDeltaSink.write`` of one
 micro-batch against a table that already holds 10^3 or 10^5 rows, for each way of bounding
