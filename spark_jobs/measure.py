@@ -128,7 +128,8 @@ def _summary(progress: list[dict[str, Any]], probes: list[dict[str, Any]]) -> di
     out: dict[str, Any] = {
         "batches": len(progress),
         "rows": rows,
-        "rows_per_batch": round(rows / len(progress)) if progress else 0,
+        # the median: the last batch of a query is the topic's remainder, often a few rows
+        "rows_per_batch": statistics.median(p["numInputRows"] for p in progress) if progress else 0,
         "records_per_s": rows / (sum(trigger) / 1000) if sum(trigger) else None,
         "batch_ms_p50": statistics.median(trigger) if trigger else None,
         "add_batch_ms_p50": statistics.median(add) if add else None,
