@@ -13,7 +13,7 @@ from bench.figures import SECTIONS, default_results_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="CI smoke size (~60-90 s); 10^7 fold skipped")
+    parser.add_argument("--quick", action="store_true", help="CI smoke size (a few minutes); 10^7 fold skipped")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure on stdout")
     parser.add_argument("--bootstrap", help="Kafka to use (default: KAFKA_BOOTSTRAP_SERVERS, else an embedded one)")
     parser.add_argument("--results-dir", type=Path, default=default_results_dir(),

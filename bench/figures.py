@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover")
+SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "spark")
 
 
 def default_results_dir() -> Path:
@@ -135,6 +135,27 @@ def _specs() -> list[Spec]:
                 Spec(f"takeover.{s}.{mode}.survivor_gap_s", "s",
                      f"longest gap between completions of the survivor's own partition meanwhile, {s}, {how}"),
             ]
+    specs += [
+        Spec("spark.plain_rps", "records/s", "the order job without acking, records read / summed micro-batch time"),
+        Spec("spark.acked_rps", "records/s", "the same job under Acking, same input, same Spark session"),
+        Spec("spark.acked_vs_plain", "x", "acked / plain records/s", (">=", 0.8)),
+        Spec("spark.plain_batch_p50_ms", "ms", "micro-batch time (triggerExecution) without acking, p50"),
+        Spec("spark.acked_batch_p50_ms", "ms", "micro-batch time (triggerExecution) under Acking, p50"),
+        Spec("spark.plain_rows_per_batch", "rows", "rows per micro-batch, without acking"),
+        Spec("spark.acked_rows_per_batch", "rows", "rows per micro-batch, under Acking"),
+        Spec("spark.plain_jobs_per_batch", "jobs", "Spark jobs per micro-batch without acking, p50"),
+        Spec("spark.acked_jobs_per_batch", "jobs", "Spark jobs per micro-batch under Acking, p50"),
+    ]
+    for prefix, sink in (("spark.sink", "OriginDeltaSink, replay window 600 s"), ("spark.parquet_sink",
+                                                                                "OriginParquetSink")):
+        specs += [
+            Spec(f"{prefix}_small_rows", "rows", f"rows already in the small sink ({sink})"),
+            Spec(f"{prefix}_large_rows", "rows", f"rows already in the large sink ({sink})"),
+            Spec(f"{prefix}_small_batch_p50_ms", "ms", f"write of one micro-batch into the small sink, p50 ({sink})"),
+            Spec(f"{prefix}_large_batch_p50_ms", "ms", f"write of one micro-batch into the large sink, p50 ({sink})"),
+            Spec(f"{prefix}_batch_growth", "x", f"large / small sink batch time ({sink})",
+                 ("<=", 1.5) if prefix == "spark.sink" else None),
+        ]
     return specs
 
 

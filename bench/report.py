@@ -52,6 +52,12 @@ def _rows() -> list[Row]:
          "cost.raw.bytes_per_record", "cost.bytes_vs_raw"),
         ("broker CPU µs per record", "cost.pipeline.broker_cpu_us_per_record", "raw produce -> consume",
          "cost.raw.broker_cpu_us_per_record", "cost.broker_cpu_vs_raw"),
+        ("Spark order job under Acking, records/s", "spark.acked_rps", "same job, no acking, same run",
+         "spark.plain_rps", "spark.acked_vs_plain"),
+        ("OriginDeltaSink (window) batch ms, large table", "spark.sink_large_batch_p50_ms", "small table",
+         "spark.sink_small_batch_p50_ms", "spark.sink_batch_growth"),
+        ("OriginParquetSink batch ms, large sink", "spark.parquet_sink_large_batch_p50_ms", "small sink",
+         "spark.parquet_sink_small_batch_p50_ms", "spark.parquet_sink_batch_growth"),
     ]
     return rows
 
@@ -165,6 +171,7 @@ def markdown(result: dict[str, Any]) -> str:
         if xb:
             out.append(f"\n{xb['batches']:.0f} XorBatch records, {xb['mean_events']:.0f} events each on average.")
     out += _cost_lines(lat_details)
+    out += _spark_lines(result.get("details", {}).get("spark") or {})
     unavailable = [(k, v["unavailable"]) for k, v in figures.items() if v.get("value") is None]
     if unavailable:
         out += ["", "## Unavailable", ""]
@@ -206,6 +213,39 @@ def _cost_lines(lat_details: dict[str, Any]) -> list[str]:
                 "| thread group | raw | pipeline |", "|---|---:|---:|"]
         for name in names[:15]:
             out.append(f"| {name} | {fmt(threads['raw'].get(name))} | {fmt(threads['pipeline'].get(name))} |")
+    return out
+
+
+def _spark_lines(spark: dict[str, Any]) -> list[str]:
+    """The micro-batch of the order job with and without Acking: time, jobs, stages; the sinks."""
+    out: list[str] = []
+    acking = spark.get("acking") or {}
+    if "plain" in acking and "acked" in acking:
+        out += ["", f"Spark (`{spark.get('master')}`): the order job over {spark.get('records')} orders, "
+                f"{spark.get('batch_records')} offsets a micro-batch, {spark.get('rounds')} rounds alternating "
+                "(the first left out):", "",
+                "| variant | records/s | batch p50 ms | addBatch p50 ms | rows/batch | jobs/batch | stages/batch |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for variant in ("plain", "acked"):
+            r = acking[variant]
+            out.append(f"| {variant} | {fmt(r.get('records_per_s'))} | {fmt(r.get('batch_ms_p50'))} | "
+                       f"{fmt(r.get('add_batch_ms_p50'))} | {fmt(r.get('rows_per_batch'))} | "
+                       f"{fmt(r.get('jobs_per_batch'))} | {fmt(r.get('stages_per_batch'))} |")
+        if "handler_ms_p50" in acking["acked"]:
+            out.append(f"\nUnder Acking, p50 per batch: handler and outputs {fmt(acking['acked']['handler_ms_p50'])} ms,"
+                       f" the ack step (events, collect, produce) {fmt(acking['acked']['ack_ms_p50'])} ms.")
+    elif "error" in acking:
+        out += ["", f"Spark, acked vs plain: {acking['error']}"]
+    sinks = spark.get("sinks") or {}
+    lines = []
+    for kind in ("delta", "parquet"):
+        if kind in sinks:
+            ms = sinks[kind]["batch_ms"]
+            lines.append(f"- {kind}: " + "; ".join(f"{size} rows: {', '.join(map(str, v))} ms"
+                                                   for size, v in ms.items()))
+    if lines:
+        out += ["", f"Sink batches ({sinks.get('batch_rows')} new rows + {100 * sinks.get('replayed', 0):.0f} % "
+                "replays each; the first is warm-up):", "", *lines]
     return out
 
 

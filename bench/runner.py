@@ -8,7 +8,9 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
 5. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
    adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
-6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby.
+6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby;
+7. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
+   and a sink's micro-batch time against a small and a large table (one Spark session).
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
 a temporary run directory for this run and stopped after it. Outputs go to
@@ -61,6 +63,13 @@ class Plan:
     # compiler is quiet: a fresh one spends about a minute of CPU compiling on this 2-core
     # machine, on whichever runs come first (bench.pipeline.warm_broker).
     warm_broker_s: float = 48.0
+    # spark: orders in the topic, per micro-batch, rounds (the first warms the JVM), the rows
+    # already in the small and the large sink, and the sink batches timed per size.
+    spark_records: int = 9_000
+    spark_batch_records: int = 3_000
+    spark_rounds: int = 2
+    spark_sink_sizes: tuple[int, int] = (1_000, 100_000)
+    spark_sink_batches: int = 2
 
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
@@ -68,13 +77,16 @@ class Plan:
             return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
                        6_000, 48.0)
         return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
-                   TAKEOVER_SIZES, 10_000, 120.0)
+                   TAKEOVER_SIZES, 10_000, 120.0, spark_records=50_000, spark_batch_records=5_000, spark_rounds=3,
+                   spark_sink_sizes=(10_000, 1_000_000), spark_sink_batches=4)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
-            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40}
-        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150}
+            return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
+                    "spark": 150}
+        return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
+                "spark": 400}
 
 
 @dataclass
@@ -330,6 +342,7 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
     from bench.pipeline import measure_latency, measure_throughput
     from bench.replay import measure_replay
     from bench.restore import measure_restore
+    from bench.spark import measure_spark
     from bench.takeover import measure_takeover
 
     def restore(update: Any) -> None:
@@ -373,11 +386,18 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
         details["takeover"] = measure_takeover(env, figures, sizes=plan.takeover_sizes,
                                                session_timeout_ms=plan.takeover_session_timeout_ms, progress=update)
 
+    def spark(update: Any) -> None:
+        details["spark"] = measure_spark(env, figures, records=plan.spark_records,
+                                         batch_records=plan.spark_batch_records, rounds=plan.spark_rounds,
+                                         sink_sizes=plan.spark_sink_sizes, sink_batches=plan.spark_sink_batches,
+                                         progress=update)
+
     guarded("restore", restore)
     guarded("throughput", throughput)
     guarded("latency", latency)
     guarded("replay", replay)
     guarded("takeover", takeover)
+    guarded("spark", spark)
 
 
 def _jsonable(value: Any) -> Any:

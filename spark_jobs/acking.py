@@ -7,7 +7,7 @@ micro-batch, in this order:
    the rows it decided about (``rows``, default the batch), which of them failed (``failed``)
    and a ``write`` function for its outputs;
 2. the decision is evaluated ONCE: ``rows`` with a decision column is pinned with
-   ``localCheckpoint`` (a DataFrame of failed srids is pinned as it is), and ``write`` gets the
+   ``localCheckpoint`` (``pin``; a DataFrame of failed srids is pinned as it is), and ``write`` gets the
    rows not failed from that pinned copy - so the rows written are exactly the rows acked,
    whatever a nondeterministic or flaky expression would answer on a second evaluation;
 3. children (``Emit``, returned by ``write`` or listed in the result) get fresh record ids,
@@ -156,19 +156,33 @@ def decide(batch: DataFrame, result: BatchResult) -> Decision:
             return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
         # One evaluation, kept: a recomputed plan would ask the decision again (a cached
         # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
-        decided = rows.withColumn(DECISION, flag).localCheckpoint(eager=True)
+        decided = pin(rows.withColumn(DECISION, flag))
         return Decision(
             decided.where(~F.col(DECISION)).drop(DECISION),
             decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
         )
     if result.write is None:
         return Decision(rows, failed)
-    srids = failed.select(SRID).where(F.col(SRID).isNotNull()).localCheckpoint(eager=True)
+    srids = pin(failed.select(SRID).where(F.col(SRID).isNotNull()))
     # Untracked rows (null srid) match nothing and stay.
     return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
+
+
+def pin(frame: DataFrame) -> DataFrame:
+    """``frame`` evaluated once, by the first Spark job that reads it, and read from that copy
+    ever after: a local checkpoint, lazy.
+
+    Lazy, not eager: an eager checkpoint is a Spark job of its own per batch, only to count the
+    rows; the lazy one is filled by the job that reads the frame first (the outputs' write),
+    and after that job Spark computes any partition it did not read (an extra job only then),
+    keeps the blocks and cuts the lineage - so every later reader (the fail marks, the events)
+    reads the same copy, and a lost block fails the batch instead of evaluating the decision a
+    second time.
+    """
+    return frame.localCheckpoint(eager=False)
 
 
 def catching_udf(fn: Callable[..., Any], return_type: DataType | str) -> Callable[..., Column]:
@@ -565,7 +579,7 @@ class Acking:
             CHILD_PATH, F.when(tracked, child_path(F.col(PATH), F.row_number().over(siblings) - 1))
         )
         # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
-        pinned = numbered.withColumn(CHILD_ID, F.when(tracked, new_id())).localCheckpoint(eager=True)
+        pinned = pin(numbered.withColumn(CHILD_ID, F.when(tracked, new_id())))
         rb = tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT), F.col(CHILD_PATH))
         headers = F.when(tracked, F.concat(F.col("headers"), rb)).otherwise(F.col("headers"))
         (

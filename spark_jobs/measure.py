@@ -1,12 +1,17 @@
-"""What the acking step costs a micro-batch: the order job on the same data, with and without
-``Acking``, in one run (``python -m spark_jobs.measure --bootstrap HOST:PORT``).
+"""What the acking step costs a micro-batch, and what a sink's batch costs as it grows
+(``python -m spark_jobs.measure --bootstrap HOST:PORT``; ``replaybroker bench --only spark``).
 
-Both variants read the same topic from the start in batches of ``batch_records`` with an
-``availableNow`` trigger; the figures are Spark's own ``durationMs`` of each micro-batch
-(``addBatch``: the foreachBatch function; ``triggerExecution``: the whole trigger) from
-``query.recentProgress``, first batch of each query left out (query start-up). The variants
-alternate (plain, acked, plain, acked) and the second round is reported, so JIT warm-up
-does not favour the second one. No acker runs: the acks are produced, not folded.
+``compare_acking``: the order job on the same topic, with and without ``Acking``, in one
+Spark session. Every query reads the topic from the start in batches of ``batch_records``
+offsets with an ``availableNow`` trigger; the figures are Spark's own ``durationMs`` of each
+micro-batch (``triggerExecution``: the whole trigger; ``addBatch``: the foreachBatch function)
+from ``query.recentProgress``, and the Spark jobs and stages each batch ran (``Probe``). The
+variants alternate round by round, the first round (JIT warm-up) and the first batch of every
+query (its start-up) left out. No acker runs: the acks are produced, not folded.
+
+``measure_sink_growth``: ``OriginDeltaSink`` (with its replay window) and ``OriginParquetSink``
+written micro-batch by micro-batch into sinks prefilled, by one bulk write, with a small and
+a large number of rows.
 
 ``python -m spark_jobs.measure --delta`` (no Kafka) times ``OriginDeltaSink.write`` of one
 micro-batch against a table that already holds 10^3 or 10^5 rows, for each way of bounding
@@ -22,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,7 @@ from broker.dev.testing import unique_name
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
-from spark_jobs.acking import Acking, BatchHandler, with_tracking
+from spark_jobs.acking import Acking, AckingConfig, BatchHandler, BatchStats, with_tracking
 from spark_jobs.orders import customer_frame, customers, make_orders, order_job
 from spark_jobs.reader import read_with_replay
 from spark_jobs.session import build_spark_session
@@ -55,65 +62,152 @@ def _run_query(
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def _figures(progress: list[dict[str, Any]]) -> dict[str, Any]:
-    steady = progress[1:] or progress
-    add = [p["durationMs"]["addBatch"] for p in steady]
-    trigger = [p["durationMs"]["triggerExecution"] for p in steady]
-    return {
-        "batches": len(steady),
-        "rows_per_batch": round(statistics.mean(p["numInputRows"] for p in steady)),
-        "add_batch_ms_median": statistics.median(add),
-        "add_batch_ms_mean": round(statistics.mean(add)),
-        "trigger_ms_median": statistics.median(trigger),
+_JOB_GROUP = "spark.jobGroup.id"
+
+
+class Probe:
+    """A ``foreachBatch`` function around another: per batch its wall time and the Spark jobs
+    (and their stages) it ran - what the Spark UI shows, read from the status tracker.
+
+    Each batch runs under a job group of its own (the thread's ``spark.jobGroup.id``, put back
+    afterwards), so its jobs are the group's; they are counted once the query has ended
+    (``resolve``), when the status tracker, which trails the scheduler, has seen them all."""
+
+    def __init__(self, func: Callable[[DataFrame, int], Any]) -> None:
+        self.func = func
+        self.batches: list[dict[str, Any]] = []
+        self._prefix = f"probe-{uuid.uuid4().hex[:8]}"
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        sc = batch.sparkSession.sparkContext
+        group = f"{self._prefix}-{batch_id}"
+        previous = sc.getLocalProperty(_JOB_GROUP)
+        sc.setLocalProperty(_JOB_GROUP, group)
+        started = time.perf_counter()
+        try:
+            self.func(batch, batch_id)
+        finally:
+            sc.setLocalProperty(_JOB_GROUP, previous)  # type: ignore[arg-type]
+        self.batches.append({"batch_id": batch_id, "seconds": time.perf_counter() - started, "group": group})
+
+    def resolve(self, spark: SparkSession) -> None:
+        tracker = spark.sparkContext.statusTracker()
+        for entry in self.batches:
+            ids = tracker.getJobIdsForGroup(entry["group"])
+            infos = [tracker.getJobInfo(j) for j in ids]
+            entry["jobs"] = len(ids)
+            entry["stages"] = sum(len(i.stageIds) for i in infos if i is not None)
+
+
+def plain_batch(handler: BatchHandler) -> Callable[[DataFrame, int], None]:
+    """The job alone: its outputs from the rows it did not fail, no pinning, no acks."""
+
+    def plain(batch: DataFrame, batch_id: int) -> None:
+        batch = with_tracking(batch)
+        result = handler(batch, batch_id)
+        if result is not None and result.write is not None:
+            rows = batch if result.rows is None else result.rows
+            if isinstance(result.failed, Column):
+                rows = rows.where(~F.coalesce(result.failed, F.lit(False)))
+            result.write(rows, batch_id)
+
+    return plain
+
+
+def send_orders(settings: KafkaSettings, ns: Namespace, topic: str, records: int) -> None:
+    """``records`` orders through ``Source`` (tracked: persist record + data record)."""
+    with Source(settings, ns, SourceConfig(timeout_ms=600_000)) as source:
+        for order in make_orders(records):
+            source.send(topic, order.key(), order.value())
+
+
+def _summary(progress: list[dict[str, Any]], probes: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = sum(p["numInputRows"] for p in progress)
+    trigger = [p["durationMs"]["triggerExecution"] for p in progress]
+    add = [p["durationMs"]["addBatch"] for p in progress]
+    out: dict[str, Any] = {
+        "batches": len(progress),
+        "rows": rows,
+        # the median: the last batch of a query is the topic's remainder, often a few rows
+        "rows_per_batch": statistics.median(p["numInputRows"] for p in progress) if progress else 0,
+        "records_per_s": rows / (sum(trigger) / 1000) if sum(trigger) else None,
+        "batch_ms_p50": statistics.median(trigger) if trigger else None,
+        "add_batch_ms_p50": statistics.median(add) if add else None,
     }
+    jobs = [b["jobs"] for b in probes if "jobs" in b]
+    if jobs:
+        out["jobs_per_batch"] = statistics.median(jobs)
+        out["stages_per_batch"] = statistics.median(b["stages"] for b in probes if "stages" in b)
+    return out
+
+
+def compare_acking(
+    spark: SparkSession,
+    settings: KafkaSettings,
+    ns: Namespace,
+    topic: str,
+    workdir: Path,
+    *,
+    batch_records: int = 2_000,
+    rounds: int = 2,
+    config: AckingConfig | None = None,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[str, Any]:
+    """The order job on ``topic`` (already filled) with and without ``Acking``, same input,
+    same session: ``rounds`` rounds, each a plain and an acked query over the whole topic in
+    micro-batches of ``batch_records``, the order alternating from round to round. The first
+    round warms the JVM and is left out; so is the first batch of every query (its start-up).
+    Records/s is the rows read over the summed ``triggerExecution`` of the batches kept."""
+    dim = customer_frame(spark, customers()).cache()
+    dim.count()
+    kept: dict[str, list[dict[str, Any]]] = {"plain": [], "acked": []}
+    probed: dict[str, list[dict[str, Any]]] = {"plain": [], "acked": []}
+    acked_stats: list[BatchStats] = []
+    runs = 0
+    for round_ in range(rounds):
+        order = ("plain", "acked") if round_ % 2 == 0 else ("acked", "plain")
+        for variant in order:
+            if progress is not None:
+                progress(runs / (2 * rounds), f"round {round_ + 1}/{rounds}, {variant}")
+            runs += 1
+            sink = OriginParquetSink(str(workdir / f"sink-{variant}-{round_}"))
+            handler: BatchHandler = order_job(sink, dim)
+            acking = Acking(settings, ns, handler, config) if variant == "acked" else None
+            probe = Probe(acking or plain_batch(handler))
+            try:
+                batches = _run_query(spark, settings.bootstrap_servers, topic, probe, batch_records,
+                                     workdir / f"ck-{variant}-{round_}")
+            finally:
+                if acking is not None:
+                    acking.close()
+            probe.resolve(spark)
+            if round_ == 0:
+                continue
+            kept[variant] += batches[1:]
+            probed[variant] += probe.batches[1:]
+            if acking is not None:
+                acked_stats += list(acking.history)[1:]
+    dim.unpersist()
+    result: dict[str, Any] = {variant: _summary(kept[variant], probed[variant]) for variant in kept}
+    if acked_stats:
+        result["acked"]["handler_ms_p50"] = round(1000 * statistics.median(s.handler_s for s in acked_stats), 1)
+        result["acked"]["ack_ms_p50"] = round(1000 * statistics.median(s.ack_s for s in acked_stats), 1)
+    plain_rps, acked_rps = result["plain"]["records_per_s"], result["acked"]["records_per_s"]
+    result["acked_vs_plain"] = acked_rps / plain_rps if plain_rps and acked_rps else None
+    return result
 
 
 def measure_ack_overhead(
-    bootstrap: str, records: int = 20_000, batch_records: int = 2_000, workdir: str | None = None
+    bootstrap: str, records: int = 20_000, batch_records: int = 2_000, workdir: str | None = None, rounds: int = 2
 ) -> dict[str, Any]:
     settings, ns = KafkaSettings(bootstrap), Namespace(unique_name("measure"))
     topic = f"{ns.name}-orders"
     create(settings, ns, 4, {topic: 4})
-    with Source(settings, ns, SourceConfig(timeout_ms=600_000)) as source:
-        for order in make_orders(records):
-            source.send(topic, order.key(), order.value())
+    send_orders(settings, ns, topic, records)
     spark = build_spark_session(app_name="replaybroker-measure")
-    dim = customer_frame(spark, customers()).cache()
     with tempfile.TemporaryDirectory(prefix="rb-measure-", dir=workdir) as tmp:
-        root = Path(tmp)
-        results: dict[str, Any] = {"records": records, "batch_records": batch_records}
-        for round_ in (1, 2):
-            for variant in ("plain", "acked"):
-                sink = OriginParquetSink(str(root / f"sink-{variant}-{round_}"))
-                handler: BatchHandler = order_job(sink, dim)
-                acking = Acking(settings, ns, handler) if variant == "acked" else None
-
-                def plain(batch: DataFrame, batch_id: int, handler: BatchHandler = handler) -> None:
-                    # The job alone: its outputs from the rows it did not fail, no pinning.
-                    batch = with_tracking(batch)
-                    result = handler(batch, batch_id)
-                    if result is not None and result.write is not None:
-                        rows = batch if result.rows is None else result.rows
-                        if isinstance(result.failed, Column):
-                            rows = rows.where(~F.coalesce(result.failed, F.lit(False)))
-                        result.write(rows, batch_id)
-
-                started = time.monotonic()
-                progress = _run_query(
-                    spark, bootstrap, topic, acking or plain, batch_records, root / f"ck-{variant}-{round_}"
-                )
-                if round_ == 2:
-                    results[variant] = {**_figures(progress), "seconds": round(time.monotonic() - started, 2)}
-                    if acking is not None:
-                        stats = list(acking.history)[1:]
-                        results[variant]["handler_s_median"] = round(statistics.median(s.handler_s for s in stats), 3)
-                        results[variant]["ack_s_median"] = round(statistics.median(s.ack_s for s in stats), 3)
-                if acking is not None:
-                    acking.close()
-    plain_ms, acked_ms = results["plain"]["add_batch_ms_median"], results["acked"]["add_batch_ms_median"]
-    results["ack_overhead_ms_median"] = acked_ms - plain_ms
-    results["ack_overhead_ratio"] = round(acked_ms / plain_ms, 2) if plain_ms else None
-    return results
+        result = compare_acking(spark, settings, ns, topic, Path(tmp), batch_records=batch_records, rounds=rounds)
+    return {"records": records, "batch_records": batch_records, **result}
 
 
 # The ways of bounding OriginDeltaSink's MERGE: (buckets, replay window, rows already there
@@ -196,6 +290,83 @@ def measure_delta_sink(
                 results["seconds_median"].setdefault(name, {})[size] = round(statistics.median(seconds[size][1:]), 2)
                 results.setdefault("files", {}).setdefault(name, {})[size] = files
                 sys.stderr.write(f"{name} / {size}: {[round(s, 2) for s in seconds[size]]}\n")
+    return results
+
+
+def _bulk_prefill(spark: SparkSession, sink: str, path: Path, rows: int) -> None:
+    """``rows`` facts already in a sink, written a day ago in one bulk write (a few files of
+    up to 250 000 rows), not batch by batch: the figure is what the rows cost a batch, and a
+    bulk write of 10^6 rows takes seconds where 1 000 micro-batches would take an hour."""
+    facts = _delta_rows(spark, rows, seed=1_000, written_at=time.time() - 86_400)
+    files = max(1, rows // 250_000)
+    if sink == "delta":
+        (facts.withColumn(BUCKET, F.lit(0)).repartition(files).write.format("delta").partitionBy(BUCKET)
+         .mode("append").save(str(path)))
+    else:  # the layout of OriginParquetSink: one directory per (query, batch)
+        facts.repartition(files).write.parquet(str(path / "query_id=prefill" / "batch_id=0"))
+
+
+def measure_sink_growth(
+    spark: SparkSession,
+    workdir: Path,
+    *,
+    sizes: tuple[int, int] = (10_000, 1_000_000),
+    batch_rows: int = 1_000,
+    batches: int = 3,
+    replayed: float = 0.1,
+    replay_window_s: float = 600.0,
+    sinks: tuple[str, ...] = ("delta", "parquet"),
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[str, Any]:
+    """Milliseconds of ``sink.write`` per micro-batch of ``batch_rows`` new rows plus
+    ``replayed`` of that many ids of the previous batch, into a sink that already holds
+    ``sizes[0]`` and one that holds ``sizes[1]`` rows; median of ``batches`` batches after a
+    first, warm-up one. The two sinks of a kind take the batches in turn, so a change in the
+    machine's load falls on both alike. ``delta`` is ``OriginDeltaSink(replay_window_s=...)``,
+    the configuration the project recommends; ``parquet`` is ``OriginParquetSink``."""
+    results: dict[str, Any] = {"batch_rows": batch_rows, "replayed": replayed, "sizes": list(sizes)}
+    steps = len(sinks) * (2 + batches + 1)
+    done = 0
+    for kind in sinks:
+        targets: dict[int, OriginDeltaSink | OriginParquetSink] = {}
+        prefill_s: dict[int, float] = {}
+        for size in sizes:
+            if progress is not None:
+                progress(done / steps, f"{kind}: {size} rows in the sink")
+            path = workdir / f"{kind}-{size}"
+            started = time.perf_counter()
+            _bulk_prefill(spark, kind, path, size)
+            prefill_s[size] = round(time.perf_counter() - started, 2)
+            done += 1
+            targets[size] = (
+                OriginDeltaSink(str(path), replay_window_s=replay_window_s, query_id="bench")
+                if kind == "delta"
+                else OriginParquetSink(str(path), query_id="bench")
+            )
+        ms: dict[int, list[float]] = {size: [] for size in sizes}
+        for batch_id in range(batches + 1):
+            if progress is not None:
+                progress(done / steps, f"{kind}: batch {batch_id + 1}/{batches + 1}")
+            rows = _delta_rows(spark, batch_rows, seed=batch_id)
+            if batch_id > 0:
+                rows = rows.unionByName(_delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1))
+            for size, sink in targets.items():
+                started = time.perf_counter()
+                sink.write(rows, batch_id)
+                ms[size].append(1000 * (time.perf_counter() - started))
+            done += 1
+        for size, sink in targets.items():
+            written = sink.read(spark).count()
+            if written != size + (batches + 1) * batch_rows:
+                raise RuntimeError(f"{kind} sink of {size} rows holds {written} after the batches, "
+                                   f"expected {size + (batches + 1) * batch_rows}")
+        results[kind] = {
+            "batch_ms_p50": {size: statistics.median(ms[size][1:]) for size in sizes},
+            "batch_ms": {size: [round(m) for m in ms[size]] for size in sizes},
+            "prefill_s": prefill_s,
+        }
+        small, large = sizes
+        results[kind]["growth"] = results[kind]["batch_ms_p50"][large] / results[kind]["batch_ms_p50"][small]
     return results
 
 

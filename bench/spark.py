@@ -1,0 +1,98 @@
+"""Spark at production scale: what ``Acking`` costs a micro-batch, and how a sink's batch time
+grows with the rows already in it (spark_jobs/measure.py does the measuring).
+
+One Spark session (``local[2]``, the project's defaults) serves the whole section, so the JVM
+is started once and warm for every figure after the first round.
+
+- ``acked_vs_plain``: the order job (``spark_jobs.orders``) over one topic of tracked orders,
+  with and without ``Acking``, same input, same session, alternating query by query; the
+  first round (JIT warm-up) and the first batch of every query (its start-up) left out.
+  Records/s is the rows read over Spark's own ``triggerExecution`` of the batches kept.
+- ``sink_batch_growth``: ``OriginDeltaSink(replay_window_s=600)`` - the sink the project
+  recommends - written micro-batch by micro-batch into a table that already holds the small
+  and the large row count (prefilled by one bulk write); the same for ``OriginParquetSink``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.figures import FIGURE_KEYS, Figures
+from bench.hops import Env
+from broker import topics
+
+
+def spark_missing() -> str | None:
+    """Why Spark cannot run here (no pyspark, no Java), or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "Spark is not available: pyspark is not installed (the spark extra)"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "Spark is not available: no java on PATH and no JAVA_HOME"
+    return None
+
+
+def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: int, rounds: int,
+                  sink_sizes: tuple[int, int], sink_batches: int,
+                  progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
+    missing = spark_missing()
+    if missing is not None:
+        figures.unavailable([k for k in FIGURE_KEYS if k.startswith("spark.")], missing)
+        return {"unavailable": missing}
+    from spark_jobs.measure import compare_acking, measure_sink_growth, send_orders
+    from spark_jobs.session import build_spark_session
+
+    def part(start: float, share: float) -> Callable[[float, str], None]:
+        return lambda f, detail: progress(start + share * f, detail) if progress else None
+
+    ns = topics.Namespace(env.unique("spark"))
+    topic = f"{ns.name}-orders"
+    topics.create(env.settings, ns, env.partitions, {topic: env.partitions})
+    env.created_topics += [*ns.ledger_topics, ns.dlq, topic, topics.replay_topic(topic)]
+    part(0.0, 1.0)(0.0, f"sending {records} orders")
+    send_orders(env.settings, ns, topic, records)
+    part(0.0, 1.0)(0.02, "starting Spark")
+    spark = build_spark_session(app_name="replaybroker-bench")
+    details: dict[str, Any] = {"records": records, "batch_records": batch_records, "rounds": rounds,
+                               "master": spark.sparkContext.master}
+    with tempfile.TemporaryDirectory(prefix="spark-", dir=env.workdir) as tmp:
+        root = Path(tmp)
+        try:
+            acking = compare_acking(spark, env.settings, ns, topic, root / "acking", batch_records=batch_records,
+                                    rounds=rounds, progress=part(0.1, 0.5))
+        except Exception as exc:  # noqa: BLE001 - the sink figures do not depend on it
+            acking = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
+        details["acking"] = acking
+        _acking_figures(figures, acking)
+        small, large = sink_sizes
+        sinks = measure_sink_growth(spark, root / "sinks", sizes=(small, large), batches=sink_batches,
+                                    progress=part(0.6, 0.4))
+        details["sinks"] = sinks
+        for kind, prefix in (("delta", "spark.sink"), ("parquet", "spark.parquet_sink")):
+            figures.set(f"{prefix}_small_rows", float(small))
+            figures.set(f"{prefix}_large_rows", float(large))
+            figures.set(f"{prefix}_small_batch_p50_ms", sinks[kind]["batch_ms_p50"][small])
+            figures.set(f"{prefix}_large_batch_p50_ms", sinks[kind]["batch_ms_p50"][large])
+            figures.ratio(f"{prefix}_batch_growth", f"{prefix}_large_batch_p50_ms", f"{prefix}_small_batch_p50_ms")
+    if "error" in acking:
+        raise RuntimeError(f"acked vs plain: {acking['error']}")
+    return details
+
+
+def _acking_figures(figures: Figures, acking: dict[str, Any]) -> None:
+    if "error" in acking:
+        return
+    for variant in ("plain", "acked"):
+        run = acking[variant]
+        figures.set(f"spark.{variant}_rps", run["records_per_s"], rows=run["rows"], batches=run["batches"])
+        figures.set(f"spark.{variant}_batch_p50_ms", run["batch_ms_p50"])
+        figures.set(f"spark.{variant}_rows_per_batch", float(run["rows_per_batch"]))
+        figures.set(f"spark.{variant}_jobs_per_batch", run.get("jobs_per_batch"), stages=run.get("stages_per_batch"),
+                    unavailable="the status tracker listed no jobs of the batches")
+    figures.ratio("spark.acked_vs_plain", "spark.acked_rps", "spark.plain_rps")

@@ -1,0 +1,58 @@
+"""The spark section's figures and its part of the report (no Spark needed)."""
+
+from __future__ import annotations
+
+from bench import report
+from bench.figures import FIGURE_KEYS, SECTIONS, SPECS, Figures
+
+
+def test_spark_is_a_section_with_its_targets() -> None:
+    assert "spark" in SECTIONS
+    assert SPECS["spark.acked_vs_plain"].target == (">=", 0.8)
+    assert SPECS["spark.sink_batch_growth"].target == ("<=", 1.5)
+    assert SPECS["spark.parquet_sink_batch_growth"].target is None
+    spark = [k for k in FIGURE_KEYS if k.startswith("spark.")]
+    for raw in ("spark.acked_rps", "spark.plain_rps", "spark.acked_batch_p50_ms", "spark.sink_large_rows",
+                "spark.sink_small_batch_p50_ms", "spark.acked_jobs_per_batch"):
+        assert raw in spark
+
+
+def test_a_ratio_below_its_target_is_reported_not_met() -> None:
+    figures = Figures()
+    figures.set("spark.plain_rps", 1000.0)
+    figures.set("spark.acked_rps", 700.0)
+    figures.ratio("spark.acked_vs_plain", "spark.acked_rps", "spark.plain_rps")
+    assert figures.values["spark.acked_vs_plain"]["met"] is False
+    figures.set("spark.sink_large_batch_p50_ms", None, unavailable="Spark is not available: no java")
+    figures.ratio("spark.sink_batch_growth", "spark.sink_large_batch_p50_ms", "spark.sink_small_batch_p50_ms")
+    assert figures.values["spark.sink_batch_growth"]["value"] is None
+    assert "unavailable" in figures.values["spark.sink_batch_growth"]["unavailable"]
+
+
+def _result(details: dict) -> dict:
+    figures = Figures()
+    figures.set("spark.plain_rps", 1000.0)
+    figures.set("spark.acked_rps", 900.0)
+    figures.ratio("spark.acked_vs_plain", "spark.acked_rps", "spark.plain_rps")
+    meta = {"stamp": "s", "mode": "quick", "kafka": "k", "partitions": 4, "cpus": 2, "loadavg_start": "1",
+            "loadavg_end": "1", "seconds": 1.0}
+    return {"meta": meta, "figures": figures.complete(), "errors": {}, "details": {"spark": details}}
+
+
+def test_the_report_shows_the_spark_rows_and_the_batch_profile() -> None:
+    run = {"records_per_s": 1000.0, "batch_ms_p50": 900, "add_batch_ms_p50": 800, "rows_per_batch": 3000,
+           "jobs_per_batch": 3, "stages_per_batch": 4}
+    details = {"master": "local[2]", "records": 9000, "batch_records": 3000, "rounds": 2,
+               "acking": {"plain": run, "acked": {**run, "jobs_per_batch": 4, "handler_ms_p50": 500.0,
+                                                  "ack_ms_p50": 300.0}},
+               "sinks": {"batch_rows": 1000, "replayed": 0.1, "delta": {"batch_ms": {1000: [5, 4], 100000: [6, 4]}}}}
+    text = report.markdown(_result(details))
+    assert "| Spark order job under Acking, records/s | 900 |" in text
+    assert "| acked | 1000 | 900 | 800 | 3000 | 4.00 | 4.00 |" in text
+    assert "the ack step (events, collect, produce) 300 ms" in text
+    assert "- delta: 1000 rows: 5, 4 ms; 100000 rows: 6, 4 ms" in text
+
+
+def test_the_report_says_why_the_comparison_is_missing() -> None:
+    text = report.markdown(_result({"acking": {"error": "RuntimeError: query failed"}}))
+    assert "Spark, acked vs plain: RuntimeError: query failed" in text
