@@ -476,8 +476,14 @@ class LedgerTable:
         pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
         flags = self.hashtable.flags
         f = flags[pos]
-        flags[pos] = f | (SUPERSEDED | DIRTY)
-        return int(np.count_nonzero(f & REGISTERED))
+        # A replay that timed out itself and was replayed again (a chain) is a WATCH here:
+        # its own replay is superseded in turn - handed on like a late completion.
+        chained = (f & _STATE) == WATCH
+        keep = ~chained
+        flags[pos[keep]] = f[keep] | (SUPERSEDED | DIRTY)
+        if chained.any():  # removed last: a removal may move other entries
+            self._superseded.append(self._remove_where(pos, chained))
+        return int(np.count_nonzero(f[keep] & REGISTERED))
 
     def take_expired_counts(self) -> tuple[int, int]:
         """What ``expire`` dropped besides its result since the last call: watches that ended

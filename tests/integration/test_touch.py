@@ -69,7 +69,11 @@ def test_long_work_is_replayed_unless_the_task_touches_its_record(bootstrap: str
         assert task.counters.touches >= WORK_S / 0.4 - 2
     else:
         assert "replay" in outcomes and outcomes.count("completed") == 1
-        assert replayed and handled[:2] == [1, 2]
+        # The first attempt completes late (after two timeouts): its replays are superseded -
+        # each one the task reads is worked on or skipped - and none is dead-lettered.
+        assert replayed and handled[0] == 1
+        assert len(handled) - 1 + task.counters.skipped >= 1, (handled, task.counters)
+        assert read_to_end(settings, ns.dlq, 1) == []
 
 
 def test_a_restarted_acker_keeps_the_deadline_a_touch_pushed(bootstrap: str) -> None:

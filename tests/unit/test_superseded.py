@@ -77,6 +77,22 @@ def test_late_events_of_a_watched_timeout_complete_it_and_name_the_replay() -> N
     assert S not in table and not len(table.take_superseded())
 
 
+def test_a_mark_for_a_replay_that_was_replayed_again_supersedes_the_next_one() -> None:
+    """A chain: S timed out and was replayed as REPLAY, which timed out too and was replayed
+    as REPLAY2 (REPLAY is now a WATCH). A superseded mark for REPLAY is handed on: REPLAY2 is
+    superseded in turn - else it could still be dead-lettered after its origin completed
+    (seen: a task busy longer than two timeouts, max_attempts 3)."""
+    replay2 = 0x0BAD_F00D_1234_5679
+    table = LedgerTable()
+    table.register(a(REPLAY), a(ROOT), a(8), a(10))
+    assert timed_out_with(table, 10) == ([REPLAY], [ROOT])
+    assert not len(table.watch(a(REPLAY), a(ROOT), a(replay2), 500))
+    assert table.mark_superseded(a(REPLAY), ORPHAN_TICK) == 0
+    chained = table.take_superseded()
+    assert (chained.srids.tolist(), chained.offsets.tolist()) == ([REPLAY], [replay2])
+    assert REPLAY not in table
+
+
 def test_a_partial_late_event_does_not_supersede_and_the_watch_expires_unnoticed() -> None:
     table = LedgerTable()
     table.register(a(S), a(ROOT), a(7), a(10))
