@@ -148,9 +148,9 @@ def test_an_undeliverable_event_batch_fails_its_source_records_and_untracked_out
 
 
 class FakeMessage:
-    def __init__(self, offset: int, srid: int, value: bytes) -> None:
+    def __init__(self, offset: int, srid: int, value: bytes, origin: int | None = None, attempt: int = 1) -> None:
         self._offset, self._value = offset, value
-        self._headers = tracking_headers(srid, srid + 1000, srid, 1)
+        self._headers = tracking_headers(srid, srid + 1000, srid if origin is None else origin, attempt)
 
     def error(self) -> None:
         return None

@@ -5,38 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.headers import tracking_headers
 from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.task import Task, TaskContext, TaskRecord
-from tests.unit.test_task_redelivery import NS, FakeConsumer, FakeProducer, make_task
+from tests.unit.test_task_redelivery import NS, FakeConsumer, FakeMessage, FakeProducer, make_task
 
 
-class Msg:
-    def __init__(self, offset: int, srid: int, origin: int, attempt: int) -> None:
-        self._offset = offset
-        self._headers = tracking_headers(srid, srid + 1000, origin, attempt)
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return "in"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return b"v"
-
-    def headers(self) -> list[tuple[str, bytes | None]]:
-        return self._headers
+def Msg(offset: int, srid: int, origin: int, attempt: int) -> FakeMessage:
+    return FakeMessage(offset, srid, b"v", origin, attempt)
 
 
 def markers(*srids: int) -> SupersededMarkers:
