@@ -244,6 +244,12 @@ class Decider:
                 continue
             st.payload_tries.pop(r.srid, None)
             st.count("payload_fetches", int(r.fetched))
+            hold = self._dlq_hold(r.record, now_tick)
+            if hold is not None:
+                self.cache.put(r.srid, r.payload)
+                st.count("dlq_held")
+                waits[r.lp].append((r.srid, r.offset, r.reason == "failed", hold))
+                continue
             self._decide_record(st, r, now_ms, decided)
         self._watch(states, now_ms)
         for lp, w in waits.items():
@@ -269,6 +275,25 @@ class Decider:
                 srids, values, replays = zip(*watches, strict=True)
                 st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
                                self.ticker.tick_of(now_ms + watch_ms))
+
+    def _dlq_hold(self, record: PersistedRecord, now_tick: int) -> int | None:
+        """The tick until which the dead letter of ``record`` waits, or None: not held.
+
+        A record dead-lettered at its last attempt while an earlier attempt of it may still
+        complete - the one before timed out, and is watched until ``at_ms + watch_ms`` - is
+        not dead-lettered before that watch ends: if the earlier attempt completes late, a
+        superseded mark reaches this record (the chain hands it on) and settles it as
+        completed (``LedgerTable.mark_superseded``); else the hold ends and it is
+        dead-lettered as before. Its entry waits DEFERRED, durable in the changelog. Coming
+        back at that tick it is past the hold, so it is held once."""
+        if record.attempt < record.max_attempts or not record.history or record.history[-1].reason != "timeout":
+            return None
+        cfg = self.config
+        watch_ms = cfg.orphan_ttl_ms if cfg.watch_ms is None else cfg.watch_ms
+        if watch_ms <= 0:
+            return None
+        tick = self.ticker.tick_of(record.history[-1].at_ms + watch_ms)
+        return tick if tick > now_tick else None
 
     def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
         """Payload reads per partition in this commit: all that are needed when they fit in

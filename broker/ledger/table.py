@@ -479,11 +479,18 @@ class LedgerTable:
         # A replay that timed out itself and was replayed again (a chain) is a WATCH here:
         # its own replay is superseded in turn - handed on like a late completion.
         chained = (f & _STATE) == WATCH
-        keep = ~chained
+        # One that failed and waits for its decision (DEFERRED: e.g. a last attempt whose dead
+        # letter is held while its original is watched) is settled now.
+        settle = (f & (REGISTERED | DEFERRED)) == (REGISTERED | DEFERRED)
+        keep = ~(chained | settle)
         flags[pos[keep]] = f[keep] | (SUPERSEDED | DIRTY)
-        if chained.any():  # removed last: a removal may move other entries
-            self._superseded.append(self._remove_where(pos, chained))
-        return int(np.count_nonzero(f[keep] & REGISTERED))
+        registered = int(np.count_nonzero(f[~chained] & REGISTERED))
+        if (chained | settle).any():  # removed last, at once: a removal may move other entries
+            removed = self._remove_where(pos, chained | settle)
+            chain = np.isin(removed.srids, u[chained])
+            self._superseded.append(Removed(removed.srids[chain], removed.offsets[chain]))
+            self._settled.append(Removed(removed.srids[~chain], removed.offsets[~chain]))
+        return registered
 
     def take_expired_counts(self) -> tuple[int, int]:
         """What ``expire`` dropped besides its result since the last call: watches that ended

@@ -56,7 +56,14 @@ def test_long_work_is_replayed_unless_the_task_touches_its_record(bootstrap: str
         origin = source.send(topic, "k", "slow work").origin
         source.flush()
         log = services.tail.log
-        services.wait(lambda: origin in log.completed_origins(), "the record completed", limit_s=90)
+
+        def detail() -> str:  # what a failure needs to be understood
+            c = acker.counters()
+            acked = {k: c[k] for k in ("timed_out", "replayed", "dlq", "dlq_held", "superseded",
+                                       "superseded_marks", "superseded_settled", "watch_skipped", "unwatched")}
+            return f": handled {handled}, acker {acked}, task skipped {task.counters.skipped}"
+
+        services.wait(lambda: origin in log.completed_origins(), "the record completed", limit_s=90, detail=detail)
     finally:
         services.stop()
         source.close()

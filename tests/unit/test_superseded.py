@@ -236,3 +236,78 @@ def test_without_the_markers_topic_the_replay_is_still_marked_for_its_acker(fake
     assert [p for p in producer.committed if p.topic == NS.acks]
     assert acker.counters()["superseded"] == 1
     assert "tasks cannot skip superseded replays" in caplog.text
+
+
+def a_last_attempt_that_timed_out_while_its_original_is_watched(
+    clock: ManualClock,
+) -> tuple[Any, FakeConsumer, Any, PersistedRecord]:
+    """S (max 2 attempts) times out and is replayed as its last attempt R, which is registered
+    and times out too - before anything of S completes (a task busy with S for two timeouts)."""
+    acker, consumer, producer = make_acker(clock)
+    original = persisted(S, ROOT, created_ms=T0, timeout_ms=1_000, max_attempts=2)
+    lp = ids.ledger_partition(S, FakeConsumer.partitions)
+    consumer.batches.append([persist_msg(original), acks_msg(lp, 0, [S], [ROOT ^ CHILD])])
+    run_steps(acker)
+    clock.advance(1_200)
+    run_steps(acker, 2)
+    replay = next(PersistedRecord.decode(p.value) for p in producer.committed if p.topic == NS.persist and p.value)
+    assert replay.attempt == replay.max_attempts == 2
+    rlp = ids.ledger_partition(replay.srid, FakeConsumer.partitions)
+    consumer.batches.append([FakeMessage(NS.persist, rlp, 5, ids.encode_id(replay.srid), replay.encode())])
+    run_steps(acker)
+    clock.advance(1_200)
+    run_steps(acker, 2)
+    return acker, consumer, producer, replay
+
+
+def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_complete(markers_topic: None) -> None:
+    """The original completes after its last replay timed out: the replay is settled as
+    completed - the record was processed - never dead-lettered (seen in CI: a task busy
+    with the first attempt for two timeouts, max_attempts 3)."""
+    clock = ManualClock(T0)
+    acker, consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock)
+    assert outcomes(producer) == {S: b"replay"}  # the replay's dead letter waits
+    assert not [p for p in producer.committed if p.topic == NS.dlq]
+    assert acker.counters()["dlq_held"] == 1
+
+    lp = ids.ledger_partition(S, FakeConsumer.partitions)
+    consumer.batches.append([acks_msg(lp, 1, [S], [CHILD])])  # the original completes late
+    run_steps(acker, 2)
+    mark = next(p for p in producer.committed if p.topic == NS.acks)
+    rlp = ids.ledger_partition(replay.srid, FakeConsumer.partitions)
+    consumer.batches.append([FakeMessage(NS.acks, rlp, 6, None, mark.value)])
+    run_steps(acker, 2)
+    # Settled at the mark, not at the end of the hold.
+    assert outcomes(producer) == {S: b"replay", replay.srid: b"completed"}
+    clock.advance(120_000)
+    run_steps(acker, 2)
+    assert not [p for p in producer.committed if p.topic == NS.dlq]
+    c = acker.counters()
+    assert (c["superseded_settled"], c["dlq"], c["pending"]) == (1, 0, 0)
+
+
+def test_a_held_last_attempt_is_dead_lettered_when_the_watch_of_its_original_ends(markers_topic: None) -> None:
+    clock = ManualClock(T0)
+    acker, _consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock)
+    held_at = clock.now_ms()
+    watch_end = replay.history[-1].at_ms + 60_000  # the original's watch: the orphan TTL
+    clock.advance(watch_end - held_at - 1_000)
+    run_steps(acker, 2)
+    assert not [p for p in producer.committed if p.topic == NS.dlq]
+    clock.advance(2_000)
+    run_steps(acker, 2)
+    dlq = [p for p in producer.committed if p.topic == NS.dlq]
+    assert len(dlq) == 1
+    assert outcomes(producer) == {S: b"replay", replay.srid: b"dlq"}
+    c = acker.counters()
+    assert (c["dlq_held"], c["dlq"], c["unwatched"], c["pending"]) == (1, 1, 1, 0)
+
+
+def test_a_superseded_mark_settles_a_deferred_entry_at_once() -> None:
+    table = LedgerTable()
+    table.register(a(REPLAY), a(ROOT), a(7), a(10))
+    out = table.expire(11).timed_out
+    table.defer(out.srids, out.offsets, 500)
+    assert table.mark_superseded(a(REPLAY), ORPHAN_TICK) == 1
+    assert table.take_settled().srids.tolist() == [REPLAY]
+    assert table.get(REPLAY) is None and not table.deferred_due(1_000)
