@@ -25,6 +25,17 @@ poll that ran the callback returns, before anything more is produced; the partit
 member keeps are sought back to their committed offsets, so what was read and not committed is
 read again. Offsets sent by a member that lost its partitions without noticing are refused by
 the group coordinator (its generation is old): that transaction fails and is aborted too.
+
+A record the broker refuses for what it is (too large for the target topic's
+``max.message.bytes``, invalid, against a policy - ``broker.acker.refusals.RECORD_LEVEL``) is
+often refused only at the commit, after its persist record was accepted: the whole
+transaction fails, and read again it would fail again, forever, holding up every partition of
+this bridge. So a batch whose commit failed with such a refusal is *suspect*: its records are
+read again and bridged one per transaction up to where the batch ended; one that fails alone
+is the refused record, and is quarantined the next time it is read - kept in ``ns.dlq`` with
+``rb-source`` (where it is in the input), in a transaction with its input offset, counted in
+``quarantined`` - then batching resumes. A dead letter the DLQ refuses as well is written
+again without its value.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from broker.acker.refusals import RECORD_LEVEL
 from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
 from broker.kafka_io import partition_counts, retrying
@@ -168,6 +180,12 @@ class Bridge:
         self._taken = False  # partitions revoked or lost since the last poll
         # Per input partition read since the last commit: (first offset, next offset).
         self._read: dict[tuple[str, int], tuple[int, int]] = {}
+        # After a commit refused for a record (module doc): per input partition, the offset up
+        # to which records are bridged one per transaction; and the records refused alone:
+        # (topic, partition, offset) -> (why, whether the DLQ refused its value as well).
+        self._suspect: dict[tuple[str, int], int] = {}
+        self._sent = 0  # input records in the open transaction
+        self._refused: dict[tuple[str, int, int], tuple[str, bool]] = {}
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ life cycle
@@ -234,6 +252,7 @@ class Bridge:
         """One batch, read, sent and committed with its input offsets (one transaction).
         Returns the records bridged; 0 when the batch was aborted (they are read again)."""
         self._read.clear()
+        self._sent = 0
         try:
             if self.config.exactly_once:
                 with self.source.transaction():
@@ -251,23 +270,51 @@ class Bridge:
         except (KafkaException, DeliveryError) as exc:
             if _fenced(exc):
                 raise BridgeFenced(f"bridge {self.instance_id} was fenced by a newer instance: {exc}") from exc
+            self._suspect_refusal(exc)
             self._abandon(f"the transaction failed: {exc}")
             return 0
         if n:
             self.counters.transactions += 1
             self.counters.bridged += n
+            for tp, (_, end) in self._read.items():
+                for where in [w for w in self._refused if w[:2] == tp and w[2] < end]:
+                    del self._refused[where]  # quarantined and committed
+                if self._suspect.get(tp, end) <= end:
+                    self._suspect.pop(tp, None)
+                    log.info("bridge %s: %s[%d] past the refused batch, batches again", self.instance_id, *tp)
         return n
+
+    def _suspect_refusal(self, exc: BaseException) -> None:
+        """A commit that failed for what a record is (RECORD_LEVEL): with one record in the
+        transaction, that record is refused; with more, the batch is read again record by
+        record (module doc)."""
+        err = _kafka_error(exc)
+        if err is None or err.code() not in RECORD_LEVEL:
+            return
+        if self._sent == 1 and len(self._read) == 1:
+            (topic, partition), (_, end) = next(iter(self._read.items()))
+            where = (topic, partition, end - 1)
+            before = self._refused.get(where)  # quarantined, and the DLQ refused that too
+            self._refused[where] = (err.str(), False) if before is None else (before[0], True)
+            log.warning("bridge %s: %s[%d]@%d refused alone (%s): quarantined when read again",
+                        self.instance_id, topic, partition, end - 1, err.str())
+        else:
+            for tp, (_, end) in self._read.items():
+                self._suspect[tp] = max(end, self._suspect.get(tp, end))
+            log.warning("bridge %s: a record of the batch was refused (%s): its records are bridged one per "
+                        "transaction", self.instance_id, err.str())
 
     def _fill(self) -> int:
         """Read and send until the batch is full, its time is up, or the bridge stops. Records
         are sent as they are read: the transaction holds them until the commit."""
         n = 0
         until = time.monotonic() + self.config.batch_ms / 1000
-        while n < self.config.batch_records and not self._stop.is_set():
+        limit = 1 if self._suspect else self.config.batch_records
+        while n < limit and not self._stop.is_set():
             left = until - time.monotonic()
             if left <= 0:
                 break
-            for msg in self._take(self.config.batch_records - n, min(left, self.config.poll_timeout_s)):
+            for msg in self._take(limit - n, min(left, self.config.poll_timeout_s)):
                 n += self._bridge(msg)
         return n
 
@@ -300,7 +347,13 @@ class Bridge:
             return 0
         self._note(msg)
         self.counters.read += 1
+        self._sent += 1
         where = f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()
+        refused = self._refused.get((msg.topic(), msg.partition(), msg.offset()))
+        if refused is not None:
+            why, dlq_refused_too = refused
+            self._quarantine(msg, where, f"the broker refused it: {why}", with_value=not dlq_refused_too)
+            return 1
         headers = [(k, v) for k, v in msg.headers() or () if k not in (H_INPUT, H_INPUT_TS)]
         headers.append((H_INPUT, where))
         ts_type, ts = msg.timestamp()
@@ -314,13 +367,15 @@ class Bridge:
             self._quarantine(msg, where, str(exc))
         return 1
 
-    def _quarantine(self, msg: Message, where: bytes, why: str) -> None:
+    def _quarantine(self, msg: Message, where: bytes, why: str, *, with_value: bool = True) -> None:
         """An input record the broker refused at once as a source record (a persist record
         over ``message.max.bytes``): kept byte for byte in ``ns.dlq``, in the same
         transaction, so the bridge goes on - bad input never stops it. Too large for the DLQ
         as well: kept without its value (``rb-source`` says where to find it)."""
         reason = f"{QUARANTINE_PREFIX}bridge: {why}"
         try:
+            if not with_value:
+                raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, f"{self.ns.dlq} refused it"))
             self.source.produce(self.ns.dlq, msg.key(), msg.value(),
                                 headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
         except KafkaException as exc:  # refused at once: nothing was added to the transaction
@@ -380,10 +435,23 @@ class Bridge:
         # Revoked or lost: nothing read from them may be committed by us now. The open
         # transaction is aborted when the poll running this returns (_take).
         self._owned -= {(tp.topic, tp.partition) for tp in partitions}
+        for tp in partitions:
+            self._suspect.pop((tp.topic, tp.partition), None)
         self._taken = True
         if not self._stop.is_set():  # closing the consumer revokes too: not a rebalance
             self.counters.rebalances += 1
         log.info("bridge %s gave up %s", self.instance_id, sorted(tp.partition for tp in partitions))
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The first KafkaError in the chain of ``exc`` (``Source`` wraps a failed commit)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        err = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+        if isinstance(err, KafkaError):
+            return err
+        seen = seen.__cause__
+    return None
 
 
 def _fenced(exc: BaseException) -> bool:

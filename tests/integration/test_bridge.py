@@ -456,3 +456,52 @@ def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap:
     assert headers["rb-reason"].startswith(b"quarantine: bridge: persist record not produced")
     assert dead.key() == b"k"  # the value is there, or its drop is in the reason
     assert dead.value() == b"x" * (3 * 2**19) or b"value dropped" in headers["rb-reason"]
+
+
+def test_a_record_the_target_topic_refuses_at_the_commit_is_quarantined_not_read_again_forever(
+    bootstrap: str,
+) -> None:
+    """A record too large for the target topic (its ``max.message.bytes``) but not for
+    ``ns.persist``: its persist record is accepted and the data record refused by the broker,
+    which fails the whole commit. The bridge finds it by bridging the batch one record per
+    transaction, quarantines it and goes on; its neighbours are bridged once each, and no
+    persist record of it is visible (it would time out and be replayed into the same refusal)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("bridge"))
+    input_topic, target = f"{ns.name}.orders", f"{ns.name}.orders.guaranteed"
+    topics.create(settings, ns, 2, {target: 2})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    limit = ConfigEntry("max.message.bytes", "3000", incremental_operation=AlterConfigOpType.SET)
+    for future in admin.incremental_alter_configs([ConfigResource(ConfigResource.Type.TOPIC, target,
+                                                                  incremental_configs=[limit])]).values():
+        future.result(30)
+    create_topics(bootstrap, {input_topic: 1})
+    big = os.urandom(20_000)  # incompressible: the producer compresses
+    values = [f"small-{i}".encode() for i in range(4)] + [big] + [f"small-{i}".encode() for i in range(5, 9)]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for value in values:
+        producer.produce(input_topic, key=b"k", value=value)
+    assert producer.flush(30) == 0
+
+    bridge = Bridge(settings, ns, BridgeConfig(input_topic, instance_id="r1"))
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while bridge.counters.bridged < len(values) and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.1)
+    bridge.stop()
+    thread.join(30)
+    assert bridge.counters.bridged == len(values) and bridge.counters.quarantined == 1, bridge.counters
+    assert bridge.counters.aborts >= 2  # the batch, then the record alone
+
+    data = _read_until(settings, target, 2, len(values) - 1)
+    assert Counter(m.value() for m in data) == Counter(v for v in values if v != big)
+    persisted = [m for m in _read_until(settings, ns.persist, 2, len(values) - 1) if m.value() is not None]
+    assert len(persisted) == len(values) - 1
+    [dead] = _read_until(settings, ns.dlq, 1, 1)
+    headers = dict(dead.headers() or ())
+    assert headers["rb-source"] == f"{input_topic}/0/4".encode()
+    assert b"refused" in headers["rb-reason"] and b"too large" in headers["rb-reason"].lower()
+    assert dead.value() == big
