@@ -261,6 +261,8 @@ def acker_config(args: argparse.Namespace) -> Any:
         session_timeout_ms=args.session_timeout_ms,
         static_membership=not args.dynamic_membership,
         metrics_port=args.metrics_port,
+        watch_ms=args.watch_ms,
+        max_watches=args.max_watches,
         **({"instance_id": args.instance_id} if args.instance_id else {}),
         **{key: getattr(args, key) for key in _ADAPTIVE if getattr(args, key) is not None},
     )
@@ -508,6 +510,16 @@ def build_parser() -> argparse.ArgumentParser:
     acker.add_argument(
         "--orphan-ttl-ms", type=int, default=60_000,
         help="how long events for an unknown srid are kept before they count as orphans, ms",
+    )
+    acker.add_argument(
+        "--watch-ms", type=int,
+        help="how long a replayed timeout is watched for a late completion of its original, which "
+        "supersedes the replay - and how long a last attempt's dead letter waits for it; 0: no "
+        "watches, ms (default: the orphan TTL)",
+    )
+    acker.add_argument(
+        "--max-watches", type=int, default=100_000,
+        help="watches kept per ledger partition (those over it are not watched, counted watch_skipped)",
     )
     acker.add_argument(
         "--expiry-lag-slack", type=int, default=0,

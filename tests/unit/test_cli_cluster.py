@@ -117,3 +117,13 @@ def test_acker_adaptive_settings_from_the_command_line() -> None:
     assert (given.adaptive_floor_ms, given.adaptive_ceiling_ms, given.adaptive_safety_factor) == (500, 60_000, 2.5)
     default = acker_config(build_parser().parse_args(["acker", "--namespace", "ns"]))
     assert (default.adaptive_floor_ms, default.adaptive_ceiling_ms, default.adaptive_safety_factor) == (1_000, 300_000, 3.0)
+
+
+def test_acker_watch_settings_from_the_command_line() -> None:
+    from broker.cli import acker_config, build_parser
+
+    given = acker_config(build_parser().parse_args(
+        ["acker", "--namespace", "ns", "--watch-ms", "5000", "--max-watches", "10"]))
+    assert (given.watch_ms, given.max_watches) == (5_000, 10)
+    default = acker_config(build_parser().parse_args(["acker", "--namespace", "ns"]))
+    assert (default.watch_ms, default.max_watches) == (None, 100_000)
