@@ -373,10 +373,10 @@ class Bridge:
         transaction, so the bridge goes on - bad input never stops it. Too large for the DLQ
         as well: kept without its value (``rb-source`` says where to find it)."""
         reason = f"{QUARANTINE_PREFIX}bridge: {why}"
+        if not with_value:
+            reason += f"; value dropped: {self.ns.dlq} refused it too"
         try:
-            if not with_value:
-                raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, f"{self.ns.dlq} refused it"))
-            self.source.produce(self.ns.dlq, msg.key(), msg.value(),
+            self.source.produce(self.ns.dlq, msg.key(), msg.value() if with_value else None,
                                 headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
         except KafkaException as exc:  # refused at once: nothing was added to the transaction
             reason += f"; value dropped: {exc}"

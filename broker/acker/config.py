@@ -121,6 +121,11 @@ class AckerConfig:
         )
 
     @property
+    def watch_for_ms(self) -> int:
+        """How long a replayed timeout is watched: ``watch_ms``, or the orphan TTL when unset."""
+        return self.orphan_ttl_ms if self.watch_ms is None else self.watch_ms
+
+    @property
     def static(self) -> bool:
         """Whether the acker joins its group as a static member."""
         return self.static_membership and not self.instance_id_generated

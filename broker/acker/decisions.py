@@ -262,7 +262,7 @@ class Decider:
         """Watch the timeouts replayed in this commit (LedgerTable.watch), up to
         ``max_watches`` per partition; what is over it is counted in ``watch_skipped``."""
         cfg = self.config
-        watch_ms = cfg.orphan_ttl_ms if cfg.watch_ms is None else cfg.watch_ms
+        watch_ms = cfg.watch_for_ms
         for st in states.values():
             st.expired_values.clear()  # a decision put off comes back without its value
             if not st.watches:
@@ -288,8 +288,7 @@ class Decider:
         back at that tick it is past the hold, so it is held once."""
         if record.attempt < record.max_attempts or not record.history or record.history[-1].reason != "timeout":
             return None
-        cfg = self.config
-        watch_ms = cfg.orphan_ttl_ms if cfg.watch_ms is None else cfg.watch_ms
+        watch_ms = self.config.watch_for_ms
         if watch_ms <= 0:
             return None
         tick = self.ticker.tick_of(record.history[-1].at_ms + watch_ms)

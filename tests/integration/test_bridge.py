@@ -422,6 +422,19 @@ def _read_until(settings: KafkaSettings, topic: str, partitions: int, count: int
         time.sleep(0.2)
 
 
+def _bridge_until(bridge: Bridge, count: int, limit_s: float) -> Bridge:
+    """Run ``bridge`` in a thread until it has bridged ``count`` records (or ``limit_s``, or
+    it died: the caller's assertions show its counters), then stop it."""
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + limit_s
+    while bridge.counters.bridged < count and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.1)  # polling the counters: the bridge runs in its thread
+    bridge.stop()
+    thread.join(30)
+    return bridge
+
+
 def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap: str) -> None:
     """Bad input never stops the bridge: a record whose persist record the producer refuses
     (over ``message.max.bytes``) goes to ``ns.dlq`` with where it was read, in the same
@@ -436,14 +449,7 @@ def test_an_input_record_too_large_for_a_source_record_is_quarantined(bootstrap:
         producer.produce(input_topic, key=b"k", value=value)
     assert producer.flush(30) == 0
 
-    bridge = Bridge(settings, ns, BridgeConfig(input_topic, instance_id="q1"))
-    thread = threading.Thread(target=bridge.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while bridge.counters.bridged < 3 and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.1)  # polling the counters: the bridge runs in its thread
-    bridge.stop()
-    thread.join(30)
+    bridge = _bridge_until(Bridge(settings, ns, BridgeConfig(input_topic, instance_id="q1")), 3, limit_s=60)
     assert bridge.counters.bridged == 3 and bridge.counters.quarantined == 1, bridge.counters
 
     # A transaction's markers are written after its commit returned: until then a read_committed
@@ -485,14 +491,7 @@ def test_a_record_the_target_topic_refuses_at_the_commit_is_quarantined_not_read
         producer.produce(input_topic, key=b"k", value=value)
     assert producer.flush(30) == 0
 
-    bridge = Bridge(settings, ns, BridgeConfig(input_topic, instance_id="r1"))
-    thread = threading.Thread(target=bridge.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 90
-    while bridge.counters.bridged < len(values) and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.1)
-    bridge.stop()
-    thread.join(30)
+    bridge = _bridge_until(Bridge(settings, ns, BridgeConfig(input_topic, instance_id="r1")), len(values), limit_s=90)
     assert bridge.counters.bridged == len(values) and bridge.counters.quarantined == 1, bridge.counters
     assert bridge.counters.aborts >= 2  # the batch, then the record alone
 
