@@ -64,5 +64,6 @@ def test_a_permanent_error_is_raised_at_once() -> None:
 
 def test_fatal_errors_are_never_transient() -> None:
     assert is_transient(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+    assert is_transient(KafkaException(KafkaError(KafkaError._DESTROY_BROKER)))  # a crashed node's handle
     assert not is_transient(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, fatal=True)))
     assert not is_transient(KafkaException("no KafkaError"))
