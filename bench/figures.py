@@ -136,7 +136,7 @@ def _specs() -> list[Spec]:
                      f"longest gap between completions of the survivor's own partition meanwhile, {s}, {how}"),
             ]
     specs += [
-        Spec("spark.plain_rps", "records/s", "the order job without acking, records read / summed micro-batch time"),
+        Spec("spark.plain_rps", "records/s", "the order job without acking, records read / micro-batch time, median batch"),
         Spec("spark.acked_rps", "records/s", "the same job under Acking, same input, same Spark session"),
         Spec("spark.acked_vs_plain", "x", "acked / plain records/s", (">=", 0.8)),
         Spec("spark.plain_batch_p50_ms", "ms", "micro-batch time (triggerExecution) without acking, p50"),

@@ -43,10 +43,10 @@ def id_to_bytes(value: Column) -> Column:
     return F.unhex(F.lpad(F.hex(value), 16, "0"))
 
 
-def int64_le_hex(value: Column) -> Column:
-    """The 16 hex digits of ``value`` as little-endian int64 (the packing of ``XorBatch``)."""
-    be = F.lpad(F.hex(value), 16, "0")
-    return F.concat(*[F.substring(be, pos, 2) for pos in range(15, 0, -2)])
+def packed_ids_sql(values: str) -> str:
+    """SQL text: the bigint array ``values`` as its ids' 8-byte big-endian two's complement,
+    concatenated (``id_to_bytes`` per element) - how ``xor_events`` ships its arrays."""
+    return f"unhex(array_join(transform({values}, v -> lpad(hex(v), 16, '0')), ''))"
 
 
 def new_id() -> Column:

@@ -44,8 +44,8 @@ from spark_jobs.session import build_spark_session
 from spark_jobs.tracking import (
     id_from_bytes,
     id_to_bytes,
-    int64_le_hex,
     new_id,
+    packed_ids_sql,
     with_tracking_columns,
 )
 from spark_jobs.tracking import (
@@ -91,12 +91,10 @@ def test_id_from_bytes_is_null_unless_eight_bytes(spark: SparkSession) -> None:
     assert [r[0] for r in df.select(id_from_bytes(F.col("b"))).collect()] == [None] * 4
 
 
-def test_int64_le_hex_is_the_xor_batch_packing(spark: SparkSession) -> None:
-    df = spark.createDataFrame([(v,) for v in EDGE_IDS], "v bigint")
-    packed = df.select(F.unhex(int64_le_hex(F.col("v"))).alias("le")).collect()
-    assert [bytes(r["le"]) for r in packed] == [
-        np.array([v], dtype="<i8").tobytes() for v in EDGE_IDS
-    ]
+def test_packed_ids_sql_is_each_id_big_endian_in_order(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(list(EDGE_IDS),), ([],)], "v array<bigint>")
+    packed = [bytes(r[0]) for r in df.select(F.expr(packed_ids_sql("v"))).collect()]
+    assert packed == [np.array(EDGE_IDS, dtype=">i8").tobytes(), b""]
 
 
 def test_new_id_is_random_non_zero_and_distinct(spark: SparkSession) -> None:

@@ -56,3 +56,22 @@ def test_the_report_shows_the_spark_rows_and_the_batch_profile() -> None:
 def test_the_report_says_why_the_comparison_is_missing() -> None:
     text = report.markdown(_result({"acking": {"error": "RuntimeError: query failed"}}))
     assert "Spark, acked vs plain: RuntimeError: query failed" in text
+
+
+def test_a_batch_counts_the_offsets_it_read_not_the_rows_every_job_scanned() -> None:
+    from spark_jobs.measure import offsets_read
+
+    # A batch read twice from Kafka (the handler's write and the ack step): Spark says 12 rows.
+    progress = {
+        "numInputRows": 12,
+        "sources": [
+            {"startOffset": {"orders": {"0": 10, "1": 4}}, "endOffset": {"orders": {"0": 13, "1": 6}},
+             "numInputRows": 10},
+            # Offsets as Spark's JSON text; a partition missing from the start offsets counts nothing.
+            {"startOffset": '{"orders.replay": {"0": 0}}', "endOffset": '{"orders.replay": {"0": 1, "1": 7}}',
+             "numInputRows": 2},
+        ],
+    }
+    assert offsets_read(progress) == 3 + 2 + 1
+    # A query's first batch has no start offset: its own count is all there is.
+    assert offsets_read({"sources": [{"startOffset": None, "endOffset": {"t": {"0": 5}}, "numInputRows": 5}]}) == 5
