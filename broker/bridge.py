@@ -48,7 +48,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -443,25 +443,24 @@ class Bridge:
         log.info("bridge %s gave up %s", self.instance_id, sorted(tp.partition for tp in partitions))
 
 
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    """The first KafkaError in the chain of ``exc`` (``Source`` wraps a failed commit)."""
+def _kafka_errors(exc: BaseException) -> Iterator[KafkaError]:
+    """The KafkaErrors in the chain of ``exc``, outermost first (``Source`` wraps a failed
+    commit in ``DeliveryError``)."""
     seen: BaseException | None = exc
     while seen is not None:
         err = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
         if isinstance(err, KafkaError):
-            return err
+            yield err
         seen = seen.__cause__
-    return None
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The first KafkaError in the chain of ``exc``."""
+    return next(_kafka_errors(exc), None)
 
 
 def _fenced(exc: BaseException) -> bool:
     """A newer instance holds our transactional id or group instance id (anywhere in the
-    chain: ``Source`` wraps a failed commit in ``DeliveryError``)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        err = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
-        if isinstance(err, KafkaError) and err.code() in _FENCED:
-            return True
-        seen = seen.__cause__
-    return False
+    chain)."""
+    return any(err.code() in _FENCED for err in _kafka_errors(exc))
 

@@ -332,12 +332,13 @@ per_srid AS (
   GROUP BY ledger_partition, srid),
 per_partition AS (
   SELECT ledger_partition,
-         collect_list(CASE WHEN NOT fail AND xor != 0 AND srid IS NOT NULL THEN srid END) AS pairs_srid,
-         collect_list(CASE WHEN NOT fail AND xor != 0 AND srid IS NOT NULL THEN xor END) AS pairs_xor,
+         collect_list(CASE WHEN pair THEN srid END) AS pairs_srid,
+         collect_list(CASE WHEN pair THEN xor END) AS pairs_xor,
          collect_list(CASE WHEN fail THEN srid END) AS fails,
          sum(n_inputs) AS inputs, sum(n_replays) AS replay_inputs, sum(n_children) AS children,
          count(srid) AS srids
-  FROM per_srid GROUP BY ledger_partition)
+  FROM (SELECT *, NOT fail AND xor != 0 AND srid IS NOT NULL AS pair FROM per_srid)
+  GROUP BY ledger_partition)
 SELECT ledger_partition,
        {pack_srids} AS srids_be, {pack_xors} AS xors_be, {pack_fails} AS failed_be,
        CAST(inputs AS BIGINT) AS inputs, CAST(coalesce(replay_inputs, 0) AS BIGINT) AS replay_inputs,
