@@ -25,6 +25,7 @@ otherwise the partition is restored from the beginning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -113,10 +114,21 @@ class Changelog:
 
     def watermarks(self, lp: int) -> tuple[int, int]:
         tp = TopicPartition(self.ns.ledger, lp)
+
+        def query() -> tuple[int, int]:
+            try:
+                return self._restorer.get_watermark_offsets(tp, timeout=30)
+            except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
+                    # The partition is missing from this client's metadata (seen for 30 s on end
+                    # after a node of a cluster crashed): ask for the topic's metadata, so the
+                    # next try knows the partition and its leader.
+                    with contextlib.suppress(KafkaException):
+                        self._restorer.list_topics(self.ns.ledger, timeout=5)
+                raise
+
         # Called in the assignment callback: a leader moving must not kill the acker.
-        low, high = kafka_io.retrying(
-            lambda: self._restorer.get_watermark_offsets(tp, timeout=30), f"watermarks of {self.ns.ledger}[{lp}]"
-        )
+        low, high = kafka_io.retrying(query, f"watermarks of {self.ns.ledger}[{lp}]")
         return int(low), int(high)
 
     def end(self, lp: int) -> int:

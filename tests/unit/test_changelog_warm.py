@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from broker import ids
 from broker.acker.changelog import Changelog
@@ -212,3 +218,27 @@ def test_a_standby_tailing_the_changelog_stays_reusable() -> None:
     ledger.put(X, clock.now_ms(), tombstone=True)  # not tailed yet
     st, read, reused = changelog.take(0)
     assert reused and read == 1 and X not in st.table and Y in st.table
+
+
+class _MetadataLost:
+    """A restorer whose metadata lost the ledger partition until it asks for the topic."""
+
+    def __init__(self) -> None:
+        self.known = False
+        self.asked: list[str] = []
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        if not self.known:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+        return 0, 7
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.asked.append(topic)
+        self.known = True
+
+
+def test_a_partition_missing_from_the_restorers_metadata_is_looked_up_again_not_retried_blind() -> None:
+    restorer = _MetadataLost()
+    changelog = Changelog(NS, Ticker(100, T0), {}, restorer, None)  # type: ignore[arg-type]
+    assert changelog.watermarks(2) == (0, 7)
+    assert restorer.asked == [NS.ledger]
