@@ -145,6 +145,11 @@ def _specs() -> list[Spec]:
         Spec("spark.acked_rows_per_batch", "rows", "rows per micro-batch, under Acking"),
         Spec("spark.plain_jobs_per_batch", "jobs", "Spark jobs per micro-batch without acking, p50"),
         Spec("spark.acked_jobs_per_batch", "jobs", "Spark jobs per micro-batch under Acking, p50"),
+        Spec("spark.large_plain_rps", "records/s", "spark.plain_rps with larger micro-batches (a topic of its own)"),
+        Spec("spark.large_acked_rps", "records/s", "spark.acked_rps with the same larger micro-batches"),
+        Spec("spark.large_rows_per_batch", "rows", "rows per micro-batch of the larger batches, under Acking"),
+        Spec("spark.large_acked_vs_plain", "x",
+             "acked / plain records/s with the larger micro-batches (the acking's per-batch cost spread wider)"),
     ]
     for prefix, sink in (("spark.sink", "OriginDeltaSink, replay window 600 s"), ("spark.parquet_sink",
                                                                                 "OriginParquetSink")):

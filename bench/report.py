@@ -54,6 +54,8 @@ def _rows() -> list[Row]:
          "cost.raw.broker_cpu_us_per_record", "cost.broker_cpu_vs_raw"),
         ("Spark order job under Acking, records/s", "spark.acked_rps", "same job, no acking, same run",
          "spark.plain_rps", "spark.acked_vs_plain"),
+        ("Spark order job under Acking, larger batches, rec/s", "spark.large_acked_rps", "same job, no acking, same run",
+         "spark.large_plain_rps", "spark.large_acked_vs_plain"),
         ("OriginDeltaSink (window) batch ms, large table", "spark.sink_large_batch_p50_ms", "small table",
          "spark.sink_small_batch_p50_ms", "spark.sink_batch_growth"),
         ("OriginParquetSink batch ms, large sink", "spark.parquet_sink_large_batch_p50_ms", "small sink",

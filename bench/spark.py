@@ -9,6 +9,9 @@ is started once and warm for every figure after the first round.
   first round (JIT warm-up) and the first batch of every query (its start-up) left out.
   Records/s is the median over the batches kept of rows read / Spark's own
   ``triggerExecution`` (robust to one stalled batch; the summed rate is in the details).
+- ``large_acked_vs_plain``: the same comparison over a topic of its own with micro-batches
+  about 3x larger (the plan's ``spark_large_batch_records``), no target: whether what the
+  acking adds is per batch (the ratio would rise with the size) or per row.
 - ``sink_batch_growth``: ``OriginDeltaSink(replay_window_s=600)`` - the sink the project
   recommends - written micro-batch by micro-batch into a table that already holds the small
   and the large row count (prefilled by one bulk write); the same for ``OriginParquetSink``.
@@ -40,46 +43,43 @@ def spark_missing() -> str | None:
 
 
 def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: int, rounds: int,
-                  sink_sizes: tuple[int, int], sink_batches: int,
+                  sink_sizes: tuple[int, int], sink_batches: int, large: tuple[int, int] | None = None,
                   progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
     missing = spark_missing()
     if missing is not None:
         figures.unavailable([k for k in FIGURE_KEYS if k.startswith("spark.")], missing)
         return {"unavailable": missing}
-    from spark_jobs.measure import compare_acking, measure_sink_growth, send_orders
+    from spark_jobs.measure import measure_sink_growth
     from spark_jobs.session import build_spark_session
 
     def part(start: float, share: float) -> Callable[[float, str], None]:
         return lambda f, detail: progress(start + share * f, detail) if progress else None
 
     ns = topics.Namespace(env.unique("spark"))
-    topic = f"{ns.name}-orders"
-    topics.create(env.settings, ns, env.partitions, {topic: env.partitions})
-    env.created_topics += [*ns.ledger_topics, ns.dlq, topic, topics.replay_topic(topic)]
-    part(0.0, 1.0)(0.0, f"sending {records} orders")
-    send_orders(env.settings, ns, topic, records)
+    topics.create(env.settings, ns, env.partitions)
+    env.created_topics += [*ns.ledger_topics, ns.dlq]
+    topic = _orders_topic(env, ns, "orders", records, part(0.0, 1.0))
     part(0.0, 1.0)(0.02, "starting Spark")
     spark = build_spark_session(app_name="replaybroker-bench")
     details: dict[str, Any] = {"records": records, "batch_records": batch_records, "rounds": rounds,
                                "master": spark.sparkContext.master}
     with tempfile.TemporaryDirectory(prefix="spark-", dir=env.workdir) as tmp:
         root = Path(tmp)
-        try:
-            acking = compare_acking(spark, env.settings, ns, topic, root / "acking", batch_records=batch_records,
-                                    rounds=rounds, progress=part(0.1, 0.5))
-        except Exception as exc:  # noqa: BLE001 - the sink figures do not depend on it
-            acking = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
+        acking = _compare(env, spark, ns, topic, root / "acking", batch_records, rounds, part(0.1, 0.35))
         details["acking"] = acking
         _acking_figures(figures, acking)
-        small, large = sink_sizes
-        sinks = measure_sink_growth(spark, root / "sinks", sizes=(small, large), batches=sink_batches,
-                                    progress=part(0.6, 0.4))
+        if large is not None:
+            details["acking_large"] = _compare_large(env, spark, ns, root, large, rounds, part(0.45, 0.25))
+            _large_figures(figures, details["acking_large"])
+        small, large_sink = sink_sizes
+        sinks = measure_sink_growth(spark, root / "sinks", sizes=(small, large_sink), batches=sink_batches,
+                                    progress=part(0.7, 0.3))
         details["sinks"] = sinks
         for kind, prefix in (("delta", "spark.sink"), ("parquet", "spark.parquet_sink")):
             figures.set(f"{prefix}_small_rows", float(small))
-            figures.set(f"{prefix}_large_rows", float(large))
+            figures.set(f"{prefix}_large_rows", float(large_sink))
             figures.set(f"{prefix}_small_batch_p50_ms", sinks[kind]["batch_ms_p50"][small])
-            figures.set(f"{prefix}_large_batch_p50_ms", sinks[kind]["batch_ms_p50"][large])
+            figures.set(f"{prefix}_large_batch_p50_ms", sinks[kind]["batch_ms_p50"][large_sink])
             figures.ratio(f"{prefix}_batch_growth", f"{prefix}_large_batch_p50_ms", f"{prefix}_small_batch_p50_ms")
     if "error" in acking:
         raise RuntimeError(f"acked vs plain: {acking['error']}")
@@ -89,12 +89,66 @@ def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: in
 def _acking_figures(figures: Figures, acking: dict[str, Any]) -> None:
     if "error" in acking:
         return
+    _rates(figures, acking, "spark.")
     for variant in ("plain", "acked"):
         run = acking[variant]
-        figures.set(f"spark.{variant}_rps", run["records_per_s"], rows=run["rows"], batches=run["batches"],
-                    total_rps=run.get("records_per_s_total"))
         figures.set(f"spark.{variant}_batch_p50_ms", run["batch_ms_p50"])
         figures.set(f"spark.{variant}_rows_per_batch", float(run["rows_per_batch"]))
         figures.set(f"spark.{variant}_jobs_per_batch", run.get("jobs_per_batch"), stages=run.get("stages_per_batch"),
                     unavailable="the status tracker listed no jobs of the batches")
-    figures.ratio("spark.acked_vs_plain", "spark.acked_rps", "spark.plain_rps")
+
+
+def _orders_topic(env: Env, ns: topics.Namespace, name: str, records: int,
+                  progress: Callable[[float, str], None]) -> str:
+    """A data topic of the namespace, filled with ``records`` tracked orders."""
+    from spark_jobs.measure import send_orders
+
+    topic = f"{ns.name}-{name}"
+    topics.create(env.settings, ns, env.partitions, {topic: env.partitions})
+    env.created_topics += [topic, topics.replay_topic(topic)]
+    progress(0.0, f"sending {records} orders")
+    send_orders(env.settings, ns, topic, records)
+    return topic
+
+
+def _compare(env: Env, spark: Any, ns: topics.Namespace, topic: str, workdir: Path, batch_records: int,
+             rounds: int, progress: Callable[[float, str], None]) -> dict[str, Any]:
+    """``compare_acking`` on ``topic``, or ``{"error": ...}`` in one line: the other figures
+    do not depend on it."""
+    from spark_jobs.measure import compare_acking
+
+    try:
+        return compare_acking(spark, env.settings, ns, topic, workdir, batch_records=batch_records, rounds=rounds,
+                              progress=progress)
+    except Exception as exc:  # noqa: BLE001 - reported, the section goes on
+        return {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
+
+
+def _compare_large(env: Env, spark: Any, ns: topics.Namespace, root: Path, large: tuple[int, int], rounds: int,
+                   progress: Callable[[float, str], None]) -> dict[str, Any]:
+    """``_compare`` again with larger micro-batches, over a topic of its own (same namespace,
+    same session, already warm)."""
+    records, batch_records = large
+    topic = _orders_topic(env, ns, "orders-large", records,
+                          lambda f, d: progress(f, f"{d} for {batch_records}-row batches"))
+    result = _compare(env, spark, ns, topic, root / "acking-large", batch_records, rounds,
+                      lambda f, d: progress(0.05 + 0.95 * f, f"larger batches: {d}"))
+    return result if "error" in result else {"records": records, "batch_records": batch_records, **result}
+
+
+def _rates(figures: Figures, acking: dict[str, Any], prefix: str) -> None:
+    """``{prefix}plain_rps``, ``{prefix}acked_rps`` and their ratio ``{prefix}acked_vs_plain``."""
+    for variant in ("plain", "acked"):
+        run = acking[variant]
+        figures.set(f"{prefix}{variant}_rps", run["records_per_s"], rows=run["rows"], batches=run["batches"],
+                    total_rps=run.get("records_per_s_total"))
+    figures.ratio(f"{prefix}acked_vs_plain", f"{prefix}acked_rps", f"{prefix}plain_rps")
+
+
+def _large_figures(figures: Figures, acking: dict[str, Any]) -> None:
+    if "error" in acking:
+        keys = [k for k in FIGURE_KEYS if k.startswith("spark.large_")]
+        figures.unavailable(keys, f"larger batches: {acking['error']}")
+        return
+    _rates(figures, acking, "spark.large_")
+    figures.set("spark.large_rows_per_batch", float(acking["acked"]["rows_per_batch"]))

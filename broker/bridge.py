@@ -64,7 +64,7 @@ from confluent_kafka import (
 from broker.acker.refusals import RECORD_LEVEL
 from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
-from broker.kafka_io import partition_counts, retrying
+from broker.kafka_io import kafka_error, partition_counts, retrying
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace
@@ -448,8 +448,8 @@ def _kafka_errors(exc: BaseException) -> Iterator[KafkaError]:
     commit in ``DeliveryError``)."""
     seen: BaseException | None = exc
     while seen is not None:
-        err = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
-        if isinstance(err, KafkaError):
+        err = kafka_error(seen)
+        if err is not None:
             yield err
         seen = seen.__cause__
 

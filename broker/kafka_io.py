@@ -105,9 +105,15 @@ def produce(producer: Producer, topic: str, *, max_block_s: float = MAX_BLOCK_S,
             pause = min(pause * 2, _MAX_PAUSE_S)
 
 
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError a KafkaException carries, or None."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return err if isinstance(err, KafkaError) else None
+
+
 def is_transient(exc: KafkaException) -> bool:
-    err = exc.args[0] if exc.args else None
-    if not isinstance(err, KafkaError) or err.fatal():
+    err = kafka_error(exc)
+    if err is None or err.fatal():
         return False
     return bool(err.retriable() or err.code() in TRANSIENT)
 
@@ -239,5 +245,5 @@ def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, hea
         admin.incremental_alter_configs([resource])[resource].result(timeout=30)
         return None
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        return str(err.str() if isinstance(err, KafkaError) else err)
+        err = kafka_error(exc)
+        return str(err.str()) if err is not None else str(exc.args[0] if exc.args else exc)

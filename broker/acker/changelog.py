@@ -119,7 +119,8 @@ class Changelog:
             try:
                 return self._restorer.get_watermark_offsets(tp, timeout=30)
             except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
+                err = kafka_io.kafka_error(exc)
+                if err is not None and err.code() == KafkaError._UNKNOWN_PARTITION:
                     # The partition is missing from this client's metadata (seen for 30 s on end
                     # after a node of a cluster crashed): ask for the topic's metadata, so the
                     # next try knows the partition and its leader.

@@ -113,6 +113,7 @@ def create_topics(
     """Create ``{name: partitions}`` and wait until they exist."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from broker.kafka_io import wait_visible
     from broker.kafka_log import client_logging
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **client_logging()})
@@ -122,6 +123,9 @@ def create_topics(
     )
     for future in futures.values():
         future.result(timeout=30)
+    # Creation returns before the broker's metadata shows the topics: a client asking at once
+    # (a Source checking its data topic) could be told they do not exist.
+    wait_visible(admin, topics)
 
 
 def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:

@@ -75,3 +75,21 @@ def test_a_batch_counts_the_offsets_it_read_not_the_rows_every_job_scanned() -> 
     assert offsets_read(progress) == 3 + 2 + 1
     # A query's first batch has no start offset: its own count is all there is.
     assert offsets_read({"sources": [{"startOffset": None, "endOffset": {"t": {"0": 5}}, "numInputRows": 5}]}) == 5
+
+
+def test_the_larger_batches_give_their_own_figures_or_say_why_not() -> None:
+    from bench.spark import _large_figures
+
+    run = {"records_per_s": 3000.0, "rows": 40_000, "batches": 4, "batch_ms_p50": 3300, "rows_per_batch": 10_000}
+    figures = Figures()
+    _large_figures(figures, {"plain": run, "acked": {**run, "records_per_s": 2400.0}})
+    assert figures.value("spark.large_acked_vs_plain") == 0.8
+    assert figures.value("spark.large_rows_per_batch") == 10_000
+    assert SPECS["spark.large_acked_vs_plain"].target is None  # the target is the plan's batch size's
+    text = report.markdown(_result({}) | {"figures": {**_result({})["figures"], **figures.complete()}})
+    assert "| Spark order job under Acking, larger batches, rec/s | 2400 |" in text
+
+    failed = Figures()
+    _large_figures(failed, {"error": "RuntimeError: query failed"})
+    assert failed.values["spark.large_acked_vs_plain"]["value"] is None
+    assert failed.values["spark.large_acked_vs_plain"]["unavailable"] == "larger batches: RuntimeError: query failed"
