@@ -22,6 +22,7 @@ topics and ``DESCRIBE_CONFIGS`` on the compacted ones.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -30,6 +31,8 @@ from broker.errors import ConfigurationError
 from broker.topics import Namespace, replay_topic
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AclBinding, AdminClient
+
     from broker.settings import KafkaSettings
 
 Role = Literal["source", "task", "acker", "bridge"]
@@ -179,4 +182,41 @@ def apply(settings: KafkaSettings, principal: str, acls: Iterable[Acl], timeout_
     admin = AdminClient(settings.client_config())
     for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
         future.result(timeout=timeout_s * 2)
+    _wait_in_effect(admin, principal, bindings, timeout_s)
     return len(bindings)
+
+
+def _wait_in_effect(admin: AdminClient, principal: str, bindings: list[AclBinding], timeout_s: float) -> None:
+    """Return once a broker's authorizer lists every binding. ``create_acls`` returns when
+    the controller has committed them; a broker applies them from the metadata log a moment
+    later, and a client that writes in between is refused (seen: TOPIC_AUTHORIZATION_FAILED
+    on a topic the rule allows, right after ``apply``). The broker that answers is any one of
+    the cluster: on several brokers another one may still be a moment behind."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    wanted = {_key(b) for b in bindings}
+    every_rule_of = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY, AclPermissionType.ANY,
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = admin.describe_acls(every_rule_of, request_timeout=timeout_s).result(timeout=timeout_s * 2)
+        missing = wanted - {_key(b) for b in listed}
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(missing)} ACLs of {principal} not in effect after {timeout_s:.0f} s: {sorted(missing)}")
+        time.sleep(0.1)
+
+
+def _key(binding: AclBinding) -> tuple[str, str, str, str, str]:
+    return (
+        binding.restype.name, binding.name, binding.resource_pattern_type.name,
+        binding.operation.name, binding.permission_type.name,
+    )
