@@ -197,6 +197,51 @@ def encode_persisted(
     return b"".join(parts)
 
 
+def avro_placement(topic: str, key_hash_partition: int, partitioner: str) -> bytes:
+    """The ``topic``, ``key_hash_partition`` and ``partitioner`` fields of a
+    ``PersistedRecord``, encoded (a source caches them per topic and partition)."""
+    return avro_string(topic) + avro_long(key_hash_partition) + avro_string(partitioner)
+
+
+_ATTEMPT_1 = b"\x02"  # avro_long(1)
+_SMALL_LEN = len(_SMALL) >> 1  # lengths below this are one table lookup
+
+
+def avro_headers(headers: tuple[tuple[str, bytes | None], ...] | list[tuple[str, bytes | None]]) -> bytes:
+    """A ``PersistedRecord``'s ``headers`` array, terminator included."""
+    if not headers:
+        return _EMPTY_ARRAY
+    parts = [avro_long(len(headers))]
+    for k, v in headers:
+        parts.append(avro_string(k))
+        parts.append(_optional_bytes(v))
+    parts.append(_EMPTY_ARRAY)
+    return b"".join(parts)
+
+
+def encode_first_persisted(
+    srid_avro: bytes, record_avro: bytes, placement: bytes, key: bytes | None, value: bytes | None,
+    headers_avro: bytes, created_ms: int, timeout_ms: int, max_attempts: int,
+) -> bytes:
+    """``encode_persisted`` of a first attempt as ``Source.send`` makes it - origin = srid,
+    attempt 1, root_xor = record_id, no history - from parts encoded already: the ids
+    (``avro_long``), ``avro_placement`` and ``avro_headers``. The same bytes, with one join."""
+    if key is None:
+        key_len, key = _NULL, b""
+    else:
+        n = len(key)
+        key_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
+    if value is None:
+        value_len, value = _NULL, b""
+    else:
+        n = len(value)
+        value_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
+    return b"".join((
+        srid_avro, srid_avro, _ATTEMPT_1, record_avro, record_avro, placement, key_len, key, value_len, value,
+        headers_avro, _time_fields(created_ms, timeout_ms, max_attempts), _EMPTY_ARRAY,
+    ))
+
+
 _TIMES: dict[tuple[int, int, int], bytes] = {}
 
 

@@ -44,7 +44,14 @@ from broker.headers import (
 from broker.ids import encode_id
 from broker.kafka_io import partition_counts
 from broker.partitioning import get_partitioner
-from broker.schemas import Failure, avro_longs, encode_persisted
+from broker.schemas import (
+    Failure,
+    avro_headers,
+    avro_longs,
+    avro_placement,
+    encode_first_persisted,
+    encode_persisted,
+)
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
 
@@ -52,22 +59,29 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SendFailure", "SendResult", "Source", "SourceConfig"]
 
-# Fresh ids drawn in bulk with both their encodings - (id, 8-byte big-endian key, Avro
-# long) - so a send encodes none of its two ids itself. list.pop is atomic (threads never
-# share an entry); a forked child starts empty (it must not reuse its parent's ids).
-_ID_POOL: list[tuple[int, bytes, bytes]] = []
+# Fresh ids drawn in bulk, two per send (the srid and the record id), each with both its
+# encodings - (srid, its 8-byte big-endian key, its Avro long, record id, key, Avro long) -
+# so a send encodes none of its ids itself. list.pop is atomic (threads never share an
+# entry); a forked child starts empty (it must not reuse its parent's ids).
+_ID_POOL: list[tuple[int, bytes, bytes, int, bytes, bytes]] = []
 os.register_at_fork(after_in_child=_ID_POOL.clear)
+_POOL_PAIRS = 4096
 
 
-def _new_encoded_id() -> tuple[int, bytes, bytes]:
+def _new_id_pair() -> tuple[int, bytes, bytes, int, bytes, bytes]:
     try:
         return _ID_POOL.pop()
     except IndexError:
-        fresh = ids.new_ids(4096)
+        fresh = ids.new_ids(2 * _POOL_PAIRS)
         keys = fresh.astype(">i8").tobytes()
-        _ID_POOL.extend(zip(fresh.tolist(), (keys[i : i + 8] for i in range(0, len(keys), 8)),
-                            avro_longs(fresh), strict=True))
+        values = fresh.tolist()
+        packed = [keys[i : i + 8] for i in range(0, len(keys), 8)]
+        avro = avro_longs(fresh)
+        _ID_POOL.extend(zip(values[0::2], packed[0::2], avro[0::2], values[1::2], packed[1::2], avro[1::2], strict=True))
         return _ID_POOL.pop()
+
+
+_ATTEMPT_1 = (H_ATTEMPT, b"1")
 
 
 
@@ -155,7 +169,9 @@ class Source:
         self._in_transaction_sent = 0
         self._transactions_ready = False
         self._partitions: dict[str, int] = {}
-        self._key_partitions: dict[tuple[str, bytes], int] = {}
+        self._key_partitions: dict[str, dict[bytes, int]] = {}  # topic -> key -> partition
+        # topic -> partition -> its persist records' encoded topic, partition and partitioner
+        self._placements: dict[str, list[bytes | None]] = {}
         self._pending = PendingData()
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
@@ -219,8 +235,7 @@ class Source:
 
     def _before_send(self) -> None:
         self._producer.poll(0)
-        if self._pending:
-            self._pending.release(self._producer)
+        self._pending.release(self._producer)
         if self._pending.failures and not self._transactional:  # a transaction reports at commit
             self._raise_failures()
         if self._transactional and not self._in_transaction:
@@ -230,15 +245,31 @@ class Source:
         if key is None:
             return random.randrange(self._data_partitions(topic))
         # Keys repeat (that is what keys are for): their partitions are kept, bounded.
-        cached = self._key_partitions.get((topic, key))
-        if cached is not None:
-            return cached
+        known = self._key_partitions.get(topic)
+        if known is None:
+            known = self._key_partitions[topic] = {}
+        else:
+            cached = known.get(key)
+            if cached is not None:
+                return cached
         n = self._data_partitions(topic)
         partition = get_partitioner(self.config.partitioners.get(topic, "kafka")).partition(key, n)
-        if len(self._key_partitions) >= 65_536:
-            self._key_partitions.clear()
-        self._key_partitions[(topic, key)] = partition
+        if len(known) >= 65_536:
+            known.clear()
+        known[key] = partition
         return partition
+
+    def _placement(self, topic: str, partition: int) -> bytes:
+        """The persist record's topic, key-hash partition and partitioner fields, encoded."""
+        placements = self._placements.get(topic)
+        if placements is None:
+            placements = self._placements[topic] = [None] * self._data_partitions(topic)
+        placement = placements[partition]
+        if placement is None:
+            placement = placements[partition] = avro_placement(
+                topic, partition, self.config.partitioners.get(topic, "kafka")
+            )
+        return placement
 
     def send(
         self,
@@ -251,10 +282,11 @@ class Source:
         max_attempts: int | None = None,
     ) -> SendResult:
         self._before_send()
-        key_b = as_bytes(key)
+        key_b = key if key is None or type(key) is bytes else as_bytes(key)
+        value_b = value if value is None or type(value) is bytes else as_bytes(value)
         return self._send_first_attempt(
-            topic, key_b, as_bytes(value), headers, None, self.key_hash_partition(topic, key_b),
-            self.config.partitioners.get(topic, "kafka"), (), timeout_ms, max_attempts,
+            topic, key_b, value_b, headers, None, self.key_hash_partition(topic, key_b),
+            None, (), timeout_ms, max_attempts,
         )
 
     def resend(
@@ -294,51 +326,62 @@ class Source:
         headers: Headers | None,
         origin: int | None,
         partition: int,
-        partitioner: str,
+        partitioner: str | None,
         history: tuple[Failure, ...],
         timeout_ms: Timeout | None,
         max_attempts: int | None,
     ) -> SendResult:
         if self.config.max_pending is not None:
             self._await_slot(self.config.max_pending)
+        """``partitioner`` None: a first send, with the topic's partitioner; otherwise a resend
+        of ``origin`` (which keeps the partitioner it was sent with)."""
         own_headers = user_headers(headers) if headers else ()
-        srid, srid_b, srid_avro = _new_encoded_id()
-        record_id, record_b, record_avro = _new_encoded_id()
-        origin = srid if origin is None else origin
+        srid, srid_b, srid_avro, record_id, record_b, record_avro = _new_id_pair()
         created_ms = int(time.time() * 1000)
-        timeout = timeout_ms or self.config.timeout_ms
+        if timeout_ms:
+            _check_timeout(timeout_ms)  # the config's was checked when the Source was built
+            timeout = timeout_ms
+        else:
+            timeout = self.config.timeout_ms
         # The PersistedRecord, encoded straight from its fields; the rb-root / rb-deadline
         # headers let the acker register it without decoding the value (an auto timeout:
         # rb-timeout and rb-topic too, broker.headers).
         persist_headers: list[tuple[str, bytes | None]] = [(H_ROOT, record_b)]
         if isinstance(timeout, str):
-            _check_timeout(timeout)
             timeout = AUTO_TIMEOUT_MS
             persist_headers += [(H_DEADLINE, encode_id(created_ms + ADAPTIVE_FALLBACK_MS)),
                                 (H_TIMEOUT, AUTO_B), (H_TOPIC, topic.encode())]
         else:
-            _check_timeout(timeout)
             persist_headers.append((H_DEADLINE, encode_id(created_ms + timeout)))
-        value = encode_persisted(
-            srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
-            own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
-            encoded_ids=(srid_avro, record_avro),
-        )
-        try:
-            kafka_io.produce(
-                self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
-                headers=persist_headers, on_delivery=self._pending.on_persist,
+        if partitioner is None:
+            origin = srid
+            value = encode_first_persisted(
+                srid_avro, record_avro, self._placement(topic, partition), key_b, value_b,
+                avro_headers(own_headers), created_ms, timeout, max_attempts or self.config.max_attempts,
             )
+        else:
+            origin = srid if origin is None else origin
+            value = encode_persisted(
+                srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
+                own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
+                encoded_ids=(srid_avro, record_avro),
+            )
+        lp, on_persist = srid % self.ledger_partitions, self._pending.on_persist
+        try:
+            try:
+                self._producer.produce(self.ns.persist, key=srid_b, value=value, partition=lp, headers=persist_headers,
+                                      on_delivery=on_persist)
+            except BufferError:  # the queue is full: wait, bounded
+                kafka_io.produce(self._producer, self.ns.persist, key=srid_b, value=value, partition=lp,
+                                 headers=persist_headers, on_delivery=on_persist)
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])
             raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
-        data_headers: list[tuple[str, bytes | None]] = [
-            *own_headers,
-            (H_SRID, srid_b),
-            (H_ID, record_b),
-            (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
-            (H_ATTEMPT, b"1"),
-        ]
+        origin_b = srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)
+        data_headers: list[tuple[str, bytes | None]] = (
+            [*own_headers, (H_SRID, srid_b), (H_ID, record_b), (H_ORIGIN, origin_b), _ATTEMPT_1] if own_headers
+            else [(H_SRID, srid_b), (H_ID, record_b), (H_ORIGIN, origin_b), _ATTEMPT_1]
+        )
         if self._transactional:  # atomic with the persist record: no need to wait for it
             self._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
             self._in_transaction_sent += 1

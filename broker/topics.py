@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
@@ -71,29 +72,31 @@ def broker_count(settings: KafkaSettings) -> int:
 
 @dataclass(frozen=True)
 class Namespace:
+    """A namespace's topic names (cached: the hot paths read them per record)."""
+
     name: str
 
-    @property
+    @cached_property
     def persist(self) -> str:
         return f"{self.name}.persist"
 
-    @property
+    @cached_property
     def acks(self) -> str:
         return f"{self.name}.acks"
 
-    @property
+    @cached_property
     def ledger(self) -> str:
         return f"{self.name}.ledger"
 
-    @property
+    @cached_property
     def dlq(self) -> str:
         return f"{self.name}.dlq"
 
-    @property
+    @cached_property
     def superseded(self) -> str:
         return f"{self.name}.superseded"
 
-    @property
+    @cached_property
     def ledger_topics(self) -> tuple[str, str, str]:
         return (self.persist, self.acks, self.ledger)
 

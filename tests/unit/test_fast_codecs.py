@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import fastavro
@@ -26,7 +27,15 @@ from broker.headers import (
     persist_headers,
     tracking_headers,
 )
-from broker.schemas import Failure, LedgerEntry, PersistedRecord, avro_long
+from broker.schemas import (
+    Failure,
+    LedgerEntry,
+    PersistedRecord,
+    avro_headers,
+    avro_long,
+    avro_placement,
+    encode_first_persisted,
+)
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
 INTS = st.integers(-(2**31), 2**31 - 1)
@@ -48,6 +57,22 @@ PERSISTED = st.builds(
 def test_persisted_record_encoding_is_fastavros(record: PersistedRecord) -> None:
     assert record.encode() == record.encode_with_fastavro()
     assert PersistedRecord.decode(record.encode()) == record
+
+
+@settings(max_examples=500, deadline=None)
+@given(PERSISTED, st.integers(0, 20_000), st.integers(0, 20_000))
+def test_a_first_attempt_from_encoded_parts_is_fastavros(record: PersistedRecord, key_len: int, value_len: int) -> None:
+    """``Source.send``'s encoder: origin = srid, attempt 1, root_xor = record_id, no history;
+    keys and values past the one-lookup lengths (8 192 B) too."""
+    first = dataclasses.replace(record, origin=record.srid, attempt=1, root_xor=record.record_id, history=())
+    for key, value in ((first.key, first.value), (b"k" * key_len, b"v" * value_len)):
+        first = dataclasses.replace(first, key=key, value=value)
+        encoded = encode_first_persisted(
+            avro_long(first.srid), avro_long(first.record_id),
+            avro_placement(first.topic, first.key_hash_partition, first.partitioner), first.key, first.value,
+            avro_headers(first.headers), first.created_ms, first.timeout_ms, first.max_attempts,
+        )
+        assert encoded == first.encode_with_fastavro()
 
 
 @settings(max_examples=500, deadline=None)

@@ -17,7 +17,7 @@ from broker import ids
 from broker.headers import tracking_headers
 from broker.schemas import avro_long
 from broker.settings import KafkaSettings
-from broker.source import _new_encoded_id
+from broker.source import _new_id_pair
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
 
@@ -129,5 +129,5 @@ def test_close_commits_what_was_handled(task: Task) -> None:
 
 def test_a_source_id_comes_with_both_of_its_encodings() -> None:
     for _ in range(5000):
-        value, key, avro = _new_encoded_id()
+        value, key, avro = _new_id_pair()[:3]
         assert value != 0 and key == ids.encode_id(value) and avro == avro_long(value)
