@@ -29,7 +29,9 @@ import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from broker import kafka_io
@@ -46,9 +48,10 @@ from broker.topics import Namespace
 class Batch:
     """What one transaction writes."""
 
-    tombstones: list[tuple[int, int, bytes]] = field(default_factory=list)  # lp, srid, outcome
+    tombstones: list[tuple[int, list[bytes], bytes]] = field(default_factory=list)  # lp, srid keys, outcome
     records: list[Outgoing] = field(default_factory=list)
-    changelog: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)  # lp, key, value
+    # lp, keys, their values (None: tombstones for all of them)
+    changelog: list[tuple[int, list[bytes], list[bytes] | None]] = field(default_factory=list)
     positions: list[TopicPartition] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -58,21 +61,18 @@ class Batch:
 def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, now_ms: int, batch: Batch) -> None:
     """Move each state's due tombstones and changelog delta (and dirty counters) into ``batch``."""
     for lp, st in states:
-        batch.tombstones.extend((lp, srid, outcome) for srid, outcome in st.tombstones)
+        for srids, outcome in st.tombstones:
+            batch.tombstones.append((lp, _keys(srids), outcome))
         st.tombstones = []
         delta = st.table.take_dirty()
         up = delta.upserts
         if len(up):
-            # Keys packed once (8-byte big-endian slices); values encoded column-wise (numpy
-            # varints: fastavro's bytes without a dict or big-int arithmetic per entry).
-            keys = up.srids.astype(">i8").tobytes()
+            # Values encoded column-wise (numpy varints: fastavro's bytes without a dict or
+            # big-int arithmetic per entry).
             values = encode_ledger_entries(up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines))
-            batch.changelog.extend(
-                (lp, keys[i : i + 8], value) for i, value in zip(range(0, len(keys), 8), values, strict=True)
-            )
+            batch.changelog.append((lp, _keys(up.srids), values))
         if len(delta.tombstones):
-            keys = delta.tombstones.astype(">i8").tobytes()
-            batch.changelog.extend((lp, keys[i : i + 8], None) for i in range(0, len(keys), 8))
+            batch.changelog.append((lp, _keys(delta.tombstones), None))
         # The pending figures change only with a registration or a decision, which are
         # counted: they are computed (one scan of the table) when the counters go out.
         if st.counters_dirty:
@@ -80,8 +80,14 @@ def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, n
             record = LedgerCounters(
                 st.counters, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms
             )
-            batch.changelog.append((lp, COUNTERS_KEY, record.encode()))
+            batch.changelog.append((lp, [COUNTERS_KEY], [record.encode()]))
             st.counters_dirty = False
+
+
+def _keys(srids: np.ndarray | Sequence[int]) -> list[bytes]:
+    """The 8-byte big-endian keys of ``srids``, packed at once."""
+    packed = np.asarray(srids, dtype=">i8").tobytes()
+    return [packed[i : i + 8] for i in range(0, len(packed), 8)]
 
 
 class Transactions:
@@ -124,16 +130,13 @@ class Transactions:
             producer.begin_transaction()
         produce = producer.produce
         persist, ledger = self.ns.persist, self.ns.ledger
-        outcome_headers: dict[bytes, list[tuple[str, bytes]]] = {}
-        for lp, srid, outcome in batch.tombstones:
-            headers = outcome_headers.get(outcome)
-            if headers is None:
-                headers = outcome_headers[outcome] = [(H_OUTCOME, outcome)]
-            key = srid.to_bytes(8, "big", signed=True)
-            try:
-                produce(persist, key=key, value=None, partition=lp, headers=headers)
-            except BufferError:
-                kafka_io.produce(producer, persist, key=key, value=None, partition=lp, headers=headers)
+        for lp, keys, outcome in batch.tombstones:
+            headers = [(H_OUTCOME, outcome)]
+            for key in keys:
+                try:
+                    produce(persist, key=key, value=None, partition=lp, headers=headers)
+                except BufferError:
+                    kafka_io.produce(producer, persist, key=key, value=None, partition=lp, headers=headers)
         alone_now: object = None  # the suspect subject being produced alone
         for rec in batch.records:
             count = counts.get(rec.topic, -1)
@@ -153,11 +156,12 @@ class Transactions:
             self._produce_output(rec, alone)
         if alone_now is not None:
             producer.flush(30)
-        for lp, key, value in batch.changelog:
-            try:
-                produce(ledger, key=key, value=value, partition=lp)
-            except BufferError:
-                kafka_io.produce(producer, ledger, key=key, value=value, partition=lp)
+        for lp, keys, values in batch.changelog:
+            for key, value in zip(keys, values or repeat(None, len(keys)), strict=True):
+                try:
+                    produce(ledger, key=key, value=value, partition=lp)
+                except BufferError:
+                    kafka_io.produce(producer, ledger, key=key, value=value, partition=lp)
         if len(refusals.noted) > refused_before:
             producer.flush(30)  # the verdicts on the rest too, for the next attempt
             raise KafkaException(KafkaError(KafkaError._FAIL, "outputs refused for good: " + "; ".join(refusals.noted)))

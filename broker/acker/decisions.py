@@ -315,7 +315,7 @@ class Decider:
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
         q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
         decided.append((0, offset, lp, (q,)))
-        st.tombstones.append((srid, OUTCOME_DLQ))
+        st.tombstones.append(((srid,), OUTCOME_DLQ))
 
     def _decide_record(self, st: PartitionState, r: _Ready, now_ms: int, decided: list[Decided]) -> None:
         record = r.record
@@ -327,7 +327,7 @@ class Decider:
         if refused is not None and decision.kind == "dlq":
             st.count("refused")
         decided.append((record.created_ms, r.offset, r.lp, decision.records))
-        st.tombstones.append((r.srid, decision.kind.encode()))
+        st.tombstones.append(((r.srid,), decision.kind.encode()))
         value = st.expired_values.pop(r.srid, None)
         if decision.new_srid is not None and r.reason == "timeout":
             if value is None:
@@ -359,7 +359,7 @@ class Decider:
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
         decided.append((0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
-        st.tombstones.append((srid, OUTCOME_DLQ))
+        st.tombstones.append(((srid,), OUTCOME_DLQ))
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""

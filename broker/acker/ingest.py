@@ -97,9 +97,23 @@ class Ingest:
                 continue  # a tombstone: a completion (ours or a previous owner's)
             key = msg.key()
             headers = msg.headers()
+            try:  # as a Source writes them: rb-root and rb-deadline, 8 bytes each, and no other
+                (h_root, root), (h_deadline, deadline) = headers
+                usual = (h_root == H_ROOT and h_deadline == H_DEADLINE
+                         and len(key) == 8 and len(root) == 8 and len(deadline) == 8)
+            except (TypeError, ValueError):  # no headers, other headers, a None key or value
+                usual = False
+            if usual:
+                msgs.append(msg)
+                keys.append(key)
+                roots.append(root)
+                deadlines.append(deadline)
+                values.append(value)
+                autos.append(None)
+                continue
             auto: bytes | None = None
             if headers is not None and len(headers) == 2 and headers[0][0] == H_ROOT and headers[1][0] == H_DEADLINE:
-                root, deadline = headers[0][1], headers[1][1]  # as a Source writes them
+                root, deadline = headers[0][1], headers[1][1]
             else:
                 root = deadline = timeout = None
                 for name, header in headers or ():
@@ -173,11 +187,14 @@ class Ingest:
         if dup:
             st.count("duplicate_roots", dup)
             log.warning("refused %d duplicate persist records in partition %d", dup, lp)
-        done = set(result.completed.srids.tolist()) if len(result.completed) else set()
-        put = self.cache.put
-        for srid, value, is_dup in zip(srids.tolist(), values, result.duplicates.tolist(), strict=True):
-            if not is_dup and srid not in done:
-                put(srid, value)
+        if dup or len(result.completed):
+            done = set(result.completed.srids.tolist())
+            keep = [srid not in done and not is_dup
+                    for srid, is_dup in zip(srids.tolist(), result.duplicates.tolist(), strict=True)]
+            self.cache.put_many([s for s, k in zip(srids.tolist(), keep, strict=True) if k],
+                                [v for v, k in zip(values, keep, strict=True) if k])
+        else:
+            self.cache.put_many(srids.tolist(), values)
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
@@ -314,5 +331,5 @@ class Ingest:
             self.left(st, done.offsets)
             srids = done.srids.tolist()
             st.count("completed", len(srids))
-            st.tombstones.extend((srid, OUTCOME_COMPLETED) for srid in srids)
+            st.tombstones.append((done.srids, OUTCOME_COMPLETED))
             self.cache.discard_many(srids)

@@ -35,6 +35,15 @@ class PayloadCache:
         if len(self._items) > self.max_entries:
             self._items.popitem(last=False)
 
+    def put_many(self, srids: Sequence[int], payloads: Sequence[bytes]) -> None:
+        """``put`` of each pair, in order."""
+        if self.max_entries <= 0:
+            return
+        items = self._items
+        items.update(zip(srids, payloads, strict=True))
+        while len(items) > self.max_entries:
+            items.popitem(last=False)
+
     def __contains__(self, srid: int) -> bool:
         return srid in self._items
 

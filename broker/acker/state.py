@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,9 @@ class PartitionState:
     # This instance's decisions, over all partitions it ever owned (shared by all states).
     totals: dict[str, int] = field(default_factory=dict)
     counters_dirty: bool = False
-    tombstones: list[tuple[int, bytes]] = field(default_factory=list)  # srid, outcome
+    # Persist tombstones to write, in runs of srids with one outcome (a batch's completions
+    # are one run: no tuple per srid).
+    tombstones: list[tuple[np.ndarray | Sequence[int], bytes]] = field(default_factory=list)  # srids, outcome
     failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
     recent_fails: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ms, srids)
     # srid -> failed reads of its payload so far. In memory only: a new owner of the

@@ -54,7 +54,7 @@ def take(
         if len(settled):
             srids = settled.srids.tolist()
             st.count("superseded_settled", len(srids))
-            st.tombstones.extend((srid, OUTCOME_COMPLETED) for srid in srids)
+            st.tombstones.append((settled.srids, OUTCOME_COMPLETED))
             cache.discard_many(srids)
         late = st.table.take_superseded()
         if not len(late):
