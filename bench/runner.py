@@ -80,7 +80,7 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
-            return cls(True, 4.0, 1.0, 3.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
+            return cls(True, 4.0, 1.0, 5.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
                        6_000, 48.0)
         return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
                    TAKEOVER_SIZES, 10_000, 120.0, spark_records=50_000, spark_batch_records=5_000, spark_rounds=3,
@@ -374,7 +374,8 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
         if peak is None:  # throughput not run (or failed): calibrate on a short pipeline run
             update(0.0, "calibrating the peak")
             peak = run_hop(env, "pipeline", duration=plan.throughput_s, warm=plan.warm_s).throughput()
-        lat = measure_latency(env, figures, rate=max(peak * 0.5, 10.0), duration=plan.latency_s, progress=update)
+        lat = measure_latency(env, figures, rate=max(peak * 0.5, 10.0), duration=plan.latency_s, warm=plan.warm_s,
+                              progress=update)
         series["latency"] = lat
         details["latency"] = {k: v for k, v in lat.items() if not hasattr(v, "shape")}
 
