@@ -196,12 +196,7 @@ def encode_persisted(
         avro_string(topic), avro_long(key_hash_partition), avro_string(partitioner),
         _optional_bytes(key), _optional_bytes(value),
     ]
-    if headers:
-        parts.append(avro_long(len(headers)))
-        for k, v in headers:
-            parts.append(avro_string(k))
-            parts.append(_optional_bytes(v))
-    parts.append(_EMPTY_ARRAY)
+    parts.append(avro_headers(headers))
     parts.append(_time_fields(created_ms, timeout_ms, max_attempts))
     if history:
         parts.append(avro_long(len(history)))

@@ -81,9 +81,6 @@ def _new_id_pair() -> tuple[int, bytes, bytes, int, bytes, bytes]:
         return _ID_POOL.pop()
 
 
-_ATTEMPT_1 = (H_ATTEMPT, b"1")
-
-
 
 class SendResult(NamedTuple):
     srid: int
@@ -366,22 +363,21 @@ class Source:
                 own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
                 encoded_ids=(srid_avro, record_avro),
             )
-        lp, on_persist = srid % self.ledger_partitions, self._pending.on_persist
         try:
-            try:
-                self._producer.produce(self.ns.persist, key=srid_b, value=value, partition=lp, headers=persist_headers,
-                                      on_delivery=on_persist)
-            except BufferError:  # the queue is full: wait, bounded
-                kafka_io.produce(self._producer, self.ns.persist, key=srid_b, value=value, partition=lp,
-                                 headers=persist_headers, on_delivery=on_persist)
+            kafka_io.produce(
+                self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
+                headers=persist_headers, on_delivery=self._pending.on_persist,
+            )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])
             raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
-        origin_b = srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)
-        data_headers: list[tuple[str, bytes | None]] = (
-            [*own_headers, (H_SRID, srid_b), (H_ID, record_b), (H_ORIGIN, origin_b), _ATTEMPT_1] if own_headers
-            else [(H_SRID, srid_b), (H_ID, record_b), (H_ORIGIN, origin_b), _ATTEMPT_1]
-        )
+        data_headers: list[tuple[str, bytes | None]] = [
+            *own_headers,
+            (H_SRID, srid_b),
+            (H_ID, record_b),
+            (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
+            (H_ATTEMPT, b"1"),
+        ]
         if self._transactional:  # atomic with the persist record: no need to wait for it
             self._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
             self._in_transaction_sent += 1

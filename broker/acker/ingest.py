@@ -112,21 +112,18 @@ class Ingest:
                 autos.append(None)
                 continue
             auto: bytes | None = None
-            if headers is not None and len(headers) == 2 and headers[0][0] == H_ROOT and headers[1][0] == H_DEADLINE:
-                root, deadline = headers[0][1], headers[1][1]
-            else:
-                root = deadline = timeout = None
-                for name, header in headers or ():
-                    if name == H_ROOT:
-                        root = header
-                    elif name == H_DEADLINE:
-                        deadline = header
-                    elif name == H_TIMEOUT:
-                        timeout = header
-                    elif name == H_TOPIC:
-                        auto = header
-                if timeout != AUTO_B:
-                    auto = None
+            root = deadline = timeout = None
+            for name, header in headers or ():
+                if name == H_ROOT:
+                    root = header
+                elif name == H_DEADLINE:
+                    deadline = header
+                elif name == H_TIMEOUT:
+                    timeout = header
+                elif name == H_TOPIC:
+                    auto = header
+            if timeout != AUTO_B:
+                auto = None
             if (
                 key is not None and len(key) == 8 and root is not None and len(root) == 8
                 and deadline is not None and len(deadline) == 8
@@ -187,14 +184,13 @@ class Ingest:
         if dup:
             st.count("duplicate_roots", dup)
             log.warning("refused %d duplicate persist records in partition %d", dup, lp)
-        if dup or len(result.completed):
+        new = srids.tolist()
+        if dup or len(result.completed):  # only what is still pending and was not there before
             done = set(result.completed.srids.tolist())
-            keep = [srid not in done and not is_dup
-                    for srid, is_dup in zip(srids.tolist(), result.duplicates.tolist(), strict=True)]
-            self.cache.put_many([s for s, k in zip(srids.tolist(), keep, strict=True) if k],
-                                [v for v, k in zip(values, keep, strict=True) if k])
-        else:
-            self.cache.put_many(srids.tolist(), values)
+            keep = [s not in done and not d for s, d in zip(new, result.duplicates.tolist(), strict=True)]
+            new = [s for s, k in zip(new, keep, strict=True) if k]
+            values = [v for v, k in zip(values, keep, strict=True) if k]
+        self.cache.put_many(new, values)
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
