@@ -67,7 +67,7 @@ class Plan:
     # already in the small and the large sink, and the sink batches timed per size. An odd
     # number of rounds: the order alternates, so the rounds kept run each variant first equally
     # often (with 2, the plain query always ran second, on a JVM warmer by one acked query).
-    spark_records: int = 9_000
+    spark_records: int = 15_000
     spark_batch_records: int = 3_000
     spark_rounds: int = 3
     # The same comparison with larger micro-batches (a topic of its own): the acking's cost is

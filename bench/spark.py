@@ -7,8 +7,9 @@ is started once and warm for every figure after the first round.
 - ``acked_vs_plain``: the order job (``spark_jobs.orders``) over one topic of tracked orders,
   with and without ``Acking``, same input, same session, alternating query by query; the
   first round (JIT warm-up) and the first batch of every query (its start-up) left out.
-  Records/s is the median over the batches kept of rows read / Spark's own
-  ``triggerExecution`` (robust to one stalled batch; the summed rate is in the details).
+  Records/s is the median over the full batches kept (at least half the batch size: not a
+  topic's last few rows) of rows read / Spark's own ``triggerExecution`` (robust to one
+  stalled batch; the summed rates are in the details).
 - ``large_acked_vs_plain``: the same comparison over a topic of its own with micro-batches
   about 3x larger (the plan's ``spark_large_batch_records``), no target: whether what the
   acking adds is per batch (the ratio would rise with the size) or per row.

@@ -14,13 +14,13 @@ micro-batch, in this order:
    pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
    their topic with the parent's rb-* headers, a new ``rb-id`` and an ``rb-path`` (the
    parent's path plus the child's index among the parent's children, see ``Emit``);
-4. the events are computed in the JVM: per srid ``bit_xor`` of the inputs' record ids and the
-   children's ids (docs/design.md §4: ``r.id ^ child_1.id ^ ...``, XORed over every input of that
-   srid in the batch), or a fail mark when the pinned decision failed any of its rows; per
-   ledger partition ``pmod(srid, P)`` the pairs are packed into little-endian int64 bytes in
-   SQL too;
-5. the driver collects one small row per ledger partition, wraps it as ``XorBatch`` Avro
-   and produces it to ``ns.acks[partition]``, waiting for delivery.
+4. the events are gathered in the JVM, one Spark job without a shuffle: every tracked input's
+   ``(srid, record id)``, every child's ``(srid, child id)`` and the srids the pinned decision
+   failed, packed as big-endian int64 bytes into one row;
+5. the driver folds them per srid with numpy (docs/design.md §4: ``r.id ^ child_1.id ^ ...``,
+   XORed over every input of that srid in the batch, or a fail mark when the decision failed
+   any of its rows), cuts them per ledger partition ``srid mod P`` into ``XorBatch`` values
+   and produces each to ``ns.acks[partition]``, waiting for delivery.
 
 Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
 without acks: Spark runs it again from the checkpoint, or its srids time out and are
@@ -277,15 +277,20 @@ def xor_events(
     failed: Column | DataFrame | None = None,
     children: Sequence[DataFrame] = (),
 ) -> DataFrame:
-    """One row per ledger partition (plus one with a null partition counting untracked
-    inputs): ``ledger_partition``, ``srids_be``/``xors_be``/``failed_be`` as packed
-    big-endian int64 bytes (aligned), and the counts ``inputs``, ``replay_inputs``,
-    ``children``, ``srids``, ``pairs``, ``fail_marks``.
+    """The batch's events, unfolded, as one row: ``srids_be``/``xors_be`` (aligned) hold one
+    ``(srid, x)`` per tracked input (``x`` its record id) and per child (``x`` its id),
+    ``failed_be`` the srids failed (repeats possible), all packed as big-endian int64 bytes;
+    ``ledger_partitions``; and the counts ``inputs``, ``replay_inputs``, ``children``,
+    ``untracked`` (inputs with a null srid). ``collect_xor_batches`` folds them per srid.
 
-    ``children`` are DataFrames of ``srid, child_id``. Everything per row runs in the JVM;
-    the result is at most P + 1 rows. The plan is one SQL text over the row frames: built
-    from Column objects it took ~1 400 py4j round trips and about as long as the Spark job
-    itself (0.6 s a batch on 2 cores, bench ``spark``).
+    Every tracked row has a pair (``x`` 0 where it has no id). ``children`` are DataFrames
+    of ``srid, child_id``. Everything per row runs in the JVM, as
+    one aggregate without grouping: each task packs its rows, one small exchange brings the
+    packed rows to one task. Folding per srid in Spark needed a shuffle of every row by ledger
+    partition (a job of two full stages); the fold is a sort and an XOR-reduce over arrays on
+    the driver instead (``fold_events``), ~3x faster per batch on 2 cores
+    (``spark_jobs/README.md``, "Cost of acking"). The plan is one SQL text over the row
+    frames: built from Column objects it took ~1 400 py4j round trips.
     """
     fail_flag = F.lit(False)
     if isinstance(failed, Column):
@@ -297,86 +302,92 @@ def xor_events(
         )
     }
     rows = [
-        f"SELECT {SRID} AS srid, {RECORD_ID} AS x, _rb_fail AND {SRID} IS NOT NULL AS fail, 1 AS n_inputs, "
+        f"SELECT {SRID} AS srid, {RECORD_ID} AS x, _rb_fail AS fail, 1 AS n_inputs, "
         "_rb_replay AS n_replays, 0 AS n_children FROM {inputs}"
     ]
     for k, child in enumerate(children):
         frames[f"child{k}"] = child
-        rows.append(
-            f"SELECT {SRID} AS srid, {CHILD_ID} AS x, false, 0, 0, 1 FROM {{child{k}}} WHERE {SRID} IS NOT NULL"
-        )
+        rows.append(f"SELECT {SRID} AS srid, {CHILD_ID} AS x, false, 0, 0, 1 FROM {{child{k}}}")
     if isinstance(failed, DataFrame):
         frames["failed"] = failed
-        rows.append(f"SELECT {SRID} AS srid, 0L AS x, true, 0, 0, 0 FROM {{failed}} WHERE {SRID} IS NOT NULL")
+        rows.append(f"SELECT {SRID} AS srid, CAST(NULL AS BIGINT) AS x, true, 0, 0, 0 FROM {{failed}}")
     text = _EVENTS_SQL.format(
         rows="\nUNION ALL ".join(rows),
         partitions=int(ledger_partitions),
-        pack_srids=packed_ids_sql("pairs_srid"),
-        pack_xors=packed_ids_sql("pairs_xor"),
-        pack_fails=packed_ids_sql("fails"),
+        pack_srids=packed_ids_sql("collect_list(srid) FILTER (WHERE srid IS NOT NULL)"),
+        pack_xors=packed_ids_sql("collect_list(coalesce(x, 0L)) FILTER (WHERE srid IS NOT NULL)"),
+        pack_fails=packed_ids_sql("collect_list(srid) FILTER (WHERE srid IS NOT NULL AND fail)"),
     )
     return inputs.sparkSession.sql(text, **frames)
 
 
 # ``{rows}``/``{partitions}`` are filled by ``xor_events``; ``{{inputs}}`` ... stay for
-# ``spark.sql``, which puts the DataFrames in. One exchange: hash-partitioned by ledger
-# partition, rows are grouped per srid and then per ledger partition without a second shuffle.
-# A zero XOR changes nothing in the ledger; sending it would only make an orphan entry.
+# ``spark.sql``, which puts the DataFrames in. Every tracked row gives a pair (a null ``x``,
+# as a fail mark's, XORs 0), so the srids counted are every srid the batch touched;
+# untracked rows (null srid) are only counted.
 _EVENTS_SQL = """
-WITH r AS ({rows}),
-per_srid AS (
-  SELECT ledger_partition, srid, bit_xor(x) AS xor, bool_or(fail) AS fail,
-         sum(n_inputs) AS n_inputs, sum(n_replays) AS n_replays, sum(n_children) AS n_children
-  FROM (SELECT /*+ REPARTITION({partitions}, ledger_partition) */ pmod(srid, {partitions}) AS ledger_partition, *
-        FROM r)
-  GROUP BY ledger_partition, srid),
-per_partition AS (
-  SELECT ledger_partition,
-         collect_list(CASE WHEN pair THEN srid END) AS pairs_srid,
-         collect_list(CASE WHEN pair THEN xor END) AS pairs_xor,
-         collect_list(CASE WHEN fail THEN srid END) AS fails,
-         sum(n_inputs) AS inputs, sum(n_replays) AS replay_inputs, sum(n_children) AS children,
-         count(srid) AS srids
-  FROM (SELECT *, NOT fail AND xor != 0 AND srid IS NOT NULL AS pair FROM per_srid)
-  GROUP BY ledger_partition)
-SELECT ledger_partition,
+WITH r AS ({rows})
+SELECT CAST({partitions} AS INT) AS ledger_partitions,
        {pack_srids} AS srids_be, {pack_xors} AS xors_be, {pack_fails} AS failed_be,
-       CAST(inputs AS BIGINT) AS inputs, CAST(coalesce(replay_inputs, 0) AS BIGINT) AS replay_inputs,
-       CAST(children AS BIGINT) AS children, CAST(srids AS BIGINT) AS srids,
-       CAST(size(pairs_srid) AS BIGINT) AS pairs, CAST(size(fails) AS BIGINT) AS fail_marks
-FROM per_partition
+       CAST(coalesce(sum(n_inputs) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS inputs,
+       CAST(coalesce(sum(n_replays) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS replay_inputs,
+       CAST(coalesce(sum(n_children) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS children,
+       CAST(count_if(n_inputs = 1 AND srid IS NULL) AS BIGINT) AS untracked
+FROM r
 """
+
+@dataclass(frozen=True)
+class FoldedEvents:
+    """The batch's events folded per srid: the pairs to send (XOR not zero, srid not failed),
+    the failed srids, each sorted by srid, and how many srids the batch touched."""
+
+    srids: np.ndarray
+    xors: np.ndarray
+    failed: np.ndarray
+    distinct_srids: int
+
+
+def fold_events(srids: np.ndarray, xors: np.ndarray, failed: np.ndarray) -> FoldedEvents:
+    """Per srid the XOR of every ``x`` given for it (docs/design.md §4); a srid with a fail
+    mark gets only the mark. A zero XOR is left out: it changes nothing in the ledger, sent
+    it would only make an orphan entry."""
+    srids = np.asarray(srids, dtype=np.int64)
+    xors = np.asarray(xors, dtype=np.int64)
+    order = np.argsort(srids, kind="stable")
+    s, x = srids[order], xors[order]
+    if s.size:
+        starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+        s, x = s[starts], np.bitwise_xor.reduceat(x, starts)
+    fails = np.unique(np.asarray(failed, dtype=np.int64))
+    keep = (x != 0) & ~np.isin(s, fails, assume_unique=True)
+    return FoldedEvents(s[keep], x[keep], fails, int(np.union1d(s, fails).size))
 
 
 def collect_xor_batches(
     events: DataFrame, producer: str = "", max_pairs: int = 50_000
 ) -> tuple[list[XorBatch], dict[str, int]]:
-    """Collect ``xor_events`` (a few rows) and cut it into ``XorBatch`` values of at most
-    ``max_pairs`` pairs (and fail marks); also returns the summed counts."""
+    """Collect ``xor_events`` (one row), fold it per srid and cut it into ``XorBatch`` values
+    per ledger partition of at most ``max_pairs`` pairs (and fail marks); also returns the
+    counts: ``inputs``, ``replay_inputs``, ``children``, ``untracked``, ``srids`` (touched),
+    ``pairs`` and ``fail_marks`` (sent)."""
+    row = events.collect()[0]
+    partitions = int(row["ledger_partitions"])
+    folded = fold_events(
+        np.frombuffer(bytes(row["srids_be"]), dtype=">i8"),
+        np.frombuffer(bytes(row["xors_be"]), dtype=">i8"),
+        np.frombuffer(bytes(row["failed_be"]), dtype=">i8"),
+    )
+    counts = {name: int(row[name] or 0) for name in ("inputs", "replay_inputs", "children", "untracked")}
+    counts.update(srids=folded.distinct_srids, pairs=len(folded.srids), fail_marks=len(folded.failed))
+    pair_lp = np.mod(folded.srids, partitions)
+    fail_lp = np.mod(folded.failed, partitions)
     batches: list[XorBatch] = []
-    counts = dict.fromkeys(("inputs", "replay_inputs", "children", "srids", "pairs", "fail_marks", "untracked"), 0)
-    empty = np.zeros(0, dtype=np.int64)
-    for row in events.collect():
-        if row["ledger_partition"] is None:
-            counts["untracked"] += int(row["inputs"] or 0)
-            continue
-        for name in ("inputs", "replay_inputs", "children", "srids", "pairs", "fail_marks"):
-            counts[name] += int(row[name] or 0)
-        lp = int(row["ledger_partition"])
-        srids = np.frombuffer(bytes(row["srids_be"]), dtype=">i8")
-        xors = np.frombuffer(bytes(row["xors_be"]), dtype=">i8")
-        fails = np.frombuffer(bytes(row["failed_be"]), dtype=">i8")
+    for lp in np.union1d(pair_lp, fail_lp).tolist():
+        srids, xors = folded.srids[pair_lp == lp], folded.xors[pair_lp == lp]
+        fails = folded.failed[fail_lp == lp]
         for start in range(0, max(len(srids), len(fails)), max_pairs):
             end = start + max_pairs
-            batches.append(
-                XorBatch(
-                    lp,
-                    srids[start:end] if start < len(srids) else empty,
-                    xors[start:end] if start < len(xors) else empty,
-                    fails[start:end] if start < len(fails) else empty,
-                    producer,
-                )
-            )
+            batches.append(XorBatch(lp, srids[start:end], xors[start:end], fails[start:end], producer))
     return batches, counts
 
 

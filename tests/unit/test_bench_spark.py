@@ -93,3 +93,26 @@ def test_the_larger_batches_give_their_own_figures_or_say_why_not() -> None:
     _large_figures(failed, {"error": "RuntimeError: query failed"})
     assert failed.values["spark.large_acked_vs_plain"]["value"] is None
     assert failed.values["spark.large_acked_vs_plain"]["unavailable"] == "larger batches: RuntimeError: query failed"
+
+
+def _progress(read: int, ms: int) -> dict:
+    return {"sources": [{"startOffset": {"t": {"0": 0}}, "endOffset": {"t": {"0": read}}, "numInputRows": read}],
+            "numInputRows": read, "durationMs": {"triggerExecution": ms, "addBatch": ms - 10}}
+
+
+def test_the_rate_is_the_median_full_batch_not_a_remainder() -> None:
+    from spark_jobs.measure import _summary
+
+    # Four full batches of 3 000 rows and two remainders of a few rows, as a query over a
+    # finite topic ends: over all six the median rate would be the two slowest full ones'.
+    batches = [(3000, 500), (3000, 600), (3000, 1000), (3000, 1500), (4, 300), (2, 250)]
+    out = _summary([_progress(n, ms) for n, ms in batches], [], 3000)
+    assert out["full_batches"] == 4
+    assert out["records_per_s"] == (3000 / 0.6 + 3000 / 1.0) / 2
+    assert out["batch_ms_p50"] == 800
+    assert out["rows_per_batch"] == 3000
+    assert out["records_per_s_full_total"] == 12_000 / 3.6
+    assert out["records_per_s_total"] == 12_006 / 4.15
+    # Only remainders: they are what there is.
+    only = _summary([_progress(5, 200), _progress(7, 300)], [], 3000)
+    assert only["full_batches"] == 2 and only["records_per_s"] is not None
