@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: became of entries and input. The names are the counters' own (broker.acker.state).
 DECISIONS = (
     "completed", "timed_out", "failed", "replayed", "dlq", "quarantined", "orphans", "payload_lost", "refused",
-    "superseded", "superseded_settled",
+    "superseded", "superseded_settled", "completed_late",
 )
 
 #: Commit durations span an idle commit (~1 ms) to one that reads thousands of payloads.

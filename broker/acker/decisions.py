@@ -161,15 +161,21 @@ class Decider:
         quotas = self._quotas(need)
         pending: dict[int, list[tuple[int, int, str]]] = {}
         boundary: dict[int, int] = {}  # lp -> smallest offset of a due failure left waiting
+        waited: set[int] = set()  # srids back from a deferral: their events had time to arrive
         for lp in need:
             st = states[lp]
             failures, st.failures = st.failures, []
             if due[lp]:
                 again = st.table.take_deferred(now_tick, quotas[lp])
                 for removed, reason in ((again.timed_out, "timeout"), (again.failed, "failed")):
+                    srids = removed.srids.tolist()
+                    waited.update(srids)
                     failures.extend(
-                        (srid, offset, reason)
-                        for srid, offset in zip(removed.srids.tolist(), removed.offsets.tolist(), strict=True)
+                        (srid, offset, reason) for srid, offset in zip(srids, removed.offsets.tolist(), strict=True)
+                    )
+                if again.timed_out.values is not None:  # kept while it waited: on to a watch
+                    st.expired_values.update(
+                        zip(again.timed_out.srids.tolist(), again.timed_out.values.tolist(), strict=True)
                     )
                 if again.next_offset >= 0:
                     boundary[lp] = again.next_offset
@@ -244,19 +250,34 @@ class Decider:
                 continue
             st.payload_tries.pop(r.srid, None)
             st.count("payload_fetches", int(r.fetched))
-            hold = self._dlq_hold(r.record, now_tick)
+            hold = self._dlq_hold(r.record, r.reason == "timeout" and r.srid not in waited, now_ms, now_tick)
             if hold is not None:
                 self.cache.put(r.srid, r.payload)
                 st.count("dlq_held")
                 waits[r.lp].append((r.srid, r.offset, r.reason == "failed", hold))
                 continue
             self._decide_record(st, r, now_ms, decided)
-        self._watch(states, now_ms)
         for lp, w in waits.items():
             if w:
-                srids, offsets, failed, ticks = zip(*w, strict=True)
-                states[lp].table.defer(np.array(srids, np.int64), np.array(offsets, np.int64),
-                                       np.array(ticks, np.int64), np.array(failed, bool))
+                self._defer(states[lp], w)
+        self._watch(states, now_ms)
+
+    @staticmethod
+    def _defer(st: PartitionState, waits: list[tuple[int, int, bool, int]]) -> None:
+        """Put these failures back into the table until their ticks; a timeout with the value
+        it expired with, so that its late events can still complete it (broker.ledger.table:
+        "Deferred decisions"). One whose value is not known is deferred as failed: a value
+        that is not its tree's must never complete it."""
+        srids, offsets, failed, ticks = zip(*waits, strict=True)
+        values = [None if f else st.expired_values.pop(s, None) for s, f in zip(srids, failed, strict=True)]
+        unknown = [not f and v is None for f, v in zip(failed, values, strict=True)]
+        if any(unknown):
+            log.warning("%d timed-out records deferred without their XOR value: decided as failed", sum(unknown))
+        st.table.defer(
+            np.array(srids, np.int64), np.array(offsets, np.int64), np.array(ticks, np.int64),
+            np.array([f or u for f, u in zip(failed, unknown, strict=True)], bool),
+            np.array([v or 0 for v in values], np.int64),
+        )
 
     def _watch(self, states: Mapping[int, PartitionState], now_ms: int) -> None:
         """Watch the timeouts replayed in this commit (LedgerTable.watch), up to
@@ -264,7 +285,7 @@ class Decider:
         cfg = self.config
         watch_ms = cfg.watch_for_ms
         for st in states.values():
-            st.expired_values.clear()  # a decision put off comes back without its value
+            st.expired_values.clear()  # what is left was decided (a deferred one took its value along)
             if not st.watches:
                 continue
             watches, st.watches = st.watches, []
@@ -276,22 +297,34 @@ class Decider:
                 st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
                                self.ticker.tick_of(now_ms + watch_ms))
 
-    def _dlq_hold(self, record: PersistedRecord, now_tick: int) -> int | None:
+    def _dlq_hold(self, record: PersistedRecord, timed_out_now: bool, now_ms: int, now_tick: int) -> int | None:
         """The tick until which the dead letter of ``record`` waits, or None: not held.
 
-        A record dead-lettered at its last attempt while an earlier attempt of it may still
-        complete - the one before timed out, and is watched until ``at_ms + watch_ms`` - is
-        not dead-lettered before that watch ends: if the earlier attempt completes late, a
-        superseded mark reaches this record (the chain hands it on) and settles it as
-        completed (``LedgerTable.mark_superseded``); else the hold ends and it is
-        dead-lettered as before. Its entry waits DEFERRED, durable in the changelog. Coming
-        back at that tick it is past the hold, so it is held once."""
-        if record.attempt < record.max_attempts or not record.history or record.history[-1].reason != "timeout":
+        A record dead-lettered at its last attempt while an attempt of it may still complete
+        is held, its entry DEFERRED (durable in the changelog):
+
+        - the attempt before timed out, and is watched until ``at_ms + watch_ms``: if it
+          completes late, a superseded mark reaches this record (the chain hands it on) and
+          settles it as completed (``LedgerTable.mark_superseded``);
+        - this attempt itself timed out just now (``timed_out_now``: not back from a
+          deferral): its entry keeps its value while it waits, ``watch_ms`` from now, so if
+          its own tree completes late it completes (``LedgerTable.fold``, counted
+          ``completed_late``).
+
+        Else the hold ends and it is dead-lettered as before. Coming back at that tick it is
+        past both, so it is held once."""
+        if record.attempt < record.max_attempts:
             return None
         watch_ms = self.config.watch_for_ms
         if watch_ms <= 0:
             return None
-        tick = self.ticker.tick_of(record.history[-1].at_ms + watch_ms)
+        until = now_ms + watch_ms if timed_out_now else None
+        if record.history and record.history[-1].reason == "timeout":
+            earlier = record.history[-1].at_ms + watch_ms
+            until = earlier if until is None else max(until, earlier)
+        if until is None:
+            return None
+        tick = self.ticker.tick_of(until)
         return tick if tick > now_tick else None
 
     def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
@@ -310,6 +343,7 @@ class Decider:
         # Registered from its headers, but the value is no PersistedRecord: it cannot
         # be replayed. Keep it in the DLQ byte for byte and let the srid go.
         st.payload_tries.pop(srid, None)
+        st.expired_values.pop(srid, None)
         why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
@@ -355,6 +389,7 @@ class Decider:
     ) -> None:
         """Dead-letter a failed record whose payload cannot be had: what is known of it."""
         st.payload_tries.pop(srid, None)
+        st.expired_values.pop(srid, None)
         why = f"persist record of {srid} ({reason}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)

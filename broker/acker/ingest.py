@@ -283,6 +283,7 @@ class Ingest:
             if s.size:
                 st.count("folded", int(s.size))
                 self.completed(st, st.table.fold(s, np.concatenate(xors), orphan_tick))
+                st.count("completed_late", st.table.take_late_completed())
         if failed:
             f = np.concatenate(failed)
             st.count("fail_marks", int(f.size))

@@ -34,7 +34,8 @@ COUNTERS = (
     "superseded_unknown",  # superseded marks of srids never registered here (the replay had completed)
     "unwatched",  # watches that ended without a late completion
     "watch_skipped",  # replayed timeouts not watched (max_watches reached, or the decision was put off)
-    "dlq_held",  # last attempts whose dead letter waited for the watch of an earlier attempt to end
+    "dlq_held",  # last attempts whose dead letter waited (an earlier attempt's watch, or its own late events)
+    "completed_late",  # timed-out records whose tree completed while their decision waited (in "completed")
 )
 
 

@@ -20,6 +20,7 @@ from broker.ledger.table import (
     DEFERRED,
     FAILED,
     REGISTERED,
+    VALUE_KEPT,
     ChangelogDelta,
     Deferred,
     Entries,
@@ -47,6 +48,7 @@ class RefEntry:
             (REGISTERED if self.registered else 0)
             | (FAILED if self.failed else 0)
             | (DEFERRED if self.deferred else 0)
+            | (VALUE_KEPT if self.deferred and not self.failed else 0)
         )
 
 
@@ -63,7 +65,7 @@ def _entries(items: list[tuple[int, RefEntry]]) -> Entries:
     return Entries(
         srids=np.array([s for s, _ in items], dtype=np.int64),
         values=np.array([e.value for _, e in items], dtype=np.int64),
-        flags=np.array([e.durable_flags for _, e in items], dtype=np.uint8),
+        flags=np.array([e.durable_flags for _, e in items], dtype=np.int16),
         offsets=np.array([e.offset for _, e in items], dtype=np.int64),
         deadlines=np.array([e.deadline for _, e in items], dtype=np.int32),
     )
@@ -76,6 +78,7 @@ class ReferenceLedger:
         self.entries_by_srid: dict[int, RefEntry] = {}
         self.reject_duplicate_roots = reject_duplicate_roots
         self._left_logged: set[int] = set()
+        self._late_completed = 0
 
     def _leave(self, srid: int, *, record_tombstone: bool = True) -> RefEntry:
         entry = self.entries_by_srid.pop(srid)
@@ -84,7 +87,8 @@ class ReferenceLedger:
         return entry
 
     def _complete(self, srid: int, entry: RefEntry) -> bool:
-        return entry.registered and not entry.failed and not entry.deferred and entry.value == 0
+        # A deferred (timed-out) entry keeps its value and completes at 0 too.
+        return entry.registered and not entry.failed and entry.value == 0
 
     def fold(self, srids: np.ndarray, xors: np.ndarray, orphan_deadline: int) -> Removed:
         touched: dict[int, None] = {}
@@ -101,9 +105,14 @@ class ReferenceLedger:
         for srid in touched:
             entry = self.entries_by_srid[srid]
             if self._complete(srid, entry):
+                self._late_completed += entry.deferred
                 self._leave(srid)
                 done.append((srid, entry.offset))
         return _removed(done)
+
+    def take_late_completed(self) -> int:
+        n, self._late_completed = self._late_completed, 0
+        return n
 
     def register(
         self,
@@ -175,18 +184,20 @@ class ReferenceLedger:
         return _removed(out)
 
     def defer(self, srids: np.ndarray, offsets: np.ndarray, deadlines: np.ndarray | int,
-              failed: np.ndarray | None = None) -> None:
+              failed: np.ndarray | None = None, values: np.ndarray | None = None) -> None:
         n = len(srids)
         dls = np.broadcast_to(np.asarray(deadlines), (n,)).tolist()
         fl = [False] * n if failed is None else np.asarray(failed, dtype=bool).tolist()
-        last = {s: (o, d, f) for s, o, d, f in zip(srids.tolist(), offsets.tolist(), dls, fl, strict=True)}
-        for srid, (offset, deadline, f) in last.items():
+        vals = [0] * n if values is None else np.asarray(values, dtype=np.int64).tolist()
+        last = {s: (o, d, f, v) for s, o, d, f, v in zip(srids.tolist(), offsets.tolist(), dls, fl, vals, strict=True)}
+        for srid, (offset, deadline, f, v) in last.items():
             if srid == 0:
                 raise ValueError("srid 0 is not a valid id")
             entry = self.entries_by_srid.get(srid)
             if entry is None:
                 entry = self.entries_by_srid[srid] = RefEntry()
             entry.registered = entry.deferred = entry.dirty = True
+            entry.value ^= v
             entry.failed = entry.failed or f
             entry.offset = offset
             entry.deadline = min(deadline, 2**31 - 2)
@@ -204,11 +215,18 @@ class ReferenceLedger:
             next_offset = due[limit][0]
             due = due[:limit]
         timed_out: list[tuple[int, int]] = []
+        values: dict[int, int] = {}
         failed: list[tuple[int, int]] = []
         for offset, srid in due:
             entry = self._leave(srid)
             (failed if entry.failed else timed_out).append((srid, offset))
-        return Deferred(_removed(timed_out), _removed(failed), next_offset)
+            values[srid] = entry.value
+        out = _removed(timed_out)
+        return Deferred(
+            Removed(out.srids, out.offsets, np.array([values[s] for s in out.srids.tolist()], dtype=np.int64)),
+            _removed(failed),
+            next_offset,
+        )
 
     def expire(self, now_tick: int) -> Expired:
         timed_out: list[tuple[int, int]] = []
@@ -250,7 +268,8 @@ class ReferenceLedger:
             self.entries_by_srid[srid] = RefEntry(
                 value=value,
                 registered=bool(flag & REGISTERED),
-                failed=bool(flag & FAILED),
+                # A deferred entry written without VALUE_KEPT holds no tree's value: failed.
+                failed=bool(flag & FAILED) or flag & (DEFERRED | VALUE_KEPT) == DEFERRED,
                 deferred=bool(flag & DEFERRED),
                 logged=True,
                 dirty=False,

@@ -57,11 +57,16 @@ ones so the service replays them. Nothing here does I/O or reads a clock.
 Deferred decisions
 ------------------
 A failed entry (timed out or FAILED) leaves the table to be decided; when its decision has to
-wait - its payload could not be read yet, or the commit read as many payloads as it may -
-``defer`` puts it back with DEFERRED and the tick to decide it again in ``deadline``. Being in
-the table is what keeps it durable: the changelog holds it like any other entry, so a restart
-decides it too. A DEFERRED entry never completes, never times out again (``expire`` skips it)
-and is not handed out by ``take_failed``; ``take_deferred`` hands it out once its tick has
+wait - its payload could not be read yet, the commit read as many payloads as it may, or a
+last attempt's dead letter is held - ``defer`` puts it back with DEFERRED and the tick to
+decide it again in ``deadline``. Being in the table is what keeps it durable: the changelog
+holds it like any other entry, so a restart decides it too. A timed-out entry is deferred
+with its XOR value (``defer``'s ``values``: ``expire`` gave it), so events arriving while it
+waits still fold into it, and at 0 its tree completed after all: it completes as any entry
+does (``fold``'s result; counted by ``take_late_completed``) and is neither replayed nor
+dead-lettered. A FAILED one never completes. A DEFERRED entry never times out again
+(``expire`` skips it) and is not handed out by ``take_failed``; ``take_deferred`` hands it
+out, with its value, once its tick has
 come, timed-out and FAILED ones apart (they keep their reason), the oldest (smallest persist
 offset) first up to a limit - the rest stay untouched, costing no changelog write - and
 only looks at the srids deferred (not the whole table). ``expire``'s lower bound of the deadlines may count deferred
@@ -108,11 +113,18 @@ SUPERSEDED = 0x40
 when its events arrive, but is never replayed or dead-lettered (``take_settled``)."""
 DURABLE_FLAGS = REGISTERED | FAILED | DEFERRED | WATCH | SUPERSEDED
 """The flag bits that belong to the entry's state and travel through the changelog."""
+VALUE_KEPT = 0x100
+"""Changelog only (the table's flags are 8 bits, all taken): set by ``take_dirty`` and
+``entries`` on every DEFERRED entry that is not FAILED - its value is the tree's, so it still
+completes at 0. Such an entry written without it (before deferred entries kept their value)
+holds only the events folded after its deferral, and ``restore`` makes it FAILED: decided as
+a failure, never completed by a value that is not its tree's."""
 
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
 _STATE = REGISTERED | FAILED | DEFERRED | WATCH  # what decides whether an entry completes
 _FAILED_MASK = REGISTERED | FAILED | DEFERRED
 _FAILED_NOW = REGISTERED | FAILED  # what take_failed hands out (a DEFERRED entry waits)
+_HELD = REGISTERED | DEFERRED  # a timed-out entry waiting for its decision, value kept: completes at 0
 _INT32_MIN = int(np.iinfo(np.int32).min)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -234,6 +246,14 @@ def _clamp_tick(tick: int) -> int:
     return max(_INT32_MIN, min(_INT32_MAX, int(tick)))
 
 
+def _durable(flags: np.ndarray) -> np.ndarray:
+    """The changelog's flags of these entries: ``DURABLE_FLAGS``, and ``VALUE_KEPT`` on the
+    DEFERRED ones that are not FAILED."""
+    f = (flags & DURABLE_FLAGS).astype(np.int16)
+    f[(f & (DEFERRED | FAILED)) == DEFERRED] |= VALUE_KEPT
+    return f
+
+
 def _check_nonzero(sorted_srids: np.ndarray) -> None:
     """0 is the XOR identity and the empty-slot key: it is never a srid (``broker.ids``)."""
     i = int(np.searchsorted(sorted_srids, 0))
@@ -290,6 +310,7 @@ class LedgerTable:
         self._may_watch = False  # a WATCH entry may be in the table (pending() masks then)
         self._unwatched = 0  # watches expire dropped since the last take_expired_counts
         self._unknown_marks = 0  # unregistered SUPERSEDED entries expire dropped since then
+        self._late_completed = 0  # deferred timeouts fold completed since take_late_completed
 
     # ------------------------------------------------------------------ public operations
 
@@ -322,7 +343,10 @@ class LedgerTable:
             late = zero & (state == WATCH)  # the original attempt of a replay completed late
             if late.any():
                 self._superseded.append(self._remove_where(pos, late))
-        return self._remove_where(pos, (state == REGISTERED) & zero)
+        done = zero & ((state == REGISTERED) | (state == _HELD))
+        if self._deferred:
+            self._late_completed += int(np.count_nonzero(done & (state == _HELD)))
+        return self._remove_where(pos, done)
 
     def register(
         self,
@@ -501,6 +525,12 @@ class LedgerTable:
         self._unwatched = self._unknown_marks = 0
         return out
 
+    def take_late_completed(self) -> int:
+        """How many deferred timeouts ``fold`` completed since the last call: trees that
+        completed after their deadline, before their decision (module doc)."""
+        n, self._late_completed = self._late_completed, 0
+        return n
+
     def take_settled(self) -> Removed:
         """Superseded entries that timed out or failed since the last call (they have left the
         table): the acker settles them - their origin completed through the original."""
@@ -540,6 +570,7 @@ class LedgerTable:
         offsets: np.ndarray,
         deadlines: np.ndarray | int,
         failed: np.ndarray | None = None,
+        values: np.ndarray | None = None,
     ) -> None:
         """Put failed entries back whose decision must wait until ``deadlines`` (ticks).
 
@@ -548,6 +579,10 @@ class LedgerTable:
         wait is durable. ``take_deferred`` hands it out once its tick has come (see the module
         doc). A srid given twice: its last occurrence counts. A srid still in the table keeps
         its value and flags and gains these.
+
+        ``values`` (default 0) are XORed into the entries: a timed-out entry must get the value
+        ``expire`` (or ``take_deferred``) gave it, since it completes when later events bring
+        it to 0 - one whose value is not known must be deferred as failed.
         """
         t = self.hashtable
         s = _i64(srids)
@@ -562,6 +597,11 @@ class LedgerTable:
         _check_nonzero(u)
         new_dl = np.clip(dls[src], _INT32_MIN, _INT32_MAX - 1).astype(np.int32)
         pos = self._find_or_insert(u, _INT32_MAX)
+        if values is not None:
+            vals = _i64(values)
+            if vals.size != s.size:
+                raise ValueError("defer needs srids, offsets, failed, values of one length")
+            t.value[pos] ^= vals[src]
         add = np.where(fl[src], FAILED, 0).astype(np.uint8) | np.uint8(REGISTERED | DEFERRED | DIRTY)
         t.flags[pos] |= add
         t.offset[pos] = offs[src]
@@ -589,7 +629,7 @@ class LedgerTable:
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
         pos = self._deferred_slots(now)
         if pos is None:
-            return Deferred(_empty_removed(), _empty_removed())
+            return Deferred(Removed(*(np.empty(0, np.int64) for _ in range(3))), _empty_removed())
         due = t.deadline[pos] <= now
         take = pos[due]
         next_offset = -1
@@ -608,8 +648,9 @@ class LedgerTable:
             self._remove(take[sup])
             take = take[~sup]
         failed = (t.flags[take] & FAILED) != 0
+        timed_out = take[~failed]
         out = Deferred(
-            Removed(t.keys[take[~failed]], t.offset[take[~failed]]),
+            Removed(t.keys[timed_out], t.offset[timed_out], t.value[timed_out]),
             Removed(t.keys[take[failed]], t.offset[take[failed]]),
             next_offset,
         )
@@ -719,7 +760,7 @@ class LedgerTable:
         upserts = Entries(
             srids=t.keys[slots],
             values=t.value[slots],
-            flags=f & DURABLE_FLAGS,
+            flags=_durable(f),
             offsets=t.offset[slots],
             deadlines=t.deadline[slots],
         )
@@ -741,7 +782,8 @@ class LedgerTable:
     ) -> None:
         """Load changelog records (later records of one srid win). Entries come out LOGGED.
 
-        Only ``DURABLE_FLAGS`` of ``flags`` are used. Entries are taken as they are: nothing
+        Only ``DURABLE_FLAGS`` of ``flags`` are used, and ``VALUE_KEPT``: a DEFERRED entry
+        neither FAILED nor with it comes out FAILED (see ``VALUE_KEPT``). Entries are taken as they are: nothing
         completes here (a complete entry is never written to the changelog). Registered
         failed entries are handed out by the next ``take_failed``, deferred ones by
         ``take_deferred`` at their deadline.
@@ -759,7 +801,9 @@ class LedgerTable:
         _check_nonzero(u)
         pos = self._find_or_insert(u, _INT32_MAX)
         t = self.hashtable
-        new_flags = (fl[src].astype(np.uint8) & DURABLE_FLAGS) | (LIVE | LOGGED)
+        fs = fl[src].astype(np.int64)
+        unknown = (fs & (DEFERRED | FAILED | VALUE_KEPT)) == DEFERRED  # its value is not its tree's
+        new_flags = ((fs & DURABLE_FLAGS) | np.where(unknown, FAILED, 0) | (LIVE | LOGGED)).astype(np.uint8)
         new_dl = np.clip(dls[src], _INT32_MIN, _INT32_MAX).astype(np.int32)
         t.value[pos] = vals[src]
         t.flags[pos] = new_flags
@@ -819,7 +863,7 @@ class LedgerTable:
         return Entries(
             srids=t.keys[slots],
             values=t.value[slots],
-            flags=t.flags[slots] & DURABLE_FLAGS,
+            flags=_durable(t.flags[slots]),
             offsets=t.offset[slots],
             deadlines=t.deadline[slots],
         )

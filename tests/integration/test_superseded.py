@@ -90,3 +90,51 @@ def test_a_slow_original_completes_late_and_its_replay_is_skipped(pipelines: Any
     p.wait(lambda: p.acker is not None and p.acker.counters()["superseded"] == 1, "the acker's superseded count")
     c = p.acker.counters()
     assert (c["superseded"], c["dlq"], c["superseded_settled"]) == (1, 0, 0)
+
+
+def test_a_last_attempt_that_completes_after_its_timeout_is_completed_not_dead_lettered(
+    pipelines: Any,  # noqa: F811
+) -> None:
+    """A record on its last attempt (max_attempts 1) whose task holds it past its timeout,
+    then writes its output and acks it. The acker's dead letter waits ``watch_ms`` with the
+    entry's value kept: the late ack completes it - a record that was processed is never
+    dead-lettered. (Before: dead-lettered at the timeout, its output written all the same.)"""
+    p: Pipeline = pipelines(ledger_partitions=2, data_partitions=2, timeout_ms=TIMEOUT_MS, max_attempts=1)
+    out = f"{p.ns.name}.out"
+    topics.create(p.settings, p.ns, 2, {out: 1})
+    handled: list[int] = []
+
+    def handler(record: TaskRecord, ctx: TaskContext) -> None:
+        tracking = record.tracking
+        assert tracking is not None
+        handled.append(tracking.attempt)
+        if record.value == b"slow":
+            time.sleep(HOLD_S)  # past the deadline: the acker decides meanwhile
+        ctx.output(out, record.key, record.value)
+
+    p.start_acker()
+    task = Task(p.settings, p.ns, [p.topic, p.replay], unique_name("task"), handler, TaskConfig(poll_timeout_s=0.05))
+    p.task = task
+    p._spawn(task.run, "task")
+    p.warm_up()
+
+    origin = p.source.send(p.topic, b"k", b"slow").origin
+    p.source.flush()
+    log = p.tail.log
+
+    def outputs() -> list[Any]:
+        return [m for m in read_to_end(p.settings, out, 1) if dict(m.headers() or ()).get(H_ORIGIN) == ids.encode_id(origin)]
+
+    p.wait(lambda: origin in log.completed_origins() or origin in log.dlq_origins(), "the slow record's outcome")
+    p.wait(lambda: bool(outputs()), "the slow record's output")
+
+    # Ground truth from the topics: its output was written (after the timeout) once; the
+    # persist tombstone says completed; nothing in the DLQ.
+    assert len(outputs()) == 1 and handled.count(1) == 2  # the warm-up and the slow record, once each
+    outcomes = read_outcomes(p.settings, p.ns)
+    assert origin not in outcomes.dlq_origins(), "a record whose output was written was dead-lettered"
+    assert outcomes.completed_origins()[origin] == 1
+    assert not read_to_end(p.settings, p.ns.dlq, 1)
+    assert p.acker is not None
+    c = p.acker.counters()
+    assert (c["timed_out"], c["dlq_held"], c["completed_late"], c["dlq"], c["replayed"]) == (1, 1, 1, 0, 0)

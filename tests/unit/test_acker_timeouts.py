@@ -489,13 +489,18 @@ def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None
     run_steps(acker)
     clock.advance(1_000)
     run_steps(acker)
+    # The last attempt's dead letter waits watch_ms (default: the orphan TTL, 60 s) for late
+    # events of its own tree.
+    assert outcomes(producer) == {} and acker.counters()["dlq_held"] == 1
+    clock.advance(60_000)
+    run_steps(acker)
     assert outcomes(producer) == {S1: b"dlq"}
     (dead,) = [p for p in producer.committed if p.topic == NS.dlq]
     assert (dead.key, dead.value) == (b"customer-7", b"order 1")
     assert dead.headers["rb-reason"] == b"timeout" and dead.headers["rb-attempts"] == b"3"
     assert dead.headers["rb-key-hash-partition"] == b"3" and dead.headers["rb-topic"] == b"orders"
     assert orjson.loads(dead.headers["rb-history"] or b"") == [
-        {"srid": S1, "attempt": 3, "reason": "timeout", "at_ms": T0 + 1_000}
+        {"srid": S1, "attempt": 3, "reason": "timeout", "at_ms": T0 + 61_000}
     ]
     assert not [p for p in producer.committed if p.topic == "orders.replay"]
     assert acker.counters()["dlq"] == 1

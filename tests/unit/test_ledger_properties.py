@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.ledger.reference import ReferenceLedger
-from broker.ledger.table import ChangelogDelta, Entries, Entry, LedgerTable, Removed
+from broker.ledger.table import VALUE_KEPT, ChangelogDelta, Entries, Entry, LedgerTable, Removed
 
 ORPHAN = 1_000
 TIMEOUT = 2_000
@@ -261,16 +261,18 @@ touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
-        st.tuples(srid_st, xor_st, st.integers(0, 31), st.integers(-1, 99), tick_st), max_size=5
+        st.tuples(srid_st, xor_st, st.integers(0, 31) | st.integers(0, 31).map(lambda f: f | VALUE_KEPT),
+                  st.integers(-1, 99), tick_st),
+        max_size=5,
     ),
 )
 defer_op = st.tuples(
-    st.just("defer"), st.lists(st.tuples(srid_st, st.integers(0, 99), tick_st, st.booleans()), max_size=4)
+    st.just("defer"), st.lists(st.tuples(srid_st, st.integers(0, 99), tick_st, st.booleans(), xor_st), max_size=4)
 )
 take_deferred_op = st.tuples(st.just("take_deferred"), tick_st, st.one_of(st.none(), st.integers(0, 3)))
 deferred_due_op = st.tuples(st.just("deferred_due"), tick_st)
 remove_op = st.tuples(st.just("remove"), st.lists(srid_st, max_size=4))
-simple_ops = st.sampled_from([("take_failed",), ("take_dirty",)])
+simple_ops = st.sampled_from([("take_failed",), ("take_dirty",), ("take_late_completed",)])
 expire_op = st.tuples(st.just("expire"), tick_st)
 
 live_ops = st.one_of(fold_op, fold_op, register_op, fail_op, simple_ops, expire_op, defer_op, take_deferred_op,
@@ -321,16 +323,20 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
     if name == "take_dirty":
         return _delta(ledger.take_dirty())
     if name == "defer":
-        s, o, d, f = _columns(op[1], [np.int64, np.int64, np.int32, bool])
-        ledger.defer(s, o, d, f)
+        s, o, d, f, v = _columns(op[1], [np.int64, np.int64, np.int32, bool, np.int64])
+        ledger.defer(s, o, d, f, v)
         return None
     if name == "take_deferred":
         timed_out, failed, next_offset = ledger.take_deferred(op[1], op[2])
-        return _removed(timed_out), _removed(failed), next_offset
+        assert timed_out.values is not None  # a timed-out entry's value goes on to its decision
+        values = sorted(zip(timed_out.srids.tolist(), timed_out.values.tolist(), strict=True))
+        return _removed(timed_out), values, _removed(failed), next_offset
+    if name == "take_late_completed":
+        return ledger.take_late_completed()
     if name == "deferred_due":
         return ledger.deferred_due(op[1])
     if name == "restore":
-        s, v, f, o, d = _columns(op[1], [np.int64, np.int64, np.uint8, np.int64, np.int32])
+        s, v, f, o, d = _columns(op[1], [np.int64, np.int64, np.int16, np.int64, np.int32])
         ledger.restore(s, v, f, o, d)
         return None
     if name == "remove":
@@ -442,10 +448,12 @@ def test_table_matches_reference_at_scale() -> None:
             op = ("mark_failed", srids[: n // 20].tolist(), int(ticks[0]))
         elif kind == "defer":
             k = n // 10
-            rows = zip(srids[:k].tolist(), range(k), ticks[:k].tolist(), (xors[:k] > 2).tolist(), strict=True)
+            rows = zip(srids[:k].tolist(), range(k), ticks[:k].tolist(), (xors[:k] > 2).tolist(), xors[:k].tolist(),
+                       strict=True)
             op = ("defer", list(rows))
         else:
-            op = [("take_failed",), ("take_dirty",), ("expire", step // 8), ("take_deferred", step // 8, step % 50)][step % 4]
+            op = [("take_failed",), ("take_dirty",), ("expire", step // 8), ("take_deferred", step // 8, step % 50),
+                  ("take_late_completed",)][step % 5]
         assert _run_op(table, op) == _run_op(reference, op), f"step {step}: {op[0]}"
         assert len(table) == len(reference)
         if step % 40 == 0:

@@ -17,6 +17,7 @@ from broker.ledger.table import (
     FAILED,
     REGISTERED,
     SUPERSEDED,
+    VALUE_KEPT,
     WATCH,
     Entry,
     LedgerTable,
@@ -489,15 +490,43 @@ def test_a_deferred_entry_waits_for_its_tick_and_keeps_its_reason() -> None:
     assert len(t) == 0 and len(t.take_deferred(10**6).failed) == 0
 
 
-def test_a_deferred_entry_never_completes() -> None:
+def test_a_deferred_timeout_keeps_its_value_and_completes_with_its_tree() -> None:
+    """A timed-out entry whose decision waits (a payload read put off, a last attempt's dead
+    letter held) still folds: the events that arrive late complete it, and it is neither
+    replayed nor dead-lettered. A failed one never completes."""
     t = LedgerTable()
-    _registered(t, [11])
-    t.take_dirty()
+    _registered(t, [11, 22, 33])
     gone = t.expire(TIMEOUT).timed_out
-    t.defer(gone.srids, gone.offsets, 5)
-    assert len(t.fold(np.array([11]), np.array([11 ^ 0x55]), ORPHAN)) == 0  # value 0 now
-    assert len(t.register(np.array([11]), np.array([7]), np.array([9]), np.array([TIMEOUT], np.int32)).completed) == 0
-    assert 11 in t and t.take_deferred(5).timed_out.srids.tolist() == [11]
+    assert gone.values is not None
+    t.defer(gone.srids, gone.offsets, 5, gone.srids == 33, gone.values)
+    assert t.take_late_completed() == 0
+    # 11's tree completes late: its root's partner event arrives.
+    assert t.fold(np.array([11]), np.array([11 ^ 0x55]), ORPHAN).srids.tolist() == [11]
+    assert t.take_late_completed() == 1 and t.take_late_completed() == 0
+    assert 11 not in t
+    # A duplicated event cancels itself: no early completion of 22.
+    assert len(t.fold(np.array([22, 22]), np.array([7, 7]), ORPHAN)) == 0 and 22 in t
+    # A failure wins: 33 at 0 stays, to be decided as failed.
+    assert len(t.fold(np.array([33]), np.array([33 ^ 0x55]), ORPHAN)) == 0
+    # A persist record again is a duplicate root, not a completion.
+    assert len(t.register(np.array([22]), np.array([22 ^ 0x55]), np.array([9]), np.array([TIMEOUT], np.int32)).completed) == 0
+    due = t.take_deferred(5)
+    assert due.timed_out.srids.tolist() == [22] and due.failed.srids.tolist() == [33]
+    assert due.timed_out.values is not None and due.timed_out.values.tolist() == [22 ^ 0x55]  # on to its decision
+
+
+def test_a_deferred_entry_written_without_its_value_is_restored_failed() -> None:
+    """Before deferred entries kept their value, one held only the events folded after its
+    deferral: restored, it must never complete on that value. ``VALUE_KEPT`` tells them apart."""
+    t = LedgerTable()
+    t.restore(np.array([11, 22]), np.array([5, 5]), np.array([REGISTERED | DEFERRED, REGISTERED | DEFERRED | VALUE_KEPT]),
+              np.array([1, 2]), np.array([9, 9]))
+    e11, e22 = t.get(11), t.get(22)
+    assert e11 is not None and e11.failed and e11.deferred
+    assert e22 is not None and not e22.failed and e22.deferred
+    assert t.fold(np.array([11, 22]), np.array([5, 5]), ORPHAN).srids.tolist() == [22]
+    assert t.entries().flags.tolist() == [REGISTERED | DEFERRED | FAILED]
+    assert t.take_deferred(9).failed.srids.tolist() == [11]
 
 
 def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
@@ -508,11 +537,11 @@ def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
     t.take_dirty()  # both LOGGED
     gone = t.expire(TIMEOUT).timed_out
     keep = gone.srids == 11
-    t.defer(gone.srids[keep], gone.offsets[keep], TIMEOUT + 50)
+    t.defer(gone.srids[keep], gone.offsets[keep], TIMEOUT + 50, values=gone.values[keep])
     delta = t.take_dirty()
     assert delta.tombstones.tolist() == [22]  # decided
     up = delta.upserts
-    assert up.srids.tolist() == [11] and up.flags.tolist() == [REGISTERED | DEFERRED]
+    assert up.srids.tolist() == [11] and up.flags.tolist() == [REGISTERED | DEFERRED | VALUE_KEPT]
     assert up.deadlines.tolist() == [TIMEOUT + 50] and up.offsets.tolist() == [0]
     # ... and a table restored from that changelog decides it at the same tick
     replica = LedgerTable()

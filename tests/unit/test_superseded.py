@@ -286,11 +286,13 @@ def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_comple
     assert (c["superseded_settled"], c["dlq"], c["pending"]) == (1, 0, 0)
 
 
-def test_a_held_last_attempt_is_dead_lettered_when_the_watch_of_its_original_ends(markers_topic: None) -> None:
+def test_a_held_last_attempt_is_dead_lettered_when_the_watches_end(markers_topic: None) -> None:
+    """Held for the original's watch and for its own late events: the later of the two."""
     clock = ManualClock(T0)
     acker, _consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock)
     held_at = clock.now_ms()
-    watch_end = replay.history[-1].at_ms + 60_000  # the original's watch: the orphan TTL
+    # the original's watch, and its own from when it timed out (watch_ms: the orphan TTL)
+    watch_end = max(replay.history[-1].at_ms, held_at) + 60_000
     clock.advance(watch_end - held_at - 1_000)
     run_steps(acker, 2)
     assert not [p for p in producer.committed if p.topic == NS.dlq]
