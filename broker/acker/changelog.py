@@ -283,7 +283,7 @@ class Changelog:
             st.table.restore(
                 np.frombuffer(b"".join(k for k, _ in live), dtype=">i8").astype(np.int64),
                 np.array([e.value for e in entries], dtype=np.int64),
-                np.array([e.flags for e in entries], dtype=np.uint8),
+                np.array([e.flags for e in entries], dtype=np.int64),
                 np.array([e.persist_offset for e in entries], dtype=np.int64),
                 self.ticker.ticks_of(np.array([e.deadline_ms for e in entries], dtype=np.int64)),
             )

@@ -506,6 +506,37 @@ def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None
     assert acker.counters()["dlq"] == 1
 
 
+def test_a_held_last_attempt_completes_with_its_late_event_also_after_a_restore(fake_kafka: None) -> None:
+    """The last attempt times out and its dead letter is held; its entry, written to the
+    changelog with its value (VALUE_KEPT), is restored by the next owner as a timeout that
+    still completes - not as a failure."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    record = persisted(S1, R1, T0, attempt=3, max_attempts=3, timeout_ms=1_000)
+    consumer.batches.append([persist_msg(record)])
+    run_steps(acker)
+    clock.advance(1_000)
+    run_steps(acker)
+    assert outcomes(producer) == {} and acker.counters()["dlq_held"] == 1
+    latest = {p.key: p.value for p in producer.committed if p.topic == NS.ledger}
+    assert latest[ids.encode_id(S1)] is not None
+    restored = acker.changelog.new_state()
+    acker.changelog.apply(restored, dict(latest))
+    entry = restored.table.get(S1)
+    assert entry is not None and entry.deferred and not entry.failed and entry.value == R1
+    # The late event completes it, in the restored table as in the live one.
+    assert restored.table.fold(np.array([S1]), np.array([R1]), 10**6).srids.tolist() == [S1]
+    lp = ids.ledger_partition(S1, FakeConsumer.partitions)
+    consumer.batches.append([acks_msg(lp, 0, [S1], [R1])])
+    run_steps(acker)
+    assert outcomes(producer) == {S1: b"completed"}
+    clock.advance(120_000)
+    run_steps(acker, 2)
+    assert not [p for p in producer.committed if p.topic == NS.dlq]
+    c = acker.counters()
+    assert (c["completed"], c["completed_late"], c["dlq"], c["pending"]) == (1, 1, 0, 0)
+
+
 def test_acker_drops_orphans_after_the_orphan_ttl_without_replaying(fake_kafka: None) -> None:
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
