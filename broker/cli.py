@@ -276,6 +276,45 @@ def _cmd_acker(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_handler(spec: str) -> Any:
+    """``MODULE:FUNCTION`` -> the task handler it names (``handler(record, ctx)``), imported
+    as ``python -m`` would (the working directory is on the path)."""
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigurationError(f"--handler {spec!r}: expected MODULE:FUNCTION, e.g. myjob.handlers:enrich")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(f"--handler {spec!r}: cannot import {module}: {exc}") from exc
+    handler = getattr(found, name, None)
+    if not callable(handler):
+        raise ConfigurationError(f"--handler {spec!r}: {module} has no function {name}")
+    return handler
+
+
+def _cmd_task(args: argparse.Namespace) -> int:
+    from broker.task import Task, TaskConfig
+    from broker.topics import REPLAY_SUFFIX, replay_topic
+
+    handler = load_handler(args.handler)
+    inputs = list(dict.fromkeys(args.topics))
+    if not args.no_replay_topics:
+        inputs += [replay_topic(t) for t in args.topics if not t.endswith(REPLAY_SUFFIX)]
+    config = TaskConfig(
+        batch_size=args.batch_size, commit_interval_s=args.commit_interval_ms / 1000,
+        fail_on_exception=not args.stop_on_exception, metrics_port=args.metrics_port,
+    )
+    counters = Task(_settings(args), args.namespace, list(dict.fromkeys(inputs)), args.group, handler, config).run(
+        install_signals=True
+    )
+    log.info("task %s stopped: %s", args.group, counters)
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     import orjson
 
@@ -538,6 +577,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="fold WITHOUT transactions - loses exactly-once; only to demonstrate what breaks",
     )
     acker.set_defaults(func=_cmd_acker)
+
+    tk = _parser(
+        sub, "task",
+        "run a task as a service: consume TOPICs (and their replay topics) in consumer group GROUP, "
+        "call HANDLER(record, ctx) per record, ack or fail it (SIGTERM stops it cleanly)",
+    )
+    _cluster(tk)
+    tk.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                    help="the handler, imported from the working directory or the installed packages")
+    tk.add_argument("--topics", nargs="+", required=True, metavar="TOPIC", help="the data topics to consume")
+    tk.add_argument("--group", required=True, help="the consumer group (one per task; instances share it)")
+    tk.add_argument("--no-replay-topics", action="store_true",
+                    help="do not consume TOPIC.replay as well (replays then go unprocessed)")
+    tk.add_argument("--batch-size", type=int, default=1000, help="records per poll, at most")
+    tk.add_argument("--commit-interval-ms", type=int, default=100,
+                    help="how often the task waits for its outputs and commits its offsets, ms")
+    tk.add_argument("--stop-on-exception", action="store_true",
+                    help="a handler exception stops the task (default: it fails the record: replay, then DLQ)")
+    _metrics_port(tk)
+    tk.set_defaults(func=_cmd_task)
 
     st = _parser(sub, "status", "pending, completed, replayed, DLQ of a namespace")
     _cluster(st)

@@ -18,6 +18,7 @@ COMMANDS = [
     ["acker", "--namespace", "ns"],
     ["topics", "check", "--namespace", "ns"],
     ["dlq", "list", "--namespace", "ns"],
+    ["task", "--namespace", "ns", "--handler", "json:dumps", "--topics", "t", "--group", "g"],
 ]
 
 
