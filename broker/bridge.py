@@ -124,12 +124,18 @@ class BridgeConfig:
     # False (--unsafe-commit): no transaction - a plain Source, flushed, then the offsets
     # committed. Only to show, in a test, that a crash then repeats input records.
     exactly_once: bool = True
+    # Where a group without committed offsets starts reading the input: "earliest" (every
+    # record the topic still holds) or "latest" (only what is written after it first joins:
+    # what was there before is never bridged). A group with committed offsets resumes there.
+    start: str = "earliest"
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.batch_records < 1 or self.batch_ms < 1:
             raise ConfigurationError("batch_records and batch_ms must be at least 1")
+        if self.start not in ("earliest", "latest"):
+            raise ConfigurationError(f"start must be 'earliest' or 'latest', not {self.start!r}")
 
 
 @dataclass
@@ -169,7 +175,7 @@ class Bridge:
                          partitioners={self.target: config.partitioner}, producer=producer),
             transactional_id=self.transactional_id if config.exactly_once else None,
         )
-        required: dict[str, Any] = {"isolation.level": "read_committed"}
+        required: dict[str, Any] = {"isolation.level": "read_committed", "auto.offset.reset": config.start}
         if config.instance_id:
             required["group.instance.id"] = self.transactional_id
         self._consumer = Consumer(settings.consumer_config(

@@ -394,7 +394,7 @@ def _cmd_bridge(args: argparse.Namespace) -> int:
         input_topic=args.from_topic, target_topic=args.to or "", group_id=args.group or "",
         instance_id=args.instance_id or "", batch_records=args.batch_records, batch_ms=args.batch_ms,
         session_timeout_ms=args.session_timeout_ms, timeout_ms=args.timeout_ms, max_attempts=args.max_attempts,
-        partitioner=args.partitioner, exactly_once=not args.unsafe_commit,
+        partitioner=args.partitioner, exactly_once=not args.unsafe_commit, start=args.start,
     )
     Bridge(_settings(args), args.namespace, config).run(install_signals=True)
     return 0
@@ -635,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
     br.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
                     help="how keys map to partitions of the target topic")
+    br.add_argument("--start", choices=["earliest", "latest"], default="earliest",
+                    help="where a new group starts reading the input: every record it holds, or only "
+                    "what is written from now on (a group with committed offsets resumes there)")
     br.add_argument("--unsafe-commit", action="store_true",
                     help="commit input offsets AFTER the records, outside any transaction - a crash repeats "
                     "records; only to demonstrate what breaks")
