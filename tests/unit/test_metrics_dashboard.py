@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.metrics import AckerMetrics, AckerSnapshot, PartitionFigures, TaskMetrics
+from broker.metrics import AckerMetrics, AckerSnapshot, PartitionFigures, TaskMetrics, TopicEstimate
 from broker.task import TaskCounters
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "replaybroker-dashboard.json"
@@ -17,7 +17,8 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "replay
 
 def _exported() -> set[str]:
     acker = AckerMetrics(lambda: 10_000)
-    acker.publish(AckerSnapshot({0: PartitionFigures({"completed": 1}, 1, 9_000)}, {("ns.acks", 0): 3}))
+    acker.publish(AckerSnapshot({0: PartitionFigures({"completed": 1}, 1, 9_000)}, {("ns.acks", 0): 3},
+                                {"orders": TopicEstimate(6_000, 1_500.0, 300)}))
     acker.commit_seconds.observe(0.01)
     task = TaskMetrics(TaskCounters)
     return {
