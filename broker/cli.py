@@ -301,7 +301,7 @@ def _cmd_task(args: argparse.Namespace) -> int:
     from broker.topics import REPLAY_SUFFIX, replay_topic
 
     handler = load_handler(args.handler)
-    inputs = list(dict.fromkeys(args.topics))
+    inputs = list(args.topics)
     if not args.no_replay_topics:
         inputs += [replay_topic(t) for t in args.topics if not t.endswith(REPLAY_SUFFIX)]
     config = TaskConfig(

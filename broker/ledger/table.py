@@ -230,8 +230,8 @@ def _i64(a: Iterable[int] | np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64).reshape(-1)
 
 
-def _empty_removed() -> Removed:
-    return Removed(np.empty(0, np.int64), np.empty(0, np.int64))
+def _empty_removed(with_values: bool = False) -> Removed:
+    return Removed(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64) if with_values else None)
 
 
 def _concat_removed(parts: list[Removed]) -> Removed:
@@ -276,8 +276,10 @@ def _first_occurrences(srids: np.ndarray, *, last: bool = False) -> tuple[np.nda
     return s[keep], order[keep]
 
 
-def _xor_by_srid(srids: np.ndarray, xors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique srids and the XOR of all values given for each."""
+def xor_by_srid(srids: np.ndarray, xors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique srids and the XOR of all values given for each (int64 arrays)."""
+    if srids.size == 0:
+        return srids, xors
     order = np.argsort(srids)
     s = srids[order]
     x = xors[order]
@@ -328,7 +330,7 @@ class LedgerTable:
             raise ValueError(f"{s.size} srids but {x.size} xors")
         if s.size == 0:
             return _empty_removed()
-        u, ux = _xor_by_srid(s, x)
+        u, ux = xor_by_srid(s, x)
         _check_nonzero(u)
         pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
         t = self.hashtable
@@ -629,7 +631,7 @@ class LedgerTable:
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)
         pos = self._deferred_slots(now)
         if pos is None:
-            return Deferred(Removed(*(np.empty(0, np.int64) for _ in range(3))), _empty_removed())
+            return Deferred(_empty_removed(with_values=True), _empty_removed())
         due = t.deadline[pos] <= now
         take = pos[due]
         next_offset = -1

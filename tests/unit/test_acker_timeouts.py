@@ -481,17 +481,22 @@ def test_explicit_failures_are_held_until_the_window_closes(fake_kafka: None) ->
     assert acker.counters()["failed"] == 2
 
 
-def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None) -> None:
-    clock = ManualClock(T0)
+def a_held_last_attempt(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
+    """S1 on its last attempt (3 of 3) times out. Its dead letter waits watch_ms (default: the
+    orphan TTL, 60 s) for late events of its own tree."""
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0, attempt=3, max_attempts=3, timeout_ms=1_000)
     consumer.batches.append([persist_msg(record)])
     run_steps(acker)
     clock.advance(1_000)
     run_steps(acker)
-    # The last attempt's dead letter waits watch_ms (default: the orphan TTL, 60 s) for late
-    # events of its own tree.
     assert outcomes(producer) == {} and acker.counters()["dlq_held"] == 1
+    return acker, consumer, producer
+
+
+def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None) -> None:
+    clock = ManualClock(T0)
+    acker, _consumer, producer = a_held_last_attempt(clock)
     clock.advance(60_000)
     run_steps(acker)
     assert outcomes(producer) == {S1: b"dlq"}
@@ -511,13 +516,7 @@ def test_a_held_last_attempt_completes_with_its_late_event_also_after_a_restore(
     changelog with its value (VALUE_KEPT), is restored by the next owner as a timeout that
     still completes - not as a failure."""
     clock = ManualClock(T0)
-    acker, consumer, producer = make_acker(clock)
-    record = persisted(S1, R1, T0, attempt=3, max_attempts=3, timeout_ms=1_000)
-    consumer.batches.append([persist_msg(record)])
-    run_steps(acker)
-    clock.advance(1_000)
-    run_steps(acker)
-    assert outcomes(producer) == {} and acker.counters()["dlq_held"] == 1
+    acker, consumer, producer = a_held_last_attempt(clock)
     latest = {p.key: p.value for p in producer.committed if p.topic == NS.ledger}
     assert latest[ids.encode_id(S1)] is not None
     restored = acker.changelog.new_state()
