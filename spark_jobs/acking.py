@@ -14,9 +14,11 @@ micro-batch, in this order:
    pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
    their topic with the parent's rb-* headers, a new ``rb-id`` and an ``rb-path`` (the
    parent's path plus the child's index among the parent's children, see ``Emit``);
-4. the events are gathered in the JVM, one Spark job without a shuffle: every tracked input's
-   ``(srid, record id)``, every child's ``(srid, child id)`` and the srids the pinned decision
-   failed, packed as big-endian int64 bytes into one row;
+4. the events - every tracked input's ``(srid, record id)``, every child's ``(srid, child id)``
+   and the srids the pinned decision failed - are read from ``observe()`` metrics that the
+   jobs of steps 2 and 3 filled while they wrote (``spark_jobs/observed.py``); where those
+   cannot be shown complete (or ``AckingConfig.observe_events`` is off) one Spark job without
+   a shuffle gathers them instead, packed as big-endian int64 bytes into one row;
 5. the driver folds them per srid with numpy (docs/design.md §4: ``r.id ^ child_1.id ^ ...``,
    XORed over every input of that srid in the batch, or a fail mark when the decision failed
    any of its rows), cuts them per ledger partition ``srid mod P`` into ``XorBatch`` values
@@ -54,6 +56,7 @@ from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
+from spark_jobs.observed import EventObserver
 from spark_jobs.reader import as_settings, kafka_options
 from spark_jobs.tracking import (
     ATTEMPT,
@@ -127,24 +130,30 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class Decision:
-    """The pinned outcome of a ``BatchResult``: the rows to write, the srids to fail."""
+    """The pinned outcome of a ``BatchResult``: the rows to write, the srids to fail
+    (``pinned``: read from the pin, not evaluated again by the ack step)."""
 
     ok: DataFrame
     failed: Column | DataFrame | None
+    pinned: bool = False
 
 
 DECISION = "_rb_failed"
 
 
-def decide(batch: DataFrame, result: BatchResult) -> Decision:
+def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None = None) -> Decision:
     """Evaluate ``result.failed`` once per row (step 2 of the module docstring).
 
     Without ``write`` nothing else reads the decision: it is left to the ack step, which
-    evaluates it once, and nothing is pinned.
+    evaluates it once, and nothing is pinned. With an ``observer`` the pins record what the
+    ack step needs while the outputs' jobs fill them (``spark_jobs/observed.py``), and the
+    rows are pinned even without a decision, so the inputs' ids are recorded under a pin.
     """
     rows = batch if result.rows is None else result.rows
     failed = result.failed
     if failed is None:
+        if observer is not None and result.write is not None:
+            return Decision(observer.pin_rows(rows), None)
         return Decision(rows, None)
     if SRID not in rows.columns:
         raise ConfigurationError(
@@ -157,16 +166,25 @@ def decide(batch: DataFrame, result: BatchResult) -> Decision:
             return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
         # One evaluation, kept: a recomputed plan would ask the decision again (a cached
         # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
-        decided = pin(rows.withColumn(DECISION, flag))
+        flagged = rows.withColumn(DECISION, flag)
+        decided = (
+            observer.pin_fails(flagged, f"CASE WHEN {DECISION} THEN {SRID} END")
+            if observer is not None
+            else pin(flagged)
+        )
         return Decision(
             decided.where(~F.col(DECISION)).drop(DECISION),
             decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
+            pinned=True,
         )
     if result.write is None:
         return Decision(rows, failed)
-    srids = pin(failed.select(SRID).where(F.col(SRID).isNotNull()))
+    marked = failed.select(SRID).where(F.col(SRID).isNotNull())
+    srids = observer.pin_fails(marked, SRID) if observer is not None else pin(marked)
+    if observer is not None:
+        rows = observer.pin_rows(rows)
     # Untracked rows (null srid) match nothing and stay.
-    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
+    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids, pinned=True)
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
@@ -215,8 +233,9 @@ class AckingConfig:
     name: str = field(default_factory=_default_name)  # XorBatch.producer, for diagnosis
     # 16 bytes a pair: 50 000 pairs is 800 kB, under Kafka's default 1 MB message limit.
     max_pairs_per_message: int = 50_000
-    # The handler and the ack step both read the batch. Off, the ack step reads it from Kafka
-    # again (the same offsets, the same records): no faster here (spark_jobs/README.md).
+    # The handler and the events job both read the batch. Off, the events job reads it from
+    # Kafka again (the same offsets, the same records): no faster here (spark_jobs/README.md).
+    # Not used with observe_events: the ack step then reads nothing of the batch.
     cache_batch: bool = True
     delivery_timeout_s: float = 60.0
     # librdkafka overrides of the ack producer (linger.ms ...); never of idempotence or acks=all
@@ -226,6 +245,10 @@ class AckingConfig:
     # Hand the handler the batch without the replays the acker marked superseded
     # (docs/design.md §6): they are acked as leaves, nothing is written for them.
     skip_superseded: bool = True
+    # Take the events from observe() metrics of the jobs the batch runs anyway, not from a
+    # job of their own (spark_jobs/observed.py); the job still runs where they are not
+    # complete.
+    observe_events: bool = True
 
 
 @dataclass
@@ -240,12 +263,14 @@ class BatchStats:
     children: int = 0
     messages: int = 0
     skipped: int = 0  # superseded replays acked without handing them to the handler
+    events_job: int = 0  # 1: the events were computed by a job of their own (not observed)
     handler_s: float = 0.0
     ack_s: float = 0.0
 
 
 STAT_FIELDS = (
     "inputs", "untracked", "replay_inputs", "srids", "pairs", "fail_marks", "children", "messages", "skipped",
+    "events_job",
 )
 
 
@@ -366,24 +391,40 @@ def collect_xor_batches(
     counts: ``inputs``, ``replay_inputs``, ``children``, ``untracked``, ``srids`` (touched),
     ``pairs`` and ``fail_marks`` (sent)."""
     row = events.collect()[0]
-    partitions = int(row["ledger_partitions"])
-    folded = fold_events(
+    counts = {name: int(row[name] or 0) for name in ("inputs", "replay_inputs", "children", "untracked")}
+    return xor_batches(
+        int(row["ledger_partitions"]),
         np.frombuffer(bytes(row["srids_be"]), dtype=">i8"),
         np.frombuffer(bytes(row["xors_be"]), dtype=">i8"),
         np.frombuffer(bytes(row["failed_be"]), dtype=">i8"),
+        counts, producer, max_pairs,
     )
-    counts = {name: int(row[name] or 0) for name in ("inputs", "replay_inputs", "children", "untracked")}
-    counts.update(srids=folded.distinct_srids, pairs=len(folded.srids), fail_marks=len(folded.failed))
+
+
+def xor_batches(
+    partitions: int,
+    srids: np.ndarray,
+    xors: np.ndarray,
+    failed: np.ndarray,
+    counts: Mapping[str, int],
+    producer: str = "",
+    max_pairs: int = 50_000,
+) -> tuple[list[XorBatch], dict[str, int]]:
+    """Unfolded events (aligned ``(srid, x)`` pairs and failed srids) folded per srid and cut
+    per ledger partition; ``counts`` plus ``srids``, ``pairs``, ``fail_marks``."""
+    folded = fold_events(srids, xors, failed)
+    out = dict(counts)
+    out.update(srids=folded.distinct_srids, pairs=len(folded.srids), fail_marks=len(folded.failed))
     pair_lp = np.mod(folded.srids, partitions)
     fail_lp = np.mod(folded.failed, partitions)
     batches: list[XorBatch] = []
     for lp in np.union1d(pair_lp, fail_lp).tolist():
-        srids, xors = folded.srids[pair_lp == lp], folded.xors[pair_lp == lp]
+        lp_srids, lp_xors = folded.srids[pair_lp == lp], folded.xors[pair_lp == lp]
         fails = folded.failed[fail_lp == lp]
-        for start in range(0, max(len(srids), len(fails)), max_pairs):
+        for start in range(0, max(len(lp_srids), len(fails)), max_pairs):
             end = start + max_pairs
-            batches.append(XorBatch(lp, srids[start:end], xors[start:end], fails[start:end], producer))
-    return batches, counts
+            batches.append(XorBatch(lp, lp_srids[start:end], lp_xors[start:end], fails[start:end], producer))
+    return batches, out
 
 
 _EMIT, _PARENT = "_rb_emit", "_rb_parent"
@@ -512,26 +553,43 @@ class Acking:
         translation for Spark)."""
         started = time.monotonic()
         batch = with_tracking(batch)
-        if self.config.cache_batch:
+        observer = EventObserver(batch_id) if self.config.observe_events else None
+        if observer is not None:
+            batch = observer.inputs(batch)
+        # Observed, the ack step reads nothing of the batch (unless it falls back to the events job).
+        cache = self.config.cache_batch and observer is None
+        if cache:
             batch = batch.persist()
         try:
             rows, skipped = self._skip_superseded(batch)
             result = self.handler(rows, batch_id) or BatchResult()
-            decision = decide(rows, result)
+            decision = decide(rows, result, observer)
             emits = list(result.emits)
             if result.write is not None:
                 emits += result.write(decision.ok, batch_id) or ()
             handled = time.monotonic()
-            children = self._emit(emits)
-            events = xor_events(batch, self.ledger_partitions, decision.failed, children)
-            xor_batches, counts = collect_xor_batches(
-                events, self.config.name, self.config.max_pairs_per_message
-            )
-            self._send(xor_batches)
+            children = self._emit(emits, observer)
+            # A decision not pinned is evaluated by the events job: it was observed nowhere.
+            observable = observer is not None and (decision.failed is None or decision.pinned)
+            observed = observer.events() if observer is not None and observable else None
+            if observed is not None:
+                xor_batches_, counts = xor_batches(
+                    self.ledger_partitions, observed.srids, observed.xors, observed.failed,
+                    observed.counts, self.config.name, self.config.max_pairs_per_message,
+                )
+            else:
+                if observer is not None:
+                    log.debug("batch %d: events by a job of their own: %s", batch_id, observer.missed)
+                events = xor_events(batch, self.ledger_partitions, decision.failed, children)
+                xor_batches_, counts = collect_xor_batches(
+                    events, self.config.name, self.config.max_pairs_per_message
+                )
+                counts["events_job"] = 1
+            self._send(xor_batches_)
         finally:
-            if self.config.cache_batch:
+            if cache:
                 batch.unpersist()
-        stats = BatchStats(batch_id, messages=len(xor_batches), skipped=skipped, **counts)
+        stats = BatchStats(batch_id, messages=len(xor_batches_), skipped=skipped, **counts)
         stats.handler_s = handled - started
         stats.ack_s = time.monotonic() - handled
         self.history.append(stats)
@@ -559,7 +617,7 @@ class Acking:
 
     # ------------------------------------------------------------------ children
 
-    def _emit(self, emits: Sequence[Emit]) -> list[DataFrame]:
+    def _emit(self, emits: Sequence[Emit], observer: EventObserver | None = None) -> list[DataFrame]:
         """Write the children with fresh ids and their paths; return ``srid, child_id`` for
         the events."""
         if not emits:
@@ -575,7 +633,8 @@ class Acking:
             CHILD_PATH, F.when(tracked, child_path(F.col(PATH), F.row_number().over(siblings) - 1))
         )
         # Drawn once and pinned: a recomputed uuid() would write one id and XOR another.
-        pinned = pin(numbered.withColumn(CHILD_ID, F.when(tracked, new_id())))
+        drawn = numbered.withColumn(CHILD_ID, F.when(tracked, new_id()))
+        pinned = observer.pin_children(drawn, CHILD_ID) if observer is not None else pin(drawn)
         rb = tracking_headers(F.col(SRID), F.col(CHILD_ID), F.col(ORIGIN), F.col(ATTEMPT), F.col(CHILD_PATH))
         headers = F.when(tracked, F.concat(F.col("headers"), rb)).otherwise(F.col("headers"))
         (

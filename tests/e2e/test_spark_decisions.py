@@ -20,7 +20,7 @@ from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
-from spark_jobs import Acking, BatchResult, OriginParquetSink, read_with_replay
+from spark_jobs import Acking, AckingConfig, BatchResult, OriginParquetSink, read_with_replay
 
 pytestmark = pytest.mark.e2e
 
@@ -36,9 +36,10 @@ def _acks(settings: KafkaSettings, ns: Namespace, partitions: int) -> tuple[set[
     return acked, failed
 
 
+@pytest.mark.parametrize("observe", [True, False], ids=["observed", "events-job"])
 @pytest.mark.parametrize("form", ["column", "dataframe"])
 def test_rows_acked_are_the_rows_written(
-    spark: SparkSession, bootstrap: str, tmp_path: Path, form: str
+    spark: SparkSession, bootstrap: str, tmp_path: Path, form: str, observe: bool
 ) -> None:
     settings, ns = KafkaSettings(bootstrap), Namespace(unique_name("decide"))
     topic, n, P = f"{ns.name}-in", 200, 2
@@ -60,8 +61,12 @@ def test_rows_acked_are_the_rows_written(
             return BatchResult(failed=flaky(F.col("value")), write=write)
         return BatchResult(failed=batch.where(flaky(F.col("value"))).select("srid"), write=write)
 
-    with Acking(bootstrap, ns, handler) as acking:
-        acking.process(read_with_replay(spark, bootstrap, topic, stream=False), 0)
+    with Acking(bootstrap, ns, handler, AckingConfig(observe_events=observe)) as acking:
+        stats = acking.process(read_with_replay(spark, bootstrap, topic, stream=False), 0)
+    # The acks came from the observations of the write's own jobs (spark_jobs/observed.py),
+    # not from an events job: that is the path under test. The same test with
+    # AckingConfig(observe_events=False) covers the events job (below).
+    assert stats.events_job == int(not observe)
 
     acked, failed = _acks(settings, ns, P)
     written = {r["srid"] for r in sink.read(spark).select("srid").collect()}

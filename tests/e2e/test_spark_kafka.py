@@ -110,6 +110,7 @@ def test_children_are_anchored_to_their_parents_tree(
         with Acking(bootstrap, ns, handler) as acking:
             stats = acking.process(read_with_replay(spark, bootstrap, topic, stream=False), 0)
         assert (stats.inputs, stats.children, stats.pairs) == (n, n, n)
+        assert stats.events_job == 0  # the children's ids observed while they were written
         # Persisted (n roots) and acked (n events): the children's ids keep every value != 0.
         _wait(lambda: acker.totals["registered"] == n and acker.totals["folded"] == n)
         time.sleep(0.5)

@@ -34,12 +34,16 @@ from spark_jobs.acking import (
     CHILD_ID,
     BatchFailed,
     BatchInterrupted,
+    BatchResult,
     _for_spark,
     catching_udf,
     collect_xor_batches,
+    decide,
     with_tracking,
+    xor_batches,
     xor_events,
 )
+from spark_jobs.observed import EventObserver
 from spark_jobs.session import build_spark_session
 from spark_jobs.tracking import (
     id_from_bytes,
@@ -286,6 +290,89 @@ def test_collect_xor_batches_cuts_large_partitions(spark: SparkSession) -> None:
     assert max(len(xb.failed) for xb in batches) <= 300
     assert sum(len(xb.srids) for xb in batches) == counts["pairs"] == 2250
     assert sum(len(xb.failed) for xb in batches) == counts["fail_marks"] == 250
+
+
+# --------------------------------------------------------------------------- observed events
+
+CHILD_SCHEMA = StructType([StructField("srid", LongType()), StructField(CHILD_ID, LongType())])
+
+
+def _noop(frame) -> None:
+    frame.write.format("noop").mode("overwrite").save()
+
+
+def _by_partition(batches: list[XorBatch]) -> tuple[dict[int, dict[int, int]], dict[int, set[int]]]:
+    pairs: dict[int, dict[int, int]] = defaultdict(dict)
+    fails: dict[int, set[int]] = defaultdict(set)
+    for xb in batches:
+        xb = XorBatch.decode(xb.encode())  # what the acker reads
+        pairs[xb.ledger_partition].update(zip(xb.srids.tolist(), xb.xors.tolist(), strict=True))
+        fails[xb.ledger_partition].update(xb.failed.tolist())
+    return dict(pairs), {k: v for k, v in fails.items() if v}
+
+
+@pytest.mark.parametrize("form", ["column", "dataframe"])
+def test_observed_events_equal_the_python_fold(spark: SparkSession, form: str) -> None:
+    """The events read from the observations of the jobs that wrote the outputs (no events job)
+    are the events the Python fold gives: every input's id, every child's, every fail mark."""
+    P = 3
+    inputs, children = _batch(seed=7)
+    ob = EventObserver(0)
+    batch = ob.inputs(spark.createDataFrame(inputs, INPUT_SCHEMA))
+    failed = F.col("bad") if form == "column" else batch.where("bad").select("srid")
+    decision = decide(batch, BatchResult(failed=failed, write=lambda ok, _b: None), ob)
+    _noop(decision.ok)  # the handler's write: it fills the pins
+    _noop(ob.pin_children(spark.createDataFrame(children, CHILD_SCHEMA), CHILD_ID))  # the children's
+
+    observed = ob.events()
+    assert observed is not None, ob.missed
+    batches, counts = xor_batches(P, observed.srids, observed.xors, observed.failed, observed.counts, "test")
+    assert _by_partition(batches) == _reference(inputs, children, P)
+    assert counts["untracked"] == sum(1 for i in inputs if i[1] is None)
+    assert counts["inputs"] == len(inputs) - counts["untracked"]
+    assert counts["replay_inputs"] == sum(1 for i in inputs if i[1] is not None and i[5])
+    assert counts["children"] == len(children)
+
+
+def test_observed_events_are_not_trusted_unless_complete(spark: SparkSession) -> None:
+    """A fail mark or a child id missing from an observation would complete a tree early: where
+    the observer cannot show its observations complete it answers None, and the ack step runs
+    the events job instead."""
+    inputs, _ = _batch(seed=8, n=40, srids=10)
+    bad = BatchResult(failed=F.col("bad"), write=lambda ok, _b: None)
+
+    # A pin no job read: nothing was written from it, and nothing observed.
+    ob = EventObserver(1)
+    decide(ob.inputs(spark.createDataFrame(inputs, INPUT_SCHEMA)), bad, ob)
+    assert ob.events() is None and "not filled" in (ob.missed or "")
+
+    # Empty partitions are not observed (no row passes the observation) and are counted in
+    # the pin instead: the events are complete.
+    ob = EventObserver(2)
+    sparse = spark.createDataFrame(spark.sparkContext.parallelize(inputs[:9], 8), INPUT_SCHEMA)
+    decision = decide(ob.inputs(sparse), bad, ob)
+    _noop(decision.ok)
+    observed = ob.events()
+    assert observed is not None, ob.missed
+    batches, _ = xor_batches(3, observed.srids, observed.xors, observed.failed, observed.counts)
+    assert _by_partition(batches) == _reference(inputs[:9], [], 3)
+
+    # Observations lost while the pinned blocks stay - what a task that stored its block and
+    # then failed leaves (its retry reads the block; the failed attempt's observation is
+    # dropped): here the plan's observations are reset after the write.
+    ob = EventObserver(3)
+    decision = decide(ob.inputs(spark.createDataFrame(inputs, INPUT_SCHEMA)), bad, ob)
+    _noop(decision.ok)
+    ob._pins[0].observed._jdf.queryExecution().executedPlan().resetMetrics()
+    assert ob.events() is None and "rows in partitions not observed" in (ob.missed or "")
+
+    # Rows that do not come from the batch: the inputs' ids were observed under no pin.
+    ob = EventObserver(4)
+    ob.inputs(spark.createDataFrame(inputs, INPUT_SCHEMA))
+    other = spark.createDataFrame(inputs, INPUT_SCHEMA)
+    decision = decide(other, bad, ob)
+    _noop(decision.ok)
+    assert ob.events() is None and "no pin read the batch" in (ob.missed or "")
 
 
 # --------------------------------------------------------------------------- errors for Spark
