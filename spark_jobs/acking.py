@@ -56,7 +56,7 @@ from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
-from spark_jobs.observed import EventObserver
+from spark_jobs.observed import PARTITION, EventObserver
 from spark_jobs.reader import as_settings, kafka_options
 from spark_jobs.tracking import (
     ATTEMPT,
@@ -128,14 +128,35 @@ class BatchResult:
     write: Writer | None = None
 
 
-@dataclass(frozen=True)
 class Decision:
-    """The pinned outcome of a ``BatchResult``: the rows to write, the srids to fail
-    (``pinned``: read from the pin, not evaluated again by the ack step)."""
+    """The pinned outcome of a ``BatchResult``: the rows to write (``ok``), the srids to fail
+    (``failed``) and whether those are read from a pin (``pinned``), not evaluated again by
+    the ack step. A pinned decision's ``failed`` frame is built when first asked for: only the
+    events job reads it, and every DataFrame built costs an analysis of the whole plan."""
 
-    ok: DataFrame
-    failed: Column | DataFrame | None
-    pinned: bool = False
+    def __init__(
+        self,
+        ok: DataFrame,
+        failed: Column | DataFrame | None = None,
+        *,
+        pinned: bool = False,
+        failed_of: Callable[[], DataFrame] | None = None,
+    ) -> None:
+        self.ok = ok
+        self.pinned = pinned
+        self._failed = failed
+        self._failed_of = failed_of
+
+    @property
+    def fails(self) -> bool:
+        """Whether anything can fail (a ``failed`` was given)."""
+        return self._failed is not None or self._failed_of is not None
+
+    @property
+    def failed(self) -> Column | DataFrame | None:
+        if self._failed is None and self._failed_of is not None:
+            self._failed = self._failed_of()
+        return self._failed
 
 
 DECISION = "_rb_failed"
@@ -166,21 +187,22 @@ def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None
             return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
         # One evaluation, kept: a recomputed plan would ask the decision again (a cached
         # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
-        flagged = rows.withColumn(DECISION, flag)
-        decided = (
-            observer.pin_fails(flagged, f"CASE WHEN {DECISION} THEN {SRID} END")
-            if observer is not None
-            else pin(flagged)
-        )
+        if observer is not None:
+            # The decision column and the observer's partition column in one projection (each
+            # DataFrame built is an analysis of the whole plan); both dropped after the pin.
+            decided = observer.pin_fails(rows, f"CASE WHEN {DECISION} THEN {SRID} END", {DECISION: flag})
+            extra = [DECISION, PARTITION]
+        else:
+            decided, extra = pin(rows.withColumn(DECISION, flag)), [DECISION]
         return Decision(
-            decided.where(~F.col(DECISION)).drop(DECISION),
-            decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
+            decided.where(~F.col(DECISION)).drop(*extra),
             pinned=True,
+            failed_of=lambda: decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
         )
     if result.write is None:
         return Decision(rows, failed)
     marked = failed.select(SRID).where(F.col(SRID).isNotNull())
-    srids = observer.pin_fails(marked, SRID) if observer is not None else pin(marked)
+    srids = observer.pin_fails(marked, SRID).select(SRID) if observer is not None else pin(marked)
     if observer is not None:
         rows = observer.pin_rows(rows)
     # Untracked rows (null srid) match nothing and stay.
@@ -570,7 +592,7 @@ class Acking:
             handled = time.monotonic()
             children = self._emit(emits, observer)
             # A decision not pinned is evaluated by the events job: it was observed nowhere.
-            observable = observer is not None and (decision.failed is None or decision.pinned)
+            observable = observer is not None and (not decision.fails or decision.pinned)
             observed = observer.events() if observer is not None and observable else None
             if observed is not None:
                 xor_batches_, counts = xor_batches(

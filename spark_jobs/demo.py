@@ -415,6 +415,8 @@ class SparkDemo:
             "alerts_emitted": acking.totals["children"],
             "alerts_acked": self.alerts_acked,
             "batches": acking.totals["batches"],
+            # batches whose events needed a Spark job of their own (not observed: observed.py)
+            "events_jobs": acking.totals["events_job"],
             "interrupted_batches": acking.totals["interrupted"],
             "restarts": self.restarts,
             "seconds": round(seconds, 2),

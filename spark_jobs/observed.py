@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.tracking import IS_REPLAY, RECORD_ID, SRID
 
-_PART = "_rb_part"
+PARTITION = "_rb_part"  # the column a pin_fails frame keeps: drop it with the decision's
 # The ids are observed as plain ``collect_list`` arrays and read here a slice at a time, as
 # decimal text. Packing them in SQL (``packed_ids_sql``: a lambda per id) cost more than the
 # whole read: Spark compiles the aggregate's code anew for every batch (the lambdas' ids make
@@ -111,33 +111,36 @@ class EventObserver:
     def pin_rows(self, frame: DataFrame) -> DataFrame:
         """``acking.pin(frame)``: the handler's rows without a decision, pinned so that the
         inputs' observation under them can be read."""
-        return self._pin(frame, "rows")
+        return self._pin(frame, "rows", {}).drop(PARTITION)
 
-    def pin_fails(self, frame: DataFrame, fail_expr: str) -> DataFrame:
-        """``acking.pin(frame)``, recording ``fail_expr`` (SQL: a row's failed srid, or null)."""
-        return self._pin(frame, "fails", F.expr(f"collect_list({fail_expr})").alias("failed"))
+    def pin_fails(self, frame: DataFrame, fail_expr: str, columns: dict[str, Any] | None = None) -> DataFrame:
+        """``acking.pin(frame.withColumns(columns))``, recording ``fail_expr`` (SQL over those
+        columns: a row's failed srid, or null). The pinned frame keeps a ``PARTITION`` column."""
+        return self._pin(frame, "fails", columns or {}, F.expr(f"collect_list({fail_expr})").alias("failed"))
 
     def pin_children(self, frame: DataFrame, child_id: str) -> DataFrame:
-        """``acking.pin(frame)``, recording the ``(srid, child_id)`` of its tracked rows."""
+        """``acking.pin(frame)``, recording the ``(srid, child_id)`` of its tracked rows. The
+        pinned frame keeps a ``PARTITION`` column."""
         return self._pin(
             frame,
             "children",
+            {},
             F.expr(f"collect_list({SRID})").alias("srids"),
             F.expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN {child_id} END)").alias("xors"),
         )
 
-    def _pin(self, frame: DataFrame, kind: str, *metrics: Any) -> DataFrame:
+    def _pin(self, frame: DataFrame, kind: str, columns: dict[str, Any], *metrics: Any) -> DataFrame:
         name = f"{self._tag}_{kind}{len(self._pins)}"
         # The partition is taken before the observation (its aggregates take deterministic
         # arguments only); a narrow projection, so it is the pin's partition too. The frame
         # checkpointed is always a new one: an action on a frame resets its plan's
         # observations, and nothing but the pin ever runs this one.
-        observed = frame.withColumn(_PART, F.spark_partition_id()).observe(
-            name, *metrics, F.expr(f"collect_set({_PART})").alias("partitions")
+        observed = frame.withColumns({**columns, PARTITION: F.spark_partition_id()}).observe(
+            name, *metrics, F.expr(f"collect_set({PARTITION})").alias("partitions")
         )
         pinned = observed.localCheckpoint(eager=False)
         self._pins.append(_Pinned(name, observed, pinned, kind))
-        return pinned.drop(_PART)
+        return pinned
 
     # ------------------------------------------------------------------ reading
 
@@ -195,7 +198,7 @@ def _all_observed(pin: _Pinned, partitions: Any, total: int) -> bool:
     partition was not observed: an empty one is the usual reason)."""
     seen = {int(p) for p in str(partitions.mkString(",")).split(",") if p}
     missing = sorted(set(range(total)) - seen)
-    return not missing or pin.pinned.where(F.col(_PART).isin(missing)).limit(1).count() == 0
+    return not missing or pin.pinned.where(F.col(PARTITION).isin(missing)).limit(1).count() == 0
 
 
 def _rows_seen(inputs: list[Any]) -> int:

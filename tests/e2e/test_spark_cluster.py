@@ -92,6 +92,10 @@ def test_the_spark_demo_runs_on_a_standalone_cluster(
         data_topics = {summary["topic"]: 4, f"{ns.name}-alerts": 2}
         delete(settings, layout(ns, LEDGER_PARTITIONS, data_topics))
 
+    # The events were observed in the executors' tasks and merged on the driver, not gathered
+    # by a job of their own (spark_jobs/observed.py), in every batch that wrote outputs.
+    assert summary["events_jobs"] < summary["batches"]
+
     # The driver ran on the cluster and had an executor ...
     assert summary["spark_master"] == state.master_url
     assert len(summary["executors"]) == 1
