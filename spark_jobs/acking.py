@@ -56,7 +56,7 @@ from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
-from spark_jobs.observed import PARTITION, EventObserver
+from spark_jobs.observed import PARTITION, PIN_STORAGE, EventObserver
 from spark_jobs.reader import as_settings, kafka_options
 from spark_jobs.tracking import (
     ATTEMPT,
@@ -221,9 +221,9 @@ def pin(frame: DataFrame) -> DataFrame:
     and after that job Spark computes any partition it did not read (an extra job only then),
     keeps the blocks and cuts the lineage - so every later reader (the fail marks, the events)
     reads the same copy, and a lost block fails the batch instead of evaluating the decision a
-    second time.
+    second time. The rows are kept serialized (``PIN_STORAGE``).
     """
-    return frame.localCheckpoint(eager=False)
+    return frame.localCheckpoint(eager=False, storageLevel=PIN_STORAGE)
 
 
 def catching_udf(fn: Callable[..., Any], return_type: DataType | str) -> Callable[..., Column]:
