@@ -129,9 +129,8 @@ class BatchResult:
 
 
 class Decision:
-    """The pinned outcome of a ``BatchResult``: the rows to write (``ok``), the srids to fail
-    (``failed``) and whether those are read from a pin (``pinned``), not evaluated again by
-    the ack step. A pinned decision's ``failed`` frame is built when first asked for: only the
+    """The pinned outcome of a ``BatchResult``: the rows to write (``ok``) and the srids to fail
+    (``failed``). A pinned decision's ``failed`` frame is built when first asked for: only the
     events job reads it, and every DataFrame built costs an analysis of the whole plan."""
 
     def __init__(
@@ -139,18 +138,11 @@ class Decision:
         ok: DataFrame,
         failed: Column | DataFrame | None = None,
         *,
-        pinned: bool = False,
         failed_of: Callable[[], DataFrame] | None = None,
     ) -> None:
         self.ok = ok
-        self.pinned = pinned
         self._failed = failed
         self._failed_of = failed_of
-
-    @property
-    def fails(self) -> bool:
-        """Whether anything can fail (a ``failed`` was given)."""
-        return self._failed is not None or self._failed_of is not None
 
     @property
     def failed(self) -> Column | DataFrame | None:
@@ -184,6 +176,7 @@ def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None
     if isinstance(failed, Column):
         flag = F.coalesce(failed, F.lit(False))
         if result.write is None:
+            _evaluated_by_the_events_job(observer)
             return Decision(rows, failed if result.rows is None else rows.where(flag).select(SRID))
         # One evaluation, kept: a recomputed plan would ask the decision again (a cached
         # block can be evicted and recomputed; a local checkpoint is read, never recomputed).
@@ -196,17 +189,25 @@ def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None
             decided, extra = pin(rows.withColumn(DECISION, flag)), [DECISION]
         return Decision(
             decided.where(~F.col(DECISION)).drop(*extra),
-            pinned=True,
             failed_of=lambda: decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID),
         )
     if result.write is None:
+        _evaluated_by_the_events_job(observer)
         return Decision(rows, failed)
     marked = failed.select(SRID).where(F.col(SRID).isNotNull())
     srids = observer.pin_fails(marked, SRID).select(SRID) if observer is not None else pin(marked)
     if observer is not None:
         rows = observer.pin_rows(rows)
     # Untracked rows (null srid) match nothing and stay.
-    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids, pinned=True)
+    return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
+
+
+def _evaluated_by_the_events_job(observer: EventObserver | None) -> None:
+    """A decision without ``write`` is not pinned: nothing observes it, the events job alone
+    evaluates it - so the observer's events must not be used (its inputs would be acked
+    without their fail marks)."""
+    if observer is not None:
+        observer.unobservable("the decision is not pinned (no write): the events job evaluates it")
 
 
 BatchHandler = Callable[[DataFrame, int], BatchResult | None]
@@ -591,9 +592,7 @@ class Acking:
                 emits += result.write(decision.ok, batch_id) or ()
             handled = time.monotonic()
             children = self._emit(emits, observer)
-            # A decision not pinned is evaluated by the events job: it was observed nowhere.
-            observable = observer is not None and (not decision.fails or decision.pinned)
-            observed = observer.events() if observer is not None and observable else None
+            observed = observer.events() if observer is not None else None
             if observed is not None:
                 xor_batches_, counts = xor_batches(
                     self.ledger_partitions, observed.srids, observed.xors, observed.failed,

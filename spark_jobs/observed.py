@@ -52,6 +52,7 @@ from spark_jobs.tracking import IS_REPLAY, RECORD_ID, SRID
 PIN_STORAGE = StorageLevel(True, True, False, False)
 
 PARTITION = "_rb_part"  # the column a pin_fails frame keeps: drop it with the decision's
+
 # The ids are observed as plain ``collect_list`` arrays and read here a slice at a time, as
 # decimal text. Packed in SQL instead (``packed_ids_sql``: higher-order functions, a lambda per
 # id), an observation of two lists made the batch ~20 ms slower (248 against 225 ms, 20
@@ -93,7 +94,12 @@ class EventObserver:
         self._tag = f"rb_{batch_id}_{uuid.uuid4().hex[:8]}"
         self._inputs: str | None = None  # the inputs' observation
         self._pins: list[_Pinned] = []
+        self._unobservable: str | None = None
         self.missed: str | None = None
+
+    def unobservable(self, why: str) -> None:
+        """Part of the events is evaluated by the events job only: ``events()`` answers None."""
+        self._unobservable = why
 
     def inputs(self, batch: DataFrame) -> DataFrame:
         """``batch`` with the inputs' observation: every plan over it records the inputs it
@@ -102,9 +108,7 @@ class EventObserver:
         replay = f"coalesce(cast({IS_REPLAY} AS INT), 0)" if IS_REPLAY in batch.columns else "0"
         observed = batch.observe(
             name,
-            F.expr(f"collect_list({SRID})").alias("srids"),
-            # Aligned with the srids: null exactly where the srid is null (then skipped).
-            F.expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN coalesce({RECORD_ID}, 0L) END)").alias("xors"),
+            *_pairs(f"coalesce({RECORD_ID}, 0L)"),
             F.expr(f"count({SRID})").alias("inputs"),
             F.expr(f"coalesce(sum(CASE WHEN {SRID} IS NOT NULL THEN {replay} END), 0L)").alias("replay_inputs"),
             F.expr(f"count_if({SRID} IS NULL)").alias("untracked"),
@@ -129,8 +133,7 @@ class EventObserver:
             frame,
             "children",
             {},
-            F.expr(f"collect_list({SRID})").alias("srids"),
-            F.expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN {child_id} END)").alias("xors"),
+            *_pairs(child_id),
         )
 
     def _pin(self, frame: DataFrame, kind: str, columns: dict[str, Any], *metrics: Any) -> DataFrame:
@@ -156,6 +159,8 @@ class EventObserver:
         """The batch's events, or ``None`` (``missed`` says why) when the observations are not
         complete enough to be trusted (module docstring)."""
         self.missed = None
+        if self._unobservable is not None:
+            return self._miss(self._unobservable)
         if self._inputs is None:
             return self._miss("the batch was not observed")
         inputs: list[Any] | None = None
@@ -194,6 +199,15 @@ class EventObserver:
             np.concatenate(failed),
             counts,
         )
+
+
+def _pairs(x: str) -> tuple[Any, Any]:
+    """The metrics ``srids`` and ``xors``: each tracked row's srid and ``x`` (SQL), aligned -
+    ``x`` is null exactly where the srid is, and ``collect_list`` skips both."""
+    return (
+        F.expr(f"collect_list({SRID})").alias("srids"),
+        F.expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN {x} END)").alias("xors"),
+    )
 
 
 def _all_observed(pin: _Pinned, partitions: Any, total: int) -> bool:

@@ -247,6 +247,19 @@ INPUT_SCHEMA = StructType(
 )
 
 
+def _by_partition(batches: list[XorBatch], P: int) -> tuple[dict[int, dict[int, int]], dict[int, set[int]]]:
+    """The batches as the acker reads them, per ledger partition: {srid: xor} and the failed
+    srids (partitions without any left out); every pair in its srid's partition."""
+    pairs: dict[int, dict[int, int]] = defaultdict(dict)
+    fails: dict[int, set[int]] = defaultdict(set)
+    for xb in batches:
+        xb = XorBatch.decode(xb.encode())  # what the acker reads
+        assert all(s % P == xb.ledger_partition for s in xb.srids.tolist())
+        pairs[xb.ledger_partition].update(zip(xb.srids.tolist(), xb.xors.tolist(), strict=True))
+        fails[xb.ledger_partition].update(xb.failed.tolist())
+    return dict(pairs), {k: v for k, v in fails.items() if v}
+
+
 @pytest.mark.parametrize("ledger_partitions", [1, 5])
 def test_xor_events_equal_the_python_fold(spark: SparkSession, ledger_partitions: int) -> None:
     inputs, children = _batch(seed=ledger_partitions)
@@ -259,16 +272,10 @@ def test_xor_events_equal_the_python_fold(spark: SparkSession, ledger_partitions
     failed_df = spark.createDataFrame([(s,) for s in failed_extra], "srid bigint")
 
     batches, counts = collect_xor_batches(xor_events(df, ledger_partitions, F.col("bad"), [kids]), "test")
-    got_pairs: dict[int, dict[int, int]] = defaultdict(dict)
-    got_fails: dict[int, set[int]] = defaultdict(set)
-    for xb in batches:
-        xb = XorBatch.decode(xb.encode())  # what the acker reads
-        assert all(s % ledger_partitions == xb.ledger_partition for s in xb.srids.tolist())
-        got_pairs[xb.ledger_partition].update(zip(xb.srids.tolist(), xb.xors.tolist(), strict=True))
-        got_fails[xb.ledger_partition].update(xb.failed.tolist())
+    got_pairs, got_fails = _by_partition(batches, ledger_partitions)
     want_pairs, want_fails = _reference(inputs, children, ledger_partitions)
-    assert dict(got_pairs) == dict(want_pairs)
-    assert {k: v for k, v in got_fails.items() if v} == dict(want_fails)
+    assert got_pairs == dict(want_pairs)
+    assert got_fails == dict(want_fails)
     assert z not in {s for p in got_pairs.values() for s in p}  # a zero XOR is not sent
     assert counts["inputs"] == len(inputs) - counts["untracked"]
     assert counts["untracked"] == sum(1 for i in inputs if i[1] is None)
@@ -301,16 +308,6 @@ def _noop(frame) -> None:
     frame.write.format("noop").mode("overwrite").save()
 
 
-def _by_partition(batches: list[XorBatch]) -> tuple[dict[int, dict[int, int]], dict[int, set[int]]]:
-    pairs: dict[int, dict[int, int]] = defaultdict(dict)
-    fails: dict[int, set[int]] = defaultdict(set)
-    for xb in batches:
-        xb = XorBatch.decode(xb.encode())  # what the acker reads
-        pairs[xb.ledger_partition].update(zip(xb.srids.tolist(), xb.xors.tolist(), strict=True))
-        fails[xb.ledger_partition].update(xb.failed.tolist())
-    return dict(pairs), {k: v for k, v in fails.items() if v}
-
-
 @pytest.mark.parametrize("form", ["column", "dataframe"])
 def test_observed_events_equal_the_python_fold(spark: SparkSession, form: str) -> None:
     """The events read from the observations of the jobs that wrote the outputs (no events job)
@@ -327,7 +324,7 @@ def test_observed_events_equal_the_python_fold(spark: SparkSession, form: str) -
     observed = ob.events()
     assert observed is not None, ob.missed
     batches, counts = xor_batches(P, observed.srids, observed.xors, observed.failed, observed.counts, "test")
-    assert _by_partition(batches) == _reference(inputs, children, P)
+    assert _by_partition(batches, P) == _reference(inputs, children, P)
     assert counts["untracked"] == sum(1 for i in inputs if i[1] is None)
     assert counts["inputs"] == len(inputs) - counts["untracked"]
     assert counts["replay_inputs"] == sum(1 for i in inputs if i[1] is not None and i[5])
@@ -355,7 +352,7 @@ def test_observed_events_are_not_trusted_unless_complete(spark: SparkSession) ->
     observed = ob.events()
     assert observed is not None, ob.missed
     batches, _ = xor_batches(3, observed.srids, observed.xors, observed.failed, observed.counts)
-    assert _by_partition(batches) == _reference(inputs[:9], [], 3)
+    assert _by_partition(batches, 3) == _reference(inputs[:9], [], 3)
 
     # Observations lost while the pinned blocks stay - what a task that stored its block and
     # then failed leaves (its retry reads the block; the failed attempt's observation is
