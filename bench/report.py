@@ -236,6 +236,11 @@ def _spark_lines(spark: dict[str, Any]) -> list[str]:
         if "handler_ms_p50" in acking["acked"]:
             out.append(f"\nUnder Acking, p50 per batch: handler and outputs {fmt(acking['acked']['handler_ms_p50'])} ms,"
                        f" the ack step (events, collect, produce) {fmt(acking['acked']['ack_ms_p50'])} ms.")
+        warm = acking.get("warm_up") or []
+        if warm or acking.get("jit_share") is not None:
+            rounds = ", ".join(f"{fmt(w.get('jit_share'))} ({fmt(w.get('seconds'))} s)" for w in warm) or "none"
+            out.append(f"\nThe JIT compiler's share of the wall time: warm-up rounds {rounds}; "
+                       f"the rounds kept {fmt(acking.get('jit_share'))}.")
     elif "error" in acking:
         out += ["", f"Spark, acked vs plain: {acking['error']}"]
     sinks = spark.get("sinks") or {}

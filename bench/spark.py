@@ -5,8 +5,10 @@ One Spark session (``local[2]``, the project's defaults) serves the whole sectio
 is started once and warm for every figure after the first round.
 
 - ``acked_vs_plain``: the order job (``spark_jobs.orders``) over one topic of tracked orders,
-  with and without ``Acking``, same input, same session, alternating query by query; the
-  first round (JIT warm-up) and the first batch of every query (its start-up) left out.
+  with and without ``Acking``, same input, same session, alternating query by query; after
+  warm-up rounds until the JIT compiler is quiet (at most the plan's ``spark_warm_s``), the
+  first round and the first batch of every query (its start-up) left out. ``spark.jit_share``
+  is the compiler's share of the wall time over the rounds kept.
   Records/s is the median over the full batches kept (at least half the batch size: not a
   topic's last few rows) of rows read / Spark's own ``triggerExecution`` (robust to one
   stalled batch; the summed rates are in the details).
@@ -43,7 +45,7 @@ def spark_missing() -> str | None:
     return None
 
 
-def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: int, rounds: int,
+def measure_spark(env: Env, figures: Figures, *, warm_s: float, records: int, batch_records: int, rounds: int,
                   sink_sizes: tuple[int, int], sink_batches: int, large: tuple[int, int] | None = None,
                   progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
     missing = spark_missing()
@@ -62,11 +64,11 @@ def measure_spark(env: Env, figures: Figures, *, records: int, batch_records: in
     topic = _orders_topic(env, ns, "orders", records, part(0.0, 1.0))
     part(0.0, 1.0)(0.02, "starting Spark")
     spark = build_spark_session(app_name="replaybroker-bench")
-    details: dict[str, Any] = {"records": records, "batch_records": batch_records, "rounds": rounds,
+    details: dict[str, Any] = {"warm_s": warm_s, "records": records, "batch_records": batch_records, "rounds": rounds,
                                "master": spark.sparkContext.master}
     with tempfile.TemporaryDirectory(prefix="spark-", dir=env.workdir) as tmp:
         root = Path(tmp)
-        acking = _compare(env, spark, ns, topic, root / "acking", batch_records, rounds, part(0.1, 0.35))
+        acking = _compare(env, spark, ns, topic, root / "acking", batch_records, rounds, part(0.1, 0.35), warm_s)
         details["acking"] = acking
         _acking_figures(figures, acking)
         if large is not None:
@@ -91,6 +93,8 @@ def _acking_figures(figures: Figures, acking: dict[str, Any]) -> None:
     if "error" in acking:
         return
     _rates(figures, acking, "spark.")
+    figures.set("spark.jit_share", acking.get("jit_share"), warm_up=acking.get("warm_up"),
+                unavailable="the JVM does not report its compilation time")
     for variant in ("plain", "acked"):
         run = acking[variant]
         figures.set(f"spark.{variant}_batch_p50_ms", run["batch_ms_p50"])
@@ -113,14 +117,14 @@ def _orders_topic(env: Env, ns: topics.Namespace, name: str, records: int,
 
 
 def _compare(env: Env, spark: Any, ns: topics.Namespace, topic: str, workdir: Path, batch_records: int,
-             rounds: int, progress: Callable[[float, str], None]) -> dict[str, Any]:
-    """``compare_acking`` on ``topic``, or ``{"error": ...}`` in one line: the other figures
-    do not depend on it."""
+             rounds: int, progress: Callable[[float, str], None], warm_s: float = 0.0) -> dict[str, Any]:
+    """``compare_acking`` on ``topic`` (warming the JVM up for at most ``warm_s`` first), or
+    ``{"error": ...}`` in one line: the other figures do not depend on it."""
     from spark_jobs.measure import compare_acking
 
     try:
         return compare_acking(spark, env.settings, ns, topic, workdir, batch_records=batch_records, rounds=rounds,
-                              progress=progress)
+                              warm_max_s=warm_s, progress=progress)
     except Exception as exc:  # noqa: BLE001 - reported, the section goes on
         return {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
 

@@ -34,13 +34,14 @@ runs the events job as before. What each part may and may not lack (docs/design.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark import SparkContext, StorageLevel
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.tracking import IS_REPLAY, RECORD_ID, SRID
@@ -109,9 +110,9 @@ class EventObserver:
         observed = batch.observe(
             name,
             *_pairs(f"coalesce({RECORD_ID}, 0L)"),
-            F.expr(f"count({SRID})").alias("inputs"),
-            F.expr(f"coalesce(sum(CASE WHEN {SRID} IS NOT NULL THEN {replay} END), 0L)").alias("replay_inputs"),
-            F.expr(f"count_if({SRID} IS NULL)").alias("untracked"),
+            _expr(f"count({SRID})", "inputs"),
+            _expr(f"coalesce(sum(CASE WHEN {SRID} IS NOT NULL THEN {replay} END), 0L)", "replay_inputs"),
+            _expr(f"count_if({SRID} IS NULL)", "untracked"),
         )
         self._inputs = name
         return observed
@@ -124,7 +125,7 @@ class EventObserver:
     def pin_fails(self, frame: DataFrame, fail_expr: str, columns: dict[str, Any] | None = None) -> DataFrame:
         """``acking.pin(frame.withColumns(columns))``, recording ``fail_expr`` (SQL over those
         columns: a row's failed srid, or null). The pinned frame keeps a ``PARTITION`` column."""
-        return self._pin(frame, "fails", columns or {}, F.expr(f"collect_list({fail_expr})").alias("failed"))
+        return self._pin(frame, "fails", columns or {}, _expr(f"collect_list({fail_expr})", "failed"))
 
     def pin_children(self, frame: DataFrame, child_id: str) -> DataFrame:
         """``acking.pin(frame)``, recording the ``(srid, child_id)`` of its tracked rows. The
@@ -142,8 +143,8 @@ class EventObserver:
         # arguments only); a narrow projection, so it is the pin's partition too. The frame
         # checkpointed is always a new one: an action on a frame resets its plan's
         # observations, and nothing but the pin ever runs this one.
-        observed = frame.withColumns({**columns, PARTITION: F.spark_partition_id()}).observe(
-            name, *metrics, F.expr(f"collect_set({PARTITION})").alias("partitions")
+        observed = frame.withColumns({**columns, PARTITION: _expr("spark_partition_id()")}).observe(
+            name, *metrics, _expr(f"collect_set({PARTITION})", "partitions")
         )
         pinned = observed.localCheckpoint(eager=False, storageLevel=PIN_STORAGE)
         self._pins.append(_Pinned(name, observed, pinned, kind))
@@ -205,9 +206,23 @@ def _pairs(x: str) -> tuple[Any, Any]:
     """The metrics ``srids`` and ``xors``: each tracked row's srid and ``x`` (SQL), aligned -
     ``x`` is null exactly where the srid is, and ``collect_list`` skips both."""
     return (
-        F.expr(f"collect_list({SRID})").alias("srids"),
-        F.expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN {x} END)").alias("xors"),
+        _expr(f"collect_list({SRID})", "srids"),
+        _expr(f"collect_list(CASE WHEN {SRID} IS NOT NULL THEN {x} END)", "xors"),
     )
+
+
+def _expr(sql: str, alias: str | None = None) -> Column:
+    """``F.expr(sql)`` (with its ``alias``), built once per Spark context: the observations
+    ask for the same expressions every batch, and building a Column is several py4j round
+    trips (~0.1-0.5 ms each). A Column is an unresolved expression, resolved anew in each
+    plan it is used in, so one object serves every batch."""
+    return _built_expr(sql, alias, SparkContext._active_spark_context)
+
+
+@functools.lru_cache(maxsize=64)
+def _built_expr(sql: str, alias: str | None, _context: Any) -> Column:
+    column = F.expr(sql)
+    return column.alias(alias) if alias is not None else column
 
 
 def _all_observed(pin: _Pinned, partitions: Any, total: int) -> bool:

@@ -143,6 +143,11 @@ def first_attempt_failures(rate: float) -> Column:
     return (F.col(ATTEMPT) == 1) & (F.pmod(F.xxhash64(F.col(ORIGIN)), F.lit(1_000_000)) < threshold)
 
 
+# What ``order_job`` keeps of an enriched order: the sink's facts, the alerts, the decision.
+PINNED = (SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH, "topic", "order_id", "customer", "region", "tier", "amount",
+          "discount", "items")
+
+
 def order_job(
     sink: OriginParquetSink,
     customer_dim: DataFrame,
@@ -158,7 +163,9 @@ def order_job(
         cannot = unreadable() | F.col("region").isNull()
         if inject is not None:
             cannot = cannot | F.coalesce(inject, F.lit(False))
-        return BatchResult(rows=enriched, failed=cannot, write=write)
+        # Only the columns the decision and the write read: Acking pins the rows (all their
+        # columns, stored once per batch), and the raw value and headers are most of a row.
+        return BatchResult(rows=enriched.select(*PINNED), failed=cannot, write=write)
 
     def write(good: DataFrame, batch_id: int) -> list[Emit]:
         # ``good``: the orders not failed, read from the pinned decision - the same rows the

@@ -44,12 +44,15 @@ def test_the_report_shows_the_spark_rows_and_the_batch_profile() -> None:
            "jobs_per_batch": 3, "stages_per_batch": 4}
     details = {"master": "local[2]", "records": 9000, "batch_records": 3000, "rounds": 2,
                "acking": {"plain": run, "acked": {**run, "jobs_per_batch": 4, "handler_ms_p50": 500.0,
-                                                  "ack_ms_p50": 300.0}},
+                                                  "ack_ms_p50": 300.0},
+                          "warm_up": [{"seconds": 30.0, "jit_share": 0.9}, {"seconds": 20.0, "jit_share": 0.2}],
+                          "jit_share": 0.15},
                "sinks": {"batch_rows": 1000, "replayed": 0.1, "delta": {"batch_ms": {1000: [5, 4], 100000: [6, 4]}}}}
     text = report.markdown(_result(details))
     assert "| Spark order job under Acking, records/s | 900 |" in text
     assert "| acked | 1000 | 900 | 800 | 3000 | 4.00 | 4.00 |" in text
     assert "the ack step (events, collect, produce) 300 ms" in text
+    assert "warm-up rounds 0.9 (30.00 s), 0.2 (20.00 s); the rounds kept 0.15." in text
     assert "- delta: 1000 rows: 5, 4 ms; 100000 rows: 6, 4 ms" in text
 
 
