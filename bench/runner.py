@@ -66,14 +66,15 @@ class Plan:
     # spark: at most this long warming Spark's JVM up first, until its JIT compiler is quiet
     # (spark_jobs.measure.compare_acking: right after one round it still compiled on ~0.9 of a
     # core, and the acked batch, with more planning per batch, paid more of it); then orders in
-    # the topic, per micro-batch, rounds (the first is left out), the rows
+    # the topic, per micro-batch, rounds (the first is left out; quick: 4 kept, ~16 full batches
+    # a variant - with 8 the median moved by +-0.1 run to run), the rows
     # already in the small and the large sink, and the sink batches timed per size. An odd
     # number of rounds: the order alternates, so the rounds kept run each variant first equally
     # often (with 2, the plain query always ran second, on a JVM warmer by one acked query).
     spark_warm_s: float = 100.0
     spark_records: int = 15_000
     spark_batch_records: int = 3_000
-    spark_rounds: int = 3
+    spark_rounds: int = 5
     # The same comparison with larger micro-batches (a topic of its own): the acking's cost is
     # partly per batch, so the ratio depends on the batch size (spark_jobs/README.md).
     spark_large_records: int = 30_000

@@ -120,6 +120,9 @@ class BatchResult:
     table that changed, ``rand()``) may then leave out a row that is acked as complete.
 
     ``emits``: children that do not depend on the decision (``write`` may return more).
+
+    ``rows`` is pinned with every column it has (Spark cannot prune columns through a local
+    checkpoint): keep in it only what the decision and ``write`` read.
     """
 
     failed: Column | DataFrame | None = None

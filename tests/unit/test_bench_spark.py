@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import report
 from bench.figures import FIGURE_KEYS, SECTIONS, SPECS, Figures
 
@@ -119,3 +121,43 @@ def test_the_rate_is_the_median_full_batch_not_a_remainder() -> None:
     # Only remainders: they are what there is.
     only = _summary([_progress(5, 200), _progress(7, 300)], [], 3000)
     assert only["full_batches"] == 2 and only["records_per_s"] is not None
+
+
+class _Jvm:
+    """The part of a py4j JVM view that ``jit_ms`` reads: ManagementFactory's compilation bean."""
+
+    def __init__(self, supported: bool = True) -> None:
+        self.compiled_ms = 0.0
+        self.supported = supported
+        self.java = self
+        self.lang = self
+        self.management = self
+        self.ManagementFactory = self
+
+    def getCompilationMXBean(self) -> _Jvm:
+        return self
+
+    def isCompilationTimeMonitoringSupported(self) -> bool:
+        return self.supported
+
+    def getTotalCompilationTime(self) -> float:
+        return self.compiled_ms
+
+
+class _Spark:
+    def __init__(self, jvm: _Jvm) -> None:
+        self.sparkContext = type("Context", (), {"_jvm": jvm})()
+
+
+def test_the_jit_share_is_compile_time_over_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_jobs import measure
+
+    now = [100.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
+    jvm = _Jvm()
+    jvm.compiled_ms = 5_000.0
+    clock = measure.JitClock(_Spark(jvm))  # type: ignore[arg-type]
+    now[0] += 2.0
+    jvm.compiled_ms += 500.0  # half a second of compiling in two seconds
+    assert clock.share() == 0.25
+    assert measure.JitClock(_Spark(_Jvm(supported=False))).share() is None  # type: ignore[arg-type]
