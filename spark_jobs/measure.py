@@ -6,8 +6,9 @@ Spark session. Every query reads the topic from the start in batches of ``batch_
 offsets with an ``availableNow`` trigger; the figures are Spark's own ``durationMs`` of each
 micro-batch (``triggerExecution``: the whole trigger; ``addBatch``: the foreachBatch function)
 from ``query.recentProgress``, and the Spark jobs and stages each batch ran (``Probe``). The
-variants alternate round by round, the first round (JIT warm-up) and the first batch of every
-query (its start-up) left out. No acker runs: the acks are produced, not folded.
+variants alternate round by round, after warm-up rounds until the JVM's JIT compiler is quiet
+(``warm_max_s``), the first round and the first batch of every query (its start-up) left
+out. No acker runs: the acks are produced, not folded.
 
 ``measure_sink_growth``: ``OriginDeltaSink`` (with its replay window) and ``OriginParquetSink``
 written micro-batch by micro-batch into sinks prefilled, by one bulk write, with a small and
@@ -479,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="Kafka (the acking measurement)")
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--batch-records", type=int, default=2_000)
+    parser.add_argument("--warm-s", type=float, default=100.0,
+                        help="at most this long warming the JVM up first, until its JIT compiler is quiet")
     parser.add_argument("--delta", action="store_true", help="time OriginDeltaSink instead (no Kafka)")
     args = parser.parse_args(argv)
     if args.delta:
@@ -486,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.bootstrap is None:
         parser.error("--bootstrap is required (or --delta)")
     else:
-        result = measure_ack_overhead(args.bootstrap, args.records, args.batch_records)
+        result = measure_ack_overhead(args.bootstrap, args.records, args.batch_records, warm_max_s=args.warm_s)
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 
