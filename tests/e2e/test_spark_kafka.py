@@ -17,6 +17,7 @@ from broker.source import Source, SourceConfig
 from broker.task import Task
 from broker.topics import Namespace, create, replay_topic
 from spark_jobs import Acking, BatchResult, Emit, read_with_replay
+from spark_jobs.reader import FETCH_MAX_WAIT_MS
 
 pytestmark = pytest.mark.e2e
 
@@ -138,3 +139,23 @@ def test_children_are_anchored_to_their_parents_tree(
         # A leaf task acks every child: now each tree is complete.
         Task(settings, ns, [kids], f"{ns.name}-kids", lambda record, ctx: None).run(max_idle_s=3)
         _wait(lambda: acker.totals["completed"] == n)
+
+
+def test_the_source_holds_an_empty_fetch_briefly(spark: SparkSession, bootstrap: str) -> None:
+    """The Kafka source's consumers are told how long a fetch that finds no data may wait at the
+    broker (the Java consumer's 500 ms otherwise held every micro-batch that reads up to the end
+    of a partition for ~1 s, spark_jobs/README.md); the caller's options still win."""
+    settings, ns = KafkaSettings(bootstrap), Namespace(unique_name("sparkwait"))
+    topic = f"{ns.name}-events"
+    create(settings, ns, 1, {topic: 2})
+
+    def source_options(frame: DataFrame) -> dict[str, str]:
+        leaves = frame._jdf.queryExecution().logical().collectLeaves()  # the Kafka source alone
+        assert leaves.size() == 1
+        return dict(leaves.apply(0).extraOptions().asCaseSensitiveMap())
+
+    options = source_options(read_with_replay(spark, bootstrap, topic))
+    assert options["kafka.fetch.max.wait.ms"] == str(FETCH_MAX_WAIT_MS) == "10"
+    assert options["kafka.isolation.level"] == "read_committed"
+    mine = read_with_replay(spark, bootstrap, topic, options={"kafka.fetch.max.wait.ms": "250"})
+    assert source_options(mine)["kafka.fetch.max.wait.ms"] == "250"

@@ -39,6 +39,7 @@ from spark_jobs.acking import (
     catching_udf,
     collect_xor_batches,
     decide,
+    pin,
     with_tracking,
     xor_batches,
     xor_events,
@@ -297,6 +298,33 @@ def test_collect_xor_batches_cuts_large_partitions(spark: SparkSession) -> None:
     assert max(len(xb.failed) for xb in batches) <= 300
     assert sum(len(xb.srids) for xb in batches) == counts["pairs"] == 2250
     assert sum(len(xb.failed) for xb in batches) == counts["fail_marks"] == 250
+
+
+# --------------------------------------------------------------------------- pins
+
+
+def test_a_pin_is_evaluated_once_and_read_from_its_blocks(spark: SparkSession) -> None:
+    """The pinned frame's plan runs once, in the first job that reads it; every later job reads
+    its blocks - a nondeterministic column keeps its values - and the plan is a LogicalRDD."""
+    frame = spark.range(0, 2_000, 1, 4).withColumn("r", F.rand()).withColumn("part", F.spark_partition_id())
+    pinned = pin(frame)
+    rdd = pinned._jdf.queryExecution().logical().rdd()
+    assert not rdd.isCheckpointed()  # lazy: no job ran yet
+    first = sorted(pinned.collect())
+    assert rdd.isCheckpointed()
+    assert sorted(pinned.collect()) == first
+    assert sorted(pinned.where("id % 2 = 0").collect()) == [row for row in first if row["id"] % 2 == 0]
+    assert pinned.rdd.getNumPartitions() == 4
+
+
+def test_a_pin_whose_blocks_are_lost_fails_its_reader(spark: SparkSession) -> None:
+    """A lost block is an error for the job that needs it, never a second evaluation of the
+    plan (the decision a pin holds would otherwise be asked again)."""
+    pinned = pin(spark.range(0, 100, 1, 2).withColumn("r", F.rand()))
+    pinned.collect()
+    pinned._jdf.queryExecution().logical().rdd().unpersist(True)  # the blocks the pin reads
+    with pytest.raises(Exception, match=r"[Cc]heckpoint block .* not found"):
+        pinned.collect()
 
 
 # --------------------------------------------------------------------------- observed events
