@@ -66,18 +66,19 @@ class Plan:
     # spark: at most this long warming Spark's JVM up first, until its JIT compiler is quiet
     # (spark_jobs.measure.compare_acking: right after one round it still compiled on ~0.9 of a
     # core, and the acked batch, with more planning per batch, paid more of it); then orders in
-    # the topic, per micro-batch, rounds (the first is left out; quick: 4 kept, ~16 full batches
-    # a variant - with 8 the median moved by +-0.1 run to run), the rows
+    # the topic, per micro-batch, rounds (the first is left out; quick: 4 kept, 28 full batches
+    # a variant - with 8 the median moved by +-0.1 run to run, with 16 still by +-0.08; the
+    # batches read to a partition's end are no longer held ~1 s, which paid for these), the rows
     # already in the small and the large sink, and the sink batches timed per size. An odd
     # number of rounds: the order alternates, so the rounds kept run each variant first equally
     # often (with 2, the plain query always ran second, on a JVM warmer by one acked query).
     spark_warm_s: float = 100.0
-    spark_records: int = 15_000
+    spark_records: int = 24_000
     spark_batch_records: int = 3_000
     spark_rounds: int = 5
     # The same comparison with larger micro-batches (a topic of its own): the acking's cost is
     # partly per batch, so the ratio depends on the batch size (spark_jobs/README.md).
-    spark_large_records: int = 30_000
+    spark_large_records: int = 50_000
     spark_large_batch_records: int = 10_000
     spark_sink_sizes: tuple[int, int] = (1_000, 100_000)
     spark_sink_batches: int = 2
@@ -89,7 +90,7 @@ class Plan:
                        6_000, 48.0)
         return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
                    TAKEOVER_SIZES, 10_000, 120.0, spark_warm_s=180.0, spark_records=50_000, spark_batch_records=5_000,
-                   spark_rounds=3,
+                   spark_rounds=5,
                    spark_large_records=80_000, spark_large_batch_records=20_000,
                    spark_sink_sizes=(10_000, 1_000_000), spark_sink_batches=4)
 
