@@ -270,7 +270,7 @@ def compare_acking(
         warm.append({"seconds": round(clock.seconds(), 1), "jit_share": share})
         if share is None or share <= warm_quiet or sum(w["seconds"] for w in warm) >= warm_max_s:
             break
-    measured = JitClock(spark)  # from the end of the first round, which is left out
+    measured = JitClock(spark)  # replaced after the first round, which is left out
     runs = 0
     for round_ in range(rounds):
         order = ("plain", "acked") if round_ % 2 == 0 else ("acked", "plain")
@@ -286,7 +286,7 @@ def compare_acking(
             if acking is not None:
                 acked_stats += list(acking.history)[1:]
         if round_ == 0:
-            measured = JitClock(spark)
+            measured = JitClock(spark)  # the rounds kept start here
     dim.unpersist()
     result: dict[str, Any] = {
         variant: _summary(kept[variant], probed[variant], batch_records) for variant in kept
