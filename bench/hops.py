@@ -9,7 +9,16 @@ pipeline   source, task, acker (``broker.cli``)  its persist tombstone with
 raw        producer, consumer                    the consumer has it (offsets committed
                                                  asynchronously per batch)
 share      producer, share consumer              the broker confirmed its ACCEPT
+skeleton   skeleton source, consumer (the task), as the pipeline's
+           skeleton acker + tail
 =========  ====================================  =====================================
+
+The **skeleton** makes the Kafka calls of the pipeline's data path that no wire format can
+leave out - per source record a persist record and a data record produced, the data record
+consumed, the persist record consumed and its tombstone produced, and the tail reading the
+persist topic for completions, as the pipeline's does - with no headers, no ids, no XOR
+events, no state, no transactions and no per-record logic. It is the ceiling of the pipeline
+on this host: what any implementation of the design could reach before doing any of its work.
 
 The same 100-byte records (1000 keys), the same partition count, one producing process
 and one process per consuming stage. Every run first sends warm-up records and waits for
@@ -119,10 +128,10 @@ def _cpu_snapshot(env: Env, procs: list[Proc]) -> dict[str, float]:
     return out
 
 
-def _create_plain_topic(env: Env, name: str) -> None:
+def _create_plain_topic(env: Env, name: str, *, compacted: bool = False) -> None:
     from broker.dev.testing import create_topics
 
-    create_topics(env.bootstrap, {name: env.partitions})
+    create_topics(env.bootstrap, {name: env.partitions}, config={"cleanup.policy": "compact"} if compacted else None)
     env.created_topics.append(name)
 
 
@@ -184,6 +193,20 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
             if timeout_ms is not None:
                 source_config["timeout_ms"] = timeout_ms
             producer = worker("source", source_config, workdir, profile_dir=profile_dir)
+        elif system == "skeleton":
+            data, persist = f"{run_id}.data", f"{run_id}.persist"
+            _create_plain_topic(env, data)
+            _create_plain_topic(env, persist, compacted=True)
+            touched = [data, persist]
+            procs.append(worker("skeleton_acker", {**base, "persist": persist, "group": f"{run_id}.acker"}, workdir,
+                                name="acker", profile_dir=profile_dir))
+            procs.append(worker("consumer", {**base, "topic": data, "group": f"{run_id}.task",
+                                             "out": str(workdir / "task.npz")}, workdir, name="task",
+                                profile_dir=profile_dir))
+            sink = worker("tail", {**base, "namespace": run_id, "persist": persist, "partitions": env.partitions,
+                                   "out": str(out), "bare_tombstones": True}, workdir, profile_dir=profile_dir)
+            producer = worker("skeleton_source", {**base, "topic": data, "persist": persist}, workdir,
+                              name="source", profile_dir=profile_dir)
         elif system in ("raw", "share"):
             data = f"{run_id}.data"
             _create_plain_topic(env, data)

@@ -37,7 +37,7 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
     on whichever system runs first (seen: 100 µs of compiler CPU per pipeline record in a
     first run, 5 in a third). A broker in service is warm; so are the measured runs."""
     runs: dict[str, Any] = {}
-    systems = ["raw", "share", "pipeline"]
+    systems = ["raw", "share", "pipeline", "skeleton"]
     steps = len(systems) + (1 if warm_broker_s > 0 else 0)
     if warm_broker_s > 0:
         if progress:
@@ -68,6 +68,8 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
             runs[system]["errors"] = run.done["share"]["errors"]  # type: ignore[index]
     figures.ratio("throughput.pipeline_vs_raw", "throughput.pipeline_rps", "throughput.raw_rps")
     figures.ratio("throughput.pipeline_vs_share", "throughput.pipeline_rps", "throughput.share_rps")
+    figures.ratio("throughput.skeleton_vs_raw", "throughput.skeleton_rps", "throughput.raw_rps")
+    figures.ratio("throughput.pipeline_vs_skeleton", "throughput.pipeline_rps", "throughput.skeleton_rps")
     return runs
 
 

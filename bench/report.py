@@ -21,6 +21,10 @@ def _rows() -> list[Row]:
          "throughput.raw_rps", "throughput.pipeline_vs_raw"),
         ("throughput, completed records/s", "throughput.pipeline_rps", "share group, explicit ACCEPT",
          "throughput.share_rps", "throughput.pipeline_vs_share"),
+        ("throughput, completed records/s", "throughput.pipeline_rps", "skeleton: the same Kafka calls, no logic",
+         "throughput.skeleton_rps", "throughput.pipeline_vs_skeleton"),
+        ("skeleton throughput (the ceiling)", "throughput.skeleton_rps", "raw produce -> consume",
+         "throughput.raw_rps", "throughput.skeleton_vs_raw"),
     ]
     for n in FOLD_SIZES:
         s = size_label(n)
@@ -123,7 +127,7 @@ def markdown(result: dict[str, Any]) -> str:
                    f"{ratio if ratio_key else '-'} | {target} | {met} |")
     runs = result.get("details", {}).get("throughput") or {}
     cpu_lines = []
-    for system in ("raw", "share", "pipeline"):
+    for system in ("raw", "share", "pipeline", "skeleton"):
         cpu = (runs.get(system) or {}).get("cpu")
         if cpu:
             parts = [f"{name} {c['core_pct']:.0f} % ({c['us_per_record']:.0f} µs/record)" for name, c in cpu.items()]
@@ -281,11 +285,11 @@ def plots(result: dict[str, Any], series: dict[str, Any], directory: Path, stamp
         plt.close(fig)
         written.append(str(path))
 
-    # throughput: the three systems, and completions over time
+    # throughput: the systems, and completions over time
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [("raw", "raw"), ("share", "share group"), ("pipeline", "pipeline")]
-    values = [figures[f"throughput.{k}_rps"].get("value") or 0.0 for k, _ in names]
-    bars = ax1.bar([label for _, label in names], values, color=["#999999", "#6b8fb3", "#d9822b"])
+    names = [("raw", "raw"), ("share", "share group"), ("pipeline", "pipeline"), ("skeleton", "skeleton")]
+    values = [(figures.get(f"throughput.{k}_rps") or {}).get("value") or 0.0 for k, _ in names]
+    bars = ax1.bar([label for _, label in names], values, color=["#999999", "#6b8fb3", "#d9822b", "#c9b18f"])
     for bar, (k, _), v in zip(bars, names, values, strict=True):
         ax1.annotate(fmt(v) if v else "n/a", (bar.get_x() + bar.get_width() / 2, max(v, 1)), ha="center",
                      va="bottom", fontsize=8)

@@ -13,6 +13,12 @@ consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
 tail       the pipeline's completion point: tails ``ns.persist`` for tombstones
            with ``rb-outcome=completed`` (and ``<topic>.replay`` for replays)
+skeleton_source
+           the skeleton (``bench.hops``): a persist-sized record to its persist topic
+           and the data record, per record; no headers, no callbacks, no logic
+skeleton_acker
+           the skeleton's acker: reads the persist topic, writes each record's
+           tombstone (no header, no transaction, no state)
 ========== ===================================================================
 
 Protocol: a worker writes JSON lines on stdout - ``{"event": "ready"}`` once set up,
@@ -183,6 +189,64 @@ def run_producer(config: dict[str, Any]) -> None:
     _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
 
 
+PERSIST_VALUE = b"p" * 150  # about a persist record's value (payload, partition, attempt, deadline)
+
+
+def run_skeleton_source(config: dict[str, Any]) -> None:
+    """The calls the source's data path cannot do without, and nothing else: per record a
+    persist record keyed by a unique id, then the data record - no headers, no delivery
+    callbacks, no ids drawn, no encoding (the raw producer's settings)."""
+    from confluent_kafka import Producer
+
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
+    data, persist = config["topic"], config["persist"]
+
+    def send(i: int) -> None:
+        while True:
+            try:
+                producer.produce(persist, PERSIST_VALUE, i.to_bytes(8, "big"))
+                producer.produce(data, record_value(i), record_key(i))
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
+
+
+def run_skeleton_acker(config: dict[str, Any]) -> None:
+    """The calls the acker's data path cannot do without: read every persist record, write
+    its tombstone to the same partition - no XOR events, no state, no transaction, no header."""
+    from confluent_kafka import Consumer, Producer
+
+    stop = _Stop()
+    consumer = Consumer(_consumer_conf(config, config["group"], **{"isolation.level": "read_uncommitted"}))
+    consumer.subscribe([config["persist"]])
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
+    produce, poll = producer.produce, producer.poll
+    written = 0
+    emit("ready")
+    try:
+        while not stop:
+            msgs = _available(consumer, 1000, 0.05)
+            for m in msgs:
+                if m.error() is not None or m.value() is None:
+                    continue  # a tombstone of ours, read back
+                while True:
+                    try:
+                        produce(m.topic(), None, m.key(), partition=m.partition())
+                        break
+                    except BufferError:
+                        poll(0.05)
+                written += 1
+            poll(0)
+            if msgs:
+                consumer.commit(asynchronous=True)
+        producer.flush(30)
+    finally:
+        consumer.close()
+    emit("done", tombstones=written)
+
+
 # --------------------------------------------------------------------------- consuming side
 
 
@@ -344,6 +408,8 @@ def run_tail(config: dict[str, Any]) -> None:
     consumer = Consumer(_consumer_conf(config, None, **{"group.id": f"{config['namespace']}.bench-tail"}))
     consumer.assign(tps)
     keep_all = bool(replay)
+    # The skeleton's tombstones carry no outcome: every one of them is a completion.
+    unmarked = b"completed" if config.get("bare_tombstones") else b"?"
     persisted: dict[bytes, int] = {}  # srid key -> persist CreateTime (ms)
     first_persist: dict[bytes, int] = {}
     progress = _Progress()
@@ -370,7 +436,7 @@ def run_tail(config: dict[str, Any]) -> None:
                     if keep_all:
                         first_persist.setdefault(key, m.timestamp()[1])
                     continue
-                outcome = (dict(m.headers() or ()).get(H_OUTCOME) or b"?").decode()
+                outcome = (dict(m.headers() or ()).get(H_OUTCOME) or unmarked).decode()
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 t_persist = persisted.pop(key, None)
                 if outcome == "completed" and t_persist is not None:
@@ -410,6 +476,8 @@ ROLES: dict[str, Callable[[dict[str, Any]], None]] = {
     "consumer": run_consumer,
     "share": run_share,
     "tail": run_tail,
+    "skeleton_source": run_skeleton_source,
+    "skeleton_acker": run_skeleton_acker,
 }
 
 
