@@ -4,7 +4,8 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 
 1. ``fold``       - LedgerTable.fold vs a plain dict fold, 10^4 .. 10^7 pending entries;
 2. ``restore``    - changelog restore rate;
-3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group;
+3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group, and the
+   skeleton (the pipeline's unavoidable Kafka calls alone, bench.hops) vs raw;
 4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
 5. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
    adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
