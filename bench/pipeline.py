@@ -73,7 +73,8 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
     return runs
 
 
-def _compiler_cpu(env: Env) -> float | None:
+def compiler_cpu(env: Env) -> float | None:
+    """CPU seconds the broker's JIT compiler threads have used (its pid known), or None."""
     from bench.cost import thread_cpu
 
     threads = thread_cpu(env.kafka_pid)
@@ -89,11 +90,11 @@ def warm_broker(env: Env, budget_s: float, *, quiet_share: float = 0.1) -> dict[
     rounds = []
     spent = 0.0
     while spent < budget_s:
-        before, t0 = _compiler_cpu(env), time.monotonic()
+        before, t0 = compiler_cpu(env), time.monotonic()
         run_hop(env, "pipeline", duration=4.0)
         run_hop(env, "raw", duration=2.0)
         spent += 6.0
-        after = _compiler_cpu(env)
+        after = compiler_cpu(env)
         if before is None or after is None:
             break
         share = (after - before) / (time.monotonic() - t0)

@@ -354,7 +354,7 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                     series: dict[str, Any], guarded: Any) -> None:
     from bench.adaptive import measure_adaptive
     from bench.floor import measure_floor
-    from bench.pipeline import measure_latency, measure_throughput
+    from bench.pipeline import compiler_cpu, measure_latency, measure_throughput
     from bench.replay import measure_replay
     from bench.restore import measure_restore
     from bench.spark import measure_spark
@@ -403,11 +403,18 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                                                session_timeout_ms=plan.takeover_session_timeout_ms, progress=update)
 
     def spark(update: Any) -> None:
+        compiler_before, began = compiler_cpu(env), time.monotonic()
         details["spark"] = measure_spark(env, figures, warm_s=plan.spark_warm_s, records=plan.spark_records,
                                          batch_records=plan.spark_batch_records, rounds=plan.spark_rounds,
                                          large=(plan.spark_large_records, plan.spark_large_batch_records),
                                          sink_sizes=plan.spark_sink_sizes, sink_batches=plan.spark_sink_batches,
                                          progress=update)
+        compiler_after = compiler_cpu(env)
+        if compiler_before is not None and compiler_after is not None:
+            # How busy the broker's JIT compiler was while Spark was measured (share of a core):
+            # with --only spark the broker may be fresh (measured: 0.03 fresh, 0.01 warmed).
+            details["spark"]["broker_compiler_share"] = round(
+                (compiler_after - compiler_before) / max(time.monotonic() - began, 1e-3), 4)
 
     guarded("restore", restore)
     guarded("throughput", throughput)
