@@ -201,14 +201,17 @@ def run_skeleton_source(config: dict[str, Any]) -> None:
     producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
     data, persist = config["topic"], config["persist"]
 
-    def send(i: int) -> None:
+    def produce(topic: str, value: bytes, key: bytes) -> None:
         while True:
             try:
-                producer.produce(persist, PERSIST_VALUE, i.to_bytes(8, "big"))
-                producer.produce(data, record_value(i), record_key(i))
+                producer.produce(topic, value, key)
                 return
             except BufferError:
                 producer.poll(0.05)
+
+    def send(i: int) -> None:
+        produce(persist, PERSIST_VALUE, i.to_bytes(8, "big"))
+        produce(data, record_value(i), record_key(i))
 
     _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
 
