@@ -198,20 +198,14 @@ def run_skeleton_source(config: dict[str, Any]) -> None:
     callbacks, no ids drawn, no encoding (the raw producer's settings)."""
     from confluent_kafka import Producer
 
+    from broker.kafka_io import produce
+
     producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
     data, persist = config["topic"], config["persist"]
 
-    def produce(topic: str, value: bytes, key: bytes) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                return
-            except BufferError:
-                producer.poll(0.05)
-
     def send(i: int) -> None:
-        produce(persist, PERSIST_VALUE, i.to_bytes(8, "big"))
-        produce(data, record_value(i), record_key(i))
+        produce(producer, persist, value=PERSIST_VALUE, key=i.to_bytes(8, "big"))
+        produce(producer, data, value=record_value(i), key=record_key(i))
 
     _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
 
@@ -221,11 +215,12 @@ def run_skeleton_acker(config: dict[str, Any]) -> None:
     its tombstone to the same partition - no XOR events, no state, no transaction, no header."""
     from confluent_kafka import Consumer, Producer
 
+    from broker.kafka_io import produce
+
     stop = _Stop()
     consumer = Consumer(_consumer_conf(config, config["group"], **{"isolation.level": "read_uncommitted"}))
     consumer.subscribe([config["persist"]])
     producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
-    produce, poll = producer.produce, producer.poll
     written = 0
     emit("ready")
     try:
@@ -234,14 +229,9 @@ def run_skeleton_acker(config: dict[str, Any]) -> None:
             for m in msgs:
                 if m.error() is not None or m.value() is None:
                     continue  # a tombstone of ours, read back
-                while True:
-                    try:
-                        produce(m.topic(), None, m.key(), partition=m.partition())
-                        break
-                    except BufferError:
-                        poll(0.05)
+                produce(producer, m.topic(), value=None, key=m.key(), partition=m.partition())
                 written += 1
-            poll(0)
+            producer.poll(0)
             if msgs:
                 consumer.commit(asynchronous=True)
         producer.flush(30)
