@@ -103,6 +103,7 @@ def collect_failures(
                 adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms, timed_out=True)
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
                 st.failures.append((srid, offset, "timeout"))
+                st.timed_out_at[srid] = now_ms
         if release:
             st.recent_fails.clear()
         hold = np.concatenate([f for _, f in st.recent_fails]) if st.recent_fails else None
@@ -138,9 +139,16 @@ class Decider:
         # srid is dead-lettered instead of being replayed into the same refusal again.
         self.refused: Mapping[Subject, str] = {}
 
-    def decide(self, states: Mapping[int, PartitionState], decided: list[Decided]) -> None:
-        """Decide the failures of every state (``st.failures``, and the deferred ones that are
-        due, taken from the tables here) into ``decided`` and ``st.tombstones``.
+    def decide(
+        self, states: Mapping[int, PartitionState], decided: list[Decided], ticks: Mapping[int, int | None],
+    ) -> None:
+        """Decide the failures of every state (``st.failures``, and the deferred ones due at
+        ``ticks[lp]``, taken from the tables here) into ``decided`` and ``st.tombstones``.
+
+        ``ticks`` are the lag gate's (broker.acker.lag), per ledger partition: a deferred
+        decision - a held dead letter above all - is taken only once the acker has read that
+        partition's inputs as far as its tick, so an event that could still complete the
+        entry is folded first (None: nothing is due yet).
 
         Afterwards every ``st.failures`` is empty: what is not decided now - payloads that
         could not be read, what is beyond this commit's reads - is deferred in its table
@@ -151,7 +159,7 @@ class Decider:
         # Deferred entries are taken only as far as this commit may read (mostly their
         # payloads are not cached): what is left waits untouched in the table, so a backlog
         # costs no changelog writes while it waits.
-        due = {lp: st.table.deferred_due(now_tick) for lp, st in states.items()}
+        due = {lp: 0 if ticks.get(lp) is None else st.table.deferred_due(ticks[lp] or 0) for lp, st in states.items()}
         need = {
             lp: due[lp] + sum(f[0] not in self.cache for f in st.failures)
             for lp, st in states.items() if due[lp] or st.failures
@@ -161,15 +169,13 @@ class Decider:
         quotas = self._quotas(need)
         pending: dict[int, list[tuple[int, int, str]]] = {}
         boundary: dict[int, int] = {}  # lp -> smallest offset of a due failure left waiting
-        waited: set[int] = set()  # srids back from a deferral: their events had time to arrive
         for lp in need:
             st = states[lp]
             failures, st.failures = st.failures, []
             if due[lp]:
-                again = st.table.take_deferred(now_tick, quotas[lp])
+                again = st.table.take_deferred(ticks[lp] or 0, quotas[lp])
                 for removed, reason in ((again.timed_out, "timeout"), (again.failed, "failed")):
                     srids = removed.srids.tolist()
-                    waited.update(srids)
                     failures.extend(
                         (srid, offset, reason) for srid, offset in zip(srids, removed.offsets.tolist(), strict=True)
                     )
@@ -248,9 +254,9 @@ class Decider:
                 self.cache.put(r.srid, r.payload)
                 waits[r.lp].append((r.srid, r.offset, r.reason == "failed", now_tick))
                 continue
-            st.payload_tries.pop(r.srid, None)
             st.count("payload_fetches", int(r.fetched))
-            hold = self._dlq_hold(r.record, r.reason == "timeout" and r.srid not in waited, now_ms, now_tick)
+            timed_out_ms = st.timed_out_at.setdefault(r.srid, now_ms) if r.reason == "timeout" else None
+            hold = self._dlq_hold(r.record, timed_out_ms, now_ms, now_tick)
             if hold is not None:
                 self.cache.put(r.srid, r.payload)
                 st.count("dlq_held")
@@ -280,12 +286,13 @@ class Decider:
         )
 
     def _watch(self, states: Mapping[int, PartitionState], now_ms: int) -> None:
-        """Watch the timeouts replayed in this commit (LedgerTable.watch), up to
+        """Watch the attempts replayed in this commit (LedgerTable.watch), up to
         ``max_watches`` per partition; what is over it is counted in ``watch_skipped``."""
         cfg = self.config
         watch_ms = cfg.watch_for_ms
         for st in states.values():
             st.expired_values.clear()  # what is left was decided (a deferred one took its value along)
+            st.forget_decided()
             if not st.watches:
                 continue
             watches, st.watches = st.watches, []
@@ -293,38 +300,37 @@ class Decider:
             st.count("watch_skipped", max(0, len(watches) - room) if watch_ms > 0 else 0)
             watches = watches[:room]
             if watches:
-                srids, values, replays = zip(*watches, strict=True)
+                srids, values, replays, failed = zip(*watches, strict=True)
                 st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
-                               self.ticker.tick_of(now_ms + watch_ms))
+                               self.ticker.tick_of(now_ms + watch_ms), np.array(failed, bool))
 
-    def _dlq_hold(self, record: PersistedRecord, timed_out_now: bool, now_ms: int, now_tick: int) -> int | None:
+    def _dlq_hold(self, record: PersistedRecord, timed_out_ms: int | None, now_ms: int, now_tick: int) -> int | None:
         """The tick until which the dead letter of ``record`` waits, or None: not held.
 
-        A record dead-lettered at its last attempt while an attempt of it may still complete
-        is held, its entry DEFERRED (durable in the changelog):
+        The rule (docs/design.md §6): a record is dead-lettered only when none of its attempts
+        can still complete. An attempt that timed out can, for ``watch_ms`` after its timeout:
 
-        - the attempt before timed out, and is watched until ``at_ms + watch_ms``: if it
-          completes late, a superseded mark reaches this record (the chain hands it on) and
-          settles it as completed (``LedgerTable.mark_superseded``);
-        - this attempt itself timed out just now (``timed_out_now``: not back from a
-          deferral): its entry keeps its value while it waits, ``watch_ms`` from now, so if
-          its own tree completes late it completes (``LedgerTable.fold``, counted
-          ``completed_late``).
+        - this one, if it timed out (at ``timed_out_ms``, as this owner saw it): its entry
+          waits DEFERRED with its value, so its late events complete it (``LedgerTable.fold``,
+          counted ``completed_late``);
+        - every earlier one that timed out (``history``): it is watched, and its late
+          completion sends a superseded mark down the chain of replays - through failed
+          attempts too - that settles this one (``LedgerTable.mark_superseded``).
 
-        Else the hold ends and it is dead-lettered as before. Coming back at that tick it is
-        past both, so it is held once."""
+        The hold is the latest of those windows; the lag gate then takes the entry only once
+        the acker has read its partition that far (``decide``'s ``ticks``). An explicitly
+        failed attempt cannot complete, so it adds no window of its own."""
         if record.attempt < record.max_attempts:
             return None
         watch_ms = self.config.watch_for_ms
         if watch_ms <= 0:
             return None
-        until = now_ms + watch_ms if timed_out_now else None
-        if record.history and record.history[-1].reason == "timeout":
-            earlier = record.history[-1].at_ms + watch_ms
-            until = earlier if until is None else max(until, earlier)
-        if until is None:
+        ends = [h.at_ms for h in record.history if h.reason == "timeout"]
+        if timed_out_ms is not None:
+            ends.append(timed_out_ms)
+        if not ends:
             return None
-        tick = self.ticker.tick_of(until)
+        tick = self.ticker.tick_of(max(ends) + watch_ms)
         return tick if tick > now_tick else None
 
     def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
@@ -342,8 +348,7 @@ class Decider:
     ) -> None:
         # Registered from its headers, but the value is no PersistedRecord: it cannot
         # be replayed. Keep it in the DLQ byte for byte and let the srid go.
-        st.payload_tries.pop(srid, None)
-        st.expired_values.pop(srid, None)
+        st.decided(srid)
         why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
@@ -362,12 +367,17 @@ class Decider:
             st.count("refused")
         decided.append((record.created_ms, r.offset, r.lp, decision.records))
         st.tombstones.append(((r.srid,), decision.kind.encode()))
-        value = st.expired_values.pop(r.srid, None)
-        if decision.new_srid is not None and r.reason == "timeout":
-            if value is None:
-                st.count("watch_skipped")  # its decision was put off: its value is gone
-            else:
-                st.watches.append((r.srid, value, decision.new_srid))
+        value = st.decided(r.srid)
+        if decision.new_srid is None:
+            return
+        # Every replayed attempt is watched, a failed one too: it cannot complete itself, but
+        # a superseded mark that reaches it is handed on to its replay (the chain).
+        if r.reason == "failed":
+            st.watches.append((r.srid, 0, decision.new_srid, True))
+        elif value is None:
+            st.count("watch_skipped")  # its decision was put off without its value
+        else:
+            st.watches.append((r.srid, value, decision.new_srid, False))
 
     def _unreadable(
         self, lp: int, st: PartitionState, failure: tuple[int, int, str], detail: str, now_ms: int,
@@ -388,8 +398,7 @@ class Decider:
         self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, detail: str, decided: list[Decided]
     ) -> None:
         """Dead-letter a failed record whose payload cannot be had: what is known of it."""
-        st.payload_tries.pop(srid, None)
-        st.expired_values.pop(srid, None)
+        st.decided(srid)
         why = f"persist record of {srid} ({reason}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)

@@ -612,21 +612,15 @@ class Acker:
         if self._producer_stale:
             self._new_producer()  # fenced by a timed-out transaction, and a member again
         now_ms = self.clock.now_ms()
-        # Timeouts only as far as the inputs have been read: a backlog of acks is no timeout.
+        # Every decision that ends a record - expiry, orphans, deferred and held decisions -
+        # only as far as the partition's inputs have been read: a backlog of acks is no
+        # timeout. Per ledger partition: one lagging input holds back only its own partition.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
-        # One tick for all owned partitions - the most-behind one's: the timeouts of one key
-        # are spread over ledger partitions, and only timeouts decided in one commit are
-        # replayed in their originals' order (test_replay: replays of a key keep their order).
-        # Partitions with nothing due now cannot hold anything back.
-        now_tick = self.ticker.current_tick(now_ms)
-        gating = [t for lp, t in expiry_ticks.items() if self.states[lp].table.due(now_tick)]
-        common = None if None in gating else min((t for t in gating if t is not None), default=now_tick)
-        expiry_ticks = dict.fromkeys(expiry_ticks, common)
         collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
-        self.decider.decide(self.states, decided)
+        self.decider.decide(self.states, decided, expiry_ticks)
         # Failures come out of the table in srid / slot order. Produce the replays in the
         # order the originals were persisted instead, so the failures of one key decided in
         # one commit keep the key's order on <topic>.replay.

@@ -100,8 +100,12 @@ class PartitionState:
     # srid -> XOR value of the entries that timed out in this commit, until their decision:
     # a replayed one is watched with it (LedgerTable.watch).
     expired_values: dict[int, int] = field(default_factory=dict)
-    # (srid, value, replay srid) decided in this commit, to be watched.
-    watches: list[tuple[int, int, int]] = field(default_factory=list)
+    # srid -> when this owner saw it time out, until its decision: a last attempt's own
+    # window runs from there (broker.acker.decisions). In memory only: a new owner starts the
+    # window again when it decides the entry (later, never earlier).
+    timed_out_at: dict[int, int] = field(default_factory=dict)
+    # (srid, value, replay srid, failed) decided in this commit, to be watched.
+    watches: list[tuple[int, int, int, bool]] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
     # When and for which topic the auto entries were registered: their latencies when they
     # leave (broker.ledger.adaptive). Not restored: a new owner learns again.
@@ -112,6 +116,7 @@ class PartitionState:
     pending: int | None = 0
     oldest_pending_offset: int | None = None
     oldest_pending_ms: int | None = None
+    _timed_out_checked: int = 1024
 
     def summarize(self) -> None:
         """Compute the pending figures the next counters record carries (O(capacity))."""
@@ -120,6 +125,24 @@ class PartitionState:
         self.oldest_pending_offset = None if offset < 0 else offset
         self.oldest_pending_ms = None if offset < 0 else self.registrations.time_of(offset)
         self.auto_runs.drop_below(offset)
+
+    def decided(self, srid: int) -> int | None:
+        """``srid`` is decided: forget what was kept for its decision; its XOR value at
+        expiry, if it timed out in this commit (or was deferred with it)."""
+        self.payload_tries.pop(srid, None)
+        self.timed_out_at.pop(srid, None)
+        return self.expired_values.pop(srid, None)
+
+    def forget_decided(self) -> None:
+        """Drop ``timed_out_at`` entries whose srid left the table otherwise (completed late
+        while it waited): checked only when the dict has doubled since the last check."""
+        if len(self.timed_out_at) <= self._timed_out_checked:
+            return
+        srids = np.unique(np.fromiter(self.timed_out_at, np.int64, len(self.timed_out_at)))
+        gone = srids[self.table.hashtable.lookup(srids) < 0]
+        for srid in gone.tolist():
+            del self.timed_out_at[srid]
+        self._timed_out_checked = 2 * len(self.timed_out_at) + 1024
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

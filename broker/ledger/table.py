@@ -430,13 +430,19 @@ class LedgerTable:
         if registered.any():
             self._failed_candidates.append(u[registered])
 
-    def watch(self, srids: np.ndarray, values: np.ndarray, replays: np.ndarray, deadline: int) -> Removed:
-        """Keep timed-out srids that were replayed, until tick ``deadline``: each gets a WATCH
+    def watch(
+        self, srids: np.ndarray, values: np.ndarray, replays: np.ndarray, deadline: int,
+        failed: np.ndarray | None = None,
+    ) -> Removed:
+        """Keep srids that were replayed, until tick ``deadline``: each gets a WATCH
         entry holding ``values[i]`` (its XOR value when it expired) and, in the ``offset``
         column, the replay's srid ``replays[i]``. Late events of the original attempt fold
         into it like any event; one that brings it to 0 means the original's whole tree
         completed after all (docs/design.md §4: 0 only with every event of the tree), and
-        ``take_superseded`` hands it out. A watch is no pending record: it never times out
+        ``take_superseded`` hands it out. Where ``failed`` (an explicitly failed attempt) the
+        watch is FAILED from the start: it never completes, but a superseded mark that reaches
+        it is handed on to its replay all the same (``mark_superseded``: the chain of
+        attempts is one, whatever ended each). A watch is no pending record: it never times out
         (``expire`` drops it, counted by ``take_expired_counts``), a fail mark makes it FAILED (it can
         then never complete) and a second persist record of the srid is refused.
 
@@ -462,6 +468,8 @@ class LedgerTable:
         value = t.value[pos] ^ vals[src]
         t.value[pos] = value
         nf = f[free] | (WATCH | DIRTY)
+        if failed is not None:
+            nf = nf | np.where(np.asarray(failed, bool).reshape(-1)[src], FAILED, 0).astype(np.uint8)
         t.flags[pos] = nf
         t.offset[pos] = reps[src]
         t.deadline[pos] = dl
@@ -502,9 +510,9 @@ class LedgerTable:
         pos = self._find_or_insert(u, _clamp_tick(orphan_deadline))
         flags = self.hashtable.flags
         f = flags[pos]
-        # A replay that timed out itself and was replayed again (a chain) is a WATCH here:
-        # its own replay is superseded in turn - handed on like a late completion.
-        chained = (f & _STATE) == WATCH
+        # A replay that timed out or failed itself and was replayed again (a chain) is a
+        # WATCH here: its own replay is superseded in turn - handed on like a late completion.
+        chained = (f & WATCH) != 0
         # One that failed and waits for its decision (DEFERRED: e.g. a last attempt whose dead
         # letter is held while its original is watched) is settled now.
         settle = (f & (REGISTERED | DEFERRED)) == (REGISTERED | DEFERRED)
