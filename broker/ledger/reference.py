@@ -306,3 +306,91 @@ class ReferenceLedger:
 
     def __contains__(self, srid: object) -> bool:
         return srid in self.entries_by_srid
+
+
+# ------------------------------------------------------------------ the fate rule
+
+
+@dataclass
+class ModelAttempt:
+    """One attempt of a source record, as the world around the acker knows it."""
+
+    srid: int
+    origin: int
+    number: int
+    max_attempts: int
+    deadline_ms: int
+    acked_ms: int | None = None  # every event of its tree written at this time
+    failed_ms: int | None = None  # a fail mark written at this time
+    outcome: str | None = None  # its persist tombstone's rb-outcome, once written
+
+
+class FateModel:
+    """The fate rule of docs/design.md §6 in plain Python, judged from what the world did
+    (events written, with their times) and what the acker wrote (tombstones):
+
+    ============================  =====================================================
+    the attempt's tree completed  the record's fate
+    ============================  =====================================================
+    before its deadline           completed (this attempt)
+    within the window after its   completed (this attempt late, or a replay settled as
+    timeout (``watch_ms``)        superseded)
+    after a fail mark             never by this attempt (a failed tree does not count)
+    never, on every attempt       dead-lettered after its last attempt, once every
+                                  window has closed
+    ============================  =====================================================
+
+    The acker times out at or after the deadline (its ticks round up, its lag gate only
+    delays), so a tree completed before ``deadline + watch_ms / 2`` is inside the window
+    whatever the acker's lag; one completed later may or may not be (``None``: both
+    fates are right). ``violations`` checks every tombstone written so far against the
+    rule; ``expected`` gives the fate a drained acker must have reached.
+    """
+
+    def __init__(self, watch_ms: int) -> None:
+        self.watch_ms = watch_ms
+        self.attempts: dict[int, ModelAttempt] = {}
+        self.origins: dict[int, list[ModelAttempt]] = {}
+
+    def attempt(self, srid: int, origin: int, number: int, max_attempts: int, deadline_ms: int) -> ModelAttempt:
+        a = ModelAttempt(srid, origin, number, max_attempts, deadline_ms)
+        self.attempts[srid] = a
+        self.origins.setdefault(origin, []).append(a)
+        return a
+
+    def counts(self, a: ModelAttempt) -> bool | None:
+        """Whether ``a``'s completed tree must complete the record (None: it may)."""
+        if a.acked_ms is None or (a.failed_ms is not None and a.failed_ms <= a.acked_ms):
+            return False
+        if a.acked_ms < a.deadline_ms + self.watch_ms // 2:
+            return True
+        return None
+
+    def expected(self, origin: int) -> str | None:
+        """``completed``, ``dlq``, or None (either is right)."""
+        verdicts = [self.counts(a) for a in self.origins[origin]]
+        if True in verdicts:
+            return "completed"
+        return "dlq" if all(v is False for v in verdicts) else None
+
+    def violations(self) -> list[str]:
+        out: list[str] = []
+        for origin, attempts in self.origins.items():
+            completed = [a for a in attempts if a.outcome == "completed"]
+            dead = [a for a in attempts if a.outcome == "dlq"]
+            if len(completed) + len(dead) > 1:
+                out.append(f"origin {origin} ended twice: {[(a.number, a.outcome) for a in completed + dead]}")
+            for a in completed:
+                # completed only by its own tree, or settled because an earlier attempt's did
+                if a.acked_ms is None and not any(b.acked_ms is not None for b in attempts if b.number < a.number):
+                    out.append(f"attempt {a.number} of {origin} completed with no tree completed")
+            for a in dead:
+                if a.number < a.max_attempts:
+                    out.append(f"attempt {a.number} of {origin} dead-lettered before its last attempt")
+                if self.expected(origin) == "completed":
+                    out.append(f"origin {origin} dead-lettered though attempt(s) {[b.number for b in attempts if self.counts(b)]} completed in time")
+            for a in attempts:
+                if a.outcome == "replay" and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
+                        a.failed_ms is None):
+                    out.append(f"attempt {a.number} of {origin} replayed though its tree completed before its deadline")
+        return out
