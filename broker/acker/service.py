@@ -28,7 +28,6 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -127,7 +126,7 @@ class Acker:
         # the member's generation, so a member that lost its partitions (stalled past
         # max.poll.interval.ms, or its session expired) cannot commit anything any more.
         self._positions: dict[tuple[str, int], int] = {}
-        self._read = False  # input consumed since the last commit
+        self._read: set[int] = set()  # ledger partitions whose input was consumed since the last commit
         # Records due in the next transaction, with the ledger partition they belong to: they
         # are dropped with the partition when it is revoked or lost.
         self._outgoing: list[tuple[int, Outgoing]] = []
@@ -421,6 +420,7 @@ class Acker:
             "seconds": seconds,
         }
         self.expiry.assigned(starts)
+        self._read.difference_update(lps)
         self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         self.states.update(done.states)
         if resume:
@@ -471,6 +471,7 @@ class Acker:
             self.commit()
         except ReplayBrokerError:
             clean = False
+        self.restores.cancel(lps)  # a failed commit schedules a rewind of what it touched
         # After a successful commit a partition's table equals its changelog: keep it as a
         # warm standby, so getting the partition back (range rebalances are eager) costs a
         # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
@@ -502,6 +503,7 @@ class Acker:
         for lp in lps:
             self.states.pop(lp, None)
         self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
+        self._read -= lps
         self._to_resume = [tp for tp in self._to_resume if tp.partition not in lps]
         self.expiry.forget(lps)
         # Outputs not committed yet go with the partition: its next owner re-derives them
@@ -586,7 +588,7 @@ class Acker:
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
-        self._read = self._read or bool(persist or acks)
+        self._read.update(persist, acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
             self.ingest.register(states[lp], lp, batch)
@@ -642,11 +644,13 @@ class Acker:
         if not batch and not self._read:
             return False
         batch.positions = list(positions_of(self._positions))
-        self._read = False
+        # What this transaction changes: the partitions read, and those it writes for.
+        touched = self._read | {lp for lp, *_ in batch.changelog} | {lp for lp, *_ in batch.tombstones}
+        self._read = set()
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
-            self._on_commit_error(exc)
+            self._on_commit_error(exc, touched)
             return False
         self.refusals.settle(batch.records)
         self.commits += 1
@@ -672,7 +676,7 @@ class Acker:
             },
         ))
 
-    def _on_commit_error(self, exc: KafkaException) -> None:
+    def _on_commit_error(self, exc: KafkaException, touched: set[int]) -> None:
         err = exc.args[0] if exc.args else None
         if is_fenced(exc) and self.transactions.outlived(self.config.transaction_timeout_ms):
             # Seen after a broker outage longer than the transaction timeout: the coordinator
@@ -714,7 +718,7 @@ class Acker:
             )
         for name in self.refusals.take_unknown_topics():
             self.decider.forget(name)
-        self._rewind()
+        self._rewind(touched)
 
     def _new_producer(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -742,22 +746,23 @@ class Acker:
                     raise
                 log.warning("initialising transactions failed transiently (%s); trying again", exc.args[0])
 
-    def _rewind(self) -> None:
-        """After an aborted commit the in-memory state is ahead of Kafka: restore every owned
-        partition from the changelog and seek the inputs back to the committed offsets."""
-        lps = list(self.states)
-        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
-        committed = retrying(lambda: self._consumer.committed(tps, timeout=60), "committed offsets")
-        starts = self._start_positions(committed)
-        for lp in lps:
-            self.states[lp], _ = self.changelog.load(lp, None, OFFSET_BEGINNING)
+    def _rewind(self, touched: set[int]) -> None:
+        """After an aborted commit the partitions it touched are ahead of Kafka: they are
+        restored from their changelogs like a new assignment - their inputs paused, a slice
+        per loop iteration (broker.acker.restoring), then sought back to the committed
+        offsets - while the partitions it did not touch go on as they are. Nothing of it runs
+        inside one poll: a large changelog costs no membership."""
+        lps = sorted(touched & set(self.states))
         self.totals.clear()  # the same dict the states and the changelog count into
         self.totals.update(self._committed_totals)
-        self._positions = {(tp.topic, tp.partition): tp.offset for tp in starts}
-        self._read = False
-        for tp in starts:
-            self._consumer.seek(tp)
-        self.expiry.assigned(starts)  # the restored tables reflect nothing read after these
+        if not lps:
+            return
+        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.pause(tps)
+        self._drop(set(lps))
+        self.restores.add(lps, tps)
+        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", lps, sorted(self.states))
 
     # ------------------------------------------------------------------ stats
 

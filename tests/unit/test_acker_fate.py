@@ -16,7 +16,7 @@ import numpy as np
 
 from broker import ids
 from broker.ledger.clock import ManualClock
-from broker.schemas import PersistedRecord
+from broker.schemas import PersistedRecord, XorBatch
 from tests.unit.test_acker_payloads import (
     PersistLog,
     persist,
@@ -144,3 +144,32 @@ def test_an_explicitly_failed_middle_attempt_hands_the_superseded_mark_on(fake_k
     assert outcomes(producer)[r2.srid] == b"completed"
     assert acker.counters()["superseded_settled"] == 1
     assert np.all(np.array([acker.counters()["dlq"], acker.counters()["pending"]]) == 0)
+
+
+def test_a_failed_commit_rewinds_only_the_partitions_it_touched(monkeypatch: Any) -> None:
+    """Ledger partition 1 has a pending entry; a commit that touched only partition 0 fails:
+    partition 0 is restored from its changelog in the loop (its inputs paused meanwhile,
+    then read again), partition 1 keeps its table as it is - no reload."""
+    from broker.acker import Acker, AckerConfig
+    from broker.settings import KafkaSettings
+    from tests.unit.log_cluster import Cluster
+
+    cluster = Cluster()
+    cluster.install(monkeypatch)
+    clock = ManualClock(T0)
+    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, fail_hold_ms=0)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    s0, s1 = 0x1000_0000_0000_0002, 0x1000_0000_0000_0003  # ledger partitions 0 and 1
+    for s in (s0, s1):
+        cluster.append(NS.persist, s % 2, ids.encode_id(s), persisted(s, s ^ 5, T0).encode())
+    run_steps(acker, 3)
+    kept = acker.states[1]
+    assert acker.counters()["pending"] == 2
+    cluster.fail_commits = 1
+    cluster.append(NS.acks, 0, None, XorBatch(0, np.array([s0]), np.array([s0 ^ 5]), np.array([], np.int64)).encode())
+    run_steps(acker)  # the completion of s0 is aborted
+    assert 0 not in acker.states and acker.states[1] is kept
+    run_steps(acker, 3)  # partition 0 restored, its ack read again
+    assert acker.states[1] is kept and acker.counters()["completed"] == 1
+    tombstones = [m for m in cluster.records(NS.persist) if m.value() is None]
+    assert [ids.decode_id(m.key() or b"") for m in tombstones] == [s0]

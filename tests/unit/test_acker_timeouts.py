@@ -718,7 +718,7 @@ def test_an_aborted_commit_takes_its_counts_back_with_its_state(
     assert (c["registered"], c["quarantined"], c["pending"]) == (0, 0, 0)
     FailingOnceProducer.error = None
     consumer.batches.append([persist_msg(persisted(S1, R1, T0)), FakeMessage(NS.acks, 0, 0, None, b"\x07")])
-    run_steps(acker)  # read again after the rewind, committed
+    run_steps(acker, 2)  # restored in the loop, then read again and committed
     c = acker.counters()
     assert (c["registered"], c["quarantined"], c["pending"]) == (1, 1, 1)
 
