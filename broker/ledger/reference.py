@@ -232,7 +232,8 @@ class ReferenceLedger:
         timed_out: list[tuple[int, int]] = []
         orphans: list[tuple[int, int]] = []
         for srid, entry in list(self.entries_by_srid.items()):
-            if entry.deadline <= now_tick and not entry.deferred:
+            # a registered FAILED entry is take_failed's: a fail mark wins over the clock
+            if entry.deadline <= now_tick and not entry.deferred and not (entry.registered and entry.failed):
                 self._leave(srid)
                 (timed_out if entry.registered else orphans).append((srid, entry.offset))
         return Expired(_removed(timed_out), _removed(orphans))
@@ -323,6 +324,7 @@ class ModelAttempt:
     acked_ms: int | None = None  # every event of its tree written at this time
     failed_ms: int | None = None  # a fail mark written at this time
     outcome: str | None = None  # its persist tombstone's rb-outcome, once written
+    reason: str | None = None  # why it was replayed (its replay's history), once known
 
 
 class FateModel:
@@ -393,4 +395,7 @@ class FateModel:
                 if a.outcome == "replay" and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
                         a.failed_ms is None):
                     out.append(f"attempt {a.number} of {origin} replayed though its tree completed before its deadline")
+                # a fail mark wins over the clock: written before the deadline, it is the reason
+                if a.reason == "timeout" and a.failed_ms is not None and a.failed_ms < a.deadline_ms:
+                    out.append(f"attempt {a.number} of {origin} failed before its deadline, replayed as a timeout")
         return out

@@ -718,7 +718,8 @@ class LedgerTable:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.
 
         Registered ones timed out (replay them), unregistered ones are orphans. DEFERRED
-        entries are not expired: their deadline is ``take_deferred``'s. See the module doc
+        entries are not expired: their deadline is ``take_deferred``'s; nor are registered
+        FAILED ones: they are failures, ``take_failed``'s. See the module doc
         for why this is Storm's RotatingMap.
         """
         now = min(_clamp_tick(now_tick), _INT32_MAX - 1)  # a deadline of INT32_MAX is "never"
@@ -726,7 +727,10 @@ class LedgerTable:
             return Expired(_empty_removed(), _empty_removed())
         t = self.hashtable
         due = np.flatnonzero(t.deadline <= now)  # free slots hold INT32_MAX: never due
-        due = due[(t.flags[due] & DEFERRED) == 0]
+        # A fail mark wins over the clock: a registered FAILED entry is ``take_failed``'s
+        # (held briefly by fail_hold_ms, or restored by a new owner after its deadline).
+        f = t.flags[due]
+        due = due[((f & DEFERRED) == 0) & ((f & _FAILED_NOW) != _FAILED_NOW)]
         f = t.flags[due]
         registered = (f & REGISTERED) != 0
         superseded = (f & SUPERSEDED) != 0

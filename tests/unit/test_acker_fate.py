@@ -173,3 +173,17 @@ def test_a_failed_commit_rewinds_only_the_partitions_it_touched(monkeypatch: Any
     assert acker.states[1] is kept and acker.counters()["completed"] == 1
     tombstones = [m for m in cluster.records(NS.persist) if m.value() is None]
     assert [ids.decode_id(m.key() or b"") for m in tombstones] == [s0]
+
+
+def test_a_fail_mark_wins_over_the_clock() -> None:
+    """A registered entry marked FAILED and past its deadline - its mark held by
+    fail_hold_ms, or restored by a new owner after a takeover that took longer than the
+    timeout - is a failure, not a timeout (issue 30, item 7: ~450 explicit failures per chaos
+    run became timeouts across takeovers)."""
+    from broker.ledger.table import LedgerTable
+
+    table = LedgerTable()
+    table.register(np.array([S1]), np.array([R1]), np.array([0]), np.array([10]))
+    table.mark_failed(np.array([S1]), 1_000)
+    assert len(table.expire(11).timed_out) == 0
+    assert table.take_failed().srids.tolist() == [S1]

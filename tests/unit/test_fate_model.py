@@ -190,6 +190,8 @@ class FateMachine(RuleBasedStateMachine):
                 if value is not None:
                     r = PersistedRecord.decode(value)
                     self.roots[r.srid] = r.root_xor
+                    for h in r.history:
+                        self.model.attempts[h.srid].reason = h.reason
                     a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts, r.created_ms + r.timeout_ms)
                     self._plan(a, r.created_ms, r.timeout_ms)
                     continue
