@@ -107,7 +107,7 @@ class Pipeline:
         self._threads.append(thread)
 
     def start_acker(self, clock: Clock | None = None) -> Acker:
-        config = AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600)
+        config = AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000)
         self.acker = Acker(self.settings, self.ns, config, clock=clock)
         self._spawn(self.acker.run, "acker")
         return self.acker
@@ -127,7 +127,7 @@ class Pipeline:
 
         self.task = Task(
             self.settings, self.ns, [self.topic, self.replay], unique_name("task"), handler,
-            TaskConfig(poll_timeout_s=0.05),
+            TaskConfig(poll_timeout_ms=50),
         )
         self._spawn(self.task.run, "task")
         return self.task

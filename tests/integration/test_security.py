@@ -103,7 +103,7 @@ def test_demo_with_one_principal_per_role(secured: SaslKafka, monkeypatch: pytes
     acls.apply(admin, "User:task", acls.role_acls(ns, "task", inputs=[enriched], group=f"{ns.name}.leaf"))
 
     summary = run_demo(
-        secured.bootstrap, 200, partitions=2, timeout_s=10, deadline_s=60, keep=False,
+        secured.bootstrap, 200, partitions=2, timeout_ms=10_000, deadline_ms=60_000, keep=False,
         namespace=ns.name, roles={role: settings_of(secured, role) for role in ROLES},
     )
 
