@@ -459,7 +459,7 @@ def test_demo_cli_loses_nothing_with_failures_and_drops(bootstrap: str) -> None:
     proc = subprocess.run(
         [
             sys.executable, "-m", "broker.cli", "demo", "--bootstrap", bootstrap, "--records", "3000",
-            "--fail-rate", "0.1", "--drop-rate", "0.02", "--timeout", "3", "--json",
+            "--fail-rate", "0.1", "--drop-rate", "0.02", "--timeout-ms", "3000", "--json",
         ],
         capture_output=True,
         text=True,
