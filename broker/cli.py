@@ -282,7 +282,7 @@ def _cmd_acls(args: argparse.Namespace) -> int:
     rules = acls.role_acls(
         topics.Namespace(args.namespace),
         args.role,
-        data_topics=[name for name, _ in args.data_topic or []],
+        data_topics=args.data_topic or [],
         inputs=args.input or [],
         outputs=args.output or [],
         group=args.group,
@@ -538,6 +538,12 @@ def data_topic(spec: str) -> tuple[str, int]:
     return name, int(n)
 
 
+def topic_name(spec: str) -> str:
+    """A data topic by its name (NAME:PARTITIONS, as `topics create` takes it, too)."""
+    name, sep, n = spec.rpartition(":")
+    return name if sep and name and n.isdigit() else spec
+
+
 def record_id(text: str) -> int:
     from broker.trace import parse_id
 
@@ -682,7 +688,8 @@ def _topics_parsers(sub: Any) -> None:
     acls.add_argument("--role", choices=list(ROLE_FLAGS), required=True, help="the role")
     acls.add_argument("--principal", metavar="User:NAME", required=True, help="the principal of the role")
     acls.add_argument("--apply", action="store_true", help="create them (default: print only)")
-    data_topics(acls, "source, acker: a data topic it writes, or whose replay topic it writes (repeatable)")
+    acls.add_argument("--data-topic", action="append", type=topic_name, metavar="NAME",
+                      help="source, acker: a data topic it writes, or whose replay topic it writes (repeatable)")
     acls.add_argument("--group", help="task, bridge: the consumer group (bridge default: NS.bridge.INPUT)")
     acls.add_argument("--input", action="append", metavar="TOPIC", help="task, bridge: an input topic (repeatable)")
     acls.add_argument("--output", action="append", metavar="TOPIC",

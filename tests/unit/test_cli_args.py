@@ -198,3 +198,16 @@ def test_a_task_without_replay_topics_says_so_once_at_start(
         if warned:
             assert "orders, clicks without orders.replay, clicks.replay" in lines[0]
             assert "shop.dlq" in lines[0]
+
+
+@pytest.mark.parametrize("role_args", [
+    ["--role", "source", "--principal", "User:source", "--data-topic", "orders"],
+    ["--role", "source", "--principal", "User:source", "--data-topic", "orders:4"],
+    ["--role", "task", "--principal", "User:task", "--group", "shop.enrich", "--input", "orders", "--output", "enriched"],
+    ["--role", "acker", "--principal", "User:acker", "--data-topic", "orders"],
+])
+def test_the_acls_of_the_readme_print(role_args: list[str], capsys: pytest.CaptureFixture[str],
+                                      no_network: list[str]) -> None:
+    assert main(["topics", "acls", "--namespace", "shop", *role_args]) == 0
+    out = capsys.readouterr().out
+    assert "TOPIC:LITERAL:shop.persist" in out and ":4" not in out
