@@ -173,7 +173,9 @@ def _connection(args: argparse.Namespace) -> tuple[str, Path | None]:
 
 REACH_TIMEOUT_S = 10.0
 """How long a command waits for a cluster that accepts connections but does not answer."""
-REACH_POLL_S = 0.1
+REACH_POLL_S = (0.1, 1.0)
+"""The first wait for the metadata answer, doubled up to the last: a refusal is seen between
+two waits, a distant cluster gets longer ones."""
 
 
 def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = REACH_TIMEOUT_S) -> None:
@@ -194,12 +196,14 @@ def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = 
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout_s
     final = {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
+    wait, longest = REACH_POLL_S
     while True:
         try:
-            admin.list_topics(timeout=REACH_POLL_S)
+            admin.list_topics(timeout=min(wait, max(deadline - time.monotonic(), 0.01)))
             return
         except KafkaException as exc:
             failure = exc
+        wait = min(wait * 2, longest)
         admin.poll(0)  # serves the errors collected meanwhile
         if time.monotonic() >= deadline or any(e.code() in final for e in errors):
             break
@@ -593,7 +597,7 @@ def _actions(parser: argparse.ArgumentParser, help: str) -> Any:
     return parser.add_subparsers(dest="action", required=True, metavar="ACTION", help=help)
 
 
-def _cluster(parser: argparse.ArgumentParser, *, namespace: bool = True) -> None:
+def _cluster(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--bootstrap", metavar="HOST:PORT",
@@ -603,9 +607,8 @@ def _cluster(parser: argparse.ArgumentParser, *, namespace: bool = True) -> None
         "--local", action="store_true",
         help="use the Kafka that `replaybroker kafka up` started (single node, --brokers N or --sasl)",
     )
-    if namespace:
-        parser.add_argument("--namespace", required=True, type=namespace_name,
-                            help="the namespace NS of the topics NS.persist, NS.acks ...")
+    parser.add_argument("--namespace", required=True, type=namespace_name,
+                        help="the namespace NS of the topics NS.persist, NS.acks ...")
 
 
 def _metrics_port(parser: argparse.ArgumentParser) -> None:
