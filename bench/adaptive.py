@@ -144,7 +144,7 @@ def _run(env: Env, timeout: Timeout, records: int, progress: Callable[[float], N
     topics.create(env.settings, ns, env.partitions, {topic: env.partitions})
     env.created_topics += [*ns.ledger_topics, ns.dlq, topic, topics.replay_topic(topic)]
     config = AckerConfig(
-        commit_interval_ms=env.commit_interval_ms, stats_interval_s=3600,
+        commit_interval_ms=env.commit_interval_ms, stats_interval_ms=3_600_000,
         adaptive_floor_ms=FLOOR_MS, adaptive_ceiling_ms=FIXED_MS, adaptive_safety_factor=SAFETY,
         adaptive_min_samples=MIN_SAMPLES, adaptive_window_ms=WINDOW_MS,
     )

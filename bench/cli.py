@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-share", action="store_true", help="do not run the share-group baseline")
     parser.add_argument("--commit-interval-ms", type=int, default=100, help="the acker's commit interval, ms")
     parser.add_argument("--replay-timeout-ms", type=int,
-                        help="per-record timeout of the replay run (default 2000 with --quick, else 10000)")
+                        help="per-record timeout of the replay run (default: 2000 with --quick, else 10000)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 

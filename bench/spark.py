@@ -15,7 +15,7 @@ is started once and warm for every figure after the first round.
 - ``large_acked_vs_plain``: the same comparison over a topic of its own with micro-batches
   about 3x larger (the plan's ``spark_large_batch_records``), no target: whether what the
   acking adds is per batch (the ratio would rise with the size) or per row.
-- ``sink_batch_growth``: ``OriginDeltaSink(replay_window_s=600)`` - the sink the project
+- ``sink_batch_growth``: ``OriginDeltaSink(replay_window_ms=600_000)`` - the sink the project
   recommends - written micro-batch by micro-batch into a table that already holds the small
   and the large row count (prefilled by one bulk write); the same for ``OriginParquetSink``.
 """

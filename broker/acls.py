@@ -7,8 +7,8 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
 - ``task``: reads its input topics and their replay topics with its group, writes
   ``ns.acks`` and its output (child) topics - and can NOT write ``ns.persist``: only a source
   starts a tree;
-- ``acker``: reads ``ns.persist``, ``ns.acks`` and ``ns.ledger`` in the groups ``ns.acker*``
-  (PREFIXED: the main group, restore, standby and fetch), writes persist tombstones,
+- ``acker``: reads ``ns.persist``, ``ns.acks`` and ``ns.ledger`` in the group ``ns.acker``
+  and the groups ``ns.acker.*`` (PREFIXED: restore, standby and fetch), writes persist tombstones,
   ``ns.ledger``, ``ns.dlq`` and the replay topics, and owns the transactional ids
   ``ns.acker.*`` (PREFIXED: one per instance);
 - ``bridge``: reads its one input topic with its group (``ns.bridge.<input>`` unless told),
@@ -18,6 +18,12 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
 
 Every role checks the layout at start (``topics.check``): ``DESCRIBE`` on the namespace's
 topics and ``DESCRIBE_CONFIGS`` on the compacted ones.
+
+No rule reaches another namespace: every PREFIXED name ends in ``.``, which no namespace's
+name contains (``topics.check_namespace_name``), so ``ns.acker.`` is no prefix of
+``ns.ackerx.acker``. The names a user gives (data topics, a group, a transactional id) are
+refused when they are a namespace's own - this one's or another's: its topics, the acker's
+and the bridges' groups and transactional ids.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from broker.errors import ConfigurationError
-from broker.topics import Namespace, replay_topic
+from broker.topics import NAMESPACE_NAME, REPLAY_SUFFIX, Namespace, replay_topic
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AclBinding, AdminClient
@@ -65,6 +71,41 @@ def acker_group_prefix(ns: Namespace) -> str:
     return f"{ns.name}.acker"
 
 
+# The names within a namespace NS that belong to the broker itself, by what follows "NS.".
+OWN_TOPIC_SUFFIXES = ("persist", "acks", "ledger", "dlq", "superseded", "dlq.redriven")
+OWN_GROUP_PARTS = ("acker", "bridge")  # NS.acker, NS.acker.*, NS.bridge.*
+
+
+def _namespace_of(name: str) -> tuple[str, str] | None:
+    """``NS.REST`` -> (NS, REST) when NS can be a namespace's name."""
+    ns, sep, rest = name.partition(".")
+    return (ns, rest) if sep and NAMESPACE_NAME.fullmatch(ns) else None
+
+
+def _data_topic(role: str, topic: str, verb: str) -> str:
+    """``topic`` as a data topic of ``role``: never a namespace's own topic, this one's or
+    another's, and never written as a replay topic (only the acker writes those)."""
+    within = _namespace_of(topic)
+    if within is not None and within[1] in OWN_TOPIC_SUFFIXES:
+        raise ConfigurationError(f"a {role} does not {verb} {topic}: a topic of namespace {within[0]} itself")
+    if verb != "read" and topic.endswith(REPLAY_SUFFIX):
+        raise ConfigurationError(f"a {role} does not {verb} {topic}: only the acker writes replay topics")
+    return topic
+
+
+def _user_name(role: str, kind: str, name: str, ns: Namespace, allowed: str | None = None) -> str:
+    """A group or transactional id given for ``role``: never one of a namespace's acker or
+    bridges (``allowed``: the part of ``ns`` this role owns itself, e.g. a bridge's)."""
+    within = _namespace_of(name)
+    if within is None:
+        return name
+    owner, rest = within
+    part = rest.partition(".")[0]
+    if part in OWN_GROUP_PARTS and not (owner == ns.name and part == allowed and rest != part):
+        raise ConfigurationError(f"a {role} does not use the {kind} {name}: it belongs to the {part} of namespace {owner}")
+    return name
+
+
 def role_acls(
     ns: Namespace,
     role: str,
@@ -86,8 +127,9 @@ def role_acls(
     if role == "source":
         acls |= _topic(ns.persist, "WRITE")
         for topic in data_topics:
-            acls |= _topic(topic, "WRITE") | _topic(replay_topic(topic), "DESCRIBE")
+            acls |= _topic(_data_topic(role, topic, "write"), "WRITE") | _topic(replay_topic(topic), "DESCRIBE")
         if transactional_id:
+            _user_name(role, "transactional id", transactional_id, ns)
             acls |= {Acl("TRANSACTIONAL_ID", transactional_id, "LITERAL", op) for op in ("WRITE", "DESCRIBE")}
     elif role == "task":
         if not group:
@@ -96,23 +138,21 @@ def role_acls(
         if not inputs:
             raise ConfigurationError("the task role needs its input topics (--input)")
         acls |= _topic(ns.acks, "WRITE") | _topic(ns.superseded, "READ")  # markers: skip superseded replays
-        acls.add(Acl("GROUP", group, "LITERAL", "READ"))
+        # READ on its group is also what the marker reader needs (broker.markers: it looks
+        # up the coordinator of the task's group).
+        acls.add(Acl("GROUP", _user_name(role, "group", group, ns), "LITERAL", "READ"))
         for topic in inputs:
-            if topic in ns.ledger_topics or topic == ns.dlq:
-                raise ConfigurationError(f"a task does not read {topic}")
-            acls |= _topic(topic, "READ") | _topic(replay_topic(topic), "READ")
+            acls |= _topic(_data_topic(role, topic, "read"), "READ") | _topic(replay_topic(topic), "READ")
         for topic in outputs:
-            if topic in ns.ledger_topics or topic == ns.dlq:
-                raise ConfigurationError(f"a task does not write {topic}")
-            acls |= _topic(topic, "WRITE")
+            acls |= _topic(_data_topic(role, topic, "write"), "WRITE")
     elif role == "acker":
         acls |= _topic(ns.persist, "READ", "WRITE") | _topic(ns.acks, "READ", "WRITE") | _topic(ns.ledger, "READ", "WRITE")
         # ns.acks: superseded marks for the acker of a replay; ns.superseded: the markers
         acls |= _topic(ns.dlq, "WRITE") | _topic(ns.superseded, "WRITE")
         for topic in data_topics:
-            acls |= _topic(topic, "DESCRIBE") | _topic(replay_topic(topic), "WRITE")
+            acls |= _topic(_data_topic(role, topic, "replay"), "DESCRIBE") | _topic(replay_topic(topic), "WRITE")
         prefix = acker_group_prefix(ns)
-        acls.add(Acl("GROUP", prefix, "PREFIXED", "READ"))
+        acls |= {Acl("GROUP", prefix, "LITERAL", "READ"), Acl("GROUP", f"{prefix}.", "PREFIXED", "READ")}
         # It sets its group's session timeout and heartbeat interval (consumer protocol).
         acls |= {Acl("GROUP", prefix, "LITERAL", op) for op in ("ALTER_CONFIGS", "DESCRIBE_CONFIGS")}
         acls |= {Acl("TRANSACTIONAL_ID", f"{prefix}.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
@@ -130,14 +170,12 @@ def _bridge_acls(ns: Namespace, inputs: list[str], outputs: list[str], group: st
         raise ConfigurationError("the bridge role needs its one input topic (--input)")
     if len(outputs) > 1:
         raise ConfigurationError("a bridge writes one target topic (--output)")
-    source = inputs[0]
-    target = outputs[0] if outputs else default_target(source)
-    for topic in (source, target):
-        if topic in ns.ledger_topics or topic == ns.dlq:
-            raise ConfigurationError(f"a bridge does not read or write {topic} as data")
+    source = _data_topic("bridge", inputs[0], "read")
+    target = _data_topic("bridge", outputs[0] if outputs else default_target(source), "write")
     acls = _topic(source, "READ") | _topic(ns.persist, "WRITE") | _topic(ns.dlq, "WRITE")
     acls |= _topic(target, "WRITE") | _topic(replay_topic(target), "DESCRIBE")
-    acls.add(Acl("GROUP", group or f"{ns.name}.bridge.{source}", "LITERAL", "READ"))
+    group = _user_name("bridge", "group", group or f"{ns.name}.bridge.{source}", ns, allowed="bridge")
+    acls.add(Acl("GROUP", group, "LITERAL", "READ"))
     acls |= {Acl("TRANSACTIONAL_ID", f"{ns.name}.bridge.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
     return acls
 

@@ -112,7 +112,7 @@ class BridgeConfig:
     instance_id: str = ""
     batch_records: int = 1000
     batch_ms: int = 100
-    poll_timeout_s: float = 0.05
+    poll_timeout_ms: int = 50
     session_timeout_ms: int = 10_000
     # How long a killed instance's open transaction holds back read_committed readers of the
     # target and the persist topic, when it is not restarted with the same instance id.
@@ -285,8 +285,9 @@ class Bridge:
             for tp, (_, end) in self._read.items():
                 for where in [w for w in self._refused if w[:2] == tp and w[2] < end]:
                     del self._refused[where]  # quarantined and committed
-                if self._suspect.get(tp, end) <= end:
-                    self._suspect.pop(tp, None)
+                suspect = self._suspect.get(tp)
+                if suspect is not None and suspect <= end:
+                    del self._suspect[tp]
                     log.info("bridge %s: %s[%d] past the refused batch, batches again", self.instance_id, *tp)
         return n
 
@@ -320,7 +321,7 @@ class Bridge:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            for msg in self._take(limit - n, min(left, self.config.poll_timeout_s)):
+            for msg in self._take(limit - n, min(left, self.config.poll_timeout_ms / 1000)):
                 n += self._bridge(msg)
         return n
 

@@ -1,18 +1,31 @@
-"""The ``replaybroker`` command. Each subcommand is a thin layer over a module function."""
+"""The ``replaybroker`` command: run and operate a replay broker on Kafka."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigurationError, KafkaUnreachable, ReplayBrokerError
 
 log = logging.getLogger("replaybroker")
+
+DESCRIPTION = """\
+Run and operate a replay broker: every record a source sends is tracked until its whole tree
+of derived records is acked; a record that fails or times out is replayed, and after its last
+attempt dead-lettered.
+
+Try it: `replaybroker demo`. A pipeline: `topics create`, then `acker` and one `task` per
+stage (services: SIGTERM stops them cleanly); `status`, `trace` and `dlq` show what became of
+the records. Global options (-v) go before or after the command."""
 
 
 def _cmd_kafka(args: argparse.Namespace) -> int:
@@ -37,10 +50,8 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
             return 1
         print(f"running: {state.bootstrap} Kafka {state.kafka_version} pid {state.pid} run dir {state.run_dir}")
         return 0
-    if args.action == "down":
-        print("stopped" if kafka.stop() else "not running")
-        return 0
-    raise AssertionError(args.action)
+    print("stopped" if kafka.stop() else "not running")
+    return 0
 
 
 def _cmd_kafka_cluster(args: argparse.Namespace, run_dir: Path | None) -> int:
@@ -56,10 +67,8 @@ def _cmd_kafka_cluster(args: argparse.Namespace, run_dir: Path | None) -> int:
             return 1
         print(f"running: {state.bootstrap} Kafka {state.kafka_version} pids {state.pids} run dir {state.run_dir}")
         return 0
-    if args.action == "down":
-        print("stopped" if cluster.stop() else "not running")
-        return 0
-    raise AssertionError(args.action)
+    print("stopped" if cluster.stop() else "not running")
+    return 0
 
 
 def _cmd_spark(args: argparse.Namespace) -> int:
@@ -76,7 +85,6 @@ def _cmd_spark(args: argparse.Namespace) -> int:
 
 def _cmd_setup(args: argparse.Namespace) -> int:
     import importlib.util
-    import time
 
     from broker.dev import maven
 
@@ -107,35 +115,74 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 NO_CLUSTER = (
     "no Kafka cluster given: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS "
-    "(--local: the embedded Kafka of `replaybroker kafka up`)"
+    "(--local: the Kafka of `replaybroker kafka up`)"
 )
 
 
-def _bootstrap(args: argparse.Namespace) -> str:
-    """The cluster of a service or admin command: always an explicit choice. An acker or a
-    redrive silently pointed at a development broker is worse than one that refuses."""
-    if args.local:
-        from broker.dev import kafka_local
+@dataclass(frozen=True)
+class LocalBroker:
+    """A development Kafka that ``replaybroker kafka up`` started and that still runs."""
 
-        state = kafka_local.running_state(kafka_local.default_run_dir())
-        if state is None:
-            raise ConfigurationError("--local: no embedded Kafka is running (start it with `replaybroker kafka up`)")
-        return state.bootstrap
+    started_by: str  # the command that started it
+    bootstrap: str
+    env_file: Path | None = None  # its admin's KAFKA_* settings (the SASL broker)
+
+
+def local_brokers() -> list[LocalBroker]:
+    """Every development Kafka running from its default run dir: the single node, the
+    local cluster (``--brokers N``) and the secured one (``--sasl``)."""
+    from broker.dev import kafka_cluster, kafka_local, kafka_sasl
+
+    found = []
+    single = kafka_local.running_state(kafka_local.default_run_dir())
+    if single is not None:
+        found.append(LocalBroker("kafka up", single.bootstrap))
+    cluster = kafka_cluster.running_cluster(kafka_cluster.default_cluster_dir())
+    if cluster is not None:
+        found.append(LocalBroker(f"kafka up --brokers {len(cluster.pids)}", cluster.bootstrap))
+    sasl = kafka_local.running_state(kafka_sasl.default_sasl_run_dir())
+    if sasl is not None:
+        found.append(LocalBroker("kafka up --sasl", sasl.bootstrap, Path(sasl.run_dir) / "admin.env"))
+    return found
+
+
+def _local_broker() -> LocalBroker:
+    found = local_brokers()
+    if not found:
+        raise ConfigurationError("--local: no local Kafka is running (start one with `replaybroker kafka up`)")
+    if len(found) > 1:
+        running = ", ".join(f"{b.bootstrap} ({b.started_by})" for b in found)
+        raise ConfigurationError(f"--local: {len(found)} local Kafkas are running: {running}; pass --bootstrap instead")
+    return found[0]
+
+
+def _connection(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """The cluster of a service or admin command, and the ``.env`` file of its settings:
+    always an explicit choice. An acker or a redrive silently pointed at a development broker
+    is worse than one that refuses."""
+    if args.local:
+        local = _local_broker()
+        return local.bootstrap, local.env_file
     from broker.settings import env_settings
 
     servers = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or env_settings().bootstrap_servers
     if not servers:
         raise ConfigurationError(NO_CLUSTER)
-    return str(servers)
+    return str(servers), None
 
 
 REACH_TIMEOUT_S = 10.0
+"""How long a command waits for a cluster that accepts connections but does not answer."""
+REACH_POLL_S = (0.1, 1.0)
+"""The first wait for the metadata answer, doubled up to the last: a refusal is seen between
+two waits, a distant cluster gets longer ones."""
 
 
-def check_reachable(settings: Any, *, verbose: bool = False) -> None:
-    """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request within
-    ``REACH_TIMEOUT_S``: a command against a wrong address fails at once, with the reason
-    librdkafka saw (refused, unresolvable ...), instead of retrying for minutes."""
+def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request: a command
+    against a wrong address fails with the reason librdkafka saw (refused, unresolvable,
+    authentication ...) as soon as it saw it - once every bootstrap server failed - and
+    after ``timeout_s`` for a cluster that connects but never answers."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -147,13 +194,22 @@ def check_reachable(settings: Any, *, verbose: bool = False) -> None:
     if not verbose:
         conf["log_level"] = 0  # the same reasons, once per connection attempt
     admin = AdminClient(conf)
-    try:
-        admin.list_topics(timeout=REACH_TIMEOUT_S)
-    except KafkaException as exc:
+    deadline = time.monotonic() + timeout_s
+    final = {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
+    wait, longest = REACH_POLL_S
+    while True:
+        try:
+            admin.list_topics(timeout=min(wait, max(deadline - time.monotonic(), 0.01)))
+            return
+        except KafkaException as exc:
+            failure = exc
+        wait = min(wait * 2, longest)
         admin.poll(0)  # serves the errors collected meanwhile
-        reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
-        why = without_timing(reasons[-1]) if reasons else _kafka_reason(exc)
-        raise KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}") from exc
+        if time.monotonic() >= deadline or any(e.code() in final for e in errors):
+            break
+    reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
+    why = without_timing(reasons[-1]) if reasons else _kafka_reason(failure)
+    raise KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}") from failure
 
 
 def _kafka_reason(exc: BaseException) -> str:
@@ -166,7 +222,8 @@ def _kafka_reason(exc: BaseException) -> str:
 def _settings(args: argparse.Namespace) -> Any:
     from broker.settings import KafkaSettings
 
-    settings = KafkaSettings.from_env(_bootstrap(args))
+    bootstrap, env_file = _connection(args)
+    settings = KafkaSettings.from_env(bootstrap, **({"env_file": env_file} if env_file else {}))
     if args.verbose:
         print_config(settings, args.command)
     check_reachable(settings, verbose=args.verbose)
@@ -182,27 +239,15 @@ def print_config(settings: Any, command: str, file: Any = None) -> None:
         print(f"  {key}={value}", file=out)
 
 
-def _parse_data_topics(specs: list[str]) -> dict[str, int]:
-    out = {}
-    for spec in specs:
-        name, _, n = spec.rpartition(":")
-        if not name or not n.isdigit():
-            raise ReplayBrokerError(f"--data-topic takes NAME:PARTITIONS, got {spec!r}")
-        out[name] = int(n)
-    return out
-
-
 def _cmd_topics(args: argparse.Namespace) -> int:
     from broker import topics
 
     if args.action == "acls":
         return _cmd_acls(args)
-    settings = _settings(args)
     ns = topics.Namespace(args.namespace)
-    data = _parse_data_topics(args.data_topic or [])
+    data = dict(args.data_topic or [])
+    settings = _settings(args)
     if args.action == "create":
-        if args.partitions is None:
-            raise ReplayBrokerError("topics create needs --partitions")
         created = topics.create(settings, ns, args.partitions, data, replication=args.replication_factor,
                                 min_insync=args.min_insync_replicas)
         for name in created:
@@ -220,17 +265,28 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+# The flags of `topics acls` each role takes; any other is an error, not ignored.
+ROLE_FLAGS = {
+    "source": ("data_topic", "transactional_id"),
+    "task": ("group", "input", "output"),
+    "acker": ("data_topic",),
+    "bridge": ("group", "input", "output"),
+}
+_ACL_FLAGS = ("data_topic", "transactional_id", "group", "input", "output")
+
+
 def _cmd_acls(args: argparse.Namespace) -> int:
     """Print the least ACLs of a role; with --apply, create them (printing needs no cluster)."""
     from broker import acls, topics
 
-    if not args.role or not args.principal:
-        raise ReplayBrokerError("topics acls needs --role and --principal")
+    for flag in _ACL_FLAGS:
+        if getattr(args, flag) and flag not in ROLE_FLAGS[args.role]:
+            raise ConfigurationError(f"topics acls --role {args.role} takes no --{flag.replace('_', '-')}")
     principal = acls.check_principal(args.principal)
     rules = acls.role_acls(
         topics.Namespace(args.namespace),
         args.role,
-        data_topics=[spec.split(":")[0] for spec in args.data_topic or []],
+        data_topics=args.data_topic or [],
         inputs=args.input or [],
         outputs=args.output or [],
         group=args.group,
@@ -305,7 +361,7 @@ def _cmd_task(args: argparse.Namespace) -> int:
     if not args.no_replay_topics:
         inputs += [replay_topic(t) for t in args.topics if not t.endswith(REPLAY_SUFFIX)]
     config = TaskConfig(
-        batch_size=args.batch_size, commit_interval_s=args.commit_interval_ms / 1000,
+        batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms,
         fail_on_exception=not args.stop_on_exception, metrics_port=args.metrics_port,
     )
     counters = Task(_settings(args), args.namespace, list(dict.fromkeys(inputs)), args.group, handler, config).run(
@@ -336,9 +392,8 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
 
     from broker import dlq
 
-    settings = _settings(args)
     if args.action == "list":
-        listed = dlq.list_entries(settings, args.namespace, args.limit)
+        listed = dlq.list_entries(_settings(args), args.namespace, args.limit)
         if args.json:
             sys.stdout.write(orjson.dumps([dlq.entry_json(e, m) for e, m in listed]).decode() + "\n")
         else:
@@ -347,11 +402,11 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
             print(f"{len(listed)} entries in {args.namespace}.dlq", file=sys.stderr)
         return 0
     result = dlq.redrive(
-        settings,
+        _settings(args),
         args.namespace,
         reason_prefix=args.reason_prefix,
-        origins=[dlq.parse_origin(o) for o in args.origin or ()] or None,
-        timeout_ms=int(args.timeout * 1000) if args.timeout else None,
+        origins=args.origin or None,
+        timeout_ms=args.timeout_ms,
         max_attempts=args.max_attempts,
         dry_run=args.dry_run,
     )
@@ -375,11 +430,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
     from broker import trace
 
-    try:
-        ident = trace.parse_id(args.id)
-    except ValueError as exc:
-        raise ReplayBrokerError(f"trace takes an srid or origin (decimal or 0x hex), got {args.id!r}") from exc
-    result = trace.trace(_settings(args), args.namespace, ident)
+    result = trace.trace(_settings(args), args.namespace, args.id)
     if args.json:
         sys.stdout.write(orjson.dumps(result).decode() + "\n")
     else:
@@ -400,10 +451,30 @@ def _cmd_bridge(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_cluster(explicit: str | None) -> tuple[str, str]:
+    """The demo's cluster and where it came from: ``--bootstrap``, else
+    ``KAFKA_BOOTSTRAP_SERVERS``, else the running embedded Kafka, else a new one."""
+    from broker.dev import kafka_local
+
+    if explicit:
+        return explicit, "--bootstrap"
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
+    state = kafka_local.running_state(kafka_local.default_run_dir())
+    if state is not None:
+        return state.bootstrap, "the running embedded Kafka"
+    print("starting the embedded Kafka (replaybroker kafka down stops it)", file=sys.stderr)
+    return kafka_local.LocalKafka().start(detach=True).bootstrap, "the embedded Kafka, started now"
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.dev.demo import main_demo
+    from broker.settings import KafkaSettings
 
-    return main_demo(args)
+    bootstrap, where = demo_cluster(args.bootstrap)
+    print(f"demo on {bootstrap} ({where}): {args.records} records", file=sys.stderr)
+    check_reachable(KafkaSettings.from_env(bootstrap), verbose=args.verbose)
+    return main_demo(args, bootstrap)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -412,106 +483,233 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return main_bench(args)
 
 
+# ------------------------------------------------------------------ the arguments, checked here
+# Every value is checked while parsing, before a command waits for any cluster.
+
+
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            what = {0: "zero or more", 1: "positive"}.get(minimum, f"at least {minimum}")
+            if maximum is not None:
+                what = f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE = _whole(1)
+AT_LEAST_ZERO = _whole(0)
+PORT = _whole(0, 65535)
+
+
+def _real(text: str, ok: Callable[[float], bool], what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    return _real(text, lambda v: 0.0 <= v <= 1.0, "from 0 to 1")
+
+
+def positive_real(text: str) -> float:
+    return _real(text, lambda v: v > 0.0, "positive")
+
+
+def namespace_name(text: str) -> str:
+    from broker.topics import check_namespace_name
+
+    try:
+        return check_namespace_name(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def data_topic(spec: str) -> tuple[str, int]:
+    name, _, n = spec.rpartition(":")
+    if not name or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME:PARTITIONS (a positive count), got {spec!r}")
+    return name, int(n)
+
+
+def topic_name(spec: str) -> str:
+    """A data topic by its name (NAME:PARTITIONS, as `topics create` takes it, too)."""
+    name, sep, n = spec.rpartition(":")
+    return name if sep and name and n.isdigit() else spec
+
+
+def record_id(text: str) -> int:
+    from broker.trace import parse_id
+
+    try:
+        return parse_id(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an id in decimal or 0x hex, got {text!r}") from None
+
+
 class _Help(argparse.HelpFormatter):
-    """Shows every option's default next to its help (units are in the help text), unless
-    the help names its default itself or there is none (a flag, an optional value)."""
+    """Every option's default the same way, ``(default: X)`` at the end of its help - zero
+    included - unless the help says it itself or there is none (a flag, an optional value)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+        default = action.default
+        if "(default" in text or default is None or default is False or default is argparse.SUPPRESS:
             return text
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
             text += " (default: %(default)s)"
         return text
 
 
-def _parser(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help, description=help, formatter_class=_Help)
+class _TopHelp(argparse.RawDescriptionHelpFormatter, _Help):
+    """The command's own description keeps its paragraphs."""
+
+
+def _parser(
+    sub: Any, name: str, help: str, parents: list[argparse.ArgumentParser] | None = None
+) -> argparse.ArgumentParser:
+    # No abbreviations: `--timeout 30` must not pass for `--timeout-ms 30`.
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=help, formatter_class=_Help, allow_abbrev=False, parents=parents or []
+    )
+    _global_options(parser, argparse.SUPPRESS)
+    return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """Options any command takes, before or after its name: a command's own copy defaults
+    to SUPPRESS, so it sets the value only when given there."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="debug logging, the effective Kafka configuration, tracebacks")
+
+
+def _actions(parser: argparse.ArgumentParser, help: str) -> Any:
+    return parser.add_subparsers(dest="action", required=True, metavar="ACTION", help=help)
 
 
 def _cluster(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--bootstrap", metavar="HOST:PORT",
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS; one of them is needed)",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS; one of the two, or --local, is needed)",
     )
     where.add_argument(
         "--local", action="store_true",
-        help="use the running embedded Kafka (`replaybroker kafka up`) instead",
+        help="use the Kafka that `replaybroker kafka up` started (single node, --brokers N or --sasl)",
     )
-    parser.add_argument("--namespace", required=True, help="the namespace NS of the topics NS.persist, NS.acks ...")
+    parser.add_argument("--namespace", required=True, type=namespace_name,
+                        help="the namespace NS of the topics NS.persist, NS.acks ...")
 
 
 def _metrics_port(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--metrics-port", type=int, metavar="N",
+        "--metrics-port", type=PORT, metavar="N",
         help="serve Prometheus metrics (replaybroker_*) on http://0.0.0.0:N/metrics (default: no metrics server)",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from broker import __version__
+def _json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON value on stdout")
 
-    parser = argparse.ArgumentParser(prog="replaybroker", description=__doc__, formatter_class=_Help)
-    parser.add_argument("--version", action="version", version=f"replaybroker {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
 
-    kafka = _parser(sub, "kafka", "the embedded single-node Kafka (development and demos)")
-    kafka.add_argument("action", choices=["up", "status", "down"], help="start, show or stop it")
-    kafka.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/kafka)")
-    kafka.add_argument("--jfr", metavar="FILE",
-                       help="with up: record the broker with Java Flight Recorder; written to FILE at kafka down "
-                            "(default: no recording)")
-    kafka.add_argument("--brokers", type=int, default=1,
-                       help="nodes: 1 (default) is the embedded single node; 3 a local KRaft cluster with "
-                       "replication 3 / min.insync 2 (run dir ~/.cache/replaybroker/run/kafka-cluster)")
-    kafka.add_argument(
-        "--sasl", action="store_true",
-        help="the secured broker: SASL/SCRAM-SHA-512, ACLs, super user admin (own run dir and ports)",
-    )
-    kafka.add_argument("--tls", action="store_true", help="--sasl up: SASL_SSL with a self-signed CA (keytool)")
-    kafka.add_argument("--user", action="append", metavar="NAME", help="--sasl up: a SCRAM user to create (repeatable)")
-    kafka.set_defaults(func=_cmd_kafka)
+def _kafka_parsers(sub: Any) -> None:
+    kafka = _parser(sub, "kafka", "a local Kafka for development and demos: one node, a cluster, or a secured one")
+    actions = _actions(kafka, "start it (prints the bootstrap servers), show it or stop it")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/kafka, "
+                        "run/kafka-cluster with --brokers, run/kafka-sasl with --sasl)")
+    common.add_argument("--brokers", type=POSITIVE, default=1,
+                        help="nodes: 1 is one node; more a local KRaft cluster, replication 3 and "
+                        "min.insync 2 from 3 nodes on")
+    common.add_argument("--sasl", action="store_true",
+                        help="the secured broker: SASL/SCRAM-SHA-512, ACLs, super user admin (own run dir and ports)")
+    for name, help in (("up", "start it"), ("status", "show whether it runs"), ("down", "stop it")):
+        action = _action(actions, name, help, _cmd_kafka, parents=[common])
+        action.set_defaults(jfr=None, tls=False, user=None)
+        if name == "up":
+            action.add_argument("--jfr", metavar="FILE", help="one node: record the broker with Java Flight "
+                                "Recorder, written to FILE at kafka down (default: no recording)")
+            action.add_argument("--tls", action="store_true", help="with --sasl: SASL_SSL with a self-signed CA")
+            action.add_argument("--user", action="append", metavar="NAME",
+                                help="with --sasl: a SCRAM user to create (repeatable)")
 
     spark = _parser(sub, "spark", "a local standalone Spark master with one worker (pyspark's jars)")
-    spark.add_argument("action", choices=["up", "status", "down"], help="start (prints the master URL), show or stop it")
-    spark.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/spark)")
-    spark.add_argument("--cores", type=int, default=2, help="up: cores the worker offers")
-    spark.add_argument("--memory", default="2g", help="up: memory the worker offers to executors")
-    spark.set_defaults(func=_cmd_spark)
+    actions = _actions(spark, "start it (prints the master URL), show it or stop it")
+    for name, help in (("up", "start it"), ("status", "show whether it runs"), ("down", "stop it")):
+        action = _action(actions, name, help, _cmd_spark)
+        action.add_argument("--run-dir", help="state directory (default: ~/.cache/replaybroker/run/spark)")
+        if name == "up":
+            action.add_argument("--cores", type=POSITIVE, default=2, help="cores the worker offers")
+            action.add_argument("--memory", default="2g", help="memory the worker offers to executors")
 
-    setup = _parser(sub, "setup", "resolve the Kafka, Spark connector and Delta Lake jars (Maven)")
-    setup.set_defaults(func=_cmd_setup)
 
-    top = _parser(sub, "topics", "create or check a namespace's topics")
-    top.add_argument(
-        "action", choices=["create", "check", "acls"],
-        help="create what is missing, only check, or print (--apply: create) a role's ACLs",
-    )
-    _cluster(top)
-    top.add_argument("--partitions", type=int, help="ledger partitions P (create)")
-    top.add_argument(
-        "--data-topic", action="append", metavar="NAME:PARTITIONS",
-        help="a data topic and its partition count; its NAME.replay is created beside it (repeatable)",
-    )
-    top.add_argument(
-        "--replication-factor", type=int,
-        help="replicas per partition (create; default: 3 on a cluster of at least 3 brokers, else 1 with a warning)",
-    )
-    top.add_argument(
-        "--min-insync-replicas", type=int,
-        help="replicas an acks=all write needs (create; default: 2 with replication 3, else 1)",
-    )
-    top.add_argument("--role", choices=["source", "task", "acker", "bridge"], help="acls: the role")
-    top.add_argument("--principal", metavar="User:NAME", help="acls: the principal of the role")
-    top.add_argument("--apply", action="store_true", help="acls: create them (default: print only)")
-    top.add_argument("--group", help="acls (task, bridge): the consumer group")
-    top.add_argument("--input", action="append", metavar="TOPIC", help="acls (task, bridge): an input topic (repeatable)")
-    top.add_argument("--output", action="append", metavar="TOPIC", help="acls (task, bridge): an output topic (repeatable)")
-    top.add_argument("--transactional-id", help="acls (source): its transactional id")
-    top.set_defaults(func=_cmd_topics)
+def _check_kafka(args: argparse.Namespace) -> None:
+    if (args.tls or args.user) and not args.sasl:
+        raise ConfigurationError(f"kafka up {'--tls' if args.tls else '--user'} needs --sasl")
+    if args.sasl and args.brokers > 1:
+        raise ConfigurationError("kafka --sasl is one node: --brokers cannot be used with it")
+    if args.jfr and (args.sasl or args.brokers > 1):
+        raise ConfigurationError("kafka up --jfr records the one-node broker only")
 
+
+def _topics_parsers(sub: Any) -> None:
+    top = _parser(sub, "topics", "create or check a namespace's topics, or print a role's ACLs")
+    actions = _actions(top, "create what is missing, only check, or print (--apply: create) a role's ACLs")
+
+    def data_topics(parser: argparse.ArgumentParser, help: str) -> None:
+        parser.add_argument("--data-topic", action="append", type=data_topic, metavar="NAME:PARTITIONS", help=help)
+
+    create = _action(actions, "create", "create the namespace's topics that are missing, then check them all",
+                     _cmd_topics)
+    _cluster(create)
+    create.add_argument("--partitions", type=POSITIVE, required=True, help="ledger partitions P")
+    data_topics(create, "a data topic and its partition count; its NAME.replay is created beside it (repeatable)")
+    create.add_argument(
+        "--replication-factor", type=POSITIVE,
+        help="replicas per partition (default: 3 on a cluster of at least 3 brokers, else 1 with a warning)",
+    )
+    create.add_argument(
+        "--min-insync-replicas", type=POSITIVE,
+        help="replicas an acks=all write needs (default: 2 with replication 3, else 1)",
+    )
+    check = _action(actions, "check", "check the namespace's topics: partitions, settings, replication", _cmd_topics)
+    _cluster(check)
+    data_topics(check, "a data topic and its partition count, checked with its NAME.replay (repeatable)")
+
+    acls = _action(actions, "acls", "print the least ACLs of a role (--apply: create them)", _cmd_topics)
+    _cluster(acls)
+    acls.add_argument("--role", choices=list(ROLE_FLAGS), required=True, help="the role")
+    acls.add_argument("--principal", metavar="User:NAME", required=True, help="the principal of the role")
+    acls.add_argument("--apply", action="store_true", help="create them (default: print only)")
+    acls.add_argument("--data-topic", action="append", type=topic_name, metavar="NAME",
+                      help="source, acker: a data topic it writes, or whose replay topic it writes (repeatable)")
+    acls.add_argument("--group", help="task, bridge: the consumer group (bridge default: NS.bridge.INPUT)")
+    acls.add_argument("--input", action="append", metavar="TOPIC", help="task, bridge: an input topic (repeatable)")
+    acls.add_argument("--output", action="append", metavar="TOPIC",
+                      help="task, bridge: an output topic (repeatable; bridge default: INPUT.guaranteed)")
+    acls.add_argument("--transactional-id", help="source: its transactional id, if it uses transactions")
+
+
+def _action(
+    actions: Any, name: str, help: str, func: Callable[[argparse.Namespace], int],
+    parents: list[argparse.ArgumentParser] | None = None,
+) -> argparse.ArgumentParser:
+    parser = _parser(actions, name, help, parents)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _acker_parser(sub: Any) -> None:
     acker = _parser(sub, "acker", "run an acker (SIGTERM stops it cleanly)")
     _cluster(acker)
     acker.add_argument(
@@ -531,53 +729,54 @@ def build_parser() -> argparse.ArgumentParser:
         "classic: eager range rebalances that pause every acker (older clusters)",
     )
     acker.add_argument(
-        "--session-timeout-ms", type=int, default=10_000,
+        "--session-timeout-ms", type=POSITIVE, default=10_000,
         help="how long a silent (killed) acker keeps its partitions; within the broker's "
         "group.consumer.min/max.session.timeout.ms",
     )
-    acker.add_argument("--commit-interval-ms", type=int, default=100, help="time between commits, ms")
+    acker.add_argument("--commit-interval-ms", type=POSITIVE, default=100, help="time between commits")
     # Records sent with timeout "auto" (AckerConfig.adaptive_*; unset: its defaults).
-    acker.add_argument("--adaptive-floor-ms", type=int, help="'auto' timeouts: the shortest the acker gives, ms (1000)")
+    acker.add_argument("--adaptive-floor-ms", type=POSITIVE, help="'auto' timeouts: the shortest the acker gives "
+                       "(default: 1000)")
     acker.add_argument(
-        "--adaptive-ceiling-ms", type=int,
-        help="'auto' timeouts: the longest, and the first before enough samples, ms (300000)",
+        "--adaptive-ceiling-ms", type=POSITIVE,
+        help="'auto' timeouts: the longest, and the first before enough samples (default: 300000)",
     )
     acker.add_argument(
-        "--adaptive-safety-factor", type=float,
-        help="'auto' timeouts: p99.9 of the topic's completion latency times this (3)",
+        "--adaptive-safety-factor", type=positive_real,
+        help="'auto' timeouts: p99.9 of the topic's completion latency times this (default: 3)",
     )
     acker.add_argument(
-        "--orphan-ttl-ms", type=int, default=60_000,
-        help="how long events for an unknown srid are kept before they count as orphans, ms",
+        "--orphan-ttl-ms", type=POSITIVE, default=60_000,
+        help="how long events for an unknown srid are kept before they count as orphans",
     )
     acker.add_argument(
-        "--watch-ms", type=int,
+        "--watch-ms", type=AT_LEAST_ZERO,
         help="how long a replayed timeout is watched for a late completion of its original, which "
         "supersedes the replay - and how long a last attempt's dead letter waits for it; 0: no "
-        "watches, ms (default: the orphan TTL)",
+        "watches (default: the orphan TTL)",
     )
     acker.add_argument(
-        "--max-watches", type=int, default=100_000,
+        "--max-watches", type=AT_LEAST_ZERO, default=100_000,
         help="watches kept per ledger partition (those over it are not watched, counted watch_skipped)",
     )
     acker.add_argument(
-        "--expiry-lag-slack", type=int, default=0,
+        "--expiry-lag-slack", type=AT_LEAST_ZERO, default=0,
         help="unread input messages that still count as caught up when judging timeouts "
         "(0: timeouts wait until every ack written before the deadline is read)",
     )
     acker.add_argument(
-        "--standby",
-        action="store_true",
+        "--standby", action="store_true",
         help="tail the changelog of partitions this instance does not own (fast takeover)",
     )
     _metrics_port(acker)
     acker.add_argument(
-        "--unsafe-no-transactions",
-        action="store_true",
+        "--unsafe-no-transactions", action="store_true",
         help="fold WITHOUT transactions - loses exactly-once; only to demonstrate what breaks",
     )
     acker.set_defaults(func=_cmd_acker)
 
+
+def _task_parser(sub: Any) -> None:
     tk = _parser(
         sub, "task",
         "run a task as a service: consume TOPICs (and their replay topics) in consumer group GROUP, "
@@ -590,17 +789,19 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--group", required=True, help="the consumer group (one per task; instances share it)")
     tk.add_argument("--no-replay-topics", action="store_true",
                     help="do not consume TOPIC.replay as well (replays then go unprocessed)")
-    tk.add_argument("--batch-size", type=int, default=1000, help="records per poll, at most")
-    tk.add_argument("--commit-interval-ms", type=int, default=100,
-                    help="how often the task waits for its outputs and commits its offsets, ms")
+    tk.add_argument("--batch-size", type=POSITIVE, default=1000, help="records per poll, at most")
+    tk.add_argument("--commit-interval-ms", type=AT_LEAST_ZERO, default=100,
+                    help="how often the task waits for its outputs and commits its offsets (0: after every batch)")
     tk.add_argument("--stop-on-exception", action="store_true",
                     help="a handler exception stops the task (default: it fails the record: replay, then DLQ)")
     _metrics_port(tk)
     tk.set_defaults(func=_cmd_task)
 
+
+def _operate_parsers(sub: Any) -> None:
     st = _parser(sub, "status", "pending, completed, replayed, DLQ of a namespace")
     _cluster(st)
-    st.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _json(st)
     st.set_defaults(func=_cmd_status)
 
     tr = _parser(
@@ -610,10 +811,31 @@ def build_parser() -> argparse.ArgumentParser:
         "topic and NS.dlq: slow on large ones)",
     )
     _cluster(tr)
-    tr.add_argument("id", help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
-    tr.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    tr.add_argument("id", type=record_id,
+                    help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
+    _json(tr)
     tr.set_defaults(func=_cmd_trace)
 
+    dl = _parser(sub, "dlq", "list the dead-letter queue, or redrive records from it")
+    actions = _actions(dl, "show entries, or re-inject them")
+    listing = _action(actions, "list", "show the entries of NS.dlq", _cmd_dlq)
+    _cluster(listing)
+    _json(listing)
+    listing.add_argument("--limit", type=POSITIVE, help="the first N entries (default: all)")
+    redrive = _action(actions, "redrive", "send dead-lettered records again, as new source records", _cmd_dlq)
+    _cluster(redrive)
+    _json(redrive)
+    redrive.add_argument("--reason-prefix", help="only entries whose reason starts with this (default: any)")
+    redrive.add_argument(
+        "--origin", nargs="+", action="extend", metavar="ID", type=record_id,
+        help="only these origin ids, as `dlq list` prints them or 0x hex (default: any)",
+    )
+    redrive.add_argument("--dry-run", action="store_true", help="show what would be redriven, send nothing")
+    redrive.add_argument("--timeout-ms", type=POSITIVE, help="per-record timeout (default: 30000)")
+    redrive.add_argument("--max-attempts", type=POSITIVE, help="attempts before the DLQ again (default: 5)")
+
+
+def _bridge_parser(sub: Any) -> None:
     br = _parser(
         sub, "bridge",
         "turn an existing topic into source records: persist + data record per input record, the input "
@@ -621,18 +843,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster(br)
     br.add_argument("--from", dest="from_topic", required=True, metavar="TOPIC", help="the input topic")
-    br.add_argument("--to", metavar="TOPIC", help="the target data topic (default: TOPIC.guaranteed; "
-                    "it and its replay topic must exist)")
+    br.add_argument("--to", metavar="TOPIC", help="the target data topic; it and its replay topic must exist "
+                    "(default: TOPIC.guaranteed)")
     br.add_argument("--group", help="the input's consumer group (default: NS.bridge.TOPIC)")
     br.add_argument("--instance-id", help="stable id of this instance: transactional id NS.bridge.ID and a static "
                     "group member, so a restart aborts its predecessor's transaction at once (default: host "
                     "name + process id, new at every start)")
-    br.add_argument("--batch-records", type=int, default=1000, help="input records per transaction, at most")
-    br.add_argument("--batch-ms", type=int, default=100, help="time a transaction stays open, at most, ms")
-    br.add_argument("--session-timeout-ms", type=int, default=10_000,
+    br.add_argument("--batch-records", type=POSITIVE, default=1000, help="input records per transaction, at most")
+    br.add_argument("--batch-ms", type=POSITIVE, default=100, help="time a transaction stays open, at most")
+    br.add_argument("--session-timeout-ms", type=POSITIVE, default=10_000,
                     help="how long a silent (killed) instance keeps its input partitions")
-    br.add_argument("--timeout-ms", type=int, default=30_000, help="per-record timeout of the source records, ms")
-    br.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
+    br.add_argument("--timeout-ms", type=POSITIVE, default=30_000, help="per-record timeout of the source records")
+    br.add_argument("--max-attempts", type=POSITIVE, default=5, help="attempts before the DLQ")
     br.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
                     help="how keys map to partitions of the target topic")
     br.add_argument("--start", choices=["earliest", "latest"], default="earliest",
@@ -643,24 +865,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "records; only to demonstrate what breaks")
     br.set_defaults(func=_cmd_bridge)
 
-    part = _parser(sub, "partition", "print the partition index of each string key")
-    part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
-                      help="Kafka's murmur2 or Spark's HashPartitioning")
-    part.add_argument("--partitions", type=int, required=True, help="partition count of the topic")
-    part.add_argument("keys", nargs="+", help="keys (UTF-8 strings)")
-    part.set_defaults(func=_cmd_partition)
 
-    demo = _parser(sub, "demo", "run the end-to-end demo on the embedded (or given) Kafka")
-    demo.add_argument("--bootstrap", metavar="HOST:PORT", help="existing Kafka (default: the embedded one)")
-    demo.add_argument("--records", type=int, default=10_000, help="source records to send")
-    demo.add_argument("--json", action="store_true", help="one JSON object on stdout")
+def _demo_parser(sub: Any) -> None:
+    demo = _parser(sub, "demo", "run the end-to-end demo: source -> task -> task -> acker, with failures")
+    demo.add_argument("--bootstrap", metavar="HOST:PORT", help="the Kafka to run on (default: "
+                      "$KAFKA_BOOTSTRAP_SERVERS, else the running embedded Kafka, else a new embedded one)")
+    demo.add_argument("--records", type=POSITIVE, default=10_000, help="source records to send")
+    _json(demo)
     demo.add_argument(
-        "--fail-rate", type=float, default=None,
+        "--fail-rate", type=fraction,
         help="fraction of first attempts failed explicitly (default: 0, with --spark 0.05)",
     )
-    demo.add_argument("--drop-rate", type=float, default=0.0, help="fraction of first attempts never acked")
-    demo.add_argument("--timeout", type=float, default=30.0, help="per-record timeout, seconds")
-    demo.add_argument("--max-attempts", type=int, default=5, help="attempts before the DLQ")
+    demo.add_argument("--drop-rate", type=fraction, default=0.0, help="fraction of first attempts never acked")
+    demo.add_argument("--timeout-ms", type=POSITIVE, default=30_000, help="per-record timeout")
+    demo.add_argument("--max-attempts", type=POSITIVE, default=5, help="attempts before the DLQ")
     demo.add_argument("--spark", action="store_true", help="source -> Spark job -> acker")
     demo.add_argument("--master", metavar="URL",
                       help="with --spark: the Spark master, e.g. spark://127.0.0.1:7077 from "
@@ -668,27 +886,43 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo's topics (default: delete them)")
     demo.set_defaults(func=_cmd_demo)
 
-    bench = _parser(sub, "bench", "measure the figures of docs/design.md §9 beside their baselines (bench/)")
+
+def build_parser() -> argparse.ArgumentParser:
+    from broker import __version__
+
+    parser = argparse.ArgumentParser(prog="replaybroker", description=DESCRIPTION, formatter_class=_TopHelp,
+                                     allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"replaybroker {__version__}")
+    _global_options(parser, False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _demo_parser(sub)
+    _kafka_parsers(sub)
+    setup = _parser(sub, "setup", "download the Kafka, Spark connector and Delta Lake jars (Maven)")
+    setup.set_defaults(func=_cmd_setup)
+    _topics_parsers(sub)
+    _acker_parser(sub)
+    _task_parser(sub)
+    _bridge_parser(sub)
+    _operate_parsers(sub)
+
+    part = _parser(sub, "partition", "print the partition index of each string key")
+    part.add_argument("--partitioner", choices=["kafka", "spark"], default="kafka",
+                      help="Kafka's murmur2 or Spark's HashPartitioning")
+    part.add_argument("--partitions", type=POSITIVE, required=True, help="partition count of the topic")
+    part.add_argument("keys", nargs="+", help="keys (UTF-8 strings)")
+    part.set_defaults(func=_cmd_partition)
+
+    bench = _parser(sub, "bench", "measure throughput, latency and recovery beside their baselines")
     from bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
-
-    dl = _parser(sub, "dlq", "list the dead-letter queue, or redrive records from it")
-    dl.add_argument("action", choices=["list", "redrive"], help="show entries, or re-inject them")
-    _cluster(dl)
-    dl.add_argument("--json", action="store_true", help="JSON on stdout")
-    dl.add_argument("--limit", type=int, help="list: the first N entries (default: all)")
-    dl.add_argument("--reason-prefix", help="redrive: only entries whose reason starts with this")
-    dl.add_argument(
-        "--origin", nargs="+", action="extend", metavar="ID",
-        help="redrive: only these origin ids (as `dlq list` prints them, or 0x hex)",
-    )
-    dl.add_argument("--dry-run", action="store_true", help="redrive: show what would be redriven")
-    dl.add_argument("--timeout", type=float, help="redrive: per-record timeout, seconds (default: 30)")
-    dl.add_argument("--max-attempts", type=int, help="redrive: attempts before the DLQ again (default: 5)")
-    dl.set_defaults(func=_cmd_dlq)
     return parser
+
+
+# Checks of arguments that depend on each other, run after parsing and before any command.
+_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {"kafka": _check_kafka}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -703,6 +937,9 @@ def main(argv: list[str] | None = None) -> int:
     # The failures a command line tool expects (the cluster, the namespace, the input) are
     # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback.
     try:
+        check = _CHECKS.get(args.command)
+        if check is not None:
+            check(args)
         return int(args.func(args))
     except (ReplayBrokerError, KafkaException) as exc:
         if args.verbose:

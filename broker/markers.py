@@ -35,7 +35,9 @@ MAX_MARKERS = 1_000_000
 class SupersededMarkers:
     """The replay srids marked superseded in ``ns.superseded``, as far as read."""
 
-    def __init__(self, settings: KafkaSettings, ns: Namespace, max_markers: int = MAX_MARKERS) -> None:
+    def __init__(
+        self, settings: KafkaSettings, ns: Namespace, max_markers: int = MAX_MARKERS, *, group_id: str | None = None
+    ) -> None:
         self.ns = ns
         self.max_markers = max_markers
         self.srids: dict[int, None] = {}  # insertion-ordered: the oldest are evicted first
@@ -46,7 +48,9 @@ class SupersededMarkers:
             log.warning("%s does not exist: superseded replays are processed, not skipped", ns.superseded)
             return
         self._consumer = Consumer(settings.consumer_config(
-            f"{ns.name}.superseded.reader",  # never joins or commits: partitions are assigned
+            # Never joins or commits (the partitions are assigned), but the client still looks
+            # up the group's coordinator: a task passes its own group, which its ACLs allow.
+            group_id or f"{ns.name}.superseded.reader",
             required={"isolation.level": "read_committed", "enable.auto.commit": False},
             defaults={"fetch.wait.max.ms": 50, "fetch.min.bytes": 1},
         ))

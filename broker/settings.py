@@ -77,7 +77,8 @@ class KafkaSettings:
         servers = bootstrap_servers or env.bootstrap_servers
         if not servers:
             raise ConfigurationError(
-                "no Kafka bootstrap servers: pass --bootstrap or set KAFKA_BOOTSTRAP_SERVERS"
+                "no Kafka bootstrap servers: give bootstrap_servers, or set KAFKA_BOOTSTRAP_SERVERS "
+                "(in the environment or the env_file)"
             )
         password = env.sasl_password.get_secret_value() if env.sasl_password else None
         values: dict[str, Any] = {

@@ -103,9 +103,9 @@ class SourceConfig:
     producer: Mapping[str, Any] = field(default_factory=dict)
     # Backpressure (Storm's max.spout.pending): at most this many of the source's records
     # pending (persisted, neither completed nor dead-lettered); a send waits for a slot up to
-    # max_pending_timeout_s, then raises BackpressureTimeout. None: no limit.
+    # max_pending_timeout_ms, then raises BackpressureTimeout. None: no limit.
     max_pending: int | None = None
-    max_pending_timeout_s: float = 30.0
+    max_pending_timeout_ms: int = 30_000
 
 
 def _check_timeout(timeout: object) -> None:
@@ -392,7 +392,7 @@ class Source:
 
     def _await_slot(self, limit: int) -> None:
         """Return once fewer than ``limit`` records of this source are pending; raise
-        ``BackpressureTimeout`` (nothing sent) after ``max_pending_timeout_s``.
+        ``BackpressureTimeout`` (nothing sent) after ``max_pending_timeout_ms``.
 
         The feed starts at the end of ``ns.persist`` as found before this source's first
         send. While waiting, delivery reports are served and confirmed data records released:
@@ -415,7 +415,7 @@ class Source:
                 limit=limit, pending=len(window), waited_s=0.0,
             )
         started = time.monotonic()
-        deadline = started + self.config.max_pending_timeout_s
+        deadline = started + self.config.max_pending_timeout_ms / 1000
         self.blocked += 1
         try:
             while window.full:

@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from broker import ids, kafka_io
+from broker import ids
 from broker.delivery import Failed, Outputs, failed_srids
+from broker.errors import ConfigurationError
 from broker.headers import (
     H_ORIGIN,
     H_PATH,
@@ -171,38 +172,54 @@ _Events = dict[int, tuple[list[int], list[int], list[int]]]
 @dataclass(frozen=True)
 class TaskConfig:
     batch_size: int = 1000
-    poll_timeout_s: float = 0.1
+    poll_timeout_ms: int = 100
     # An exception in user code fails the input (replay) instead of stopping the task.
     fail_on_exception: bool = True
     # Outputs (children, sink outputs, events) that fail to deliver are sent again up to this
-    # many rounds, the first after retry_backoff_s, doubling; then their inputs are failed
+    # many rounds, the first after retry_backoff_ms, doubling; then their inputs are failed
     # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
     delivery_retries: int = 3
-    retry_backoff_s: float = 0.1
+    retry_backoff_ms: int = 100
     # Outputs and events go out as each batch is handled; waiting for their delivery and
     # committing the input offsets happens once per interval (0: after every batch). A crash
     # redoes at most this interval's inputs (docs/design.md §4) - it costs a replay, never a
     # loss - and in return the task waits for the broker a few times a second instead of
     # once per poll, which is most of its produce and commit requests under load.
-    commit_interval_s: float = 0.1
+    commit_interval_ms: int = 100
     # ctx.touch(): how far past now a touch pushes the record's deadline, unless given.
     touch_timeout_ms: int = 30_000
     # Skip replays the acker marked superseded (their original attempt completed late,
     # docs/design.md §6): ack them without running the handler. The markers come from
     # ns.superseded.
     skip_superseded: bool = True
-    # A batch that took longer than slow_batch_s to handle may have outlived its records'
-    # timeouts: a replay of one of its inputs read within superseded_wait_s after it waits,
+    # A batch that took longer than slow_batch_ms to handle may have outlived its records'
+    # timeouts: a replay of one of its inputs read within superseded_wait_ms after it waits,
     # at most until then, for the acker's marker (written once the late ack is folded, ~a
     # commit interval) - otherwise the replay, queued behind its original, would be handled
     # before the marker can arrive. One window per slow batch, shared by all its replays.
-    slow_batch_s: float = 1.0
-    superseded_wait_s: float = 1.0
+    slow_batch_ms: int = 1000
+    superseded_wait_ms: int = 1000
     # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
     # port, see Task.metrics_server.port); None: no HTTP server.
     metrics_port: int | None = None
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigurationError(f"TaskConfig.batch_size must be positive, not {self.batch_size}")
+        durations = ("poll_timeout_ms", "retry_backoff_ms", "commit_interval_ms", "touch_timeout_ms",
+                     "slow_batch_ms", "superseded_wait_ms")
+        for name in durations:
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"TaskConfig.{name} must not be negative, not {getattr(self, name)}")
+
+
+def without_replay_topics(topics: Iterable[str]) -> list[str]:
+    """The data topics among ``topics`` whose replay topic is not among them: a replay of one
+    of their records is written to a topic nobody reads."""
+    names = set(topics)
+    return [t for t in dict.fromkeys(topics) if not t.endswith(REPLAY_SUFFIX) and replay_topic(t) not in names]
 
 
 @dataclass
@@ -242,7 +259,7 @@ class Task:
        whose sink output stays undeliverable gets a fail mark instead of its event;
     5. the input offsets are committed.
     Steps 1-3 run per batch (``handle_batch``); 4 and 5 (``finish``) once per
-    ``commit_interval_s`` for every batch handled since, and before partitions are revoked.
+    ``commit_interval_ms`` for every batch handled since, and before partitions are revoked.
     A crash before 5 reprocesses those batches: their events are folded twice, which can
     only delay completion (docs/design.md §4), never complete a tree early.
     """
@@ -259,6 +276,7 @@ class Task:
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config or TaskConfig()
         self.topics = list(topics)
+        self.group_id = group_id
         self.settings = settings
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
         self.handler = handler
@@ -273,7 +291,7 @@ class Task:
                 required={"delivery.report.only.error": True}, user=self.config.producer, defaults={"linger.ms": 10}
             )
         )
-        self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_s)
+        self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_ms / 1000)
         self._consumer = Consumer(
             settings.consumer_config(
                 group_id,
@@ -320,16 +338,17 @@ class Task:
     def check_topics(self) -> None:
         """Refuse a data topic read with a replay topic of another partition count (replay
         index i would be another key range than data index i, and range could not pair them);
-        warn about a data topic read without its existing replay topic (its replays would
-        wait for another task)."""
+        warn, in one line, about data topics read without their replay topics: their replays
+        wait for another task, or for none - then every record that fails or times out ends in
+        the DLQ after its last attempt."""
         self._ledger_partitions = check(self.settings, self.ns, self._pairs)
-        alone = [t for t in self.topics if not t.endswith(REPLAY_SUFFIX) and t not in self._pairs]
+        alone = without_replay_topics(self.topics)
         if alone:
-            counts = kafka_io.partition_counts(self.settings, [replay_topic(t) for t in alone])
-            for topic in alone:
-                if counts[replay_topic(topic)] is not None:
-                    log.warning("%s reads %s without %s: its replays are not processed here",
-                                self.name, topic, replay_topic(topic))
+            log.warning(
+                "task %s consumes %s without %s: their replays are processed only by a task that consumes "
+                "those; with none, every record that fails or times out ends in %s after its last attempt",
+                self.group_id, ", ".join(alone), ", ".join(map(replay_topic, alone)), self.ns.dlq,
+            )
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Eager (range) rebalances hand over the whole assignment, cooperative ones a delta.
@@ -368,14 +387,14 @@ class Task:
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self, *, max_idle_s: float | None = None, install_signals: bool = False) -> TaskCounters:
+    def run(self, *, max_idle_ms: int | None = None, install_signals: bool = False) -> TaskCounters:
         """Process until ``stop()`` (or SIGTERM with ``install_signals``), or until no input
-        arrived for ``max_idle_s``. Shuts down cleanly: flush, commit, close."""
+        arrived for ``max_idle_ms``. Shuts down cleanly: flush, commit, close."""
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
         if self.config.skip_superseded and self._markers is None:
-            self._markers = SupersededMarkers(self.settings, self.ns)
+            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id)
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -385,7 +404,7 @@ class Task:
             while not self._stop.is_set():
                 # poll() returns as soon as one message is there (consume(n, timeout) would
                 # wait the whole timeout unless n messages arrive); then take what is ready.
-                first = self._consumer.poll(self.config.poll_timeout_s)
+                first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
                 batch: list[Message] = [] if first is None else [first]
                 self._revoked.clear()
                 if first is not None and self.config.batch_size > 1:
@@ -403,7 +422,7 @@ class Task:
                     self.handle_batch(batch)
                 if self._uncommitted and time.monotonic() >= self._commit_due:
                     self.finish()
-                if not batch and max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                if not batch and max_idle_ms is not None and time.monotonic() - idle_since > max_idle_ms / 1000:
                     break
         finally:
             self.close()
@@ -432,7 +451,7 @@ class Task:
                 continue
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
             self._handle(msg, events)
-        if self._markers is not None and time.monotonic() - began > self.config.slow_batch_s:
+        if self._markers is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
             self._note_slow(batch)
         undeliverable: set[int] = set()
         if self._outputs_pending:
@@ -458,7 +477,7 @@ class Task:
         undeliverable), then commit their input offsets. Returns the srids failed."""
         undeliverable = self._deliver()
         offsets, self._uncommitted = self._uncommitted, {}
-        self._commit_due = time.monotonic() + self.config.commit_interval_s
+        self._commit_due = time.monotonic() + self.config.commit_interval_ms / 1000
         if offsets:
             self._commit(offsets)
         return undeliverable
@@ -559,17 +578,17 @@ class Task:
     def _note_slow(self, batch: list[Message]) -> None:
         """The inputs of a batch that took long: a replay of one of them read soon after may
         be superseded by the ack this batch just sent (``_superseded``). The wait for their
-        markers is one window of ``superseded_wait_s`` from now, shared by all of them: a slow
+        markers is one window of ``superseded_wait_ms`` from now, shared by all of them: a slow
         batch whose originals do not complete (their trees go on downstream) stalls the task
         that long once, not once per replay."""
         self._slow_origins = {
             t.origin for t in (None if m.error() else Tracking.from_headers(m.headers()) for m in batch) if t is not None
         }
-        self._slow_until = time.monotonic() + self.config.superseded_wait_s
+        self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
 
     def _superseded(self, tracking: Tracking) -> bool:
         """Whether this replay is marked superseded; for a replay of a slow batch's input,
-        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_s``)."""
+        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_ms``)."""
         markers = self._markers
         assert markers is not None
         if tracking.srid in markers.srids:

@@ -8,13 +8,14 @@ belongs to the same acker, and producers choose ``srid mod P`` explicitly. Every
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from broker.errors import TopologyError
+from broker.errors import ConfigurationError, TopologyError
 from broker.kafka_io import partition_counts, wait_visible
 from broker.settings import KafkaSettings
 
@@ -76,6 +77,9 @@ class Namespace:
 
     name: str
 
+    def __post_init__(self) -> None:
+        check_namespace_name(self.name)
+
     @cached_property
     def persist(self) -> str:
         return f"{self.name}.persist"
@@ -99,6 +103,26 @@ class Namespace:
     @cached_property
     def ledger_topics(self) -> tuple[str, str, str]:
         return (self.persist, self.acks, self.ledger)
+
+    @cached_property
+    def own_topics(self) -> tuple[str, ...]:
+        """The topics of the broker itself: no task or bridge reads or writes them as data."""
+        return (*self.ledger_topics, self.dlq, self.superseded, f"{self.dlq}.redriven")
+
+
+# A namespace's name is the first part of every name of its own: NAME.persist, NAME.acker ...
+# Without a "." in it no namespace's names can begin with another's ("a" and "a.acker" would
+# share the group prefix a.acker.); the rest is what Kafka allows in a topic name.
+NAMESPACE_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
+def check_namespace_name(name: str) -> str:
+    if not isinstance(name, str) or not NAMESPACE_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"namespace {name!r}: 1 to 200 letters, digits, '_' or '-' (no '.': it separates "
+            "the namespace from the names within it)"
+        )
+    return name
 
 
 def replay_topic(data_topic: str) -> str:

@@ -263,7 +263,7 @@ class AckingConfig:
     # Kafka again (the same offsets, the same records): no faster here (spark_jobs/README.md).
     # Not used with observe_events: the ack step then reads nothing of the batch.
     cache_batch: bool = True
-    delivery_timeout_s: float = 60.0
+    delivery_timeout_ms: int = 60_000
     # librdkafka overrides of the ack producer (linger.ms ...); never of idempotence or acks=all
     producer: Mapping[str, Any] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)  # Spark Kafka sink (emits)
@@ -698,7 +698,7 @@ class Acking:
                     break
                 except BufferError:
                     producer.poll(0.05)
-        remaining = producer.flush(self.config.delivery_timeout_s)
+        remaining = producer.flush(self.config.delivery_timeout_ms / 1000)
         if self._delivery_errors or remaining:
             errors, self._delivery_errors = self._delivery_errors, []
             # The batch fails; Spark runs it again, or its srids time out and replay.
@@ -708,7 +708,7 @@ class Acking:
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(self.config.delivery_timeout_s)
+            self._producer.flush(self.config.delivery_timeout_ms / 1000)
             self._producer = None
         if self._markers is not None:
             self._markers.close()

@@ -87,7 +87,7 @@ class SparkDemoConfig:
     send_rate: float = 1000.0  # records/s, like a live stream; 0 sends all at once
     restart_after: float = 0.4  # fraction of the records processed before the restart
     alerts: bool = True  # emit anchored children to <ns>-alerts, acked by a Task
-    deadline_s: float = 240.0
+    deadline_ms: int = 240_000
     namespace: str | None = None
     master: str | None = None  # Spark master (default: spark_jobs.session's: $SPARK_MASTER, local[2])
 
@@ -317,7 +317,7 @@ class SparkDemo:
             started = time.monotonic()
             sent, sent_s, armed_at = 0, 0.0, 0.0
             restart_pending = c.restart
-            while time.monotonic() - started < c.deadline_s:
+            while time.monotonic() - started < c.deadline_ms / 1000:
                 if sent < len(orders):
                     elapsed = time.monotonic() - started
                     due = len(orders) if c.send_rate <= 0 else min(len(orders), int(c.send_rate * elapsed) + 1)
@@ -436,7 +436,7 @@ def run_spark_demo(
     restart: bool = True,
     workdir: str | None = None,
     *,
-    timeout_s: float | None = None,
+    timeout_ms: int | None = None,
     max_attempts: int | None = None,
     keep: bool = True,
     master: str | None = None,
@@ -447,8 +447,8 @@ def run_spark_demo(
     config = SparkDemoConfig(
         records=records, fail_rate=fail_rate, restart=restart, workdir=workdir, master=master
     )
-    if timeout_s is not None:
-        config = replace(config, timeout_ms=int(timeout_s * 1000))
+    if timeout_ms is not None:
+        config = replace(config, timeout_ms=timeout_ms)
     if max_attempts is not None:
         config = replace(config, max_attempts=max_attempts)
     return SparkDemo(bootstrap, config).run(keep=keep)
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--fail-rate", type=float, default=0.05)
     parser.add_argument("--no-restart", action="store_true", help="no mid-batch query restart")
-    parser.add_argument("--timeout", type=float, help="per-record timeout, seconds (default: 30)")
+    parser.add_argument("--timeout-ms", type=int, help="per-record timeout (default: 30000)")
     parser.add_argument("--workdir", help="keep checkpoint and sink here (default: a temporary dir)")
     parser.add_argument("--keep", action="store_true", help="keep the demo's topics")
     args = parser.parse_args(argv)
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_spark_demo(
         args.bootstrap, records=args.records, fail_rate=args.fail_rate, restart=not args.no_restart,
-        workdir=args.workdir, keep=args.keep, master=args.master, timeout_s=args.timeout,
+        workdir=args.workdir, keep=args.keep, master=args.master, timeout_ms=args.timeout_ms,
     )
     sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     return 0 if summary["lost"] == 0 else 1

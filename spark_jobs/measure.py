@@ -318,11 +318,11 @@ def measure_ack_overhead(
 
 # The ways of bounding OriginDeltaSink's MERGE: (buckets, replay window, rows already there
 # older than the window).
-DELTA_VARIANTS: dict[str, tuple[int, float | None]] = {
+DELTA_VARIANTS: dict[str, tuple[int, int | None]] = {
     "whole table": (1, None),  # one partition: every batch reads every (origin, path)
     "batch's buckets": (64, None),
-    "batch's buckets + replay window": (64, 600.0),
-    "whole table + replay window": (1, 600.0),
+    "batch's buckets + replay window": (64, 600_000),
+    "whole table + replay window": (1, 600_000),
 }
 
 
@@ -379,7 +379,7 @@ def measure_delta_sink(
             for size in sizes:
                 table = root / f"{index}-{size}"
                 shutil.copytree(prefilled[size, buckets], table)
-                sinks[size] = OriginDeltaSink(str(table), buckets=buckets, replay_window_s=window, query_id="m")
+                sinks[size] = OriginDeltaSink(str(table), buckets=buckets, replay_window_ms=window, query_id="m")
             seconds: dict[int, list[float]] = {size: [] for size in sizes}
             for batch_id in range(batches + 1):
                 rows = _delta_rows(spark, batch_rows, seed=batch_id)
@@ -420,7 +420,7 @@ def measure_sink_growth(
     batch_rows: int = 1_000,
     batches: int = 3,
     replayed: float = 0.1,
-    replay_window_s: float = 600.0,
+    replay_window_ms: int = 600_000,
     sinks: tuple[str, ...] = ("delta", "parquet"),
     progress: Callable[[float, str], None] | None = None,
 ) -> dict[str, Any]:
@@ -428,7 +428,7 @@ def measure_sink_growth(
     ``replayed`` of that many ids of the previous batch, into a sink that already holds
     ``sizes[0]`` and one that holds ``sizes[1]`` rows; median of ``batches`` batches after a
     first, warm-up one. The two sinks of a kind take the batches in turn, so a change in the
-    machine's load falls on both alike. ``delta`` is ``OriginDeltaSink(replay_window_s=...)``,
+    machine's load falls on both alike. ``delta`` is ``OriginDeltaSink(replay_window_ms=...)``,
     the configuration the project recommends; ``parquet`` is ``OriginParquetSink``."""
     results: dict[str, Any] = {"batch_rows": batch_rows, "replayed": replayed, "sizes": list(sizes)}
     steps = len(sinks) * (2 + batches + 1)
@@ -445,7 +445,7 @@ def measure_sink_growth(
             prefill_s[size] = round(time.perf_counter() - started, 2)
             done += 1
             targets[size] = (
-                OriginDeltaSink(str(path), replay_window_s=replay_window_s, query_id="bench")
+                OriginDeltaSink(str(path), replay_window_ms=replay_window_ms, query_id="bench")
                 if kind == "delta"
                 else OriginParquetSink(str(path), query_id="bench")
             )

@@ -151,7 +151,7 @@ class OriginDeltaSink(_OriginKeyed):
        buckets)`` (the table's partition column) and ``written_at`` (the batch's time);
     2. inserts the rows whose id is not in the table yet - the first batch creates the table,
        every later one is an insert-only ``MERGE`` whose condition names only the buckets
-       present in the batch and, with ``replay_window_s``, only rows written within that
+       present in the batch and, with ``replay_window_ms``, only rows written within that
        window: Delta skips every other partition, and every file whose ``written_at`` range
        is older (its min/max statistics), before it reads anything;
     3. commits with a transaction id - ``txnAppId`` ``replaybroker-<query id>`` (the
@@ -159,7 +159,7 @@ class OriginDeltaSink(_OriginKeyed):
        batch that runs again after a driver crash, its commit already in the log, writes
        nothing (the MERGE takes them as session settings, the first write as options).
 
-    ``replay_window_s`` bounds the MERGE by time: a replay (same origin and path, later
+    ``replay_window_ms`` bounds the MERGE by time: a replay (same origin and path, later
     attempt) comes within ``max_attempts x timeout`` of its origin's first attempt, so of the
     earlier write of its id, so any window above that (with a margin for slow batches and
     clock skew) finds every earlier copy while the work per batch stays the rows written in
@@ -176,7 +176,7 @@ class OriginDeltaSink(_OriginKeyed):
         *,
         path_column: str = PATH,
         buckets: int = 1,
-        replay_window_s: float | None = None,
+        replay_window_ms: int | None = None,
         query_id: str | None = None,
     ) -> None:
         """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
@@ -186,7 +186,7 @@ class OriginDeltaSink(_OriginKeyed):
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
         self._init_identity(path, origin_column, path_column, query_id)
         self.buckets = buckets
-        self.replay_window_s = replay_window_s
+        self.replay_window_ms = replay_window_ms
 
     def app_id(self, spark: SparkSession) -> str:
         return f"replaybroker-{self.current_query_id(spark)}"
@@ -235,10 +235,10 @@ class OriginDeltaSink(_OriginKeyed):
             f"t.{BUCKET} = s.{BUCKET}",
             *(f"t.`{c}` = s.`{c}`" for c in self.key),
         ]
-        if self.replay_window_s is not None:
+        if self.replay_window_ms is not None:
             # A literal, not an expression: Delta's file skipping compares it with each file's
             # min/max of written_at.
-            cutoff = datetime.fromtimestamp(now - self.replay_window_s, UTC).isoformat()
+            cutoff = datetime.fromtimestamp(now - self.replay_window_ms / 1000, UTC).isoformat()
             condition.append(f"t.{WRITTEN_AT} >= TIMESTAMP '{cutoff}'")
         merge = (
             DeltaTable.forPath(spark, self.path)

@@ -33,7 +33,7 @@ class AckerConfig:
     max_watches: int = 100_000
     tick_ms: int = 100
     batch_size: int = 20_000
-    poll_timeout_s: float = 0.02
+    poll_timeout_ms: int = 20
     # Stable per instance: a restarted instance fences its predecessor and aborts its open
     # transaction at once, instead of waiting for transaction_timeout_ms. Empty: a fresh
     # default_instance_id() (unique, not stable), and instance_id_generated is set.
@@ -60,15 +60,15 @@ class AckerConfig:
     # at once when the record is provably gone (below the log start, compacted away).
     payload_tries: int = 5
     # Payloads not in the cache are read from ns.persist in bulk, at most this many per
-    # commit and for at most payload_fetch_timeout_s: one commit must stay far inside
+    # commit and for at most payload_fetch_timeout_ms: one commit must stay far inside
     # max.poll.interval.ms (60 s) however many records time out at once (a restart after
     # an outage: every payload cache is empty). The rest wait in their tables, durably,
     # and are decided by the next commits in persist order.
     max_fetches_per_commit: int = 2_000
-    payload_fetch_timeout_s: float = 10.0
+    payload_fetch_timeout_ms: int = 10_000
     payload_retry_ms: int = 1_000
     payload_retry_max_ms: int = 30_000
-    stats_interval_s: float = 10.0
+    stats_interval_ms: int = 10_000
     # The group protocol of the acker's consumer group. "consumer" (KIP-848, Kafka >= 4.0):
     # the broker's ``range`` assignor keeps partition i of ns.persist and ns.acks on one
     # member and moves only the partitions that change owner, while the others keep

@@ -186,7 +186,7 @@ class Decider:
                 if again.next_offset >= 0:
                     boundary[lp] = again.next_offset
             pending[lp] = sorted(failures, key=lambda f: f[1])
-        deadline = time.monotonic() + self.config.payload_fetch_timeout_s
+        deadline = time.monotonic() + self.config.payload_fetch_timeout_ms / 1000
         waits: dict[int, list[tuple[int, int, bool, int]]] = defaultdict(list)  # srid, offset, failed, tick
         ready: list[_Ready] = []
         horizon: int | None = None  # created_ms past which nothing is decided in this commit

@@ -543,8 +543,8 @@ class Acker:
     def step(self) -> int:
         """Poll once, fold what came, commit when the interval is due. Returns messages read."""
         # poll() returns as soon as one message is there; consume(n, timeout) would wait the
-        # whole timeout unless n messages arrive, adding up to poll_timeout_s to every event.
-        first = self._consumer.poll(self.config.poll_timeout_s)
+        # whole timeout unless n messages arrive, adding up to poll_timeout_ms to every event.
+        first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
         msgs: list[Message] = []
         if first is not None:
             msgs.append(first)
@@ -569,7 +569,7 @@ class Acker:
         if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:
             self.commit()
             self.changelog.poll_standby()
-        if now - self._last_stats >= self.config.stats_interval_s:
+        if now - self._last_stats >= self.config.stats_interval_ms / 1000:
             self._log_stats()
         return len(msgs)
 

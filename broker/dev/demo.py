@@ -67,10 +67,10 @@ def run_demo(
     *,
     fail_rate: float = 0.0,
     drop_rate: float = 0.0,
-    timeout_s: float = 30.0,
+    timeout_ms: int = 30_000,
     max_attempts: int = 5,
     partitions: int = 4,
-    deadline_s: float | None = None,
+    deadline_ms: int | None = None,
     progress: bool = False,
     keep: bool = True,
     namespace: str | None = None,
@@ -88,7 +88,7 @@ def run_demo(
     topics.create(settings, ns, partitions, data_topics)
     try:
         return _run(settings, ns, bootstrap, records, orders, enriched, fail_rate, drop_rate,
-                    timeout_s, max_attempts, deadline_s, progress, roles or {})
+                    timeout_ms, max_attempts, deadline_ms, progress, roles or {})
     finally:
         if not keep:
             topics.delete(settings, topics.layout(ns, partitions, data_topics))
@@ -96,8 +96,8 @@ def run_demo(
 
 def _run(
     settings: KafkaSettings, ns: topics.Namespace, bootstrap: str, records: int, orders: str,
-    enriched: str, fail_rate: float, drop_rate: float, timeout_s: float, max_attempts: int,
-    deadline_s: float | None, progress: bool, roles: Mapping[str, KafkaSettings],
+    enriched: str, fail_rate: float, drop_rate: float, timeout_ms: int, max_attempts: int,
+    deadline_ms: int | None, progress: bool, roles: Mapping[str, KafkaSettings],
 ) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="replaybroker-demo-"))
@@ -135,7 +135,7 @@ def _run(
         thread.start()
 
     tail = OutcomeTail(settings, ns)
-    source = Source(roles.get("source", settings), ns, SourceConfig(timeout_ms=int(timeout_s * 1000), max_attempts=max_attempts))
+    source = Source(roles.get("source", settings), ns, SourceConfig(timeout_ms=timeout_ms, max_attempts=max_attempts))
     sent: set[int] = set()
     started = time.monotonic()
     try:
@@ -146,7 +146,7 @@ def _run(
                 tail.poll(0)
         source.flush()
         sent_s = time.monotonic() - started
-        limit = deadline_s if deadline_s is not None else 60 + timeout_s * (2 + (1 if drop_rate else 0))
+        limit = deadline_ms / 1000 if deadline_ms is not None else 60 + timeout_ms / 1000 * (2 + (1 if drop_rate else 0))
         last_report = 0.0
         while time.monotonic() - started < limit:
             tail.poll(0.2)
@@ -192,39 +192,34 @@ def _run(
         "completed_per_s": round(len(completed) / seconds, 1) if seconds else None,
         "fail_rate": fail_rate,
         "drop_rate": drop_rate,
-        "timeout_s": timeout_s,
+        "timeout_ms": timeout_ms,
         "acker_exit_code": acker.returncode,
         "acker_log": str(workdir / "acker.log"),
     }
     return summary
 
 
-def main_demo(args: argparse.Namespace) -> int:
-    from broker.dev.kafka_local import bootstrap_or_embedded
-
+def main_demo(args: argparse.Namespace, bootstrap: str) -> int:
+    """``replaybroker demo`` on ``bootstrap`` (the command has chosen it and said which)."""
     if getattr(args, "spark", False):
         from spark_jobs.demo import run_spark_demo
 
-        bootstrap = bootstrap_or_embedded(args.bootstrap, start_embedded=True)
         summary = run_spark_demo(
             bootstrap,
             records=args.records,
             # Failure injection is the point of the Spark demo: 5 % unless told otherwise.
             fail_rate=0.05 if args.fail_rate is None else args.fail_rate,
             keep=args.keep,
-            timeout_s=args.timeout,
+            timeout_ms=args.timeout_ms,
             master=getattr(args, "master", None),
         )
     else:
-        bootstrap = bootstrap_or_embedded(args.bootstrap, start_embedded=True)
-        if not args.json:
-            print(f"demo on {bootstrap}: {args.records} records", file=sys.stderr)
         summary = run_demo(
             bootstrap,
             args.records,
             fail_rate=args.fail_rate or 0.0,
             drop_rate=args.drop_rate,
-            timeout_s=args.timeout,
+            timeout_ms=args.timeout_ms,
             max_attempts=args.max_attempts,
             progress=not args.json,
             keep=args.keep,

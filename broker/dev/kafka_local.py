@@ -385,25 +385,6 @@ def embedded_kafka(run_dir: Path | str | None = None) -> Iterator[LocalKafka]:
         kafka.stop()
 
 
-def bootstrap_or_embedded(explicit: str | None, *, start_embedded: bool = False) -> str:
-    """--bootstrap, else KAFKA_BOOTSTRAP_SERVERS, else the running embedded broker, else (when
-    ``start_embedded``) a newly started embedded broker left running for later commands."""
-    if explicit:
-        return explicit
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    state = running_state(default_run_dir())
-    if state is not None:
-        return state.bootstrap
-    if start_embedded:
-        print("starting the embedded Kafka (replaybroker kafka down stops it)", file=sys.stderr)
-        return LocalKafka().start(detach=True).bootstrap
-    raise LocalKafkaError(
-        "no Kafka: pass --bootstrap, set KAFKA_BOOTSTRAP_SERVERS, or run `replaybroker kafka up`"
-    )
-
-
-
 def main_up(run_dir: Path | None = None, *, jfr: str | None = None) -> int:
     """``replaybroker kafka up``: start detached, or report the running broker."""
     kafka = LocalKafka(run_dir, jfr=jfr)

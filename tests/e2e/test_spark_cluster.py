@@ -61,7 +61,7 @@ def test_the_spark_demo_runs_on_a_standalone_cluster(
          "--bootstrap", bootstrap, "--records", str(RECORDS),
          # Batches of a cold executor on a loaded 2-core machine take 10-40 s: a timeout far
          # above that keeps the replays to the injected failures.
-         "--timeout", "120", "--keep", "--json"],
+         "--timeout-ms", "120000", "--keep", "--json"],
         capture_output=True, text=True, timeout=420, env=env, check=False,
     )
     seconds = time.monotonic() - started

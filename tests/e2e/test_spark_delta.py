@@ -53,16 +53,16 @@ def test_a_batch_written_twice_with_its_batch_id_writes_once(spark: SparkSession
     assert (5, "0") in _ids(other, spark)
 
 
-@pytest.mark.parametrize("replay_window_s", [None, 3600.0])
+@pytest.mark.parametrize("replay_window_ms", [None, 3_600_000])
 def test_a_replayed_output_leaves_one_row(
-    spark: SparkSession, tmp_path: Path, replay_window_s: float | None
+    spark: SparkSession, tmp_path: Path, replay_window_ms: int | None
 ) -> None:
     """A replay (same origin and path, another batch) adds nothing, in the same batch as its
     first copy or in a later one; a sibling of a fan-out (same origin, another path) and
     ids in buckets the batch does not share are written; the table is partitioned by
     bucket."""
     sink = OriginDeltaSink(
-        str(tmp_path / "facts"), query_id="q-replay", buckets=64, replay_window_s=replay_window_s
+        str(tmp_path / "facts"), query_id="q-replay", buckets=64, replay_window_ms=replay_window_ms
     )
     sink.write(_facts(spark, [(10, "0", 1.0), (10, "0", 1.0), (-7, "0", 2.0)]), 0)
     sink.write(_facts(spark, [(10, "0", 1.5), (10, "0.1", 3.0), (2**63 - 1, "0", 4.0)]), 1)

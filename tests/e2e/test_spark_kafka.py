@@ -137,7 +137,7 @@ def test_children_are_anchored_to_their_parents_tree(
         assert 0 < inherited < n
 
         # A leaf task acks every child: now each tree is complete.
-        Task(settings, ns, [kids], f"{ns.name}-kids", lambda record, ctx: None).run(max_idle_s=3)
+        Task(settings, ns, [kids], f"{ns.name}-kids", lambda record, ctx: None).run(max_idle_ms=3000)
         _wait(lambda: acker.totals["completed"] == n)
 
 

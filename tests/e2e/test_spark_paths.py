@@ -92,7 +92,7 @@ def test_task_siblings_are_three_facts_and_a_replay_adds_none(
             ctx.fail("after its children were out")
 
     with start_acker(ns) as acker:
-        Task(settings, ns, [orders, replay_topic(orders)], f"{ns.name}-fan", fan_out).run(max_idle_s=8)
+        Task(settings, ns, [orders, replay_topic(orders)], f"{ns.name}-fan", fan_out).run(max_idle_ms=8000)
         delivered = consume_topic(items, 2, FAN_OUT * (n + len(failing)))
         assert len(delivered) == FAN_OUT * (n + len(failing))
 

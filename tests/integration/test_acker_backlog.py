@@ -61,7 +61,7 @@ def test_acks_waiting_in_a_backlog_past_the_timeout_complete_and_nothing_is_repl
     # The outage outlasts the timeout.
     time.sleep(TIMEOUT_MS / 1000 + 0.5)
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     errors: list[BaseException] = []
 
     def run() -> None:

@@ -58,12 +58,12 @@ def test_a_dropped_record_is_replayed_long_before_the_ceiling_and_a_slow_down_re
         time.sleep(work_s[0])
 
     config = AckerConfig(
-        instance_id=unique_name("acker"), stats_interval_s=3600, adaptive_floor_ms=FLOOR_MS,
+        instance_id=unique_name("acker"), stats_interval_ms=3_600_000, adaptive_floor_ms=FLOOR_MS,
         adaptive_ceiling_ms=CEILING_MS, adaptive_min_samples=100, adaptive_window_ms=60_000,
     )
     acker = Acker(settings, ns, config)
     task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
-                TaskConfig(poll_timeout_s=0.05))
+                TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, acker, task)
     source = Source(settings, ns, SourceConfig(timeout_ms="auto"))
     log = services.tail.log

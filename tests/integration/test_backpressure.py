@@ -65,7 +65,7 @@ def test_sends_past_max_pending_wait_then_fail_with_nothing_sent_and_unblock_as_
     ns = topics.Namespace(unique_name("backpressure"))
     topic = f"{ns.name}.orders"
     topics.create(settings, ns, 2, {topic: 2})
-    source = Source(settings, ns, SourceConfig(max_pending=LIMIT, max_pending_timeout_s=2.0, max_attempts=2))
+    source = Source(settings, ns, SourceConfig(max_pending=LIMIT, max_pending_timeout_ms=2000, max_attempts=2))
     try:
         # ---- nothing completes records: LIMIT sends pass, the next one times out, unsent
         sent = [source.send(topic, f"k{i}", f"v{i}").origin for i in range(LIMIT)]
@@ -87,14 +87,14 @@ def test_sends_past_max_pending_wait_then_fail_with_nothing_sent_and_unblock_as_
             if record.value == POISON:
                 ctx.fail("poison")
 
-        acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+        acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
         task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
-                    TaskConfig(poll_timeout_s=0.05))
+                    TaskConfig(poll_timeout_ms=50))
         services = Services(settings, ns, acker, task)
         source.close()
         try:
             # a new source: the records of the one before are not its concern
-            source = Source(settings, ns, SourceConfig(max_pending=LIMIT, max_pending_timeout_s=120.0, max_attempts=2))
+            source = Source(settings, ns, SourceConfig(max_pending=LIMIT, max_pending_timeout_ms=120_000, max_attempts=2))
             second = [source.send(topic, "poison", POISON).origin]
             second += [source.send(topic, f"k{i}", f"v{i}").origin for i in range(LIMIT, 20)]
             sent += second
@@ -120,7 +120,7 @@ def test_a_transaction_that_fills_the_window_alone_fails_at_once_and_its_abort_f
     ns = topics.Namespace(unique_name("backpressure-tx"))
     topic = f"{ns.name}.orders"
     topics.create(settings, ns, 2, {topic: 2})
-    source = Source(settings, ns, SourceConfig(max_pending=2, max_pending_timeout_s=60.0),
+    source = Source(settings, ns, SourceConfig(max_pending=2, max_pending_timeout_ms=60_000),
                     transactional_id=unique_name("tx"))
     try:
         with pytest.raises(BackpressureTimeout, match="open transaction") as raised, source.transaction():

@@ -32,6 +32,7 @@ copies also break the per-key order and ``registered`` exceeds ``RECORDS``).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -507,10 +508,13 @@ def test_a_record_the_target_topic_refuses_at_the_commit_is_quarantined_not_read
     assert dead.value() == big
 
 
-def test_a_bridge_started_at_latest_bridges_only_what_is_written_after_it_joined(bootstrap: str) -> None:
+def test_a_bridge_started_at_latest_bridges_only_what_is_written_after_it_joined(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """``--start latest``: the input's existing records are left alone (a topic joined late,
     its history not wanted under the guarantee); records written after the group joined are
-    all bridged."""
+    all bridged. Nothing was refused, so nothing is logged about refusals."""
+    caplog.set_level(logging.INFO, logger="broker.bridge")
     settings = KafkaSettings.from_env(bootstrap)
     ns = topics.Namespace(unique_name("bridge"))
     input_topic = f"{ns.name}.orders"
@@ -544,5 +548,6 @@ def test_a_bridge_started_at_latest_bridges_only_what_is_written_after_it_joined
     # A run without a gap: once it had its start position, nothing written was skipped.
     got = sorted(int(v.split(b"-")[1]) for v in values)
     assert got == list(range(got[0], got[0] + bridged)) and got[-1] < sent, got
+    assert not [r.message for r in caplog.records if "refused" in r.message]
     with pytest.raises(ConfigurationError, match="start must be"):
         BridgeConfig(input_topic, start="now")

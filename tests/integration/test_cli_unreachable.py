@@ -1,13 +1,17 @@
 """Every command that needs a cluster, pointed at an address where no Kafka answers, fails
-like a command line tool: one line ``replaybroker: <what failed>: <why>``, no traceback and
-no librdkafka chatter, a non-zero exit, in seconds. ``-v`` shows the traceback."""
+like a command line tool: one line ``replaybroker: <what failed>: <why>`` naming the address,
+no traceback and no librdkafka chatter, a non-zero exit - as soon as librdkafka knows
+(refused, unresolvable), not after a wait for the cluster. ``-v`` shows the traceback.
+
+The subprocess timeout is a bound for a hung test, not the target (docs/design.md §9 has no
+figure for it): the command returns once the address failed."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,6 +23,7 @@ COMMANDS = [
     ["topics", "check", "--namespace", "ns"],
     ["dlq", "list", "--namespace", "ns"],
     ["task", "--namespace", "ns", "--handler", "json:dumps", "--topics", "t", "--group", "g"],
+    ["demo", "--records", "10"],
 ]
 
 
@@ -29,29 +34,28 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=60, check=False,
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=60, check=False, env=env,
     )
-    return done, time.monotonic() - started
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
-def test_unreachable_cluster_is_one_line(command: list[str]) -> None:
-    bootstrap = f"127.0.0.1:{closed_port()}"
-    done, seconds = run_cli(*command, "--bootstrap", bootstrap)
-    assert done.returncode != 0
+@pytest.mark.parametrize("where", ["refused", "unresolvable"])
+def test_unreachable_cluster_is_one_line_naming_the_address(command: list[str], where: str) -> None:
+    bootstrap = f"127.0.0.1:{closed_port()}" if where == "refused" else "no-such-host.invalid:9092"
+    done = run_cli(*command, "--bootstrap", bootstrap)
+    assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) < 5, done.stderr
-    assert lines[-1].startswith("replaybroker: "), done.stderr
-    assert bootstrap in lines[-1]
-    assert seconds < 30
+    assert lines[-1].startswith(f"replaybroker: cannot reach Kafka at {bootstrap}: "), done.stderr
+    assert ("refused" if where == "refused" else "resolve") in lines[-1], done.stderr
 
 
-def test_verbose_shows_the_traceback() -> None:
-    done, seconds = run_cli("-v", "status", "--namespace", "ns", "--bootstrap", f"127.0.0.1:{closed_port()}")
-    assert done.returncode != 0
+@pytest.mark.parametrize("verbose", [["-v", "status"], ["status", "-v"]], ids=["before", "after"])
+def test_verbose_shows_the_traceback(verbose: list[str]) -> None:
+    done = run_cli(*verbose, "--namespace", "ns", "--bootstrap", f"127.0.0.1:{closed_port()}")
+    assert done.returncode == 2
     assert "Traceback" in done.stderr
-    assert seconds < 30

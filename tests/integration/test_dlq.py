@@ -57,10 +57,10 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
             if not accept_poison.is_set():
                 ctx.fail("cannot parse")
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     task = Task(
         settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
-        TaskConfig(poll_timeout_s=0.05),
+        TaskConfig(poll_timeout_ms=50),
     )
     services = Services(settings, ns, acker, task)
     tail, errors = services.tail, services.errors

@@ -31,7 +31,7 @@ def run_leaf(settings: KafkaSettings, acks_config: dict[str, str]) -> tuple[Grou
         assert record.tracking is not None
         truth.stage(record.tracking.srid, record.tracking.record_id)
 
-    task = TruthTask(truth, settings, ns, [orders], unique_name("leaf"), leaf, TaskConfig(poll_timeout_s=0.05))
+    task = TruthTask(truth, settings, ns, [orders], unique_name("leaf"), leaf, TaskConfig(poll_timeout_ms=50))
     thread = threading.Thread(target=task.run, daemon=True)
     thread.start()
     try:

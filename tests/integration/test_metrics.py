@@ -64,9 +64,9 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
             return
         ctx.output(out, record.key, record.value)
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600, metrics_port=0))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000, metrics_port=0))
     task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
-                TaskConfig(poll_timeout_s=0.05, metrics_port=0))
+                TaskConfig(poll_timeout_ms=50, metrics_port=0))
     services = Services(settings, ns, acker, task)
     source = Source(settings, ns, SourceConfig(timeout_ms=60_000))
     try:
@@ -127,7 +127,7 @@ def test_the_acker_reports_pending_entries_and_their_age_until_they_complete(boo
     ns = topics.Namespace(unique_name("metrics-pending"))
     topic = f"{ns.name}.orders"
     topics.create(settings, ns, P, {topic: 1})
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600, metrics_port=0))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000, metrics_port=0))
     quiet = Task(settings, ns, [topic], unique_name("task"), lambda r, c: None, TaskConfig())
     assert quiet.metrics_server is None
     services = Services(settings, ns, acker)

@@ -52,7 +52,7 @@ class Running:
     """An acker in a thread; counts its commits' durations and its partition losses."""
 
     def __init__(self, settings: KafkaSettings, ns: topics.Namespace, clock: Clock | None = None) -> None:
-        config = AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600)
+        config = AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000)
         self.acker = acker = Acker(settings, ns, config, clock=clock)
         self.commit_seconds: list[float] = []
         self.revoked = 0

@@ -64,7 +64,7 @@ def test_outputs_the_broker_refuses_are_dead_lettered_and_nothing_stalls(bootstr
         elif value.startswith(b"T"):
             ctx.skip_ack()
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [data, topics.replay_topic(data)], unique_name("t"), handler)
     tail = OutcomeTail(settings, ns)
     stop = threading.Event()
@@ -130,7 +130,7 @@ def test_a_replay_topic_deleted_after_its_first_lookup_sends_its_records_to_the_
             ctx.fail("rejected by the task")
 
     group = unique_name("t")
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000))
     errors: list[BaseException] = []
 
     def run_acker() -> None:

@@ -107,7 +107,7 @@ class Pipeline:
         self._threads.append(thread)
 
     def start_acker(self, clock: Clock | None = None) -> Acker:
-        config = AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600)
+        config = AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000)
         self.acker = Acker(self.settings, self.ns, config, clock=clock)
         self._spawn(self.acker.run, "acker")
         return self.acker
@@ -127,7 +127,7 @@ class Pipeline:
 
         self.task = Task(
             self.settings, self.ns, [self.topic, self.replay], unique_name("task"), handler,
-            TaskConfig(poll_timeout_s=0.05),
+            TaskConfig(poll_timeout_ms=50),
         )
         self._spawn(self.task.run, "task")
         return self.task
@@ -459,7 +459,7 @@ def test_demo_cli_loses_nothing_with_failures_and_drops(bootstrap: str) -> None:
     proc = subprocess.run(
         [
             sys.executable, "-m", "broker.cli", "demo", "--bootstrap", bootstrap, "--records", "3000",
-            "--fail-rate", "0.1", "--drop-rate", "0.02", "--timeout", "3", "--json",
+            "--fail-rate", "0.1", "--drop-rate", "0.02", "--timeout-ms", "3000", "--json",
         ],
         capture_output=True,
         text=True,

@@ -6,6 +6,7 @@ principal and nothing but their role's ACLs."""
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -86,7 +87,12 @@ def test_unauthenticated_client_is_refused(secured: SaslKafka, who: str) -> None
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
 
 
-def test_demo_with_one_principal_per_role(secured: SaslKafka, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_demo_with_one_principal_per_role(
+    secured: SaslKafka, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing but the roles' rules, and no client of any role is refused anything on the way
+    (the tasks' marker readers included)."""
+    caplog.set_level(logging.WARNING)
     monkeypatch.chdir(Path(__file__).parents[2])  # the acker subprocess runs this checkout
     for name, value in (
         ("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT"), ("KAFKA_SASL_MECHANISM", MECHANISM),
@@ -103,7 +109,7 @@ def test_demo_with_one_principal_per_role(secured: SaslKafka, monkeypatch: pytes
     acls.apply(admin, "User:task", acls.role_acls(ns, "task", inputs=[enriched], group=f"{ns.name}.leaf"))
 
     summary = run_demo(
-        secured.bootstrap, 200, partitions=2, timeout_s=10, deadline_s=60, keep=False,
+        secured.bootstrap, 200, partitions=2, timeout_ms=10_000, deadline_ms=60_000, keep=False,
         namespace=ns.name, roles={role: settings_of(secured, role) for role in ROLES},
     )
 
@@ -112,6 +118,8 @@ def test_demo_with_one_principal_per_role(secured: SaslKafka, monkeypatch: pytes
     assert summary["completed"] == 200, summary
     assert summary["dlq"] == 0
     assert "AUTHORIZATION" not in log.upper(), log[-3000:]
+    refused = [r.getMessage() for r in caplog.records if "AUTHORIZATION" in r.getMessage().upper()]
+    assert refused == []
 
 
 def test_bridge_principal_bridges_with_its_role_only(secured: SaslKafka) -> None:

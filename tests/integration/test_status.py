@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_status_after_a_demo_run_matches_the_demo(bootstrap: str) -> None:
-    summary = run_demo(bootstrap, 1500, fail_rate=0.1, timeout_s=10.0, partitions=3)
+    summary = run_demo(bootstrap, 1500, fail_rate=0.1, timeout_ms=10_000, partitions=3)
     assert summary["lost"] == 0 and summary["completed"] == 1500
     out = subprocess.run(
         [sys.executable, "-m", "broker.cli", "status", "--bootstrap", bootstrap,
@@ -97,8 +97,8 @@ def test_status_reads_one_counters_record_per_partition_and_its_pending_matches_
         if record.tracking.origin % 3 == 0:
             ctx.skip_ack()
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=f"a-{uuid.uuid4().hex[:6]}", stats_interval_s=3600))
-    task = Task(settings, ns, [topic], f"task-{uuid.uuid4().hex[:6]}", third_unacked, TaskConfig(poll_timeout_s=0.05))
+    acker = Acker(settings, ns, AckerConfig(instance_id=f"a-{uuid.uuid4().hex[:6]}", stats_interval_ms=3_600_000))
+    task = Task(settings, ns, [topic], f"task-{uuid.uuid4().hex[:6]}", third_unacked, TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, acker, task)
     source = Source(settings, ns, SourceConfig(timeout_ms=600_000))
     try:

@@ -43,7 +43,7 @@ def test_a_slow_original_completes_late_and_its_replay_is_skipped(pipelines: Any
         ctx.output(out, record.key, record.value)
 
     p.start_acker()
-    task = Task(p.settings, p.ns, [p.topic, p.replay], unique_name("task"), handler, TaskConfig(poll_timeout_s=0.05))
+    task = Task(p.settings, p.ns, [p.topic, p.replay], unique_name("task"), handler, TaskConfig(poll_timeout_ms=50))
     p.task = task
     p._spawn(task.run, "task")
     p.warm_up()  # the task and the acker own their partitions: the clock starts with the record
@@ -113,7 +113,7 @@ def test_a_last_attempt_that_completes_after_its_timeout_is_completed_not_dead_l
         ctx.output(out, record.key, record.value)
 
     p.start_acker()
-    task = Task(p.settings, p.ns, [p.topic, p.replay], unique_name("task"), handler, TaskConfig(poll_timeout_s=0.05))
+    task = Task(p.settings, p.ns, [p.topic, p.replay], unique_name("task"), handler, TaskConfig(poll_timeout_ms=50))
     p.task = task
     p._spawn(task.run, "task")
     p.warm_up()

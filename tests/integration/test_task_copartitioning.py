@@ -55,7 +55,7 @@ class Group:
 
         task = Task(
             self.settings, self.ns, [self.orders, self.replay], self.group_id, handler,
-            TaskConfig(poll_timeout_s=0.05, consumer={"client.id": name}),  # names the member
+            TaskConfig(poll_timeout_ms=50, consumer={"client.id": name}),  # names the member
         )
 
         def run() -> None:
@@ -189,4 +189,4 @@ def test_task_refuses_a_replay_topic_with_another_partition_count(bootstrap: str
     create_topics(bootstrap, {orders: PARTITIONS, topics.replay_topic(orders): 4})
     task = Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("t"), lambda r, c: None)
     with pytest.raises(TopologyError, match=r"\.replay has 4 partitions, .*\.orders has 6"):
-        task.run(max_idle_s=1)
+        task.run(max_idle_ms=1000)

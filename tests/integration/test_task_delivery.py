@@ -57,10 +57,10 @@ def test_undeliverable_outputs_fail_their_inputs_into_the_dlq_and_the_rest_compl
     # Fail fast on the missing topic (librdkafka's default waits 30 s for it to appear), and
     # never let this producer create it (a cluster may allow auto-creation).
     producer = {"allow.auto.create.topics": False, "topic.metadata.propagation.max.ms": 1000}
-    config = TaskConfig(poll_timeout_s=0.05, producer=producer)  # default retries and back-off
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    config = TaskConfig(poll_timeout_ms=50, producer=producer)  # default retries and back-off
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("fan-out"), fan_out, config)
-    leaf_task = Task(settings, ns, [out], unique_name("leaf"), leaf, TaskConfig(poll_timeout_s=0.05))
+    leaf_task = Task(settings, ns, [out], unique_name("leaf"), leaf, TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, acker, task, leaf_task)
     tail = services.tail
 

@@ -48,9 +48,9 @@ def test_long_work_is_replayed_unless_the_task_touches_its_record(bootstrap: str
                 ctx.touch(TIMEOUT_MS)
             time.sleep(0.4)
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), slow,
-                TaskConfig(poll_timeout_s=0.05))
+                TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, acker, task)
     source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS, max_attempts=3))
     try:
@@ -107,11 +107,11 @@ def test_a_restarted_acker_keeps_the_deadline_a_touch_pushed(bootstrap: str) -> 
             go.wait(60)
 
     def acker() -> Acker:
-        return Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+        return Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
 
     first = acker()
     task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), held,
-                TaskConfig(poll_timeout_s=0.05))
+                TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, first, task)
     source = Source(settings, ns, SourceConfig(timeout_ms=RESTART_TIMEOUT_MS, max_attempts=3))
     second: Services | None = None

@@ -46,10 +46,10 @@ def test_trace_shows_replays_pending_entries_and_dead_letters(bootstrap: str) ->
         elif record.value == b"hold":
             ctx.skip_ack()
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     task = Task(
         settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
-        TaskConfig(poll_timeout_s=0.05),
+        TaskConfig(poll_timeout_ms=50),
     )
     services = Services(settings, ns, acker, task)
     tail, errors = services.tail, services.errors

@@ -42,8 +42,8 @@ def test_an_acker_that_lost_its_partitions_cannot_commit(bootstrap: str) -> None
     # A runs on a stepped clock: its entries time out only when the test says so, while B
     # (wall clock) keeps them pending for ten minutes.
     clock = ManualClock(int(time.time() * 1000))
-    a = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), consumer=SHORT, session_timeout_ms=6_000, stats_interval_s=3600), clock=clock)
-    b = Acker(settings, ns, AckerConfig(instance_id=unique_name("b"), stats_interval_s=3600))
+    a = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), consumer=SHORT, session_timeout_ms=6_000, stats_interval_ms=3_600_000), clock=clock)
+    b = Acker(settings, ns, AckerConfig(instance_id=unique_name("b"), stats_interval_ms=3_600_000))
     b_done = threading.Event()
     b_thread = threading.Thread(target=b.run, kwargs={"until": lambda _b: b_done.is_set()}, daemon=True)
     seen: dict[str, object] = {}

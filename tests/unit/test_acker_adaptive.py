@@ -38,7 +38,7 @@ FLOOR, CEILING, INITIAL = 1_000, 60_000, 20_000
 
 def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
-        commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, fail_hold_ms=0,
+        commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0,
         adaptive_floor_ms=FLOOR, adaptive_ceiling_ms=CEILING, adaptive_initial_ms=INITIAL,
         adaptive_safety_factor=3.0, adaptive_min_samples=50, adaptive_window_ms=10_000,
     )

@@ -160,7 +160,7 @@ def persist_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[PersistLog]:
 def make_acker(log: PersistLog, **config: Any) -> tuple[Acker, FakeConsumer, FakeProducer]:
     """An acker with NO payload cache: every replay reads its payload from ``log``."""
     conf: dict[str, Any] = {
-        "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_s": 1e9, "fail_hold_ms": 0,
+        "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "fail_hold_ms": 0,
         "replay_cache_entries": 0,
     }
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(**{**conf, **config}), clock=log.clock)

@@ -361,7 +361,7 @@ NS = Namespace("unit")
 
 def make_acker(clock: ManualClock, fail_hold_ms: int = 0) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
-        commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, orphan_ttl_ms=60_000,
+        commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
         fail_hold_ms=fail_hold_ms,
     )
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)

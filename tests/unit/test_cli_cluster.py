@@ -4,6 +4,7 @@ else one line on stderr and a non-zero exit - even while an embedded Kafka runs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +17,12 @@ import broker.dlq
 import broker.status
 import broker.topics
 from broker.cli import main
+from broker.dev import kafka_cluster, kafka_local, kafka_sasl
+from broker.dev.kafka_cluster import ClusterState
 from broker.dev.kafka_local import BrokerState
 
 EMBEDDED = BrokerState(1, "127.0.0.1:19092", 19092, 19093, "/tmp/run", "4.0.0", "c", 0.0)
+SECURED = BrokerState(2, "127.0.0.1:29092", 29092, 29093, "/tmp/run-sasl", "4.0.0", "c", 0.0)
 
 COMMANDS = [
     ["status", "--namespace", "ns"],
@@ -54,8 +58,12 @@ def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return used
 
 
-def embedded(monkeypatch: pytest.MonkeyPatch, state: BrokerState | None) -> None:
-    monkeypatch.setattr(broker.dev.kafka_local, "running_state", lambda _run_dir: state)
+def embedded(monkeypatch: pytest.MonkeyPatch, state: BrokerState | None, *, sasl: BrokerState | None = None,
+             cluster: ClusterState | None = None) -> None:
+    """What runs from the default run dirs of `kafka up`, `kafka up --sasl` and `--brokers N`."""
+    states = {kafka_local.default_run_dir(): state, kafka_sasl.default_sasl_run_dir(): sasl}
+    monkeypatch.setattr(kafka_local, "running_state", lambda run_dir: states.get(run_dir))
+    monkeypatch.setattr(kafka_cluster, "running_cluster", lambda _run_dir: cluster)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
@@ -127,3 +135,30 @@ def test_acker_watch_settings_from_the_command_line() -> None:
     assert (given.watch_ms, given.max_watches) == (5_000, 10)
     default = acker_config(build_parser().parse_args(["acker", "--namespace", "ns"]))
     assert (default.watch_ms, default.max_watches) == (None, 100_000)
+
+
+def test_local_finds_the_secured_broker_with_its_admin_settings(
+    monkeypatch: pytest.MonkeyPatch, clusters_used: list[str]
+) -> None:
+    embedded(monkeypatch, None, sasl=SECURED)
+    assert broker.cli._connection(broker.cli.build_parser().parse_args(["status", "--namespace", "ns", "--local"])) == (
+        SECURED.bootstrap, Path(SECURED.run_dir) / "admin.env"
+    )
+
+
+def test_local_finds_the_local_cluster(monkeypatch: pytest.MonkeyPatch, clusters_used: list[str]) -> None:
+    cluster = ClusterState([1, 2, 3], [39092, 39093, 39094], [39095, 39096, 39097], "127.0.0.1:39092", "/tmp/c",
+                           "4.0.0", "c", 0.0)
+    embedded(monkeypatch, None, cluster=cluster)
+    assert main(["status", "--namespace", "ns", "--local"]) == 0
+    assert clusters_used == [cluster.bootstrap]
+
+
+def test_local_with_two_brokers_running_names_both_and_uses_neither(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str]
+) -> None:
+    embedded(monkeypatch, EMBEDDED, sasl=SECURED)
+    assert main(["status", "--namespace", "ns", "--local"]) == 2
+    err = capsys.readouterr().err
+    assert EMBEDDED.bootstrap in err and SECURED.bootstrap in err and "--bootstrap" in err
+    assert clusters_used == []

@@ -83,9 +83,7 @@ def test_cli_rejects_non_positive_partitions(partitioner: str, bad: str) -> None
     assert result.returncode != 0
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip() == (
-        f"replaybroker: the number of partitions must be at least 1, got {bad}"
-    )
+    assert result.stderr.strip().endswith(f"argument --partitions: must be positive, got {bad}")
 
 
 def test_cli_rejects_a_key_that_is_not_utf8() -> None:
@@ -100,7 +98,7 @@ def test_cli_rejects_a_key_that_is_not_utf8() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--partitions", "x", "abc"], "invalid int value"),
+        (["--partitions", "x", "abc"], "not a whole number: 'x'"),
         (["--partitioner", "crc32", "--partitions", "3", "abc"], "invalid choice"),
         (["--partitions", "3"], "required: keys"),
         (["abc"], "required: --partitions"),

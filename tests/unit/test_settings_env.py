@@ -109,7 +109,7 @@ def test_every_command_prints_its_effective_config_with_v(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KAFKA_SASL_USERNAME", "svc")
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")
-    code = broker.cli.main(["-v", argv[0], "--bootstrap", "h:9092", "--namespace", "ns", *argv[1:]])
+    code = broker.cli.main(["-v", *argv, "--bootstrap", "h:9092", "--namespace", "ns"])
     err = capsys.readouterr().err
     assert code == 2
     assert "effective Kafka configuration" in err

@@ -85,7 +85,7 @@ def task(monkeypatch: pytest.MonkeyPatch) -> Task:
     def handle(record: TaskRecord, ctx: TaskContext) -> None:
         ctx.emit("out", record.key, record.value)
 
-    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, TaskConfig(commit_interval_s=60))
+    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, TaskConfig(commit_interval_ms=60_000))
 
 
 def test_batches_are_handled_at_once_and_committed_together_at_finish(task: Task) -> None:

@@ -55,10 +55,10 @@ class FakeProducer:
 def make_task(producer: FakeProducer, **config: Any) -> Task:
     task = Task.__new__(Task)  # no Kafka: only the delivery path is exercised
     task.ns, task._ledger_partitions, task.name = NS, 2, "unit-task"
-    task.config = TaskConfig(**{"retry_backoff_s": 0.01, **config})
+    task.config = TaskConfig(**{"retry_backoff_ms": 10, **config})
     task.counters = TaskCounters()
     task._producer = producer
-    task._outputs = Outputs(producer, task.config.delivery_retries, task.config.retry_backoff_s)
+    task._outputs = Outputs(producer, task.config.delivery_retries, task.config.retry_backoff_ms / 1000)
     task._outputs_pending = False
     task._uncommitted, task._commit_due = {}, 0.0
     task._markers, task._slow_origins, task._slow_until = None, set(), 0.0

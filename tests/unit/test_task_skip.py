@@ -66,7 +66,7 @@ def test_a_first_attempt_is_never_skipped_and_no_markers_change_nothing() -> Non
 
 
 def test_replays_of_a_slow_batch_wait_for_their_markers_in_one_shared_window(monkeypatch: Any) -> None:
-    task, _, ran = task_with(markers(), slow_batch_s=0.0, superseded_wait_s=0.3)
+    task, _, ran = task_with(markers(), slow_batch_ms=0, superseded_wait_ms=300)
     waits: list[float] = []
 
     def wait_for(srid: int, timeout_s: float) -> bool:
