@@ -157,7 +157,7 @@ def test_a_failed_commit_rewinds_only_the_partitions_it_touched(monkeypatch: Any
     cluster = Cluster()
     cluster.install(monkeypatch)
     clock = ManualClock(T0)
-    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_s=1e9, fail_hold_ms=0)
+    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0)
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
     s0, s1 = 0x1000_0000_0000_0002, 0x1000_0000_0000_0003  # ledger partitions 0 and 1
     for s in (s0, s1):

@@ -76,7 +76,7 @@ class FateMachine(RuleBasedStateMachine):
     )
     def start(self, cache: int, fetches: int, fail_hold_ms: int) -> None:
         self.config = AckerConfig(
-            commit_interval_ms=0, instance_id="model", stats_interval_s=1e9, orphan_ttl_ms=60_000,
+            commit_interval_ms=0, instance_id="model", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
             watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
             max_fetches_per_commit=fetches, payload_retry_ms=200, payload_retry_max_ms=1_000,
         )
