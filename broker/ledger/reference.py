@@ -20,7 +20,6 @@ from broker.ledger.table import (
     DEFERRED,
     FAILED,
     REGISTERED,
-    VALUE_KEPT,
     ChangelogDelta,
     Deferred,
     Entries,
@@ -48,7 +47,6 @@ class RefEntry:
             (REGISTERED if self.registered else 0)
             | (FAILED if self.failed else 0)
             | (DEFERRED if self.deferred else 0)
-            | (VALUE_KEPT if self.deferred and not self.failed else 0)
         )
 
 
@@ -269,8 +267,7 @@ class ReferenceLedger:
             self.entries_by_srid[srid] = RefEntry(
                 value=value,
                 registered=bool(flag & REGISTERED),
-                # A deferred entry written without VALUE_KEPT holds no tree's value: failed.
-                failed=bool(flag & FAILED) or flag & (DEFERRED | VALUE_KEPT) == DEFERRED,
+                failed=bool(flag & FAILED),
                 deferred=bool(flag & DEFERRED),
                 logged=True,
                 dirty=False,

@@ -113,13 +113,6 @@ SUPERSEDED = 0x40
 when its events arrive, but is never replayed or dead-lettered (``take_settled``)."""
 DURABLE_FLAGS = REGISTERED | FAILED | DEFERRED | WATCH | SUPERSEDED
 """The flag bits that belong to the entry's state and travel through the changelog."""
-VALUE_KEPT = 0x100
-"""Changelog only (the table's flags are 8 bits, all taken): set by ``take_dirty`` and
-``entries`` on every DEFERRED entry that is not FAILED - its value is the tree's, so it still
-completes at 0. Such an entry written without it (before deferred entries kept their value)
-holds only the events folded after its deferral, and ``restore`` makes it FAILED: decided as
-a failure, never completed by a value that is not its tree's."""
-
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
 _STATE = REGISTERED | FAILED | DEFERRED | WATCH  # what decides whether an entry completes
 _FAILED_MASK = REGISTERED | FAILED | DEFERRED
@@ -244,14 +237,6 @@ def _concat_removed(parts: list[Removed]) -> Removed:
 
 def _clamp_tick(tick: int) -> int:
     return max(_INT32_MIN, min(_INT32_MAX, int(tick)))
-
-
-def _durable(flags: np.ndarray) -> np.ndarray:
-    """The changelog's flags of these entries: ``DURABLE_FLAGS``, and ``VALUE_KEPT`` on the
-    DEFERRED ones that are not FAILED."""
-    f = (flags & DURABLE_FLAGS).astype(np.int16)
-    f[(f & (DEFERRED | FAILED)) == DEFERRED] |= VALUE_KEPT
-    return f
 
 
 def _check_nonzero(sorted_srids: np.ndarray) -> None:
@@ -774,7 +759,7 @@ class LedgerTable:
         upserts = Entries(
             srids=t.keys[slots],
             values=t.value[slots],
-            flags=_durable(f),
+            flags=(f & DURABLE_FLAGS).astype(np.int16),
             offsets=t.offset[slots],
             deadlines=t.deadline[slots],
         )
@@ -796,8 +781,7 @@ class LedgerTable:
     ) -> None:
         """Load changelog records (later records of one srid win). Entries come out LOGGED.
 
-        Only ``DURABLE_FLAGS`` of ``flags`` are used, and ``VALUE_KEPT``: a DEFERRED entry
-        neither FAILED nor with it comes out FAILED (see ``VALUE_KEPT``). Entries are taken as they are: nothing
+        Only ``DURABLE_FLAGS`` of ``flags`` are used. Entries are taken as they are: nothing
         completes here (a complete entry is never written to the changelog). Registered
         failed entries are handed out by the next ``take_failed``, deferred ones by
         ``take_deferred`` at their deadline.
@@ -816,8 +800,7 @@ class LedgerTable:
         pos = self._find_or_insert(u, _INT32_MAX)
         t = self.hashtable
         fs = fl[src].astype(np.int64)
-        unknown = (fs & (DEFERRED | FAILED | VALUE_KEPT)) == DEFERRED  # its value is not its tree's
-        new_flags = ((fs & DURABLE_FLAGS) | np.where(unknown, FAILED, 0) | (LIVE | LOGGED)).astype(np.uint8)
+        new_flags = ((fs & DURABLE_FLAGS) | (LIVE | LOGGED)).astype(np.uint8)
         new_dl = np.clip(dls[src], _INT32_MIN, _INT32_MAX).astype(np.int32)
         t.value[pos] = vals[src]
         t.flags[pos] = new_flags
@@ -877,7 +860,7 @@ class LedgerTable:
         return Entries(
             srids=t.keys[slots],
             values=t.value[slots],
-            flags=_durable(t.flags[slots]),
+            flags=(t.flags[slots] & DURABLE_FLAGS).astype(np.int16),
             offsets=t.offset[slots],
             deadlines=t.deadline[slots],
         )

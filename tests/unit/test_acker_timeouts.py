@@ -513,7 +513,7 @@ def test_acker_dead_letters_after_max_attempts_with_the_history(fake_kafka: None
 
 def test_a_held_last_attempt_completes_with_its_late_event_also_after_a_restore(fake_kafka: None) -> None:
     """The last attempt times out and its dead letter is held; its entry, written to the
-    changelog with its value (VALUE_KEPT), is restored by the next owner as a timeout that
+    changelog with its value, is restored by the next owner as a timeout that
     still completes - not as a failure."""
     clock = ManualClock(T0)
     acker, consumer, producer = a_held_last_attempt(clock)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.ledger.reference import ReferenceLedger
-from broker.ledger.table import VALUE_KEPT, ChangelogDelta, Entries, Entry, LedgerTable, Removed
+from broker.ledger.table import ChangelogDelta, Entries, Entry, LedgerTable, Removed
 
 ORPHAN = 1_000
 TIMEOUT = 2_000
@@ -261,7 +261,7 @@ touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
-        st.tuples(srid_st, xor_st, st.integers(0, 31) | st.integers(0, 31).map(lambda f: f | VALUE_KEPT),
+        st.tuples(srid_st, xor_st, st.integers(0, 31),
                   st.integers(-1, 99), tick_st),
         max_size=5,
     ),

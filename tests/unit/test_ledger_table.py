@@ -17,7 +17,6 @@ from broker.ledger.table import (
     FAILED,
     REGISTERED,
     SUPERSEDED,
-    VALUE_KEPT,
     WATCH,
     Entry,
     LedgerTable,
@@ -515,20 +514,6 @@ def test_a_deferred_timeout_keeps_its_value_and_completes_with_its_tree() -> Non
     assert due.timed_out.values is not None and due.timed_out.values.tolist() == [22 ^ 0x55]  # on to its decision
 
 
-def test_a_deferred_entry_written_without_its_value_is_restored_failed() -> None:
-    """Before deferred entries kept their value, one held only the events folded after its
-    deferral: restored, it must never complete on that value. ``VALUE_KEPT`` tells them apart."""
-    t = LedgerTable()
-    t.restore(np.array([11, 22]), np.array([5, 5]), np.array([REGISTERED | DEFERRED, REGISTERED | DEFERRED | VALUE_KEPT]),
-              np.array([1, 2]), np.array([9, 9]))
-    e11, e22 = t.get(11), t.get(22)
-    assert e11 is not None and e11.failed and e11.deferred
-    assert e22 is not None and not e22.failed and e22.deferred
-    assert t.fold(np.array([11, 22]), np.array([5, 5]), ORPHAN).srids.tolist() == [22]
-    assert t.entries().flags.tolist() == [REGISTERED | DEFERRED | FAILED]
-    assert t.take_deferred(9).failed.srids.tolist() == [11]
-
-
 def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
     """An entry taken out to be decided and put back within one interval is an upsert, not
     a tombstone: the changelog keeps it, so a restart decides it."""
@@ -541,7 +526,7 @@ def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
     delta = t.take_dirty()
     assert delta.tombstones.tolist() == [22]  # decided
     up = delta.upserts
-    assert up.srids.tolist() == [11] and up.flags.tolist() == [REGISTERED | DEFERRED | VALUE_KEPT]
+    assert up.srids.tolist() == [11] and up.flags.tolist() == [REGISTERED | DEFERRED]
     assert up.deadlines.tolist() == [TIMEOUT + 50] and up.offsets.tolist() == [0]
     # ... and a table restored from that changelog decides it at the same tick
     replica = LedgerTable()
