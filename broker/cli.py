@@ -407,7 +407,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.cli import main_bench
+    from broker.bench.cli import main_bench
 
     return main_bench(args)
 
@@ -668,8 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo's topics (default: delete them)")
     demo.set_defaults(func=_cmd_demo)
 
-    bench = _parser(sub, "bench", "measure the figures of docs/design.md §9 beside their baselines (bench/)")
-    from bench.cli import add_arguments as add_bench_arguments
+    bench = _parser(sub, "bench", "measure the figures of docs/design.md §9 beside their baselines (broker/bench/)")
+    from broker.bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)

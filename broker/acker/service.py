@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -48,6 +48,7 @@ from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
+from broker.background import in_background
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
     delete_retention_ms,
@@ -317,6 +318,15 @@ class Acker:
             self.commit()
         finally:
             self.close()
+
+    @contextlib.contextmanager
+    def run_in_background(self) -> Iterator[Acker]:
+        """Serve on a thread of this process while the ``with`` block runs, then stop cleanly
+        - for development and tests; in production an acker is a process of its own
+        (``replaybroker acker``). A namespace that is not usable raises here, at once."""
+        self.start()
+        with in_background(f"acker-{self.ns.name}", self.run, self.stop):
+            yield self
 
     def _subscribe(self) -> None:
         self._consumer.subscribe(
