@@ -1,6 +1,7 @@
-"""A service's loop on a thread of the calling process (``Acker.run_in_background``,
-``Task.run_in_background``): one process for development, a quickstart and a user's tests.
-In production each service is a process of its own (``replaybroker acker``, ``task``)."""
+"""A service's loop on a thread of the calling process (``run_in_background()`` of ``Acker``,
+``Task`` and ``Bridge``): one process for development, a quickstart and a user's tests. In
+production each service is a process of its own (``replaybroker acker``, ``task``,
+``bridge``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -44,3 +46,25 @@ def in_background(name: str, run: Callable[[], object], stop: Callable[[], None]
             log.error("%s did not stop within %.0fs", name, STOP_WAIT_S)
     if failure:
         raise BackgroundError(f"{name} stopped: {failure[0]!r}") from failure[0]
+
+
+class RunsInBackground:
+    """``run_in_background()`` for a service with ``run()`` and ``stop()``: its loop on a
+    thread of this process while a ``with`` block runs, then a clean stop - for development
+    and tests. What makes the service refuse to start (``_check_before_run``) raises at once,
+    in the caller."""
+
+    def run(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _check_before_run(self) -> None:
+        """Raise if the service could not start (topics missing, ...)."""
+
+    @contextlib.contextmanager
+    def run_in_background(self) -> Iterator[Self]:
+        self._check_before_run()
+        with in_background(type(self).__name__.lower(), self.run, self.stop):
+            yield self

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -24,7 +24,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids, kafka_io
-from broker.background import in_background
+from broker.background import RunsInBackground
 from broker.delivery import Failed, Outputs, failed_srids
 from broker.headers import (
     H_ORIGIN,
@@ -245,7 +245,7 @@ class TaskCounters:
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
 
-class Task:
+class Task(RunsInBackground):
     """A consume loop that acks every input with one XOR event.
 
     Per poll batch:
@@ -427,14 +427,8 @@ class Task:
             self.close()
         return self.counters
 
-    @contextlib.contextmanager
-    def run_in_background(self) -> Iterator[Task]:
-        """Process on a thread of this process while the ``with`` block runs, then stop
-        cleanly (flush, commit, close) - for development and tests; in production a task is a
-        process of its own (``replaybroker task``). Unusable topics raise here, at once."""
-        self.check_topics()
-        with in_background(f"task-{self.name}", self.run, self.stop):
-            yield self
+    def _check_before_run(self) -> None:
+        self.check_topics()  # run_in_background(): unusable topics raise at once
 
     def process_batch(self, batch: list[Message]) -> set[int]:
         """Process, deliver, commit one batch (``handle_batch``, then ``finish``). Returns the

@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -48,7 +48,7 @@ from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
-from broker.background import in_background
+from broker.background import RunsInBackground
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
     delete_retention_ms,
@@ -91,7 +91,7 @@ _GROUP_SIDE = {
 }
 
 
-class Acker:
+class Acker(RunsInBackground):
     def __init__(
         self,
         settings: KafkaSettings,
@@ -319,14 +319,8 @@ class Acker:
         finally:
             self.close()
 
-    @contextlib.contextmanager
-    def run_in_background(self) -> Iterator[Acker]:
-        """Serve on a thread of this process while the ``with`` block runs, then stop cleanly
-        - for development and tests; in production an acker is a process of its own
-        (``replaybroker acker``). A namespace that is not usable raises here, at once."""
-        self.start()
-        with in_background(f"acker-{self.ns.name}", self.run, self.stop):
-            yield self
+    def _check_before_run(self) -> None:
+        self.start()  # run_in_background(): a namespace that is not usable raises at once
 
     def _subscribe(self) -> None:
         self._consumer.subscribe(
