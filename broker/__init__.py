@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from broker.acker.config import AckerConfig
     from broker.acker.service import Acker
+    from broker.bridge import Bridge, BridgeConfig
     from broker.errors import (
         BackpressureTimeout,
         ConfigurationError,
@@ -53,6 +54,8 @@ _EXPORTS = {
     "AckerConfig": "broker.acker.config",
     "AvroSerde": "broker.serde",
     "BackpressureTimeout": "broker.errors",
+    "Bridge": "broker.bridge",
+    "BridgeConfig": "broker.bridge",
     "BytesSerde": "broker.serde",
     "ConfigurationError": "broker.errors",
     "DecodeError": "broker.errors",
@@ -79,6 +82,8 @@ __all__ = [
     "AckerConfig",
     "AvroSerde",
     "BackpressureTimeout",
+    "Bridge",
+    "BridgeConfig",
     "BytesSerde",
     "ConfigurationError",
     "DecodeError",

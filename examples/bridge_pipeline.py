@@ -9,20 +9,27 @@ As a service the bridge is ``replaybroker bridge --namespace NS --from clicks``.
 line on stdout is the JSON summary from ground truth (exit code 0 only when nothing is lost).
 """
 
-from __future__ import annotations  # noqa: I001 - the README shows the block below the marker
+from __future__ import annotations
 
 import sys
 from collections import Counter
 
 from confluent_kafka import Producer
 
+from broker import (
+    Acker,
+    AckerConfig,
+    Bridge,
+    BridgeConfig,
+    KafkaSettings,
+    Namespace,
+    Task,
+    TaskContext,
+    TaskRecord,
+)
 from broker.completions import OutcomeTail
 from broker.dev.examples import namespace, parse_args, report, wait_for_outcomes
 from broker.dev.testing import create_topics
-
-# --8<-- [start:bridge]
-from broker import Acker, AckerConfig, KafkaSettings, Namespace, Task, TaskContext, TaskRecord
-from broker.bridge import Bridge, BridgeConfig
 
 
 def run(settings: KafkaSettings, ns: Namespace, records: int, tail: OutcomeTail) -> int:
@@ -44,16 +51,16 @@ def run(settings: KafkaSettings, ns: Namespace, records: int, tail: OutcomeTail)
         producer.produce(clicks, key=f"user-{i % 31}", value=f"click-{i} /page/{i % 7}")
     producer.flush()
 
-    bridge = Bridge(settings, ns, BridgeConfig(input_topic=clicks, target_topic=guaranteed,
-                                               instance_id=f"{ns.name}-bridge"))
+    # --8<-- [start:bridge]
+    config = BridgeConfig(input_topic=clicks, target_topic=guaranteed, instance_id=f"{ns.name}-bridge")
     with (
         Acker(settings, ns, AckerConfig(instance_id=f"{ns.name}-acker")).run_in_background(),
         Task(settings, ns, [guaranteed, f"{guaranteed}.replay"], f"{ns.name}.count", count).run_in_background(),
-        bridge.run_in_background(),
+        Bridge(settings, ns, config).run_in_background(),  # clicks -> clicks.guaranteed
     ):
         wait_for_outcomes(tail, records)
+    # --8<-- [end:bridge]
     return report(tail, sent, counted, records=records)
-# --8<-- [end:bridge]
 
 
 def main(argv: list[str] | None = None) -> int:

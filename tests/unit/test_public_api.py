@@ -37,7 +37,7 @@ def test_nothing_internal_is_exported() -> None:
     for name in broker.__all__:
         if name != "__version__":
             assert getattr(broker, name).__module__.split(".")[1] in {"source", "task", "acker", "settings",
-                                                                      "topics", "errors", "serde"}
+                                                                      "topics", "errors", "serde", "bridge"}
     with pytest.raises(AttributeError):
         _ = broker.PartitionState  # type: ignore[attr-defined]
 

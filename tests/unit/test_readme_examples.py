@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-REGION = re.compile(r"^# --8<-- \[start:(\w+)\]\n(.*?)^# --8<-- \[end:\1\]\n", re.MULTILINE | re.DOTALL)
+REGION = re.compile(r"^( *)# --8<-- \[start:(\w+)\]\n(.*?)^\1# --8<-- \[end:\2\]\n", re.MULTILINE | re.DOTALL)
 
 
 def regions() -> list[tuple[str, str]]:
     found = []
     for path in sorted((ROOT / "examples").glob("*.py")):
-        found += [(f"{path.name}:{m.group(1)}", m.group(2).strip()) for m in REGION.finditer(path.read_text())]
+        found += [(f"{path.name}:{m.group(2)}", textwrap.dedent(m.group(3)).strip())
+                  for m in REGION.finditer(path.read_text())]
     return found
 
 
