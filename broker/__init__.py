@@ -3,7 +3,8 @@
 A record travels through the rooms in this order (docs/design.md):
 
 1. ``source`` - ``Source.send`` persists the record to ``ns.persist`` (keyed by srid, with its
-   key-hash partition from ``partitioning``) and produces the data record;
+   key-hash partition from ``partitioning``) and produces the data record (``bridge`` does
+   so for the records of an existing topic);
 2. ``task`` - ``Task`` consumes it, emits children (tracking headers from ``headers``) and
    sends one XOR event per input to ``ns.acks``;
 3. ``acker`` - folds persist records and events into the ``ledger`` (pure core: hash table,
@@ -12,7 +13,9 @@ A record travels through the rooms in this order (docs/design.md):
 4. ``completions``, ``status``, ``dlq`` - read what was decided, from the topics.
 
 Shared vocabulary: ``ids``, ``headers``, ``schemas``, ``partitioning``, ``topics``,
-``settings``, ``errors``; Kafka plumbing: ``kafka_io``. ``cli`` is the ``replaybroker``
+``settings``, ``errors``, ``serde`` (values as bytes, JSON, Avro); Kafka plumbing: ``kafka_io``,
+``delivery``, ``backpressure``, ``markers``; ``background``: a service's loop on a thread
+(development); ``metrics``, ``acls``, ``trace``. ``cli`` is the ``replaybroker``
 command; ``dev`` (embedded Kafka, Maven jars, test helpers, demo) is for development only and
 no service imports it; ``bench`` measures the design's figures.
 

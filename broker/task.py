@@ -144,8 +144,8 @@ class TaskContext:
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> None:
-        """The last hop: write a result out of the pipeline (a sink record, untracked). NOT anchored, so nothing
-        downstream acks it - and delivered before the input is acked, so a tree never
+        """The last hop: write a result out of the pipeline - a sink record, untracked: nothing
+        downstream acks it. It is delivered before the input is acked, so a tree never
         completes without its outputs (one that stays undeliverable fails the input instead).
         Carries ``rb-origin`` and ``rb-path`` (the output identity): a replay writes the same
         output again, and sinks deduplicate on the pair."""

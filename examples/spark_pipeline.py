@@ -32,7 +32,7 @@ def run(settings: KafkaSettings, ns: Namespace, records: int, tail: OutcomeTail)
     out, checkpoint = f"{workdir}/payments", f"{workdir}/checkpoint"
     with (
         Acker(settings, ns, AckerConfig(instance_id=f"{ns.name}-acker")).run_in_background(),
-        Source(settings, ns, SourceConfig(max_attempts=2)) as source,
+        Source(settings, ns, SourceConfig(timeout_ms=120_000, max_attempts=2)) as source,  # micro-batches take s
     ):
         query = start_payments_query(spark, settings.bootstrap_servers, ns.name, payments, out, checkpoint)
         try:
