@@ -9,7 +9,6 @@ import pytest
 
 import broker
 import broker.errors
-import broker.serde
 
 PIPELINE = {"Source", "SourceConfig", "Task", "TaskConfig", "TaskContext", "TaskRecord", "Acker", "AckerConfig",
             "KafkaSettings", "Namespace", "JsonSerde", "AvroSerde", "BytesSerde", "Serde"}
