@@ -3,7 +3,8 @@
 A record travels through the rooms in this order (docs/design.md):
 
 1. ``source`` - ``Source.send`` persists the record to ``ns.persist`` (keyed by srid, with its
-   key-hash partition from ``partitioning``) and produces the data record;
+   key-hash partition from ``partitioning``) and produces the data record (``bridge`` does
+   so for the records of an existing topic);
 2. ``task`` - ``Task`` consumes it, emits children (tracking headers from ``headers``) and
    sends one XOR event per input to ``ns.acks``;
 3. ``acker`` - folds persist records and events into the ``ledger`` (pure core: hash table,
@@ -12,12 +13,115 @@ A record travels through the rooms in this order (docs/design.md):
 4. ``completions``, ``status``, ``dlq`` - read what was decided, from the topics.
 
 Shared vocabulary: ``ids``, ``headers``, ``schemas``, ``partitioning``, ``topics``,
-``settings``, ``errors``; Kafka plumbing: ``kafka_io``. ``cli`` is the ``replaybroker``
+``settings``, ``errors``, ``serde`` (values as bytes, JSON, Avro); Kafka plumbing: ``kafka_io``,
+``delivery``, ``backpressure``, ``markers``; ``background``: a service's loop on a thread
+(development); ``metrics``, ``acls``, ``trace``. ``cli`` is the ``replaybroker``
 command; ``dev`` (embedded Kafka, Maven jars, test helpers, demo) is for development only and
-no service imports it.
+no service imports it; ``bench`` measures the design's figures.
+
+The names a pipeline is written with are exported here (``__all__``) and imported on first
+use, so ``import broker`` stays light (a Spark executor importing ``broker.ids`` loads no
+Kafka client)::
+
+    from broker import Acker, KafkaSettings, Source, Task
 """
 
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.acker.config import AckerConfig
+    from broker.acker.service import Acker
+    from broker.bridge import Bridge, BridgeConfig
+    from broker.errors import (
+        BackpressureTimeout,
+        ConfigurationError,
+        DecodeError,
+        DeliveryError,
+        KafkaUnreachable,
+        ReplayBrokerError,
+        SerializationError,
+        TopologyError,
+    )
+    from broker.serde import AvroSerde, BytesSerde, JsonSerde, Serde
+    from broker.settings import KafkaSettings
+    from broker.source import SendResult, Source, SourceConfig
+    from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+    from broker.topics import Namespace
+
+_EXPORTS = {
+    "Acker": "broker.acker.service",
+    "AckerConfig": "broker.acker.config",
+    "AvroSerde": "broker.serde",
+    "BackpressureTimeout": "broker.errors",
+    "Bridge": "broker.bridge",
+    "BridgeConfig": "broker.bridge",
+    "BytesSerde": "broker.serde",
+    "ConfigurationError": "broker.errors",
+    "DecodeError": "broker.errors",
+    "DeliveryError": "broker.errors",
+    "JsonSerde": "broker.serde",
+    "KafkaSettings": "broker.settings",
+    "KafkaUnreachable": "broker.errors",
+    "Namespace": "broker.topics",
+    "ReplayBrokerError": "broker.errors",
+    "SendResult": "broker.source",
+    "Serde": "broker.serde",
+    "SerializationError": "broker.errors",
+    "Source": "broker.source",
+    "SourceConfig": "broker.source",
+    "Task": "broker.task",
+    "TaskConfig": "broker.task",
+    "TaskContext": "broker.task",
+    "TaskRecord": "broker.task",
+    "TopologyError": "broker.errors",
+}
+
+__all__ = [
+    "Acker",
+    "AckerConfig",
+    "AvroSerde",
+    "BackpressureTimeout",
+    "Bridge",
+    "BridgeConfig",
+    "BytesSerde",
+    "ConfigurationError",
+    "DecodeError",
+    "DeliveryError",
+    "JsonSerde",
+    "KafkaSettings",
+    "KafkaUnreachable",
+    "Namespace",
+    "ReplayBrokerError",
+    "SendResult",
+    "Serde",
+    "SerializationError",
+    "Source",
+    "SourceConfig",
+    "Task",
+    "TaskConfig",
+    "TaskContext",
+    "TaskRecord",
+    "TopologyError",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'broker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 try:
     __version__ = version("replaybroker")

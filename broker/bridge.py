@@ -62,6 +62,7 @@ from confluent_kafka import (
 )
 
 from broker.acker.refusals import RECORD_LEVEL
+from broker.background import RunsInBackground
 from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
 from broker.kafka_io import kafka_error, partition_counts, retrying
@@ -152,7 +153,7 @@ class BridgeCounters:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
 
 
-class Bridge:
+class Bridge(RunsInBackground):
     """Bridges ``config.input_topic`` into ``config.target_topic`` as source records, one
     transaction per batch (module docstring). ``run()`` until ``stop()`` or SIGTERM."""
 
@@ -212,6 +213,9 @@ class Bridge:
                 f"create --namespace {self.ns.name} --data-topic {self.target}:{counts[self.input]}"
             )
         self.source.data_partitions(self.target)  # its replay topic, same partition count
+
+    def _check_before_run(self) -> None:
+        self.check_topics()  # run_in_background(): unusable topics raise at once
 
     def start(self) -> None:
         self.check_topics()

@@ -451,24 +451,9 @@ def _cmd_bridge(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_cluster(explicit: str | None) -> tuple[str, str]:
-    """The demo's cluster and where it came from: ``--bootstrap``, else
-    ``KAFKA_BOOTSTRAP_SERVERS``, else the running embedded Kafka, else a new one."""
-    from broker.dev import kafka_local
-
-    if explicit:
-        return explicit, "--bootstrap"
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
-    state = kafka_local.running_state(kafka_local.default_run_dir())
-    if state is not None:
-        return state.bootstrap, "the running embedded Kafka"
-    print("starting the embedded Kafka (replaybroker kafka down stops it)", file=sys.stderr)
-    return kafka_local.LocalKafka().start(detach=True).bootstrap, "the embedded Kafka, started now"
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     from broker.dev.demo import main_demo
+    from broker.dev.kafka_local import demo_cluster
     from broker.settings import KafkaSettings
 
     bootstrap, where = demo_cluster(args.bootstrap)
@@ -478,7 +463,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.cli import main_bench
+    from broker.bench.cli import main_bench
 
     return main_bench(args)
 
@@ -914,7 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
     part.set_defaults(func=_cmd_partition)
 
     bench = _parser(sub, "bench", "measure throughput, latency and recovery beside their baselines")
-    from bench.cli import add_arguments as add_bench_arguments
+    from broker.bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)

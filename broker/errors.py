@@ -73,3 +73,12 @@ class BackpressureTimeout(ReplayBrokerError):
         self.limit = limit
         self.pending = pending
         self.waited_s = waited_s
+
+
+class SerializationError(ReplayBrokerError):
+    """A value could not be serialized or deserialized by its serde (``broker.serde``);
+    ``value`` is what was given. Raised in a task's handler, it fails the input."""
+
+    def __init__(self, message: str, *, value: Any = None) -> None:
+        super().__init__(message)
+        self.value = value

@@ -52,6 +52,7 @@ from broker.schemas import (
     encode_first_persisted,
     encode_persisted,
 )
+from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
 
@@ -106,6 +107,9 @@ class SourceConfig:
     # max_pending_timeout_ms, then raises BackpressureTimeout. None: no limit.
     max_pending: int | None = None
     max_pending_timeout_ms: int = 30_000
+    # How send() turns a value that is not bytes into bytes (broker.serde): the default sends
+    # str as UTF-8; JsonSerde(), AvroSerde("schema.avsc") serialize objects.
+    serde: Serde = BYTES
 
 
 def _check_timeout(timeout: object) -> None:
@@ -272,15 +276,18 @@ class Source:
         self,
         topic: str,
         key: bytes | str | None,
-        value: bytes | str | None,
+        value: Any,
         headers: Headers | None = None,
         *,
         timeout_ms: Timeout | None = None,
         max_attempts: int | None = None,
     ) -> SendResult:
+        """Put one record under the guarantee: its persist record, then its data record to
+        the key's partition of ``topic``. ``value``: bytes as they are, anything else through
+        ``SourceConfig.serde``."""
         self._before_send()
         key_b = key if key is None or type(key) is bytes else as_bytes(key)
-        value_b = value if value is None or type(value) is bytes else as_bytes(value)
+        value_b = value if value is None or type(value) is bytes else self.config.serde.serialize(value)
         return self._send_first_attempt(
             topic, key_b, value_b, headers, None, self.key_hash_partition(topic, key_b),
             None, (), timeout_ms, max_attempts,

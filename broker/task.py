@@ -24,6 +24,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids
+from broker.background import RunsInBackground
 from broker.delivery import Failed, Outputs, failed_srids
 from broker.errors import ConfigurationError
 from broker.headers import (
@@ -41,6 +42,7 @@ from broker.ids import encode_id
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.schemas import XorBatch
+from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
 
@@ -61,6 +63,10 @@ _TRANSIENT_COMMIT = frozenset(
 )
 
 class TaskRecord(NamedTuple):
+    """One input of a handler: where it was read, its key, value (bytes) and headers, and its
+    tracking (None for an untracked record). ``decoded()`` is the value through the task's
+    serde (``TaskConfig.serde``)."""
+
     topic: str
     partition: int
     offset: int
@@ -68,22 +74,32 @@ class TaskRecord(NamedTuple):
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     tracking: Tracking | None
+    serde: Serde = BYTES
+
+    def decoded(self) -> Any:
+        """The value deserialized by the task's serde (decoded on each call); raises
+        ``SerializationError`` - which fails the input - when it cannot be."""
+        return self.serde.deserialize(self.value)
 
 
 def _record(
-    key: bytes | str | None, value: bytes | str | None, headers: list[tuple[str, bytes | None]], partition: int | None
+    key: bytes | str | None, value: Any, headers: list[tuple[str, bytes | None]], partition: int | None, serde: Serde
 ) -> dict[str, Any]:
     """Produce arguments of one record; no partition lets the producer's partitioner choose."""
-    kwargs: dict[str, Any] = {"key": as_bytes(key), "value": as_bytes(value), "headers": headers}
+    kwargs: dict[str, Any] = {"key": as_bytes(key), "value": serde.serialize(value), "headers": headers}
     if partition is not None:
         kwargs["partition"] = partition
     return kwargs
 
 
 class TaskContext:
-    """Handed to user code for one input record: ``emit`` children, or ``fail`` the input."""
+    """Handed to user code for one input record. A pipeline's records end in one of three
+    ways: ``emit`` a child into a topic another task reads (tracked: the tree waits for it);
+    ``output`` a record out of the pipeline (untracked: the last hop); or neither - the
+    handler wrote to the outside world itself - and return. Returning acks the input;
+    ``fail`` replays it instead."""
 
-    __slots__ = ("_task", "children", "children_xor", "failed", "record", "unacked")
+    __slots__ = ("_task", "_unacked", "children", "children_xor", "failed", "record")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -91,19 +107,23 @@ class TaskContext:
         self.children_xor = 0
         self.children = 0
         self.failed: str | None = None
-        self.unacked = False
+        self._unacked = False  # failure injection only: broker.dev.faults.skip_ack
 
     def emit(
         self,
         topic: str,
         key: bytes | str | None,
-        value: bytes | str | None,
+        value: Any,
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> int:
-        """Produce a child anchored to the input's tree; returns its record id.
+        """Produce a child anchored to the input's tree; returns its record id. The tree
+        completes only once a task reads and acks the child: ``topic`` must be an input of a
+        running task (a topic nobody reads holds its record until it is replayed, and at
+        last dead-lettered). The last hop of a pipeline is ``output``.
 
-        Untracked inputs produce untracked children (plain records)."""
+        ``value``: bytes as they are, anything else through ``TaskConfig.serde``. Untracked
+        inputs produce untracked children (plain records)."""
         user = list(user_headers(headers))
         tracking = self.record.tracking
         child_id = 0
@@ -113,7 +133,7 @@ class TaskContext:
             user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
             # rb-path: its emit index, the same child on every attempt, different per sibling.
             user.append(child_path_header(self.record.headers, self.children))
-        self._task._produce(topic, **_record(key, value, user, partition))
+        self._task._produce(topic, **_record(key, value, user, partition, self.record.serde))
         self.children += 1
         return child_id
 
@@ -121,12 +141,12 @@ class TaskContext:
         self,
         topic: str,
         key: bytes | str | None,
-        value: bytes | str | None,
+        value: Any,
         headers: Headers | None = None,
         partition: int | None = None,
     ) -> None:
-        """Write a result out of the pipeline (a sink record): NOT anchored, so nothing
-        downstream acks it - and delivered before the input is acked, so a tree never
+        """The last hop: write a result out of the pipeline - a sink record, untracked: nothing
+        downstream acks it. It is delivered before the input is acked, so a tree never
         completes without its outputs (one that stays undeliverable fails the input instead).
         Carries ``rb-origin`` and ``rb-path`` (the output identity): a replay writes the same
         output again, and sinks deduplicate on the pair."""
@@ -136,7 +156,8 @@ class TaskContext:
             # The output identity (docs/design.md §8): origin + the input's path.
             user += [(H_ORIGIN, encode_id(tracking.origin)), (H_PATH, path_of(self.record.headers).encode())]
         self._task._produce(
-            topic, srid=None if tracking is None else tracking.srid, **_record(key, value, user, partition)
+            topic, srid=None if tracking is None else tracking.srid,
+            **_record(key, value, user, partition, self.record.serde),
         )
         self._task._outputs_pending = True
         self._task.counters.sink_outputs += 1
@@ -153,11 +174,6 @@ class TaskContext:
             return
         timeout = self._task.config.touch_timeout_ms if timeout_ms is None else timeout_ms
         self._task._touch(tracking.srid, int(time.time() * 1000) + timeout)
-
-    def skip_ack(self) -> None:
-        """Send no event for this input (failure injection: as if the ack were lost). The
-        source record then completes only through its timeout and a replay."""
-        self.unacked = True
 
     def fail(self, reason: str = "failed") -> None:
         """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
@@ -202,6 +218,8 @@ class TaskConfig:
     # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
     # port, see Task.metrics_server.port); None: no HTTP server.
     metrics_port: int | None = None
+    # Values of the inputs (TaskRecord.decoded()) and of ctx.emit / ctx.output (broker.serde).
+    serde: Serde = BYTES
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -244,7 +262,7 @@ class TaskCounters:
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
 
-class Task:
+class Task(RunsInBackground):
     """A consume loop that acks every input with one XOR event.
 
     Per poll batch:
@@ -427,6 +445,9 @@ class Task:
         finally:
             self.close()
         return self.counters
+
+    def _check_before_run(self) -> None:
+        self.check_topics()  # run_in_background(): unusable topics raise at once
 
     def process_batch(self, batch: list[Message]) -> set[int]:
         """Process, deliver, commit one batch (``handle_batch``, then ``finish``). Returns the
@@ -621,6 +642,7 @@ class Task:
             return
         record = TaskRecord(
             msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers, tracking,
+            self.config.serde,
         )
         ctx = TaskContext(self, record)
         self.counters.processed += 1
@@ -641,7 +663,7 @@ class Task:
         if ctx.failed is not None:
             failed.append(tracking.srid)
             self.counters.failed += 1
-        elif ctx.unacked:
+        elif ctx._unacked:
             self.counters.unacked += 1
         else:
             srids.append(tracking.srid)

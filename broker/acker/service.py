@@ -47,6 +47,7 @@ from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
+from broker.background import RunsInBackground
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
     delete_retention_ms,
@@ -89,7 +90,7 @@ _GROUP_SIDE = {
 }
 
 
-class Acker:
+class Acker(RunsInBackground):
     def __init__(
         self,
         settings: KafkaSettings,
@@ -316,6 +317,9 @@ class Acker:
             self.commit()
         finally:
             self.close()
+
+    def _check_before_run(self) -> None:
+        self.start()  # run_in_background(): a namespace that is not usable raises at once
 
     def _subscribe(self) -> None:
         self._consumer.subscribe(

@@ -32,6 +32,7 @@ import orjson
 
 from broker import topics
 from broker.completions import OutcomeTail
+from broker.dev.faults import skip_ack
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -118,7 +119,7 @@ def _run(
                 ctx.fail("injected failure")
                 return
             if draw < fail_rate + drop_rate:
-                ctx.skip_ack()
+                skip_ack(ctx)
                 return
         n = 1 + int(_fraction(tracking.origin if tracking else 0, b"fan") * 3)
         for i in range(n):

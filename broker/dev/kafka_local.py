@@ -385,6 +385,21 @@ def embedded_kafka(run_dir: Path | str | None = None) -> Iterator[LocalKafka]:
         kafka.stop()
 
 
+def demo_cluster(explicit: str | None) -> tuple[str, str]:
+    """The cluster a demo or an example runs on, and where it came from: ``--bootstrap``,
+    else ``KAFKA_BOOTSTRAP_SERVERS``, else the running embedded Kafka, else a new one (left
+    running for later commands)."""
+    if explicit:
+        return explicit, "--bootstrap"
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
+    state = running_state(default_run_dir())
+    if state is not None:
+        return state.bootstrap, "the running embedded Kafka"
+    print("starting the embedded Kafka (replaybroker kafka down stops it)", file=sys.stderr)
+    return LocalKafka().start(detach=True).bootstrap, "the embedded Kafka, started now"
+
+
 def main_up(run_dir: Path | None = None, *, jfr: str | None = None) -> int:
     """``replaybroker kafka up``: start detached, or report the running broker."""
     kafka = LocalKafka(run_dir, jfr=jfr)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.figures import FIGURE_KEYS
+from broker.bench.figures import FIGURE_KEYS
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
+from broker.dev.faults import skip_ack
 from broker.dev.testing import unique_name
 from broker.headers import H_ORIGIN, H_REASON
 from broker.kafka_io import read_to_end
@@ -62,7 +63,7 @@ def test_outputs_the_broker_refuses_are_dead_lettered_and_nothing_stalls(bootstr
         if value.startswith(b"F") or (value == b"fail-once" and attempt == 1):
             ctx.fail("rejected by the task")
         elif value.startswith(b"T"):
-            ctx.skip_ack()
+            skip_ack(ctx)
 
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [data, topics.replay_topic(data)], unique_name("t"), handler)

@@ -2,7 +2,7 @@
 
 Every test has its own namespace. Waits poll the outcome feed (persist tombstones) with a
 generous limit; nothing asserts on time. Replay latencies are MEASURED and printed
-(``-s`` shows them), never asserted - timing targets live in bench/.
+(``-s`` shows them), never asserted - timing targets live in broker/bench/.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 from broker import ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
+from broker.dev.faults import skip_ack
 from broker.dev.testing import unique_name
 from broker.headers import H_OUTCOME, Tracking
 from broker.kafka_io import read_to_end
@@ -120,7 +121,7 @@ class Pipeline:
             if action == "fail":
                 ctx.fail(f"injected failure of attempt {tracking.attempt}")
             elif action == "drop":
-                ctx.skip_ack()
+                skip_ack(ctx)
             self.seen.append(
                 Seen(record.topic, record.partition, record.key, record.value, tracking, action, time.time())
             )

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from broker.dev.demo import run_demo
+from broker.dev.faults import skip_ack
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +96,7 @@ def test_status_reads_one_counters_record_per_partition_and_its_pending_matches_
     def third_unacked(record: TaskRecord, ctx: TaskContext) -> None:
         assert record.tracking is not None
         if record.tracking.origin % 3 == 0:
-            ctx.skip_ack()
+            skip_ack(ctx)
 
     acker = Acker(settings, ns, AckerConfig(instance_id=f"a-{uuid.uuid4().hex[:6]}", stats_interval_ms=3_600_000))
     task = Task(settings, ns, [topic], f"task-{uuid.uuid4().hex[:6]}", third_unacked, TaskConfig(poll_timeout_ms=50))

@@ -13,6 +13,7 @@ import pytest
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
+from broker.dev.faults import skip_ack
 from broker.dev.testing import unique_name
 from broker.headers import Tracking
 from broker.ids import encode_id
@@ -44,7 +45,7 @@ def test_trace_shows_replays_pending_entries_and_dead_letters(bootstrap: str) ->
         elif record.value == b"poison":
             ctx.fail("poison")
         elif record.value == b"hold":
-            ctx.skip_ack()
+            skip_ack(ctx)
 
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     task = Task(

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from bench.cost import role_of, thread_cpu
+from broker.bench.cost import role_of, thread_cpu
 
 
 def test_topics_are_named_by_their_role_in_the_namespace() -> None:

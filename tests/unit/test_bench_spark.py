@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import report
-from bench.figures import FIGURE_KEYS, SECTIONS, SPECS, Figures
+from broker.bench import report
+from broker.bench.figures import FIGURE_KEYS, SECTIONS, SPECS, Figures
 
 
 def test_spark_is_a_section_with_its_targets() -> None:
@@ -83,7 +83,7 @@ def test_a_batch_counts_the_offsets_it_read_not_the_rows_every_job_scanned() -> 
 
 
 def test_the_larger_batches_give_their_own_figures_or_say_why_not() -> None:
-    from bench.spark import _large_figures
+    from broker.bench.spark import _large_figures
 
     run = {"records_per_s": 3000.0, "rows": 40_000, "batches": 4, "batch_ms_p50": 3300, "rows_per_batch": 10_000}
     figures = Figures()

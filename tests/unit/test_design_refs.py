@@ -16,7 +16,7 @@ def _sections() -> set[int]:
 
 def _citations() -> list[tuple[str, int]]:
     found = []
-    for folder in ("broker", "spark_jobs", "bench", "tests"):
+    for folder in ("broker", "spark_jobs", "examples", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for match in CITATION.finditer(path.read_text()):
                 first, last = int(match.group(1)), int(match.group(2) or match.group(1))

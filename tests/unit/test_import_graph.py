@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker", "spark_jobs", "bench", "schemas")
-DEV_ONLY = ("broker.dev", "bench")
+PACKAGES = ("broker", "spark_jobs", "schemas")
+DEV_ONLY = ("broker.dev", "broker.bench")
 SPARK_ONLY = ("pyspark",)
 TEST_ONLY = ("pytest", "hypothesis", "testcontainers")
 NOT_SERVICES = ("broker.cli", "broker.__main__", "broker.dev", "spark_jobs.demo", "spark_jobs.measure",
-                "spark_jobs.quickstart", "bench")
+                "spark_jobs.quickstart", "broker.bench")
 
 
 def _module_name(path: Path) -> str:

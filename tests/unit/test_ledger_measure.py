@@ -1,4 +1,4 @@
-"""A micro-measurement of the fold, printed, never asserted (timing targets live in bench/).
+"""A micro-measurement of the fold, printed, never asserted (timing targets live in broker/bench/).
 
 Prints pairs/s for folding 1M (srid, xor) pairs into a table of 1M pending entries, the same
 in smaller batches, the plain-dict reference on a sample, and bytes per pending entry.

@@ -341,7 +341,7 @@ def test_bytes_per_entry_at_most_48_at_every_size(n: int) -> None:
     """Capacity follows the entries (no power of two): 29 B/slot at load >= 0.6 -> <= 48 B."""
     table = LedgerTable()
     srids = new_ids(n)
-    for start in range(0, n, 1_000_000):  # as bench/fold.py fills it
+    for start in range(0, n, 1_000_000):  # as broker/bench/fold.py fills it
         stop = min(start + 1_000_000, n)
         table.register(srids[start:stop], new_ids(stop - start), np.arange(start, stop, dtype=np.int64),
                        np.full(stop - start, TIMEOUT, np.int32))

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.figures import FIGURE_KEYS, Figures
-from bench.hops import Env
 from broker import topics
+from broker.bench.figures import FIGURE_KEYS, Figures
+from broker.bench.hops import Env
 
 
 def spark_missing() -> str | None:

@@ -9,7 +9,7 @@ a task also calls ``SupersededMarkers.poll`` (a ``consume(10000, 0)`` of what is
 with ``--bootstrap`` (or ``KAFKA_BOOTSTRAP_SERVERS``) that is measured on a real, idle
 marker topic too.
 
-    python -m bench.skip [--records 200000] [--bootstrap HOST:PORT]
+    python -m broker.bench.skip [--records 200000] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations

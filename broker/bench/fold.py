@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.figures import FOLD_SIZES, Figures, size_label
+from broker.bench.figures import FOLD_SIZES, Figures, size_label
 from broker.ids import new_ids
 from broker.ledger.table import REGISTERED, LedgerTable
 

@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from bench import cost
-from bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker import topics
+from broker.bench import cost
+from broker.bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker.settings import KafkaSettings
 
 WARMUP_RECORDS = 50

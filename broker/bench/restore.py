@@ -16,10 +16,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Producer
 
-from bench.figures import Figures
-from bench.hops import Env
 from broker import ids, topics
 from broker.acker import Acker, AckerConfig, PartitionState
+from broker.bench.figures import Figures
+from broker.bench.hops import Env
 from broker.ledger.table import REGISTERED
 from broker.schemas import COUNTERS_KEY, LedgerEntry, encode_counters
 

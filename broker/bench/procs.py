@@ -156,7 +156,7 @@ class Proc:
 
 def worker(role: str, config: dict[str, Any], workdir: Path, name: str | None = None,
            profile_dir: Path | None = None) -> Proc:
-    return Proc(name or role, "bench.workers", [role, orjson.dumps(config).decode()], workdir,
+    return Proc(name or role, "broker.bench.workers", [role, orjson.dumps(config).decode()], workdir,
                 profile_dir=profile_dir)
 
 

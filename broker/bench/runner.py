@@ -38,10 +38,10 @@ from typing import Any
 
 import orjson
 
-from bench import report
-from bench.figures import FIGURE_KEYS, SECTIONS, TAKEOVER_SIZES, Figures, default_results_dir
-from bench.hops import Env, run_hop
-from bench.progress import Progress
+from broker.bench import report
+from broker.bench.figures import FIGURE_KEYS, SECTIONS, TAKEOVER_SIZES, Figures, default_results_dir
+from broker.bench.hops import Env, run_hop
+from broker.bench.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -286,7 +286,7 @@ def run(options: Options) -> dict[str, Any]:
 
     # 1. fold needs no Kafka: run it before the broker is busy
     def fold(update: Any) -> None:
-        from bench.fold import measure
+        from broker.bench.fold import measure
 
         series["fold"] = measure(figures, quick=plan.quick, progress=update)
         details["fold"] = {k: v for k, v in series["fold"].items()}
@@ -314,7 +314,7 @@ def run(options: Options) -> dict[str, Any]:
 
     meta["loadavg_end"] = _loadavg()
     if profile_dir is not None:
-        from bench.procs import render_profiles
+        from broker.bench.procs import render_profiles
 
         progress.start("report", "rendering the profiles")
         render_profiles(profile_dir)
@@ -352,13 +352,13 @@ def run(options: Options) -> dict[str, Any]:
 
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
-    from bench.adaptive import measure_adaptive
-    from bench.floor import measure_floor
-    from bench.pipeline import compiler_cpu, measure_latency, measure_throughput
-    from bench.replay import measure_replay
-    from bench.restore import measure_restore
-    from bench.spark import measure_spark
-    from bench.takeover import measure_takeover
+    from broker.bench.adaptive import measure_adaptive
+    from broker.bench.floor import measure_floor
+    from broker.bench.pipeline import compiler_cpu, measure_latency, measure_throughput
+    from broker.bench.replay import measure_replay
+    from broker.bench.restore import measure_restore
+    from broker.bench.spark import measure_spark
+    from broker.bench.takeover import measure_takeover
 
     def restore(update: Any) -> None:
         details["restore"] = measure_restore(env, figures, entries=plan.restore_entries, progress=update)

@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, Producer
 
-from bench.figures import Figures
-from bench.hops import Env
-from bench.procs import BenchError
 from broker import topics
 from broker.acker import Acker, AckerConfig
+from broker.bench.figures import Figures
+from broker.bench.hops import Env
+from broker.bench.procs import BenchError
 from broker.headers import Tracking
 from broker.schemas import XorBatch
 from broker.source import Source, SourceConfig, Timeout

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.figures import Figures
-from bench.hops import Env, HopRun, read_all, run_hop
-from bench.procs import BenchError
+from broker.bench.figures import Figures
+from broker.bench.hops import Env, HopRun, read_all, run_hop
+from broker.bench.procs import BenchError
 
 Progress = Callable[[float, str], None]
 
@@ -75,7 +75,7 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
 
 def compiler_cpu(env: Env) -> float | None:
     """CPU seconds the broker's JIT compiler threads have used (its pid known), or None."""
-    from bench.cost import thread_cpu
+    from broker.bench.cost import thread_cpu
 
     threads = thread_cpu(env.kafka_pid)
     return sum(s for name, s in threads.items() if "Compiler" in name) if threads else None
@@ -157,7 +157,7 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
 
 def record_cost(figures: Figures, system: str, spent: dict[str, Any]) -> None:
     """``cost.<system>.*`` from ``bench.cost.compare`` of a drained run."""
-    from bench.figures import COST_ROLES
+    from broker.bench.figures import COST_ROLES
 
     why = "the broker's log directory is not on this host"
     figures.set(f"cost.{system}.writes_per_record", spent["writes_per_record"])

@@ -53,7 +53,7 @@ def _specs() -> list[Spec]:
         Spec("throughput.pipeline_vs_raw", "x", "pipeline / raw throughput", (">=", 0.5)),
         Spec("throughput.pipeline_vs_share", "x", "pipeline / share-group throughput", (">=", 1.0)),
         Spec("throughput.skeleton_rps", "records/s",
-             "the pipeline's unavoidable Kafka calls alone (bench/hops.py: skeleton), completed records/s"),
+             "the pipeline's unavoidable Kafka calls alone (broker/bench/hops.py: skeleton), completed records/s"),
         Spec("throughput.skeleton_vs_raw", "x",
              "skeleton / raw throughput: the ceiling of throughput.pipeline_vs_raw on this host"),
         Spec("throughput.pipeline_vs_skeleton", "x", "pipeline / skeleton throughput: the share of the ceiling reached"),

@@ -2,7 +2,7 @@
 
 One pipeline run (source -> task -> acker) with a short per-record timeout. On first
 attempts the task fails ``FAIL_RATE`` of its inputs (``ctx.fail``) and never acks
-``DROP_RATE`` of them (``ctx.skip_ack``); second attempts are acked, so every record
+``DROP_RATE`` of them (``broker.dev.faults.skip_ack``); second attempts are acked, so every record
 completes. The tail sees each replay record on ``<topic>.replay`` (read_committed: when the
 acker's transaction holding it commits).
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.figures import Figures
-from bench.hops import WARMUP_RECORDS, Env, run_hop
-from bench.procs import BenchError
+from broker.bench.figures import Figures
+from broker.bench.hops import WARMUP_RECORDS, Env, run_hop
+from broker.bench.procs import BenchError
 
 FAIL_RATE = 0.1
 DROP_RATE = 0.1

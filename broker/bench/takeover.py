@@ -37,9 +37,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from bench.figures import Figures, size_label
-from bench.hops import Env
 from broker import ids, topics
+from broker.bench.figures import Figures, size_label
+from broker.bench.hops import Env
 from broker.dev.testing import stop_processes
 from broker.ledger.table import REGISTERED
 from broker.schemas import COUNTERS_KEY, LedgerEntry, encode_counters

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from bench.figures import Figures
+from broker.bench.figures import Figures
 
 ID = b"\x00\x00\x01\x8c\x12\x34\x56\x78"
 VALUE = b"v" * 100

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-log = logging.getLogger("bench.workers")
+log = logging.getLogger("broker.bench.workers")
 
 VALUE_BYTES = 100
 KEYS = 1000  # distinct keys, spread over the data topic's partitions by murmur2
@@ -247,6 +247,7 @@ def run_task(config: dict[str, Any]) -> None:
     """``Task`` over the data topic and its replay topic. ``fail_rate`` / ``drop_rate`` inject
     failures on first attempts: failed inputs are replayed at once, dropped (never acked)
     ones after their timeout. The wall time of each injected failure is reported."""
+    from broker.dev.faults import skip_ack
     from broker.task import Task, TaskContext, TaskRecord
     from broker.topics import replay_topic
 
@@ -268,7 +269,7 @@ def run_task(config: dict[str, Any]) -> None:
             ctx.fail("bench: injected failure")
         elif draw < fail_rate + drop_rate:
             dropped.append(tracking.origin)
-            ctx.skip_ack()
+            skip_ack(ctx)
 
     topic = config["topic"]
     task = Task(_settings(config), config["namespace"], [topic, replay_topic(topic)], config["group"], handler)

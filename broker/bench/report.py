@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.figures import FOLD_SIZES, SPECS, size_label
+from broker.bench.figures import FOLD_SIZES, SPECS, size_label
 
 # (figure, its key, baseline, the baseline's key, ratio key)
 Row = tuple[str, str, str, str | None, str | None]
@@ -138,7 +138,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "window):", "", *cpu_lines]
     floor = {k.split(".", 1)[1]: v.get("value") for k, v in figures.items() if k.startswith("floor.")}
     if floor.get("pipeline_us_per_record") and floor.get("raw_us_per_record"):
-        out += ["", f"Client floor (bench/floor.py, CPU per record in confluent-kafka itself): produce "
+        out += ["", f"Client floor (broker/bench/floor.py, CPU per record in confluent-kafka itself): produce "
                 f"{fmt(floor['produce_us_per_record'])} µs, with the four tracking headers "
                 f"{fmt(floor['produce_4_headers_us_per_record'])}, persist-sized with two headers and a delivery "
                 f"callback {fmt(floor['produce_2_headers_callback_us_per_record'])}, a tombstone with its header "

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.figures import SECTIONS, default_results_dir
+from broker.bench.figures import SECTIONS, default_results_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main_bench(args: argparse.Namespace) -> int:
     import orjson
 
-    from bench.runner import Options, run
+    from broker.bench.runner import Options, run
 
     options = Options(
         quick=args.quick,
@@ -56,10 +56,10 @@ def main_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.cli``: the same as ``replaybroker bench``."""
+    """``python -m broker.bench.cli``: the same as ``replaybroker bench``."""
     import logging
 
-    from bench import runner
+    from broker.bench import runner
 
     parser = argparse.ArgumentParser(prog="replaybroker bench", description=runner.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,0 +1,70 @@
+"""A service's loop on a thread of the calling process (``run_in_background()`` of ``Acker``,
+``Task`` and ``Bridge``): one process for development, a quickstart and a user's tests. In
+production each service is a process of its own (``replaybroker acker``, ``task``,
+``bridge``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Self
+
+log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 60.0
+"""How long leaving the block waits for the loop's clean shutdown (final commit, close)."""
+
+
+class BackgroundError(RuntimeError):
+    """The loop running in the background stopped with an exception (its ``__cause__``)."""
+
+
+@contextlib.contextmanager
+def in_background(name: str, run: Callable[[], object], stop: Callable[[], None]) -> Iterator[threading.Thread]:
+    """Run ``run()`` on a daemon thread while the block runs; on leaving it, ``stop()`` and
+    wait for the loop to end. An exception of the loop is raised when the block is left (as
+    ``BackgroundError``), unless the block raised one of its own."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:
+            failure.append(exc)
+            log.exception("%s stopped", name)
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop()
+        thread.join(STOP_WAIT_S)
+        if thread.is_alive():
+            log.error("%s did not stop within %.0fs", name, STOP_WAIT_S)
+    if failure:
+        raise BackgroundError(f"{name} stopped: {failure[0]!r}") from failure[0]
+
+
+class RunsInBackground:
+    """``run_in_background()`` for a service with ``run()`` and ``stop()``: its loop on a
+    thread of this process while a ``with`` block runs, then a clean stop - for development
+    and tests. What makes the service refuse to start (``_check_before_run``) raises at once,
+    in the caller."""
+
+    def run(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _check_before_run(self) -> None:
+        """Raise if the service could not start (topics missing, ...)."""
+
+    @contextlib.contextmanager
+    def run_in_background(self) -> Iterator[Self]:
+        self._check_before_run()
+        with in_background(type(self).__name__.lower(), self.run, self.stop):
+            yield self
