@@ -65,7 +65,7 @@ def _container_class() -> Any:
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.core.container import DockerContainer
 
-    class KafkaImageContainer(DockerContainer):  # type: ignore[misc]
+    class KafkaImageContainer(DockerContainer):
         """``replaybroker/kafka`` on the host network, on two free loopback ports; ``start``
         returns once an admin client created a topic."""
 
@@ -81,6 +81,12 @@ def _container_class() -> Any:
             return f"127.0.0.1:{self.port}"
 
         def start(self) -> KafkaImageContainer:
+            import docker.errors
+
+            try:
+                self.get_docker_client().client.images.get(self.image)
+            except docker.errors.ImageNotFound:
+                raise LocalKafkaError(f"no image {self.image}: build it with docker/build") from None
             super().start()
             try:
                 wait_ready(self.get_bootstrap_server(), self._exit_code, time.monotonic() + READY_TIMEOUT_S)
