@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -164,23 +164,26 @@ def running_state(run_dir: Path) -> BrokerState | None:
     return None
 
 
-def _wait_ready(bootstrap: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
-    """Ready = an admin client created a topic (the controller and the broker both work)."""
+def wait_ready(bootstrap: str, exited: Callable[[], int | None], deadline: float) -> None:
+    """Ready = an admin client created a topic (the controller and the broker both work).
+
+    ``exited()`` is the broker's exit code once it died (None while it runs): a dead broker
+    fails at once instead of at the deadline."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from broker.kafka_log import client_logging
 
     port = int(bootstrap.rsplit(":", 1)[1])
     while not _port_open(port):  # before any client exists, so librdkafka logs no refusals
-        if proc.poll() is not None:
-            raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        if (code := exited()) is not None:
+            raise LocalKafkaError(f"Kafka exited with code {code} during start-up")
         if time.monotonic() > deadline:
             raise LocalKafkaError(f"Kafka did not open port {port} within {READY_TIMEOUT_S:.0f}s")
         time.sleep(0.1)
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, **client_logging()})
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise LocalKafkaError(f"Kafka exited with code {proc.returncode} during start-up")
+        if (code := exited()) is not None:
+            raise LocalKafkaError(f"Kafka exited with code {code} during start-up")
         # A new name per attempt: an attempt whose answer timed out may still have created
         # its topic, and "already exists" must not read as "not ready" until the deadline.
         name = f"__replaybroker_ready_{uuid.uuid4().hex[:8]}"
@@ -301,7 +304,7 @@ class LocalKafka:
     def _wait_ready(self, state: BrokerState) -> None:
         assert self.proc is not None
         try:
-            _wait_ready(state.bootstrap, self.proc, time.monotonic() + READY_TIMEOUT_S)
+            wait_ready(state.bootstrap, self.proc.poll, time.monotonic() + READY_TIMEOUT_S)
         except LocalKafkaError as exc:
             _terminate(self.proc.pid)
             tail = _tail(self.run_dir / "server.log") or _tail(self.run_dir / "kafka.out")

@@ -1,7 +1,10 @@
 """Kafka for integration tests (ours and our users'): one broker chosen at runtime.
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` is set -> use that cluster;
-2. else a Docker engine answers -> a testcontainers Kafka container (KRaft, Kafka 3.9);
+2. else a Docker engine answers -> a testcontainers Kafka container: the locally built
+   ``replaybroker/kafka`` (``docker/build``; the embedded broker's Kafka 4.x, KRaft, on the host
+   network), or the image ``REPLAYBROKER_KAFKA_IMAGE`` names (an upstream one such as
+   ``apache/kafka:4.1.0``, run by testcontainers' ``KafkaContainer``, where a registry is at hand);
 3. else -> the embedded local Kafka (``broker.kafka_local``).
 
 ``REPLAYBROKER_KAFKA_BACKEND`` (``env``, ``testcontainers``, ``local``) forces one.
@@ -18,12 +21,11 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("env", "testcontainers", "local")
-# cp-kafka 7.9 ships Apache Kafka 3.9 (KRaft, transactions, KIP-447).
-TESTCONTAINERS_IMAGE = os.environ.get("REPLAYBROKER_KAFKA_IMAGE", "confluentinc/cp-kafka:7.9.0")
 
 
 def docker_available(timeout: float = 3.0) -> bool:
@@ -71,18 +73,11 @@ def kafka_cluster(backend: str | None = None) -> Iterator[KafkaCluster]:
     if backend == "env":
         yield KafkaCluster(os.environ["KAFKA_BOOTSTRAP_SERVERS"], backend)
     elif backend == "testcontainers":
-        from testcontainers.community.kafka import KafkaContainer
+        from broker.dev.kafka_image import IMAGE, kafka_container
 
-        container = KafkaContainer(TESTCONTAINERS_IMAGE).with_kraft()
-        for name, value in {
-            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-            "KAFKA_LOG_CLEANER_BACKOFF_MS": "200",
-            "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
-        }.items():
-            container.with_env(name, value)
-        with container as started:
+        image = os.environ.get("REPLAYBROKER_KAFKA_IMAGE", IMAGE)
+        ours = image.split(":")[0] == IMAGE.split(":")[0]
+        with kafka_container(image) if ours else _upstream_container(image) as started:
             yield KafkaCluster(started.get_bootstrap_server(), backend)
     elif backend == "local":
         from broker.dev.kafka_local import LocalKafka
@@ -96,6 +91,23 @@ def kafka_cluster(backend: str | None = None) -> Iterator[KafkaCluster]:
                 kafka.stop()
     else:
         raise ValueError(f"unknown Kafka backend {backend!r}")
+
+
+def _upstream_container(image: str) -> Any:
+    """testcontainers' ``KafkaContainer`` (KRaft) of an upstream image, e.g.
+    ``apache/kafka:4.1.0`` or ``confluentinc/cp-kafka:7.9.0``, tuned like the embedded broker."""
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = KafkaContainer(image).with_kraft()
+    for name, value in {
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_LOG_CLEANER_BACKOFF_MS": "200",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+    }.items():
+        container.with_env(name, value)
+    return container
 
 
 def unique_name(prefix: str = "t") -> str:
