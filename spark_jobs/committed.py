@@ -35,6 +35,9 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 DECISIONS_DIR = "_rb_decisions"  # "_": Spark's readers and Delta's VACUUM leave it alone
+# Records kept per query: Spark runs again only the last batch of a checkpoint, and keeps the
+# metadata of 100 (spark.sql.streaming.minBatchesToRetain's default).
+RETAINED = 100
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ def _unpack(text: str) -> np.ndarray:
 class DecisionLog:
     """The decisions of a sink's batches, one small file each under
     ``<sink>/_rb_decisions/query_id=<q>/batch_id=<n>.json``, written to a temporary name and
-    renamed: a reader finds the whole file or none."""
+    renamed: a reader finds the whole file or none. Writing batch ``n``'s record deletes
+    batch ``n - RETAINED``'s: the directory stays bounded."""
 
     def __init__(self, sink_path: str) -> None:
         self.root = f"{sink_path.rstrip('/')}/{DECISIONS_DIR}"
@@ -126,3 +130,6 @@ class DecisionLog:
             out.close()
         if not fs.rename(temporary, path):  # never over an existing record: that one counts
             raise OSError(f"could not rename {final}.tmp to {final}")
+        if batch_id >= RETAINED:
+            _, old = _fs(spark, self._path(query_id, batch_id - RETAINED))
+            fs.delete(old, False)

@@ -15,7 +15,8 @@ overwrite the Parquet batch without ``SECOND``, whose acks went out (lost).
 
 Ground truth from the topics and the sink, not from the code under test: every origin sent
 has exactly one ``completed`` tombstone in ``ns.persist``, none is dead-lettered, and the sink
-holds exactly one row per origin (the record's output identity (origin, "0")) and no other.
+holds exactly one row per origin (the record's output identity (origin, "0")) and no other
+(``Outcomes``, shared with the driver-kill test).
 """
 
 from __future__ import annotations
@@ -26,27 +27,25 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from broker import ids
 from broker.dev.testing import unique_name
-from broker.errors import DeliveryError
-from broker.headers import H_ORIGIN, H_OUTCOME, OUTCOME_COMPLETED
-from broker.kafka_io import read_to_end
-from broker.schemas import PersistedRecord
+from broker.errors import ConfigurationError, DeliveryError
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
 from spark_jobs import Acking, BatchResult, OriginDeltaSink, OriginParquetSink, read_with_replay
 from spark_jobs.acking import AckFault
+from spark_jobs.committed import RETAINED, Committed
+from tests.e2e.test_spark_driver_kill import LEDGER_PARTITIONS, Outcomes
 
 pytestmark = pytest.mark.e2e
 
 RECORDS = 200
-PARTITIONS = 2
 FIRST = frozenset(f"k{i}" for i in range(RECORDS) if i % 12 == 3)  # fail on their first call
 SECOND = frozenset(f"k{i}" for i in range(RECORDS) if i % 12 == 7)  # fail on their second call
 FAULTS = {
@@ -72,24 +71,6 @@ def _flaky_lookup(calls: str) -> Callable[[str], bool]:
     return fails
 
 
-def _outcomes(settings: KafkaSettings, ns: Namespace) -> tuple[Counter[int], set[int]]:
-    """``completed`` tombstones per origin (``ns.persist``) and the dead-lettered origins."""
-    origin_of: dict[int, int] = {}
-    completions: Counter[int] = Counter()
-    for msg in read_to_end(settings, ns.persist, PARTITIONS):
-        srid = ids.decode_id(msg.key())
-        if msg.value() is not None:
-            origin_of[srid] = PersistedRecord.decode(msg.value()).origin
-        elif dict(msg.headers() or ()).get(H_OUTCOME) == OUTCOME_COMPLETED:
-            completions[origin_of[srid]] += 1
-    dead = {
-        ids.decode_id(origin)
-        for msg in read_to_end(settings, ns.dlq, 1)
-        if (origin := dict(msg.headers() or ()).get(H_ORIGIN)) is not None
-    }
-    return completions, dead
-
-
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.parametrize("kind", ["parquet", "delta"])
 def test_a_rerun_batch_acks_what_its_sink_committed(
@@ -97,7 +78,7 @@ def test_a_rerun_batch_acks_what_its_sink_committed(
 ) -> None:
     settings, ns = KafkaSettings(bootstrap), Namespace(unique_name("rerun"))
     topic = f"{ns.name}-in"
-    create(settings, ns, PARTITIONS, {topic: 2})
+    create(settings, ns, LEDGER_PARTITIONS, {topic: 2})
     with Source(settings, ns, SourceConfig(timeout_ms=60_000, max_attempts=3)) as source:
         sent = {source.send(topic, f"k{i}", f"v{i}").origin for i in range(RECORDS)}
 
@@ -142,16 +123,17 @@ def test_a_rerun_batch_acks_what_its_sink_committed(
         try:
             deadline = time.monotonic() + 180
             while True:
-                completions, dead = _outcomes(settings, ns)
-                if set(completions) | dead >= sent:
+                unsettled = Outcomes.read(settings, ns).unsettled(sent)
+                if not unsettled:
                     break
                 assert query.exception() is None and query.isActive, query.exception()
-                assert time.monotonic() < deadline, f"{len(sent - set(completions) - dead)} records unsettled"
+                assert time.monotonic() < deadline, f"{len(unsettled)} records unsettled"
                 time.sleep(1.0)
         finally:
             query.stop()
 
-    completions, dead = _outcomes(settings, ns)
+    outcomes = Outcomes.read(settings, ns)
+    completions, dead = outcomes.completions, outcomes.dead
     rows = Counter((r["origin"], r["path"]) for r in sink.read(spark).select("origin", "path").collect())
     written = {origin for origin, _ in rows}
     assert not dead, f"{len(dead)} dead-lettered"
@@ -160,3 +142,39 @@ def test_a_rerun_batch_acks_what_its_sink_committed(
     assert {path for _, path in rows} == {"0"}
     assert not [k for k, n in rows.items() if n > 1], "an output written twice"
     assert sent <= written, f"{len(sent - written)} records completed without their output"
+
+
+def test_write_needs_a_sink_that_tells_a_committed_batch(tmp_path: Path) -> None:
+    """``BatchResult.write`` without a ``CommittingSink`` is refused: a rerun could not know
+    what the first run committed."""
+
+    def write(ok: DataFrame, batch_id: int) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=r"BatchResult\.sink"):
+        BatchResult(write=write).checked_sink()
+    with pytest.raises(ConfigurationError, match="not a CommittingSink"):
+        BatchResult(write=write, sink=object()).checked_sink()  # type: ignore[arg-type]
+    sink = OriginParquetSink(str(tmp_path / "facts"))
+    assert BatchResult(write=write, sink=sink).checked_sink() is sink
+    assert BatchResult(sink=sink).checked_sink() is None  # nothing written: nothing to check
+
+
+def test_a_committed_parquet_batch_is_never_overwritten(spark: SparkSession, tmp_path: Path) -> None:
+    """A batch with a record is committed: ``write`` returns ``False`` and keeps its rows; a
+    batch directory without one is a cut run, written again. Records round-trip, and writing
+    one drops the record ``RETAINED`` batches older."""
+    sink = OriginParquetSink(str(tmp_path / "facts"), query_id="q")
+    facts = spark.createDataFrame([(1, "0"), (2, "0")], "origin long, path string")
+    assert sink.write(facts, 0) and sink.committed(spark, 0) is None
+    assert sink.write(facts.limit(1), 0)  # not committed: the cut run's rows are replaced
+    decision = Committed(np.array([1, -(2**63)], dtype=np.int64), np.array([7], dtype=np.int64))
+    sink.record(spark, 0, decision)
+    assert not sink.write(facts, 0)
+    assert sink.read(spark).count() == 1
+    committed = sink.committed(spark, 0)
+    assert committed is not None and committed.acked is not None
+    assert committed.acked.tolist() == [1, -(2**63)] and committed.failed.tolist() == [7]
+
+    sink.record(spark, RETAINED, decision)
+    assert sink.committed(spark, 0) is None and sink.committed(spark, RETAINED) is not None
