@@ -192,6 +192,14 @@ class OriginDeltaSink(_OriginKeyed):
     its buckets in full. A record sent again *after* its window (a DLQ entry redriven a day
     later, under its old origin) would then be written twice: leave the window unset, or
     longer, where that happens.
+
+    ``optimize_every=n`` keeps the file count bounded: before writing batch ids ``n``, ``2n``,
+    ... the sink compacts the table (Delta's ``OPTIMIZE``, a commit of its own that changes no
+    row). Without a window it bin-packs the small files; with ``replay_window_s`` it orders the
+    rows by ``written_at`` (``ZORDER BY`` that one column), which rewrites the whole table but
+    leaves files of narrow, ordered time ranges, so the window still skips every file older
+    than it (a bin-packing would mix old and new rows into files every MERGE reads). Its cost
+    grows with the table: choose ``n`` so that it runs rarely. ``None`` (the default): never.
     """
 
     def __init__(
@@ -203,12 +211,16 @@ class OriginDeltaSink(_OriginKeyed):
         buckets: int = 1,
         replay_window_s: float | None = None,
         query_id: str | None = None,
+        optimize_every: int | None = None,
     ) -> None:
         """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
         batch of random origins touches every bucket and writes a file to each
         (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
         if buckets < 1:
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
+        if optimize_every is not None and optimize_every < 1:
+            raise ConfigurationError(f"optimize_every must be >= 1 or None, got {optimize_every}")
+        self.optimize_every = optimize_every
         self._init_identity(path, origin_column, path_column, query_id)
         self.buckets = buckets
         self.replay_window_s = replay_window_s
@@ -242,8 +254,6 @@ class OriginDeltaSink(_OriginKeyed):
     def write(self, df: DataFrame, batch_id: int) -> bool:
         """The batch's rows (class docstring); ``False``, writing nothing, when its
         transaction is already in the log."""
-        from delta.tables import DeltaTable
-
         self._check_key(df)
         spark = df.sparkSession
         if "Delta" not in (spark.conf.get("spark.sql.extensions", "") or ""):
@@ -253,6 +263,29 @@ class OriginDeltaSink(_OriginKeyed):
             )
         if self._committed_version(spark) >= batch_id:
             return False
+        if self.optimize_every is not None and batch_id > 0 and batch_id % self.optimize_every == 0:
+            # Before the batch's commit: a compaction that fails fails a batch not committed yet,
+            # which its rerun decides anew (after the commit it would fail every srid of it).
+            self.optimize(spark)
+        self._commit(df, batch_id)
+        return True
+
+    def optimize(self, spark: SparkSession) -> None:
+        """Compact the table's small files (class docstring, ``optimize_every``)."""
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, self.path):
+            return
+        builder = DeltaTable.forPath(spark, self.path).optimize()
+        if self.replay_window_s is not None:
+            builder.executeZOrderBy(WRITTEN_AT)
+        else:
+            builder.executeCompaction()
+
+    def _commit(self, df: DataFrame, batch_id: int) -> None:
+        from delta.tables import DeltaTable
+
+        spark = df.sparkSession
         app_id = self.app_id(spark)
         now = time.time()
         rows = (
@@ -270,10 +303,10 @@ class OriginDeltaSink(_OriginKeyed):
                 .mode("append")
                 .save(self.path)
             )
-            return True
+            return
         present = sorted(r[0] for r in df.select(self._bucket().alias(BUCKET)).distinct().collect())
         if not present:
-            return True
+            return
         condition = [
             f"t.{BUCKET} IN ({', '.join(map(str, present))})",
             f"t.{BUCKET} = s.{BUCKET}",
@@ -299,7 +332,6 @@ class OriginDeltaSink(_OriginKeyed):
         finally:
             spark.conf.unset(_DELTA_TXN_APP_ID)
             spark.conf.unset(_DELTA_TXN_VERSION)
-        return True
 
     def read(self, spark: SparkSession) -> DataFrame:
         """Every fact written, with its ``bucket`` and ``written_at``."""
