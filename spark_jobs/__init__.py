@@ -5,7 +5,8 @@
 - ``Acking``: the ``foreachBatch`` wrapper - the user's batch function, its children, then one
   XOR event per srid (``bit_xor`` in Spark), packed per ledger partition into ``ns.acks``;
 - ``OriginParquetSink`` / ``OriginDeltaSink``: idempotent sinks, one row per output id
-  (origin, path), as Parquet files or a Delta Lake table;
+  (origin, path), as Parquet files or a Delta Lake table; ``CommittingSink``: what a sink
+  of ``BatchResult.sink`` provides (a batch run again acks what it committed);
 - ``build_spark_session``: the session, with the Kafka connector jars from the local Maven
   repository;
 - ``orders`` (the example job) and ``demo`` (``run_spark_demo``).
@@ -20,6 +21,7 @@ from spark_jobs.acking import (
     Emit,
     catching_udf,
 )
+from spark_jobs.committed import CommittingSink
 from spark_jobs.reader import kafka_options, read_with_replay
 from spark_jobs.session import build_spark_session
 from spark_jobs.sinks import OriginDeltaSink, OriginParquetSink
@@ -30,6 +32,7 @@ __all__ = [
     "BatchFailed",
     "BatchResult",
     "BatchStats",
+    "CommittingSink",
     "Emit",
     "OriginDeltaSink",
     "OriginParquetSink",

@@ -26,7 +26,10 @@ micro-batch, in this order:
 
 Outputs go out before the acks, so a batch that dies half-way has at worst written outputs
 without acks: Spark runs it again from the checkpoint, or its srids time out and are
-replayed (at-least-once; sinks dedup by origin and path). An exception from the handler fails
+replayed (at-least-once; sinks dedup by origin and path). The sink's commit is the decision
+(``spark_jobs/committed.py``): ``write`` commits to ``BatchResult.sink``, the decision is
+recorded there before step 5, and a batch the sink has committed already takes its decision
+from that record, not from the handler - a rerun acks exactly what the first run wrote. An exception from the handler fails
 the whole batch the same way; to fail single records, return them in ``BatchResult.failed``. A
 batch whose acks went out twice folds its events twice, which the ledger treats as a missing
 event: a later timeout, never an early completion.
@@ -34,13 +37,14 @@ event: a later timeout, never an early completion.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -56,6 +60,7 @@ from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
+from spark_jobs.committed import Committed, CommittingSink
 from spark_jobs.observed import PARTITION, PIN_STORAGE, EventObserver
 from spark_jobs.reader import as_settings, kafka_options
 from spark_jobs.tracking import (
@@ -123,12 +128,43 @@ class BatchResult:
 
     ``rows`` is pinned with every column it has (Spark cannot prune columns through a local
     checkpoint): keep in it only what the decision and ``write`` read.
+
+    ``sink``: the ``CommittingSink`` that ``write`` commits the batch to - required with
+    ``write``. A batch id it has committed already (a rerun) is not decided again: its
+    decision is the one recorded with the commit (``spark_jobs/committed.py``).
     """
 
     failed: Column | DataFrame | None = None
     emits: Sequence[Emit] = ()
     rows: DataFrame | None = None
     write: Writer | None = None
+    sink: CommittingSink | None = None
+
+    def checked_sink(self) -> CommittingSink | None:
+        """``sink``, refused unless it can tell a committed batch from a new one."""
+        if self.write is None:
+            return None
+        if self.sink is None:
+            raise ConfigurationError(
+                "BatchResult.write needs the sink it commits to (BatchResult.sink): a batch run "
+                "again must ack what that sink committed, not a new decision"
+            )
+        if not isinstance(self.sink, CommittingSink):
+            raise ConfigurationError(
+                f"{type(self.sink).__name__} is not a CommittingSink (write -> bool, committed, "
+                "record): a batch run again could ack rows its sink does not hold"
+            )
+        return self.sink
+
+
+def committed_failures(rows: DataFrame, committed: Committed) -> DataFrame:
+    """The srids of ``rows`` to fail in a rerun of a committed batch: every one its record
+    does not ack (every one, if the record is missing)."""
+    srids = rows.select(SRID).where(F.col(SRID).isNotNull()).distinct()
+    if committed.acked is None or committed.acked.size == 0:
+        return srids
+    acked = rows.sparkSession.createDataFrame([(int(v),) for v in committed.acked], f"{SRID} long")
+    return srids.join(F.broadcast(acked), SRID, "left_anti")
 
 
 class Decision:
@@ -290,13 +326,14 @@ class BatchStats:
     messages: int = 0
     skipped: int = 0  # superseded replays acked without handing them to the handler
     events_job: int = 0  # 1: the events were computed by a job of their own (not observed)
+    committed: int = 0  # 1: a rerun of a batch its sink had committed, acked as recorded
     handler_s: float = 0.0
     ack_s: float = 0.0
 
 
 STAT_FIELDS = (
     "inputs", "untracked", "replay_inputs", "srids", "pairs", "fail_marks", "children", "messages", "skipped",
-    "events_job",
+    "events_job", "committed",
 )
 
 
@@ -538,6 +575,25 @@ def _for_spark(exc: Exception, batch_id: int) -> BatchFailed:
 # --------------------------------------------------------------------------- the wrapper
 
 
+class AckFault(enum.Enum):
+    """The points where ``Acking(inject=...)`` is called, for tests of a batch that dies
+    between its outputs and its acks: an exception raised there fails the batch as a real
+    one would (Spark runs it again after a restart from the checkpoint)."""
+
+    BEFORE_ACKS = "before_acks"  # outputs written, decision recorded, no ack sent
+    # Every ack produced and flushed: where ``_send`` raises ``DeliveryError`` when the
+    # producer reports a failed delivery (raise it here to have one).
+    AFTER_ACKS = "after_acks"
+
+
+def _decision_of(batches: Sequence[XorBatch]) -> Committed:
+    """What the acks say: the srids they complete (a pair) and fail (a fail mark)."""
+    empty = np.empty(0, dtype=np.int64)
+    acked = np.concatenate([empty, *(np.asarray(xb.srids, dtype=np.int64) for xb in batches)])
+    failed = np.concatenate([empty, *(np.asarray(xb.failed, dtype=np.int64) for xb in batches)])
+    return Committed(acked, failed)
+
+
 class Acking:
     """``foreachBatch(Acking(bootstrap, namespace, handler))``: run ``handler(batch, batch_id)``
     and ack every tracked input of the batch (module docstring for the order of things)."""
@@ -548,8 +604,12 @@ class Acking:
         namespace: str | Namespace,
         handler: BatchHandler,
         config: AckingConfig | None = None,
+        *,
+        inject: Callable[[AckFault, int], None] | None = None,
     ) -> None:
+        """``inject(point, batch_id)``, for tests, is called at each ``AckFault`` point."""
         self.settings = as_settings(bootstrap)
+        self._inject = inject
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.handler = handler
         self.config = config or AckingConfig()
@@ -589,6 +649,12 @@ class Acking:
         try:
             rows, skipped = self._skip_superseded(batch)
             result = self.handler(rows, batch_id) or BatchResult()
+            sink = result.checked_sink()
+            committed = sink.committed(batch.sparkSession, batch_id) if sink is not None else None
+            if committed is not None:
+                # A rerun of a committed batch: the commit's decision, not a new one.
+                log.info("batch %d is committed in its sink: acking its recorded decision", batch_id)
+                result = replace(result, failed=committed_failures(rows, committed))
             decision = decide(rows, result, observer)
             emits = list(result.emits)
             if result.write is not None:
@@ -609,11 +675,17 @@ class Acking:
                     events, self.config.name, self.config.max_pairs_per_message
                 )
                 counts["events_job"] = 1
+            if sink is not None and committed is None:
+                sink.record(batch.sparkSession, batch_id, _decision_of(xor_batches_))
+            self._fault(AckFault.BEFORE_ACKS, batch_id)
             self._send(xor_batches_)
+            self._fault(AckFault.AFTER_ACKS, batch_id)
         finally:
             if cache:
                 batch.unpersist()
-        stats = BatchStats(batch_id, messages=len(xor_batches_), skipped=skipped, **counts)
+        stats = BatchStats(
+            batch_id, messages=len(xor_batches_), skipped=skipped, committed=int(committed is not None), **counts
+        )
         stats.handler_s = handled - started
         stats.ack_s = time.monotonic() - handled
         self.history.append(stats)
@@ -638,6 +710,10 @@ class Acking:
         marked = F.broadcast(self._marked)
         skipped = batch.join(marked, SRID, "left_semi").count()
         return (without_superseded(batch, self._marked), skipped) if skipped else (batch, 0)
+
+    def _fault(self, point: AckFault, batch_id: int) -> None:
+        if self._inject is not None:
+            self._inject(point, batch_id)
 
     # ------------------------------------------------------------------ children
 

@@ -165,7 +165,7 @@ def order_job(
             cannot = cannot | F.coalesce(inject, F.lit(False))
         # Only the columns the decision and the write read: Acking pins the rows (all their
         # columns, stored once per batch), and the raw value and headers are most of a row.
-        return BatchResult(rows=enriched.select(*PINNED), failed=cannot, write=write)
+        return BatchResult(rows=enriched.select(*PINNED), failed=cannot, write=write, sink=sink)
 
     def write(good: DataFrame, batch_id: int) -> list[Emit]:
         # ``good``: the orders not failed, read from the pinned decision - the same rows the

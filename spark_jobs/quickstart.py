@@ -24,7 +24,7 @@ def start_payments_query(
         amount = F.get_json_object(F.col("value").cast("string"), "$.amount").try_cast("double")
         parsed = batch.withColumn("amount", amount)
         # unparsable (try_cast: null, not an error): fail -> replay, then DLQ
-        return BatchResult(rows=parsed, failed=F.col("amount").isNull(), write=write)
+        return BatchResult(rows=parsed, failed=F.col("amount").isNull(), write=write, sink=sink)
 
     def write(ok, batch_id):  # ok: the rows not failed - exactly the rows that are acked
         sink.write(ok.select("origin", "path", "key", "amount"), batch_id)

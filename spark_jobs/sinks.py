@@ -19,6 +19,12 @@ micro-batch ran again after a restart. ``OriginParquetSink.write(df, batch_id)``
    never over an earlier query's facts.
 
 Readers see every output id at most once in ``read()`` without a dedup step of their own.
+
+Both are ``CommittingSink``s (``spark_jobs/committed.py``): ``write`` returns ``False`` and
+writes nothing for a batch id already committed, and the batch's decision (the srids its acks
+complete and fail) is recorded beside the rows before the acks go out, so a batch run again
+acks what its commit holds. A Parquet batch counts as committed once its record is written:
+a batch directory without one is a run cut before its acks, overwritten by the next run.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+import numpy as np
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from broker.errors import ConfigurationError
+from spark_jobs.committed import Committed, DecisionLog
 from spark_jobs.tracking import ORIGIN, PATH
 
 BATCH_ID = "batch_id"
@@ -57,6 +65,7 @@ class _OriginKeyed:
         self.query_id = query_id
         # With dashes, like a query id: Spark's partition inference then always reads a string.
         self._own_id = str(uuid.uuid4())
+        self.decisions = DecisionLog(self.path)
 
     @property
     def key(self) -> list[str]:
@@ -66,6 +75,18 @@ class _OriginKeyed:
         if self.query_id is not None:
             return self.query_id
         return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY) or self._own_id
+
+    def record(self, spark: SparkSession, batch_id: int, decision: Committed) -> None:
+        """The batch's decision, beside its rows (``CommittingSink.record``)."""
+        self.decisions.write(spark, self.current_query_id(spark), batch_id, decision)
+
+    def _check_key(self, df: DataFrame) -> None:
+        missing = set(self.key) - set(df.columns)
+        if missing:
+            raise ConfigurationError(
+                f"the sink deduplicates on {self.key}; the rows lack {sorted(missing)}: carry "
+                "them over from the input rows (siblings of a fan-out share their origin)"
+            )
 
 
 class OriginParquetSink(_OriginKeyed):
@@ -113,21 +134,25 @@ class OriginParquetSink(_OriginKeyed):
             written = written.where(~((F.col(QUERY_ID) == query_id) & (F.col(BATCH_ID) == batch_id)))
         return written.select(*self.key)
 
-    def write(self, df: DataFrame, batch_id: int) -> None:
-        missing = set(self.key) - set(df.columns)
-        if missing:
-            raise ConfigurationError(
-                f"the sink deduplicates on {self.key}; the rows lack {sorted(missing)}: carry "
-                "them over from the input rows (siblings of a fan-out share their origin)"
-            )
+    def committed(self, spark: SparkSession, batch_id: int) -> Committed | None:
+        """The batch's recorded decision: its record is its commit (``CommittingSink``)."""
+        return self.decisions.read(spark, self.current_query_id(spark), batch_id)
+
+    def write(self, df: DataFrame, batch_id: int) -> bool:
+        """The batch's rows (module docstring); ``False``, writing nothing, when the batch is
+        committed: its directory holds rows whose acks may have gone out."""
+        self._check_key(df)
         spark = df.sparkSession
         query_id = self.current_query_id(spark)
+        if self.decisions.exists(spark, query_id, batch_id):
+            return False
         rows = df.dropDuplicates(self.key)
         written = self.written(spark, except_batch=(query_id, batch_id))
         if written is not None:
             rows = rows.join(written, self.key, "left_anti")
         target = f"{self.path}/{QUERY_ID}={query_id}/{BATCH_ID}={batch_id}"
         rows.coalesce(self.files_per_batch).write.mode("overwrite").parquet(target)
+        return True
 
     def read(self, spark: SparkSession) -> DataFrame:
         """Every fact written, with its ``query_id`` and ``batch_id``."""
@@ -167,6 +192,14 @@ class OriginDeltaSink(_OriginKeyed):
     its buckets in full. A record sent again *after* its window (a DLQ entry redriven a day
     later, under its old origin) would then be written twice: leave the window unset, or
     longer, where that happens.
+
+    ``optimize_every=n`` keeps the file count bounded: before writing batch ids ``n``, ``2n``,
+    ... the sink compacts the table (Delta's ``OPTIMIZE``, a commit of its own that changes no
+    row). Without a window it bin-packs the small files; with ``replay_window_s`` it orders the
+    rows by ``written_at`` (``ZORDER BY`` that one column), which rewrites the whole table but
+    leaves files of narrow, ordered time ranges, so the window still skips every file older
+    than it (a bin-packing would mix old and new rows into files every MERGE reads). Its cost
+    grows with the table: choose ``n`` so that it runs rarely. ``None`` (the default): never.
     """
 
     def __init__(
@@ -178,12 +211,16 @@ class OriginDeltaSink(_OriginKeyed):
         buckets: int = 1,
         replay_window_ms: int | None = None,
         query_id: str | None = None,
+        optimize_every: int | None = None,
     ) -> None:
         """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
         batch of random origins touches every bucket and writes a file to each
         (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
         if buckets < 1:
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
+        if optimize_every is not None and optimize_every < 1:
+            raise ConfigurationError(f"optimize_every must be >= 1 or None, got {optimize_every}")
+        self.optimize_every = optimize_every
         self._init_identity(path, origin_column, path_column, query_id)
         self.buckets = buckets
         self.replay_window_ms = replay_window_ms
@@ -194,21 +231,61 @@ class OriginDeltaSink(_OriginKeyed):
     def _bucket(self) -> Column:
         return F.pmod(F.col(self.origin_column), F.lit(self.buckets)).cast("int")
 
-    def write(self, df: DataFrame, batch_id: int) -> None:
-        from delta.tables import DeltaTable
+    def _committed_version(self, spark: SparkSession) -> int:
+        """The last batch id this query committed to the table (its transaction version), -1
+        for none: read from Delta's log, as the write's own skip is."""
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self.path)
+        snapshot = log.update(False, getattr(log, "update$default$2")(), getattr(log, "update$default$3")())
+        version = snapshot.transactions().get(self.app_id(spark))
+        return -1 if version.isEmpty() else int(version.get())
 
-        missing = set(self.key) - set(df.columns)
-        if missing:
-            raise ConfigurationError(
-                f"the sink deduplicates on {self.key}; the rows lack {sorted(missing)}: carry "
-                "them over from the input rows (siblings of a fan-out share their origin)"
-            )
+    def committed(self, spark: SparkSession, batch_id: int) -> Committed | None:
+        """The batch's recorded decision; ``Committed(None, ...)`` when the rows are committed
+        (its transaction is in the log) and the driver died before the record."""
+        recorded = self.decisions.read(spark, self.current_query_id(spark), batch_id)
+        if recorded is not None:
+            return recorded
+        if self._committed_version(spark) >= batch_id:
+            return Committed(None, np.empty(0, dtype=np.int64))
+        return None
+
+    def write(self, df: DataFrame, batch_id: int) -> bool:
+        """The batch's rows (class docstring); ``False``, writing nothing, when its
+        transaction is already in the log."""
+        self._check_key(df)
         spark = df.sparkSession
         if "Delta" not in (spark.conf.get("spark.sql.extensions", "") or ""):
             raise ConfigurationError(
                 "the Spark session has no Delta Lake: build it with build_spark_session() "
                 "after `replaybroker setup` resolved Delta's jars"
             )
+        if self._committed_version(spark) >= batch_id:
+            return False
+        if self.optimize_every is not None and batch_id > 0 and batch_id % self.optimize_every == 0:
+            # Before the batch's commit: a compaction that fails fails a batch not committed yet,
+            # which its rerun decides anew (after the commit it would fail every srid of it).
+            self.optimize(spark)
+        self._commit(df, batch_id)
+        return True
+
+    def optimize(self, spark: SparkSession) -> None:
+        """Compact the table's small files (class docstring, ``optimize_every``)."""
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, self.path):
+            return
+        builder = DeltaTable.forPath(spark, self.path).optimize()
+        if self.replay_window_s is not None:
+            builder.executeZOrderBy(WRITTEN_AT)
+        else:
+            builder.executeCompaction()
+
+    def _commit(self, df: DataFrame, batch_id: int) -> None:
+        from delta.tables import DeltaTable
+
+        spark = df.sparkSession
         app_id = self.app_id(spark)
         now = time.time()
         rows = (

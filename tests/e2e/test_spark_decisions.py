@@ -58,8 +58,8 @@ def test_rows_acked_are_the_rows_written(
 
     def handler(batch: DataFrame, batch_id: int) -> BatchResult:
         if form == "column":
-            return BatchResult(failed=flaky(F.col("value")), write=write)
-        return BatchResult(failed=batch.where(flaky(F.col("value"))).select("srid"), write=write)
+            return BatchResult(failed=flaky(F.col("value")), write=write, sink=sink)
+        return BatchResult(failed=batch.where(flaky(F.col("value"))).select("srid"), write=write, sink=sink)
 
     with Acking(bootstrap, ns, handler, AckingConfig(observe_events=observe)) as acking:
         stats = acking.process(read_with_replay(spark, bootstrap, topic, stream=False), 0)

@@ -81,3 +81,27 @@ def test_the_sink_needs_the_output_id(spark: SparkSession, tmp_path: Path) -> No
     sink = OriginDeltaSink(str(tmp_path / "facts"))
     with pytest.raises(ConfigurationError, match="path"):
         sink.write(spark.createDataFrame([(1, 1.0)], "origin long, amount double"), 0)
+
+
+@pytest.mark.parametrize("replay_window_s", [None, 3600.0])
+def test_the_file_count_stays_bounded_on_the_optimize_schedule(
+    spark: SparkSession, tmp_path: Path, replay_window_s: float | None
+) -> None:
+    """``optimize_every=3``: batches 3 and 6 compact the table before their commit, so after
+    seven batches (a file each) it holds the compacted file and batch 6's; every id is still
+    there once, and a replay after the compaction adds nothing."""
+    path = tmp_path / "facts"
+    sink = OriginDeltaSink(str(path), query_id="q-opt", replay_window_s=replay_window_s, optimize_every=3)
+    for batch_id in range(7):
+        sink.write(_facts(spark, [(batch_id, "0", 1.0), (max(batch_id - 1, 0), "0", 2.0)]), batch_id)
+    assert len(sink.read(spark).inputFiles()) == 2
+    assert _ids(sink, spark) == [(i, "0") for i in range(7)]
+    operations = [r.operation for r in DeltaTable.forPath(spark, str(path)).history().collect()]
+    assert operations.count("OPTIMIZE") == 2
+    assert sink.write(_facts(spark, [(1, "0", 3.0), (7, "0", 7.0)]), 7)
+    assert _ids(sink, spark) == [(i, "0") for i in range(8)]
+
+
+def test_optimize_every_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="optimize_every"):
+        OriginDeltaSink(str(tmp_path / "facts"), optimize_every=0)

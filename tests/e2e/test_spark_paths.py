@@ -43,7 +43,7 @@ def _facts_job(sink: OriginParquetSink) -> Callable[[DataFrame, int], BatchResul
     def write(ok: DataFrame, batch_id: int) -> None:
         sink.write(ok.select("origin", "path", F.col("value").cast("string").alias("value")), batch_id)
 
-    return lambda batch, batch_id: BatchResult(write=write)
+    return lambda batch, batch_id: BatchResult(write=write, sink=sink)
 
 
 def _sink_by_origin(spark: SparkSession, sink: OriginParquetSink) -> dict[int, list[str]]:
