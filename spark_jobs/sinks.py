@@ -195,7 +195,7 @@ class OriginDeltaSink(_OriginKeyed):
 
     ``optimize_every=n`` keeps the file count bounded: before writing batch ids ``n``, ``2n``,
     ... the sink compacts the table (Delta's ``OPTIMIZE``, a commit of its own that changes no
-    row). Without a window it bin-packs the small files; with ``replay_window_s`` it orders the
+    row). Without a window it bin-packs the small files; with ``replay_window_ms`` it orders the
     rows by ``written_at`` (``ZORDER BY`` that one column), which rewrites the whole table but
     leaves files of narrow, ordered time ranges, so the window still skips every file older
     than it (a bin-packing would mix old and new rows into files every MERGE reads). Its cost
@@ -277,7 +277,7 @@ class OriginDeltaSink(_OriginKeyed):
         if not DeltaTable.isDeltaTable(spark, self.path):
             return
         builder = DeltaTable.forPath(spark, self.path).optimize()
-        if self.replay_window_s is not None:
+        if self.replay_window_ms is not None:
             builder.executeZOrderBy(WRITTEN_AT)
         else:
             builder.executeCompaction()
