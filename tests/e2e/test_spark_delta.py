@@ -83,15 +83,15 @@ def test_the_sink_needs_the_output_id(spark: SparkSession, tmp_path: Path) -> No
         sink.write(spark.createDataFrame([(1, 1.0)], "origin long, amount double"), 0)
 
 
-@pytest.mark.parametrize("replay_window_s", [None, 3600.0])
+@pytest.mark.parametrize("replay_window_ms", [None, 3_600_000])
 def test_the_file_count_stays_bounded_on_the_optimize_schedule(
-    spark: SparkSession, tmp_path: Path, replay_window_s: float | None
+    spark: SparkSession, tmp_path: Path, replay_window_ms: int | None
 ) -> None:
     """``optimize_every=3``: batches 3 and 6 compact the table before their commit, so after
     seven batches (a file each) it holds the compacted file and batch 6's; every id is still
     there once, and a replay after the compaction adds nothing."""
     path = tmp_path / "facts"
-    sink = OriginDeltaSink(str(path), query_id="q-opt", replay_window_s=replay_window_s, optimize_every=3)
+    sink = OriginDeltaSink(str(path), query_id="q-opt", replay_window_ms=replay_window_ms, optimize_every=3)
     for batch_id in range(7):
         sink.write(_facts(spark, [(batch_id, "0", 1.0), (max(batch_id - 1, 0), "0", 2.0)]), batch_id)
     assert len(sink.read(spark).inputFiles()) == 2
