@@ -13,6 +13,7 @@ import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker import ids
+from broker.acker.domain import domain_error
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
@@ -144,21 +145,25 @@ class Ingest:
         if not msgs:
             return
         srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
-        # A value must start with its key's srid (the record's first Avro field), and the srid
-        # must belong to this ledger partition; anything else is quarantined.
+        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
+        # A value must start with its key's srid (the record's first Avro field), the srid
+        # must belong to this ledger partition, and the fields the rule decides by must be in
+        # its domain (broker.acker.domain); anything else is quarantined, never registered.
         foreign = np.array([not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)])
         misrouted = (srids == 0) | (srids % self.partitions != lp)
-        if foreign.any() or misrouted.any():
-            for i in np.flatnonzero(foreign | misrouted).tolist():
+        outside = [domain_error(v, d, a is not None) for v, d, a in zip(values, deadline_ms.tolist(), autos, strict=True)]
+        bad = foreign | misrouted | np.array([w is not None for w in outside])
+        if bad.any():
+            for i in np.flatnonzero(bad).tolist():
                 why = ("persist value does not start with the key's srid" if foreign[i]
-                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}")
+                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}" if misrouted[i]
+                       else f"persist record outside the rule's domain: {outside[i]}")
                 self.quarantine(st, msgs[i], why)
-            keep = ~(foreign | misrouted)
-            srids = srids[keep]
+            keep = ~bad
+            srids, deadline_ms = srids[keep], deadline_ms[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
             roots = [r for r, k in zip(roots, kept, strict=True) if k]
-            deadlines = [d for d, k in zip(deadlines, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
             autos = [a for a, k in zip(autos, kept, strict=True) if k]
             if not msgs:
@@ -169,7 +174,6 @@ class Ingest:
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
-        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
         auto_mask = self._adaptive_deadlines(st, offsets, autos, deadline_ms)
         result = st.table.register(
             srids,

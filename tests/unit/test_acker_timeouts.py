@@ -637,11 +637,12 @@ def test_acker_quarantines_bad_persist_records_with_headers(fake_kafka: None) ->
 
 
 def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kafka: None) -> None:
-    """Registration checks only the srid prefix: the rest is decoded when a replay needs it."""
+    """Registration reads only the srid and the fields the rule decides by (broker.acker.domain):
+    the rest is decoded when a replay needs it."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0)
-    broken = record.encode()[:-4]  # starts right, does not decode
+    broken = record.encode()[:-1] + b"\x02"  # a history of one failure that is not there
     consumer.batches.append([persist_msg_with_headers(record, 7, value=broken)])
     consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
     run_steps(acker, 2)
