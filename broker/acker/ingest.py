@@ -13,7 +13,7 @@ import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker import ids
-from broker.acker.domain import domain_error
+from broker.acker.domain import domain_errors
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
@@ -151,7 +151,7 @@ class Ingest:
         # its domain (broker.acker.domain); anything else is quarantined, never registered.
         foreign = np.array([not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)])
         misrouted = (srids == 0) | (srids % self.partitions != lp)
-        outside = [domain_error(v, d, a is not None) for v, d, a in zip(values, deadline_ms.tolist(), autos, strict=True)]
+        outside = domain_errors(values, deadline_ms, [a is not None for a in autos])
         bad = foreign | misrouted | np.array([w is not None for w in outside])
         if bad.any():
             for i in np.flatnonzero(bad).tolist():

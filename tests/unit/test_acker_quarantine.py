@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import ids
-from broker.acker.domain import domain_error
+from broker.acker.domain import BATCH_FROM, domain_error, domain_errors
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS, persist_headers
 from broker.ledger.clock import ManualClock
 from broker.schemas import PersistedRecord, XorBatch
@@ -278,3 +278,18 @@ def test_the_partial_decode_agrees_with_the_full_one(record: PersistedRecord, au
     for cut in (0, 1, len(value) // 2):  # a value that ends inside its fields is out
         if cut < len(value) - 8:
             assert domain_error(value[:cut], deadline_ms, auto) is not None
+
+
+@given(
+    batch=st.lists(st.tuples(_records, st.booleans(), st.integers(0, 40), st.booleans()), min_size=BATCH_FROM, max_size=40),
+)
+@settings(max_examples=80, deadline=None)
+def test_a_batch_read_at_once_says_what_each_record_read_alone_says(batch: list[tuple[PersistedRecord, bool, int, bool]]) -> None:
+    """``domain_errors`` reads a whole batch with numpy: the same verdicts and reasons as
+    ``domain_error`` record by record, cut values (that run into their neighbours) included."""
+    values = [r.encode()[:cut] if truncate else r.encode() for r, _, cut, truncate in batch]
+    deadlines = np.array([r.created_ms + 30_000 for r, *_ in batch], np.int64)
+    autos = [a for _, a, _, _ in batch]
+    assert domain_errors(values, deadlines, autos) == [
+        domain_error(v, d, a) for v, d, a in zip(values, deadlines.tolist(), autos, strict=True)
+    ]
