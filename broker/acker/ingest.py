@@ -61,6 +61,17 @@ class Ingest:
         # in its transaction, or drops them when the partition is revoked or lost first.
         self.outgoing = outgoing
         self.partitions = 0  # P, known once the service has checked the topics
+        # Per input partition, the offset after the last message this process read, and below
+        # which offset the batch being folded was read before (a rewind or a rejoin reads
+        # what no transaction committed again): its quarantines are logged once.
+        self._read_to: dict[tuple[str, int], int] = {}
+        self._logged_below = -1
+
+    def _reading(self, batch: list[Message]) -> None:
+        """A batch of one input partition, in offset order, is about to be folded."""
+        where = (batch[0].topic(), batch[0].partition())
+        self._logged_below = self._read_to.get(where, -1)
+        self._read_to[where] = max(self._logged_below, batch[-1].offset() + 1)
 
     def orphan_tick(self) -> int:
         return self.ticker.tick_of(self.clock.now_ms() + self.orphan_ttl_ms)
@@ -68,7 +79,9 @@ class Ingest:
     def quarantine(self, st: PartitionState, msg: Message, why: str, value: bytes | None = None) -> None:
         """Keep ``msg`` (or, given ``value``, the bad part of it) in the DLQ with the reason."""
         st.count("quarantined")
-        log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        # Counted again: the counts of what no transaction committed are taken back with it.
+        if msg.offset() >= self._logged_below:
+            log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
         value = msg.value() if value is None else value
         self.outgoing.append((
             msg.partition(),  # persist[i] and acks[i] belong to ledger partition i
@@ -86,6 +99,7 @@ class Ingest:
         A record with ``rb-timeout: auto`` gets its deadline from the latency estimate of the
         topic in ``rb-topic`` instead of ``rb-deadline`` (``_adaptive_deadlines``).
         """
+        self._reading(batch)
         msgs: list[Message] = []
         keys: list[bytes] = []
         roots: list[bytes] = []
@@ -244,6 +258,7 @@ class Ingest:
         extensions (touches) of the same messages."""
         srids, xors, failed, touched, touched_deadlines, superseded = [], [], [], [], [], []
         P = self.partitions
+        self._reading(batch)
         for msg in batch:
             try:
                 xb = XorBatch.decode(msg.value())
