@@ -44,6 +44,7 @@ from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
+from broker.acker.membership import Rejoins, group_client_logging
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
@@ -115,6 +116,11 @@ class Acker:
         self._committed_totals = dict(self.totals)
         self.commits = 0
         self.rejoins = 0  # group consumers replaced after a fatal error
+        # Pauses before rejoining; refusals of a static member whose instance id is still in
+        # use (a killed predecessor's session) counted in membership.in_use.
+        self.membership = Rejoins(
+            REJOIN_BACKOFF_S, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
+        )
         # Commits fenced because their transaction outlived its timeout (the coordinator
         # aborted it); the producer is replaced once partitions are owned again.
         self.fenced_by_timeout = 0
@@ -154,7 +160,7 @@ class Acker:
             producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
         self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
         self._producer = Producer(self._producer_config)
-        self._consumer_config = self._group_consumer_config(consumer_config, committed)
+        self._consumer_config = self._group_consumer_config(consumer_config, committed) | group_client_logging()
         self._consumer = Consumer(self._consumer_config)
         # The consumer protocol hands out and takes back only what changes owner.
         self._incremental = self.config.group_protocol == "consumer"
@@ -329,14 +335,12 @@ class Acker:
     def _rejoin(self, err: KafkaError | None) -> None:
         """The group consumer hit a fatal error (``err``), or the producer was fenced by its
         coordinator (None): out of the group for good. Seen: a static member restarted after
-        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires.
+        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires:
+        waited out with back-off, one log line per wait period (broker.acker.membership).
         Whatever it owned is someone else's now (as if lost); a new consumer joins again,
         after a pause so a refusal is not a busy loop."""
+        wait_s = self.membership.wait_after(err, owned=bool(self._owned()))  # logs, once per wait period
         if err is not None:
-            log.error(
-                "group consumer failed (%s); everything it owned is dropped, joining again in %.1fs",
-                err.str(), REJOIN_BACKOFF_S,
-            )
             self.transactions.abort()
         self.restores.cancel(self._owned())
         self._drop(set(self.states))
@@ -345,7 +349,7 @@ class Acker:
         self.changelog.assign_standby(self.P, self.states)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
-        self._stop.wait(REJOIN_BACKOFF_S)
+        self._stop.wait(wait_s)
         self._consumer = Consumer(self._consumer_config)
         self.transactions.consumer = self.expiry.consumer = self._consumer
         self.rejoins += 1
