@@ -214,6 +214,19 @@ def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
         return None
 
 
+def max_message_bytes(settings: KafkaSettings, topic: str) -> int | None:
+    """``max.message.bytes`` of ``topic`` (the largest record batch it takes; the broker's
+    ``message.max.bytes`` unless the topic overrides it), or None when it cannot be read."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        future = admin.describe_configs([resource])[resource]
+        return int(future.result(timeout=30)["max.message.bytes"].value)
+    except (KafkaException, KeyError, ValueError, TypeError) as exc:
+        log.warning("cannot read max.message.bytes of %s (%s)", topic, exc)
+        return None
+
+
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
     """Creation returns before every broker's metadata shows the topic; wait until it does."""
     deadline = time.monotonic() + timeout_s

@@ -44,6 +44,7 @@ from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
+from broker.acker.limits import producer_limit
 from broker.acker.membership import Rejoins, group_client_logging
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
@@ -53,6 +54,7 @@ from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
     delete_retention_ms,
     is_transient,
+    max_message_bytes,
     partition_counts,
     retrying,
     set_group_timeouts,
@@ -154,10 +156,13 @@ class Acker:
             # created by that very look-up, with the broker's default partition count.
             "allow.auto.create.topics": False,
         }
-        producer_defaults: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        producer_defaults: dict[str, object] = {
+            "linger.ms": 1, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(None),
+        }
         if self.config.exactly_once:
             producer_required["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
             producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
+        self._producer_required, self._producer_defaults = producer_required, producer_defaults
         self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
         self._producer = Producer(self._producer_config)
         self._consumer_config = self._group_consumer_config(consumer_config, committed) | group_client_logging()
@@ -277,6 +282,15 @@ class Acker:
         # How long compaction keeps the changelog's tombstones bounds how old a kept
         # (warm/standby) state may be and still be caught up by a suffix read.
         self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
+        # The producer's message.max.bytes from what ns.persist takes (broker.acker.limits;
+        # the constructor assumed Kafka's default): a new producer if that differs (none has
+        # written yet). A limit the user set stays.
+        config = self.settings.producer_config(required=self._producer_required, defaults={
+            **self._producer_defaults, "message.max.bytes": producer_limit(max_message_bytes(self.settings, self.ns.persist)),
+        })
+        if config != self._producer_config:
+            self._producer_config, self._producer = config, Producer(config)
+            self.transactions.replace_producer(self._producer)
         if self.config.group_protocol == "consumer":
             cfg = self.config
             why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
