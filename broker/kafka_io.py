@@ -243,6 +243,32 @@ def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float
         time.sleep(0.1)
 
 
+# What a broker without group configs answers DescribeConfigs of a GROUP resource with
+# (Kafka 3.9: INVALID_REQUEST, "Unknown resource type 32").
+_NO_GROUP_CONFIGS = frozenset({
+    KafkaError.INVALID_REQUEST, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE,
+})
+
+
+def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
+    """Whether the cluster runs Kafka 4.0's consumer group protocol (KIP-848 GA). Told by a
+    read of ``group``'s configs: the GROUP config resource came with it (a 3.x broker refuses
+    the read as malformed, and librdkafka needs a ConsumerGroupHeartbeat version that only
+    4.0 has - on 3.9 a consumer-protocol member waits forever, with no error). None when it
+    cannot be told (no answer, not authorized)."""
+    resource = ConfigResource(ResourceType.GROUP, group)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        admin.describe_configs([resource])[resource].result(timeout=30)
+        return True
+    except KafkaException as exc:
+        err = kafka_error(exc)
+        if err is not None and err.code() in _NO_GROUP_CONFIGS:
+            return False
+        log.warning("cannot tell whether the cluster has the consumer group protocol (%s)", exc)
+        return None
+
+
 def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, heartbeat_ms: int) -> str | None:
     """Set a consumer-protocol group's session timeout and heartbeat interval (KIP-848: they
     are the group's, not the clients'). Returns None when set, else why not - the broker's

@@ -19,6 +19,7 @@ consumption resumes - so restored state and input positions come from the same c
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import signal
@@ -52,6 +53,7 @@ from broker.acker.restoring import Pending, Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
+    consumer_group_protocol,
     delete_retention_ms,
     is_transient,
     max_message_bytes,
@@ -151,6 +153,7 @@ class Acker:
         ns, consumer_config = self.ns, settings.consumer_config
         # Records of aborted transactions (persist records, acks, the changelog) never count.
         committed = {"isolation.level": "read_committed"}
+        self._committed = committed
         producer_required: dict[str, object] = {
             # A replay topic checked before producing (broker.acker.commit) must not be
             # created by that very look-up, with the broker's default partition count.
@@ -291,6 +294,24 @@ class Acker:
         if config != self._producer_config:
             self._producer_config, self._producer = config, Producer(config)
             self.transactions.replace_producer(self._producer)
+        if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
+            # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
+            # without an error. The classic protocol with the client-side range assignor gives
+            # the same co-partitioned assignment (eager: a rebalance moves every partition).
+            log.warning(
+                "the cluster has no consumer group protocol (Kafka < 4.0): the acker joins %s with the classic "
+                "protocol and the range assignor (--group-protocol classic says so and skips this check)",
+                self.group_id,
+            )
+            classic = copy.copy(self.config)
+            object.__setattr__(classic, "group_protocol", "classic")  # frozen: this instance's copy
+            self.config = classic
+            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._consumer.close()
+            self._consumer = Consumer(self._consumer_config)
+            self.transactions.consumer = self.expiry.consumer = self._consumer
+            self._incremental = False
         if self.config.group_protocol == "consumer":
             cfg = self.config
             why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)

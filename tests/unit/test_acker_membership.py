@@ -15,6 +15,7 @@ import broker.acker.service
 from broker.acker.membership import Rejoins, instance_in_use
 from broker.ledger.clock import ManualClock
 from tests.unit.test_acker_timeouts import (
+    NS,
     R1,
     S1,
     T0,
@@ -119,3 +120,51 @@ def test_another_fatal_error_is_logged_as_one_and_waits_the_first_pause(caplog: 
 )
 def test_instance_in_use_as_librdkafka_reports_it(err: KafkaError, in_use: bool) -> None:
     assert instance_in_use(err) is in_use
+
+
+# --------------------------------------------------------------------------- Kafka 3.x
+
+
+@pytest.mark.parametrize("supported", [True, None])
+def test_the_consumer_protocol_stays_where_the_cluster_has_it_or_cannot_say(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, supported: bool | None  # noqa: F811
+) -> None:
+    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: supported)
+    acker, consumer, _ = make_acker(ManualClock(T0))
+    acker.start()
+    assert acker.config.group_protocol == "consumer" and acker._incremental
+    assert acker._consumer is consumer and consumer.conf["group.protocol"] == "consumer"
+    assert "no consumer group protocol" not in caplog.text
+
+
+def test_on_a_cluster_without_the_consumer_protocol_the_acker_joins_with_the_classic_one(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """Kafka 3.9 knows no group configs, and librdkafka's consumer-protocol member waits there
+    forever without an error (seen): the acker falls back to the classic protocol with the
+    range assignor, in one line, and serves."""
+    asked: list[str] = []
+    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda _s, group: asked.append(group) or False)
+    set_timeouts: list[object] = []
+    monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *a: set_timeouts.append(a))
+    acker, first, producer = make_acker(ManualClock(T0))
+    config_before = acker.config
+    caplog.set_level(logging.INFO, "broker.acker")
+    acker.start()
+    assert asked == [f"{NS.name}.acker"]
+    assert acker.config.group_protocol == "classic" and not acker._incremental
+    assert config_before.group_protocol == "consumer"  # the caller's config is not changed
+    consumer = acker._consumer
+    assert consumer is not first and isinstance(consumer, FakeConsumer)
+    assert "group.protocol" not in consumer.conf and consumer.conf["partition.assignment.strategy"] == "range"
+    assert consumer.conf["group.instance.id"] == f"{NS.name}.acker.unit"
+    assert acker.transactions.consumer is consumer and acker.expiry.consumer is consumer
+    assert set_timeouts == []  # a group's session timeout is the classic member's own
+    lines = [r for r in caplog.records if "consumer group protocol" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING]
+    assert "--group-protocol classic" in lines[0].getMessage()
+
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    assert outcomes(producer) == {S1: b"completed"}
