@@ -201,30 +201,28 @@ def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str
     return counts
 
 
-def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
-    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
-    None when it cannot be read - the caller must then assume the least."""
+def _topic_config(settings: KafkaSettings, topic: str, name: str) -> int | None:
+    """The integer config ``name`` of ``topic``, or None when it cannot be read."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
         admin = AdminClient(settings.client_config())  # referenced until the answer is in
         future = admin.describe_configs([resource])[resource]
-        return int(future.result(timeout=30)["delete.retention.ms"].value)
+        return int(future.result(timeout=30)[name].value)
     except (KafkaException, KeyError, ValueError, TypeError) as exc:
-        log.warning("cannot read delete.retention.ms of %s (%s)", topic, exc)
+        log.warning("cannot read %s of %s (%s)", name, topic, exc)
         return None
+
+
+def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
+    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
+    None when it cannot be read - the caller must then assume the least."""
+    return _topic_config(settings, topic, "delete.retention.ms")
 
 
 def max_message_bytes(settings: KafkaSettings, topic: str) -> int | None:
     """``max.message.bytes`` of ``topic`` (the largest record batch it takes; the broker's
     ``message.max.bytes`` unless the topic overrides it), or None when it cannot be read."""
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        future = admin.describe_configs([resource])[resource]
-        return int(future.result(timeout=30)["max.message.bytes"].value)
-    except (KafkaException, KeyError, ValueError, TypeError) as exc:
-        log.warning("cannot read max.message.bytes of %s (%s)", topic, exc)
-        return None
+    return _topic_config(settings, topic, "max.message.bytes")
 
 
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
