@@ -12,11 +12,13 @@ wait period, not per attempt.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
 from confluent_kafka import KafkaError
 
+from broker.acker.config import AckerConfig
 from broker.kafka_log import LIBRDKAFKA, RepeatFilter, RepeatLimiter, error_cb
 
 log = logging.getLogger("broker.acker")
@@ -28,6 +30,34 @@ INSTANCE_IN_USE = (KafkaError.UNRELEASED_INSTANCE_ID, KafkaError.FENCED_INSTANCE
 _IN_USE_TEXTS = tuple(KafkaError(code).str() for code in INSTANCE_IN_USE)
 
 
+# A cluster of Kafka >= 4.0 with the consumer protocol switched off
+# (group.coordinator.rebalance.protocols=classic) refuses its heartbeat: librdkafka reports
+# "Fatal error: Broker: API version not supported: ConsumerGroupHeartbeat fatal error: ...".
+_UNSUPPORTED = KafkaError(KafkaError.UNSUPPORTED_VERSION).str()
+
+
+def consumer_protocol_refused(err: KafkaError) -> bool:
+    """Whether the group refused the consumer protocol itself."""
+    return err.code() == KafkaError.UNSUPPORTED_VERSION or _protocol_refused_text(err.str())
+
+
+def _protocol_refused_text(text: str) -> bool:
+    return "ConsumerGroupHeartbeat" in text and _UNSUPPORTED in text
+
+
+def classic(config: AckerConfig, group: str, why: str) -> AckerConfig:
+    """``config`` with the classic group protocol (the client-side range assignor gives the
+    same co-partitioned assignment; eager: a rebalance moves every partition), said in one
+    line. A copy: the caller's config stays as it was."""
+    log.warning(
+        "%s: the acker joins %s with the classic group protocol and the range assignor "
+        "(--group-protocol classic says so and skips this check)", why, group,
+    )
+    out = copy.copy(config)
+    object.__setattr__(out, "group_protocol", "classic")  # frozen
+    return out
+
+
 def instance_in_use(err: KafkaError) -> bool:
     """Whether the group refused this member because its instance id is still another's."""
     return err.code() in INSTANCE_IN_USE or _in_use_text(err.str())
@@ -37,12 +67,13 @@ def _in_use_text(text: str) -> bool:
     return any(t in text for t in _IN_USE_TEXTS)
 
 
-class _InUseAtDebug(logging.Filter):
-    """librdkafka logs every refusal as FATAL (CRITICAL), from a new client each time: the
-    acker's own line per wait period says it instead."""
+class _RefusalsAtDebug(logging.Filter):
+    """librdkafka logs every refusal of the member as FATAL (CRITICAL), from a new client each
+    time: the acker's own line (per wait period, or for the fallback) says it instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if _in_use_text(record.getMessage()):
+        message = record.getMessage()
+        if _in_use_text(message) or _protocol_refused_text(message):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return GROUP_CLIENT_LOG.isEnabledFor(logging.DEBUG)
         return True
@@ -50,12 +81,12 @@ class _InUseAtDebug(logging.Filter):
 
 # The group consumer's librdkafka log; otherwise like every client's (broker.kafka_log).
 GROUP_CLIENT_LOG = LIBRDKAFKA.getChild("acker_group")
-GROUP_CLIENT_LOG.addFilter(_InUseAtDebug())
+GROUP_CLIENT_LOG.addFilter(_RefusalsAtDebug())
 GROUP_CLIENT_LOG.addFilter(RepeatFilter(RepeatLimiter()))
 
 
 def _group_error_cb(err: KafkaError) -> None:
-    if instance_in_use(err):
+    if instance_in_use(err) or consumer_protocol_refused(err):
         log.debug("group consumer refused: %s", err.str())
         return
     error_cb(err)
@@ -63,7 +94,7 @@ def _group_error_cb(err: KafkaError) -> None:
 
 def group_client_logging() -> dict[str, Any]:
     """The acker's group consumer's ``logger`` and ``error_cb``: a refusal of its instance id
-    at DEBUG, everything else as for every client."""
+    or of the consumer protocol at DEBUG, everything else as for every client."""
     return {"logger": GROUP_CLIENT_LOG, "error_cb": _group_error_cb}
 
 

@@ -19,7 +19,6 @@ consumption resumes - so restored state and input positions come from the same c
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import signal
@@ -46,7 +45,12 @@ from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
 from broker.acker.limits import producer_limit
-from broker.acker.membership import Rejoins, group_client_logging
+from broker.acker.membership import (
+    Rejoins,
+    classic,
+    consumer_protocol_refused,
+    group_client_logging,
+)
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
@@ -296,16 +300,8 @@ class Acker:
             self.transactions.replace_producer(self._producer)
         if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
             # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
-            # without an error. The classic protocol with the client-side range assignor gives
-            # the same co-partitioned assignment (eager: a rebalance moves every partition).
-            log.warning(
-                "the cluster has no consumer group protocol (Kafka < 4.0): the acker joins %s with the classic "
-                "protocol and the range assignor (--group-protocol classic says so and skips this check)",
-                self.group_id,
-            )
-            classic = copy.copy(self.config)
-            object.__setattr__(classic, "group_protocol", "classic")  # frozen: this instance's copy
-            self.config = classic
+            # without an error (a 4.x one with the protocol off refuses it: _rejoin).
+            self.config = classic(self.config, self.group_id, "the cluster has no consumer group protocol (Kafka < 4.0)")
             self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
             with contextlib.suppress(KafkaException, RuntimeError):
                 self._consumer.close()
@@ -374,7 +370,12 @@ class Acker:
         waited out with back-off, one log line per wait period (broker.acker.membership).
         Whatever it owned is someone else's now (as if lost); a new consumer joins again,
         after a pause so a refusal is not a busy loop."""
-        wait_s = self.membership.wait_after(err, owned=bool(self._owned()))  # logs, once per wait period
+        refused = err is not None and self.config.group_protocol == "consumer" and consumer_protocol_refused(err)
+        if refused and err is not None:  # a cluster of Kafka >= 4.0 with the consumer protocol off
+            self.config = classic(self.config, self.group_id, f"the cluster refused the consumer group protocol ({err.str()})")
+            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
+            self._incremental = False
+        wait_s = self.membership.wait_after(None if refused else err, owned=bool(self._owned()))  # logs, once per period
         if err is not None:
             self.transactions.abort()
         self.restores.cancel(self._owned())

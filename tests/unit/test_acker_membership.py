@@ -12,7 +12,12 @@ import pytest
 from confluent_kafka import KafkaError
 
 import broker.acker.service
-from broker.acker.membership import Rejoins, instance_in_use
+from broker.acker.membership import (
+    GROUP_CLIENT_LOG,
+    Rejoins,
+    consumer_protocol_refused,
+    instance_in_use,
+)
 from broker.ledger.clock import ManualClock
 from tests.unit.test_acker_timeouts import (
     NS,
@@ -168,3 +173,62 @@ def test_on_a_cluster_without_the_consumer_protocol_the_acker_joins_with_the_cla
     consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
     run_steps(acker, 2)
     assert outcomes(producer) == {S1: b"completed"}
+
+
+PROTOCOL_OFF = KafkaError(
+    KafkaError._FATAL,
+    "Fatal error: Broker: API version not supported: ConsumerGroupHeartbeat fatal error: Broker: API version not supported",
+    fatal=True,
+)  # as seen from an embedded Kafka 4.3.1 with group.coordinator.rebalance.protocols=classic
+
+
+class ProtocolOffConsumer(FakeConsumer):
+    """A consumer-protocol member is refused at its first poll."""
+
+    def consume(self, *args: Any) -> list[FakeMessage]:
+        if self.conf.get("group.protocol") == "consumer" and self.conf.get("group.id", "").endswith(".acker"):
+            return [FatalMessage(PROTOCOL_OFF)]
+        return super().consume(*args)
+
+
+def test_a_cluster_that_refuses_the_consumer_protocol_gets_a_classic_member(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """Kafka >= 4.0 knows group configs, so start() keeps the consumer protocol; with the
+    protocol switched off its heartbeat is refused (a fatal error, every time): the acker
+    joins with the classic one on its next join, in one line, not an ERROR per second."""
+    monkeypatch.setattr(broker.acker.service, "Consumer", ProtocolOffConsumer)
+    acker, _, producer = make_acker(ManualClock(T0))
+    waits: list[float] = []
+    monkeypatch.setattr(acker._stop, "wait", waits.append)
+    caplog.set_level(logging.INFO, "broker.acker")
+    run_steps(acker, 2)
+    assert acker.config.group_protocol == "classic" and not acker._incremental
+    consumer = FakeConsumer.last
+    assert consumer is not None and "group.protocol" not in consumer.conf
+    assert consumer.conf["partition.assignment.strategy"] == "range"
+    assert waits == [1.0] and acker.rejoins == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    (line,) = [r.getMessage() for r in caplog.records if "consumer group protocol" in r.getMessage()]
+    assert "--group-protocol classic" in line
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    assert outcomes(producer) == {S1: b"completed"}
+
+
+@pytest.mark.parametrize(
+    ("err", "refused"),
+    [(PROTOCOL_OFF, True), (KafkaError(KafkaError.UNSUPPORTED_VERSION), True), (IN_USE, False),
+     (KafkaError(KafkaError._FATAL, "Fatal error: Broker: Group authorization failed", fatal=True), False)],
+)
+def test_consumer_protocol_refused_as_librdkafka_reports_it(err: KafkaError, refused: bool) -> None:
+    assert consumer_protocol_refused(err) is refused
+
+
+def test_librdkafkas_fatal_line_for_a_refusal_is_debug_and_others_stay(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    GROUP_CLIENT_LOG.critical("FATAL [ns.acker.a#consumer-3] [thrd:main]: %s", IN_USE.str())
+    GROUP_CLIENT_LOG.critical("FATAL [ns.acker.a#consumer-4] [thrd:main]: %s", PROTOCOL_OFF.str())
+    GROUP_CLIENT_LOG.critical("FATAL [ns.acker.a#consumer-5] [thrd:main]: Fatal error: Broker: Group authorization failed")
+    assert [r.getMessage()[-30:] for r in caplog.records] == ["Broker: Group authorization failed"[-30:]]
