@@ -201,17 +201,28 @@ def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str
     return counts
 
 
-def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
-    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
-    None when it cannot be read - the caller must then assume the least."""
+def _topic_config(settings: KafkaSettings, topic: str, name: str) -> int | None:
+    """The integer config ``name`` of ``topic``, or None when it cannot be read."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
         admin = AdminClient(settings.client_config())  # referenced until the answer is in
         future = admin.describe_configs([resource])[resource]
-        return int(future.result(timeout=30)["delete.retention.ms"].value)
+        return int(future.result(timeout=30)[name].value)
     except (KafkaException, KeyError, ValueError, TypeError) as exc:
-        log.warning("cannot read delete.retention.ms of %s (%s)", topic, exc)
+        log.warning("cannot read %s of %s (%s)", name, topic, exc)
         return None
+
+
+def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
+    """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
+    None when it cannot be read - the caller must then assume the least."""
+    return _topic_config(settings, topic, "delete.retention.ms")
+
+
+def max_message_bytes(settings: KafkaSettings, topic: str) -> int | None:
+    """``max.message.bytes`` of ``topic`` (the largest record batch it takes; the broker's
+    ``message.max.bytes`` unless the topic overrides it), or None when it cannot be read."""
+    return _topic_config(settings, topic, "max.message.bytes")
 
 
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
@@ -228,6 +239,32 @@ def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float
         if time.monotonic() > deadline:
             raise TopologyError(f"topics not visible after creation: {', '.join(missing)}")
         time.sleep(0.1)
+
+
+# What a broker without group configs answers DescribeConfigs of a GROUP resource with
+# (Kafka 3.9: INVALID_REQUEST, "Unknown resource type 32").
+_NO_GROUP_CONFIGS = frozenset({
+    KafkaError.INVALID_REQUEST, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE,
+})
+
+
+def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
+    """Whether the cluster runs Kafka 4.0's consumer group protocol (KIP-848 GA). Told by a
+    read of ``group``'s configs: the GROUP config resource came with it (a 3.x broker refuses
+    the read as malformed, and librdkafka needs a ConsumerGroupHeartbeat version that only
+    4.0 has - on 3.9 a consumer-protocol member waits forever, with no error). None when it
+    cannot be told (no answer, not authorized)."""
+    resource = ConfigResource(ResourceType.GROUP, group)
+    try:
+        admin = AdminClient(settings.client_config())  # referenced until the answer is in
+        admin.describe_configs([resource])[resource].result(timeout=30)
+        return True
+    except KafkaException as exc:
+        err = kafka_error(exc)
+        if err is not None and err.code() in _NO_GROUP_CONFIGS:
+            return False
+        log.warning("cannot tell whether the cluster has the consumer group protocol (%s)", exc)
+        return None
 
 
 def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, heartbeat_ms: int) -> str | None:

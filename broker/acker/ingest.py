@@ -13,6 +13,7 @@ import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker import ids
+from broker.acker.domain import domain_errors
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
@@ -60,6 +61,17 @@ class Ingest:
         # in its transaction, or drops them when the partition is revoked or lost first.
         self.outgoing = outgoing
         self.partitions = 0  # P, known once the service has checked the topics
+        # Per input partition, the offset after the last message this process read, and below
+        # which offset the batch being folded was read before (a rewind or a rejoin reads
+        # what no transaction committed again): its quarantines are logged once.
+        self._read_to: dict[tuple[str, int], int] = {}
+        self._logged_below = -1
+
+    def _reading(self, batch: list[Message]) -> None:
+        """A batch of one input partition, in offset order, is about to be folded."""
+        where = (batch[0].topic(), batch[0].partition())
+        self._logged_below = self._read_to.get(where, -1)
+        self._read_to[where] = max(self._logged_below, batch[-1].offset() + 1)
 
     def orphan_tick(self) -> int:
         return self.ticker.tick_of(self.clock.now_ms() + self.orphan_ttl_ms)
@@ -67,7 +79,9 @@ class Ingest:
     def quarantine(self, st: PartitionState, msg: Message, why: str, value: bytes | None = None) -> None:
         """Keep ``msg`` (or, given ``value``, the bad part of it) in the DLQ with the reason."""
         st.count("quarantined")
-        log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        # Counted again: the counts of what no transaction committed are taken back with it.
+        if msg.offset() >= self._logged_below:
+            log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
         value = msg.value() if value is None else value
         self.outgoing.append((
             msg.partition(),  # persist[i] and acks[i] belong to ledger partition i
@@ -85,6 +99,7 @@ class Ingest:
         A record with ``rb-timeout: auto`` gets its deadline from the latency estimate of the
         topic in ``rb-topic`` instead of ``rb-deadline`` (``_adaptive_deadlines``).
         """
+        self._reading(batch)
         msgs: list[Message] = []
         keys: list[bytes] = []
         roots: list[bytes] = []
@@ -144,21 +159,25 @@ class Ingest:
         if not msgs:
             return
         srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
-        # A value must start with its key's srid (the record's first Avro field), and the srid
-        # must belong to this ledger partition; anything else is quarantined.
+        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
+        # A value must start with its key's srid (the record's first Avro field), the srid
+        # must belong to this ledger partition, and the fields the rule decides by must be in
+        # its domain (broker.acker.domain); anything else is quarantined, never registered.
         foreign = np.array([not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)])
         misrouted = (srids == 0) | (srids % self.partitions != lp)
-        if foreign.any() or misrouted.any():
-            for i in np.flatnonzero(foreign | misrouted).tolist():
+        outside = domain_errors(values, deadline_ms, [a is not None for a in autos])
+        bad = foreign | misrouted | np.array([w is not None for w in outside])
+        if bad.any():
+            for i in np.flatnonzero(bad).tolist():
                 why = ("persist value does not start with the key's srid" if foreign[i]
-                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}")
+                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}" if misrouted[i]
+                       else f"persist record outside the rule's domain: {outside[i]}")
                 self.quarantine(st, msgs[i], why)
-            keep = ~(foreign | misrouted)
-            srids = srids[keep]
+            keep = ~bad
+            srids, deadline_ms = srids[keep], deadline_ms[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
             roots = [r for r, k in zip(roots, kept, strict=True) if k]
-            deadlines = [d for d, k in zip(deadlines, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
             autos = [a for a, k in zip(autos, kept, strict=True) if k]
             if not msgs:
@@ -169,7 +188,6 @@ class Ingest:
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
-        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
         auto_mask = self._adaptive_deadlines(st, offsets, autos, deadline_ms)
         result = st.table.register(
             srids,
@@ -240,6 +258,7 @@ class Ingest:
         extensions (touches) of the same messages."""
         srids, xors, failed, touched, touched_deadlines, superseded = [], [], [], [], [], []
         P = self.partitions
+        self._reading(batch)
         for msg in batch:
             try:
                 xb = XorBatch.decode(msg.value())

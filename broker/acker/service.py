@@ -43,6 +43,13 @@ from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
+from broker.acker.limits import producer_limit
+from broker.acker.membership import (
+    Rejoins,
+    classic,
+    consumer_protocol_refused,
+    group_client_logging,
+)
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Pending, Restores
@@ -50,8 +57,10 @@ from broker.acker.state import COUNTERS, PartitionState
 from broker.background import RunsInBackground
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
+    consumer_group_protocol,
     delete_retention_ms,
     is_transient,
+    max_message_bytes,
     partition_counts,
     retrying,
     set_group_timeouts,
@@ -115,6 +124,11 @@ class Acker(RunsInBackground):
         self._committed_totals = dict(self.totals)
         self.commits = 0
         self.rejoins = 0  # group consumers replaced after a fatal error
+        # Pauses before rejoining; refusals of a static member whose instance id is still in
+        # use (a killed predecessor's session) counted in membership.in_use.
+        self.membership = Rejoins(
+            REJOIN_BACKOFF_S, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
+        )
         # Commits fenced because their transaction outlived its timeout (the coordinator
         # aborted it); the producer is replaced once partitions are owned again.
         self.fenced_by_timeout = 0
@@ -143,18 +157,22 @@ class Acker(RunsInBackground):
         ns, consumer_config = self.ns, settings.consumer_config
         # Records of aborted transactions (persist records, acks, the changelog) never count.
         committed = {"isolation.level": "read_committed"}
+        self._committed = committed
         producer_required: dict[str, object] = {
             # A replay topic checked before producing (broker.acker.commit) must not be
             # created by that very look-up, with the broker's default partition count.
             "allow.auto.create.topics": False,
         }
-        producer_defaults: dict[str, object] = {"linger.ms": 1, "partitioner": "murmur2_random"}
+        producer_defaults: dict[str, object] = {
+            "linger.ms": 1, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(None),
+        }
         if self.config.exactly_once:
             producer_required["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
             producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
+        self._producer_required, self._producer_defaults = producer_required, producer_defaults
         self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
         self._producer = Producer(self._producer_config)
-        self._consumer_config = self._group_consumer_config(consumer_config, committed)
+        self._consumer_config = self._group_consumer_config(consumer_config, committed) | group_client_logging()
         self._consumer = Consumer(self._consumer_config)
         # The consumer protocol hands out and takes back only what changes owner.
         self._incremental = self.config.group_protocol == "consumer"
@@ -271,6 +289,25 @@ class Acker(RunsInBackground):
         # How long compaction keeps the changelog's tombstones bounds how old a kept
         # (warm/standby) state may be and still be caught up by a suffix read.
         self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
+        # The producer's message.max.bytes from what ns.persist takes (broker.acker.limits;
+        # the constructor assumed Kafka's default): a new producer if that differs (none has
+        # written yet). A limit the user set stays.
+        config = self.settings.producer_config(required=self._producer_required, defaults={
+            **self._producer_defaults, "message.max.bytes": producer_limit(max_message_bytes(self.settings, self.ns.persist)),
+        })
+        if config != self._producer_config:
+            self._producer_config, self._producer = config, Producer(config)
+            self.transactions.replace_producer(self._producer)
+        if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
+            # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
+            # without an error (a 4.x one with the protocol off refuses it: _rejoin).
+            self.config = classic(self.config, self.group_id, "the cluster has no consumer group protocol (Kafka < 4.0)")
+            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._consumer.close()
+            self._consumer = Consumer(self._consumer_config)
+            self.transactions.consumer = self.expiry.consumer = self._consumer
+            self._incremental = False
         if self.config.group_protocol == "consumer":
             cfg = self.config
             why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
@@ -332,14 +369,17 @@ class Acker(RunsInBackground):
     def _rejoin(self, err: KafkaError | None) -> None:
         """The group consumer hit a fatal error (``err``), or the producer was fenced by its
         coordinator (None): out of the group for good. Seen: a static member restarted after
-        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires.
+        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires:
+        waited out with back-off, one log line per wait period (broker.acker.membership).
         Whatever it owned is someone else's now (as if lost); a new consumer joins again,
         after a pause so a refusal is not a busy loop."""
+        refused = err is not None and self.config.group_protocol == "consumer" and consumer_protocol_refused(err)
+        if refused and err is not None:  # a cluster of Kafka >= 4.0 with the consumer protocol off
+            self.config = classic(self.config, self.group_id, f"the cluster refused the consumer group protocol ({err.str()})")
+            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
+            self._incremental = False
+        wait_s = self.membership.wait_after(None if refused else err, owned=bool(self._owned()))  # logs, once per period
         if err is not None:
-            log.error(
-                "group consumer failed (%s); everything it owned is dropped, joining again in %.1fs",
-                err.str(), REJOIN_BACKOFF_S,
-            )
             self.transactions.abort()
         self.restores.cancel(self._owned())
         self._drop(set(self.states))
@@ -348,7 +388,7 @@ class Acker(RunsInBackground):
         self.changelog.assign_standby(self.P, self.states)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
-        self._stop.wait(REJOIN_BACKOFF_S)
+        self._stop.wait(wait_s)
         self._consumer = Consumer(self._consumer_config)
         self.transactions.consumer = self.expiry.consumer = self._consumer
         self.rejoins += 1

@@ -183,3 +183,42 @@ def test_a_replay_topic_deleted_after_its_first_lookup_sends_its_records_to_the_
         reason = (dict(msg.headers())[H_REASON] or b"").decode()
         assert reason.startswith(f"failed; cannot replay: {replay}") and "does not exist" in reason, reason
     assert not errors
+
+
+def test_a_near_max_record_dead_lettered_keeps_its_value(bootstrap: str) -> None:
+    """ns.dlq takes records up to Kafka's default max.message.bytes (1 048 588 B). A record of
+    ~1 020 000 B that times out at its last attempt is dead-lettered with its value: the
+    acker's producer limit follows the topics' (broker.acker.limits) instead of librdkafka's
+    default 1 000 000 B, under which the client refused the dead letter and it went to the DLQ
+    without its value."""
+    settings = KafkaSettings(bootstrap)
+    ns = topics.Namespace(unique_name("nearmax"))
+    data = f"{ns.name}.orders"
+    topics.create(settings, ns, 1, {data: 1})
+    value = os.urandom(1_020_000)  # incompressible
+    # The source's producer takes it with a limit of its own (its default is librdkafka's too).
+    big_settings = KafkaSettings(bootstrap, extra={"message.max.bytes": 1_048_588})
+    with Source(big_settings, ns, SourceConfig(timeout_ms=2_000, max_attempts=1)) as source:
+        origin = source.send(data, "big", value).origin  # nobody acks it: it times out
+
+    # A last attempt's dead letter is held while late events could still complete it: 1 s.
+    config = AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600, watch_ms=1_000)
+    acker = Acker(settings, ns, config)
+    tail = OutcomeTail(settings, ns)
+    stop = threading.Event()
+    thread = threading.Thread(target=acker.run, kwargs={"until": lambda _a: stop.is_set()}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while origin not in tail.log.dlq_origins():
+            assert time.monotonic() < deadline, "the record was not dead-lettered"
+            tail.poll(0.2)
+    finally:
+        stop.set()
+        thread.join(30)
+        tail.close()
+    (dead,) = read_to_end(settings, ns.dlq, 1)
+    reason = (dict(dead.headers())[H_REASON] or b"").decode()
+    assert reason.startswith("timeout"), reason
+    assert "value dropped" not in reason
+    assert dead.key() == b"big" and dead.value() == value

@@ -91,6 +91,8 @@ class Cluster:
         monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: self.partitions)
         monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
         monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
+        monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
+        monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
         counts = {"superseded": self.partitions}
         monkeypatch.setattr(
             broker.acker.service, "partition_counts",

@@ -152,6 +152,8 @@ def persist_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[PersistLog]:
     monkeypatch.setattr(broker.acker.service, "Consumer", consumer)
     monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
     monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
+    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
+    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
     monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
     yield log

@@ -351,6 +351,8 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker.acker.service, "Consumer", FakeConsumer)
     monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
     monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
+    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
+    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
     monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
     # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
@@ -637,11 +639,12 @@ def test_acker_quarantines_bad_persist_records_with_headers(fake_kafka: None) ->
 
 
 def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kafka: None) -> None:
-    """Registration checks only the srid prefix: the rest is decoded when a replay needs it."""
+    """Registration reads only the srid and the fields the rule decides by (broker.acker.domain):
+    the rest is decoded when a replay needs it."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0)
-    broken = record.encode()[:-4]  # starts right, does not decode
+    broken = record.encode()[:-1] + b"\x02"  # a history of one failure that is not there
     consumer.batches.append([persist_msg_with_headers(record, 7, value=broken)])
     consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
     run_steps(acker, 2)

@@ -1,0 +1,43 @@
+"""The acker's producer takes records as large as the topics it writes take
+(broker.acker.limits): the broker decides what fits, not a smaller client limit."""
+
+from __future__ import annotations
+
+import pytest
+
+import broker.acker.service
+from broker.acker import Acker, AckerConfig
+from broker.acker.limits import HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+from broker.ledger.clock import ManualClock
+from broker.settings import KafkaSettings
+from tests.unit.test_acker_timeouts import NS, T0, fake_kafka  # noqa: F401 - the fixture
+
+
+def _started(monkeypatch: pytest.MonkeyPatch, persist_max: int | None, **extra: object) -> Acker:
+    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: persist_max)
+    acker = Acker(KafkaSettings("fake:9092", extra=extra), NS, AckerConfig(instance_id="unit"), clock=ManualClock(T0))
+    acker.start()
+    return acker
+
+
+@pytest.mark.parametrize(
+    ("persist_max", "limit"),
+    [
+        (None, KAFKA_DEFAULT_MAX_MESSAGE_BYTES + HEADROOM_BYTES),  # unreadable: Kafka's default assumed
+        (KAFKA_DEFAULT_MAX_MESSAGE_BYTES, KAFKA_DEFAULT_MAX_MESSAGE_BYTES + HEADROOM_BYTES),
+        (8_388_608, 8_388_608 + HEADROOM_BYTES),
+    ],
+)
+def test_the_producer_limit_follows_what_persist_takes(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, persist_max: int | None, limit: int  # noqa: F811
+) -> None:
+    acker = _started(monkeypatch, persist_max)
+    assert acker._producer_config["message.max.bytes"] == limit
+    assert acker._producer.conf["message.max.bytes"] == limit  # type: ignore[attr-defined] - the stand-in's
+    assert acker.transactions.producer is acker._producer
+    assert limit > 1_000_000  # librdkafka's default, below what a topic takes by default
+
+
+def test_a_limit_the_user_set_stays(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    acker = _started(monkeypatch, 8_388_608, **{"message.max.bytes": 2_000_000})
+    assert acker._producer.conf["message.max.bytes"] == 2_000_000  # type: ignore[attr-defined]
