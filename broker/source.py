@@ -176,7 +176,7 @@ class Source:
             settings, self.ns, self.config.max_pending, self.config.max_pending_timeout_ms,
             lambda: self.ledger_partitions, self._serve_waiting,
         )
-        self._transaction_srids: list[int] = []  # the open transaction's, with max_pending
+        self._transaction_srids: list[int] = []  # sent in the open transaction (with max_pending)
 
     @property
     def ledger_partitions(self) -> int:
