@@ -10,16 +10,13 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from broker import ids
 from broker.delivery import Failed, Outputs, failed_srids
 from broker.schemas import XorBatch
-
-if TYPE_CHECKING:
-    from broker.task import TaskCounters
 
 log = logging.getLogger("broker.task")  # the task's own lines: a user filters them there
 
@@ -29,13 +26,22 @@ Events = dict[int, tuple[list[int], list[int], list[int]]]
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+class Counts(Protocol):
+    """The counters of ``broker.task.TaskCounters`` that the writer keeps."""
+
+    acked: int
+    undeliverable: int
+    dropped: int
+    touches: int
+
+
 class TaskAcks:
     """The task's writer to ``ns.acks``; ``ledger_partitions`` gives P when first needed."""
 
     __slots__ = ("acks", "counters", "ledger_partitions", "name", "outputs")
 
     def __init__(
-        self, outputs: Outputs, acks: str, name: str, counters: TaskCounters, ledger_partitions: Callable[[], int]
+        self, outputs: Outputs, acks: str, name: str, counters: Counts, ledger_partitions: Callable[[], int]
     ) -> None:
         self.outputs = outputs
         self.acks = acks
