@@ -17,7 +17,8 @@ its attempts:
 
 ``PendingWindow`` is the pure accounting; ``PersistFeed`` reads the tombstones it needs:
 ``ns.persist`` (read_committed) from the offsets it had when this source first sent - records
-of an earlier run of the same source are not its concern.
+of an earlier run of the same source are not its concern. ``Backpressure`` is a source's wait
+for a slot, over both.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from broker import ids
-from broker.errors import DecodeError
+from broker.errors import BackpressureTimeout, DecodeError
 from broker.headers import H_OUTCOME
 from broker.kafka_io import retrying
 from broker.schemas import PersistedRecord
@@ -153,3 +154,85 @@ class PersistFeed:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class Backpressure:
+    """A source's wait for a slot (``SourceConfig.max_pending``): its window, built with the
+    feed at its first send, and what waiting cost - the sends that had to wait (``blocked``),
+    the seconds they waited (``blocked_s``) and the sends that gave up (``timeouts``)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        ns: Namespace,
+        limit: int | None,
+        timeout_ms: int,
+        partitions: Callable[[], int],
+        serve: Callable[[], None],
+    ) -> None:
+        """``limit`` None: no limit, ``await_slot`` is not called. ``partitions``: P of the
+        namespace, asked at the first send; ``serve``: serves
+        the source's delivery reports (raising those that failed) while a send waits."""
+        self.settings, self.ns, self.limit, self.timeout_s = settings, ns, limit, timeout_ms / 1000
+        self._partitions, self._serve = partitions, serve
+        self.window: PendingWindow | None = None
+        self.feed: PersistFeed | None = None
+        self.blocked = 0
+        self.blocked_s = 0.0
+        self.timeouts = 0
+
+    def not_persisted(self, srids: Iterable[int]) -> None:
+        """Free the slots of records whose persist record was not delivered (or aborted)."""
+        if self.window is not None:
+            for srid in srids:
+                self.window.not_persisted(srid)
+
+    def await_slot(self, in_transaction: int) -> None:
+        """Return once fewer than ``limit`` records of this source are pending; raise
+        ``BackpressureTimeout`` (nothing sent) after ``timeout_ms``. ``in_transaction``: the
+        pending records of the source's open transaction.
+
+        The feed starts at the end of ``ns.persist`` as found before this source's first
+        send. While waiting, delivery reports are served and confirmed data records released:
+        the records that hold the slots must reach their tasks to complete."""
+        if self.window is None:
+            assert self.limit is not None
+            self.window = PendingWindow(self.limit)
+            self.feed = PersistFeed(self.settings, self.ns, self._partitions(), self.window)
+        window, feed, limit = self.window, self.feed, self.window.limit
+        assert feed is not None
+        feed.poll(0)
+        if not window.full:
+            return
+        # Inside a transaction its own records complete only after the commit: when they
+        # fill the window alone, waiting cannot free a slot.
+        if len(window) <= in_transaction:
+            self.timeouts += 1
+            raise BackpressureTimeout(
+                f"max_pending={limit} reached by the {len(window)} records of the open "
+                "transaction: commit it before sending more",
+                limit=limit, pending=len(window), waited_s=0.0,
+            )
+        started = time.monotonic()
+        deadline = started + self.timeout_s
+        self.blocked += 1
+        try:
+            while window.full:
+                self._serve()  # a failed persist record frees its slot: this call sends nothing
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.timeouts += 1
+                    waited = time.monotonic() - started
+                    raise BackpressureTimeout(
+                        f"max_pending={limit} reached: {len(window)} records of this source "
+                        f"still pending after waiting {waited:.1f}s; nothing of this send was sent",
+                        limit=limit, pending=len(window), waited_s=waited,
+                    )
+                feed.poll(min(remaining, 0.1))
+        finally:
+            self.blocked_s += time.monotonic() - started
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None

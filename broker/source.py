@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from typing import Any, Literal, NamedTuple
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from broker import ids, kafka_io
-from broker.backpressure import PendingWindow, PersistFeed
+from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
-from broker.errors import BackpressureTimeout, ConfigurationError, DeliveryError
+from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import (
     ADAPTIVE_FALLBACK_MS,
     AUTO,
@@ -42,19 +41,17 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
-from broker.kafka_io import partition_counts
-from broker.partitioning import get_partitioner
+from broker.placement import Placements
 from broker.schemas import (
     Failure,
     avro_headers,
     avro_longs,
-    avro_placement,
     encode_first_persisted,
     encode_persisted,
 )
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check, replay_topic
+from broker.topics import Namespace, check
 
 log = logging.getLogger(__name__)
 
@@ -169,23 +166,17 @@ class Source:
         self._in_transaction = False
         self._in_transaction_sent = 0
         self._transactions_ready = False
-        self._partitions: dict[str, int] = {}
-        self._key_partitions: dict[str, dict[bytes, int]] = {}  # topic -> key -> partition
-        # topic -> partition -> its persist records' encoded topic, partition and partitioner
-        self._placements: dict[str, list[bytes | None]] = {}
+        self._placements = Placements(settings, self.ns, self.config.partitioners)
         self._pending = PendingData()
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
         if self.config.max_pending is not None and self.config.max_pending < 1:
             raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
-        self._window: PendingWindow | None = None  # built at the first send with max_pending
-        self._feed: PersistFeed | None = None
-        self._transaction_srids: list[int] = []
-        # Backpressure: sends that had to wait for a slot, the seconds they waited, and the
-        # sends that gave up (BackpressureTimeout).
-        self.blocked = 0
-        self.blocked_s = 0.0
-        self.backpressure_timeouts = 0
+        self._backpressure = Backpressure(
+            settings, self.ns, self.config.max_pending, self.config.max_pending_timeout_ms,
+            lambda: self.ledger_partitions, self._serve_waiting,
+        )
+        self._transaction_srids: list[int] = []  # sent in the open transaction (with max_pending)
 
     @property
     def ledger_partitions(self) -> int:
@@ -194,34 +185,31 @@ class Source:
             self._ledger_partitions = check(self.settings, self.ns)
         return self._ledger_partitions
 
-    def _data_partitions(self, topic: str) -> int:
-        n = self._partitions.get(topic)
-        if n is None:
-            replay = replay_topic(topic)
-            counts = partition_counts(self.settings, [topic, replay])
-            n = counts[topic]
-            if n is None:
-                raise ConfigurationError(f"data topic {topic} does not exist")
-            if counts[replay] != n:
-                raise ConfigurationError(
-                    f"{replay} must exist with the {n} partitions of {topic} (it has "
-                    f"{counts[replay]}): replaybroker topics create --namespace "
-                    f"{self.ns.name} --data-topic {topic}:{n}"
-                )
-            self._partitions[topic] = n
-        return n
-
     @property
     def pending(self) -> int | None:
         """This source's records pending as last read from ``ns.persist`` (None without
         ``max_pending``)."""
-        return None if self._window is None else len(self._window)
+        window = self._backpressure.window
+        return None if window is None else len(window)
+
+    @property
+    def blocked(self) -> int:
+        """Sends that had to wait for a slot (``max_pending``)."""
+        return self._backpressure.blocked
+
+    @property
+    def blocked_s(self) -> float:
+        """The seconds those sends waited."""
+        return self._backpressure.blocked_s
+
+    @property
+    def backpressure_timeouts(self) -> int:
+        """Sends that gave up waiting for a slot (``BackpressureTimeout``)."""
+        return self._backpressure.timeouts
 
     def _raise_failures(self) -> None:
         if failures := self._pending.take_failures():
-            if self._window is not None:
-                for failure in failures:
-                    self._window.not_persisted(failure.srid)
+            self._backpressure.not_persisted(failure.srid for failure in failures)
             raise DeliveryError(
                 f"persist record not delivered for {len(failures)} source record(s) "
                 f"({failures[0].error}); none of them was published: `failures` lists them",
@@ -242,35 +230,15 @@ class Source:
         if self._transactional and not self._in_transaction:
             raise ConfigurationError("a transactional Source sends inside `with source.transaction():`")
 
-    def key_hash_partition(self, topic: str, key: bytes | None) -> int:
-        if key is None:
-            return random.randrange(self._data_partitions(topic))
-        # Keys repeat (that is what keys are for): their partitions are kept, bounded.
-        known = self._key_partitions.get(topic)
-        if known is None:
-            known = self._key_partitions[topic] = {}
-        else:
-            cached = known.get(key)
-            if cached is not None:
-                return cached
-        n = self._data_partitions(topic)
-        partition = get_partitioner(self.config.partitioners.get(topic, "kafka")).partition(key, n)
-        if len(known) >= 65_536:
-            known.clear()
-        known[key] = partition
-        return partition
+    def _serve_waiting(self) -> None:
+        """While a send waits for a slot: serve delivery reports, raise those that failed."""
+        self.poll(0)
+        if self._pending.failures and not self._transactional:
+            self._raise_failures()
 
-    def _placement(self, topic: str, partition: int) -> bytes:
-        """The persist record's topic, key-hash partition and partitioner fields, encoded."""
-        placements = self._placements.get(topic)
-        if placements is None:
-            placements = self._placements[topic] = [None] * self._data_partitions(topic)
-        placement = placements[partition]
-        if placement is None:
-            placement = placements[partition] = avro_placement(
-                topic, partition, self.config.partitioners.get(topic, "kafka")
-            )
-        return placement
+    def key_hash_partition(self, topic: str, key: bytes | None) -> int:
+        """The partition of ``topic`` that ``key`` goes to (random without a key)."""
+        return self._placements.key_hash_partition(topic, key)
 
     def send(
         self,
@@ -289,7 +257,7 @@ class Source:
         key_b = key if key is None or type(key) is bytes else as_bytes(key)
         value_b = value if value is None or type(value) is bytes else self.config.serde.serialize(value)
         return self._send_first_attempt(
-            topic, key_b, value_b, headers, None, self.key_hash_partition(topic, key_b),
+            topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
             None, (), timeout_ms, max_attempts,
         )
 
@@ -313,9 +281,9 @@ class Source:
         locality hold even if the partitioner setting changed. ``history`` (the earlier
         rounds) is carried into the new persist record, so a later DLQ entry shows it all."""
         self._before_send()
-        if not 0 <= key_hash_partition < self._data_partitions(topic):
+        if not 0 <= key_hash_partition < self.data_partitions(topic):
             raise ConfigurationError(
-                f"{topic} has {self._data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
+                f"{topic} has {self.data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
             )
         return self._send_first_attempt(
             topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
@@ -335,10 +303,10 @@ class Source:
         timeout_ms: Timeout | None,
         max_attempts: int | None,
     ) -> SendResult:
-        if self.config.max_pending is not None:
-            self._await_slot(self.config.max_pending)
         """``partitioner`` None: a first send, with the topic's partitioner; otherwise a resend
         of ``origin`` (which keeps the partitioner it was sent with)."""
+        if self.config.max_pending is not None:
+            self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
         srid, srid_b, srid_avro, record_id, record_b, record_avro = _new_id_pair()
         created_ms = int(time.time() * 1000)
@@ -360,7 +328,7 @@ class Source:
         if partitioner is None:
             origin = srid
             value = encode_first_persisted(
-                srid_avro, record_avro, self._placement(topic, partition), key_b, value_b,
+                srid_avro, record_avro, self._placements.placement(topic, partition), key_b, value_b,
                 avro_headers(own_headers), created_ms, timeout, max_attempts or self.config.max_attempts,
             )
         else:
@@ -390,57 +358,12 @@ class Source:
             self._in_transaction_sent += 1
         else:
             self._pending.add(srid_b, topic, key_b, value_b, partition, data_headers)
-        if self._window is not None:
-            self._window.sent(srid, origin)
+        if (window := self._backpressure.window) is not None:
+            window.sent(srid, origin)
             if self._transactional:
                 self._transaction_srids.append(srid)
         self.sent += 1
         return SendResult(srid, record_id, partition, origin)
-
-    def _await_slot(self, limit: int) -> None:
-        """Return once fewer than ``limit`` records of this source are pending; raise
-        ``BackpressureTimeout`` (nothing sent) after ``max_pending_timeout_ms``.
-
-        The feed starts at the end of ``ns.persist`` as found before this source's first
-        send. While waiting, delivery reports are served and confirmed data records released:
-        the records that hold the slots must reach their tasks to complete."""
-        if self._window is None:
-            self._window = PendingWindow(limit)
-            self._feed = PersistFeed(self.settings, self.ns, self.ledger_partitions, self._window)
-        window, feed = self._window, self._feed
-        assert feed is not None
-        feed.poll(0)
-        if not window.full:
-            return
-        # Inside a transaction its own records complete only after the commit: when they
-        # fill the window alone, waiting cannot free a slot.
-        if self._in_transaction and len(window) <= len(self._transaction_srids):
-            self.backpressure_timeouts += 1
-            raise BackpressureTimeout(
-                f"max_pending={limit} reached by the {len(window)} records of the open "
-                "transaction: commit it before sending more",
-                limit=limit, pending=len(window), waited_s=0.0,
-            )
-        started = time.monotonic()
-        deadline = started + self.config.max_pending_timeout_ms / 1000
-        self.blocked += 1
-        try:
-            while window.full:
-                self.poll(0)
-                if self._pending.failures and not self._transactional:
-                    self._raise_failures()  # frees their slots; this call sends nothing
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.backpressure_timeouts += 1
-                    waited = time.monotonic() - started
-                    raise BackpressureTimeout(
-                        f"max_pending={limit} reached: {len(window)} records of this source "
-                        f"still pending after waiting {waited:.1f}s; nothing of this send was sent",
-                        limit=limit, pending=len(window), waited_s=waited,
-                    )
-                feed.poll(min(remaining, 0.1))
-        finally:
-            self.blocked_s += time.monotonic() - started
 
     def produce(
         self,
@@ -502,7 +425,7 @@ class Source:
         """The partition count of data topic ``topic``, checked once: it and its replay topic
         exist with the same count (``ConfigurationError`` otherwise). A service calls it at
         start to refuse a topic it could not send to."""
-        return self._data_partitions(topic)
+        return self._placements.data_partitions(topic)
 
     @contextlib.contextmanager
     def transaction(self) -> Any:
@@ -539,9 +462,7 @@ class Source:
             self._producer.abort_transaction(30)
             self._producer.poll(0)  # the reports of the records the abort purged
         failures = self._pending.take_failures()
-        if self._window is not None:  # nothing of the transaction was persisted
-            for srid in self._transaction_srids:
-                self._window.not_persisted(srid)
+        self._backpressure.not_persisted(self._transaction_srids)  # nothing of it was persisted
         self._transaction_srids = []
         # A record the broker refused leaves librdkafka's idempotence state behind (the next
         # transaction fails with skipped sequence numbers), and an abort can fail - even
@@ -557,9 +478,7 @@ class Source:
             if not self._transactional:
                 self.flush()
         finally:
-            if self._feed is not None:
-                self._feed.close()
-                self._feed = None
+            self._backpressure.close()
 
     def __enter__(self) -> Source:
         return self

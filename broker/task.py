@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids
 from broker.background import RunsInBackground
-from broker.delivery import Failed, Outputs, failed_srids
+from broker.delivery import Outputs
 from broker.errors import ConfigurationError
 from broker.headers import (
     H_ORIGIN,
@@ -41,9 +40,9 @@ from broker.headers import (
 from broker.ids import encode_id
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
-from broker.schemas import XorBatch
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
+from broker.task_acks import Events, TaskAcks
 from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ class TaskContext:
         if tracking is None:
             return
         timeout = self._task.config.touch_timeout_ms if timeout_ms is None else timeout_ms
-        self._task._touch(tracking.srid, int(time.time() * 1000) + timeout)
+        self._task._acks.touch(tracking.srid, int(time.time() * 1000) + timeout)
 
     def fail(self, reason: str = "failed") -> None:
         """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
@@ -181,8 +180,6 @@ class TaskContext:
 
 
 Handler = Callable[[TaskRecord, TaskContext], None]
-# Per ledger partition: the srids and xors of the inputs acked, and the srids failed.
-_Events = dict[int, tuple[list[int], list[int], list[int]]]
 
 
 @dataclass(frozen=True)
@@ -336,6 +333,7 @@ class Task(RunsInBackground):
         self._revoked: set[tuple[str, int]] = set()  # since the batch's first message
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
+        self._acks = TaskAcks(self._outputs, self.ns.acks, self.name, self.counters, lambda: self.ledger_partitions)
         # Superseded markers (ns.superseded), read while run() runs; None: not read (off, or
         # batches handled outside run()).
         self._markers: SupersededMarkers | None = None
@@ -460,7 +458,7 @@ class Task(RunsInBackground):
         """Steps 1-3: run the handler on each input, send the batch's events (after its sink
         outputs are delivered). Returns the srids failed because a sink output of theirs
         could not be delivered; ``finish`` confirms the rest."""
-        events: _Events = defaultdict(lambda: ([], [], []))
+        events: Events = defaultdict(lambda: ([], [], []))
         offsets: dict[tuple[str, int], int] = {}
         if self._markers is not None:
             self._markers.poll()
@@ -480,15 +478,7 @@ class Task(RunsInBackground):
             # whose output stays undeliverable is failed in its event batch instead.
             self._outputs_pending = False
             undeliverable = self._deliver(events)
-        for lp, (srids, xors, failed) in events.items():
-            value = XorBatch(
-                lp,
-                np.asarray(srids, dtype=np.int64),
-                np.asarray(xors, dtype=np.int64),
-                np.asarray(failed, dtype=np.int64),
-                self.name,
-            ).encode()
-            self._produce(self.ns.acks, value=value, partition=lp)
+        self._acks.send(events)
         self._uncommitted.update(offsets)
         return undeliverable
 
@@ -527,7 +517,7 @@ class Task(RunsInBackground):
             self.counters.commits_lost += 1
             log.warning("offsets not committed (%s): the partitions moved; their new owner redoes the batch", err)
 
-    def _deliver(self, events: _Events | None = None) -> set[int]:
+    def _deliver(self, events: Events | None = None) -> set[int]:
         """Wait for the outputs produced so far. Only what failed is sent again (the user code
         does not run twice); what cannot be delivered fails its source record - in ``events``
         when they are still to be sent, else with fail marks of its own - so the batch is
@@ -536,65 +526,7 @@ class Task(RunsInBackground):
         if not self._outputs.failed:
             return set()
         self.counters.retried_batches += 1
-        return self._fail_undeliverable(self._outputs.redeliver(), events)
-
-    def _fail_undeliverable(self, lost: list[Failed], events: _Events | None = None) -> set[int]:
-        """Fail the source records of outputs that cannot be delivered. The acker replays them
-        (or sends them to the DLQ after max_attempts) - the existing path for a failed input."""
-        if not lost:
-            return set()
-        srids, dropped = failed_srids(lost, self.ns.acks)
-        if events is not None:
-            self._fail_in_events(srids, events)
-        else:
-            self._send_fail_marks(srids)
-        self.counters.undeliverable += len(srids)
-        self.counters.dropped += dropped
-        log.warning(
-            "%d outputs not deliverable (%s, e.g. to %s) after up to %d retries: failed %d "
-            "source records, dropped %d untracked outputs",
-            len(lost), lost[0].error, lost[0].topic, self.config.delivery_retries, len(srids), dropped,
-        )
-        return srids
-
-    def _fail_in_events(self, srids: set[int], events: _Events) -> None:
-        """Turn the events of ``srids`` not sent yet into fail marks: the acker must not fold
-        an ack for an input whose output is missing."""
-        for srid in srids:
-            acked, xors, failed = events[ids.ledger_partition(srid, self.ledger_partitions)]
-            keep = [i for i, s in enumerate(acked) if s != srid]
-            self.counters.acked -= len(acked) - len(keep)
-            acked[:], xors[:] = [acked[i] for i in keep], [xors[i] for i in keep]
-            if srid not in failed:
-                failed.append(srid)
-
-    def _touch(self, srid: int, deadline_ms: int) -> None:
-        """One touch, sent now: the handler is still running. Its delivery is not waited
-        for: a touch that is lost costs at most a replay (the record times out as before)."""
-        lp = ids.ledger_partition(srid, self.ledger_partitions)
-        empty = np.empty(0, dtype=np.int64)
-        value = XorBatch(lp, empty, empty, empty, self.name, np.array([srid], dtype=np.int64),
-                         np.array([deadline_ms], dtype=np.int64)).encode()
-        self._produce(self.ns.acks, value=value, partition=lp)
-        self._producer.poll(0)
-        self.counters.touches += 1
-
-    def _send_fail_marks(self, srids: set[int]) -> None:
-        by_lp: dict[int, list[int]] = defaultdict(list)
-        for srid in srids:
-            by_lp[ids.ledger_partition(srid, self.ledger_partitions)].append(srid)
-        empty = np.empty(0, dtype=np.int64)
-        for lp, failed in by_lp.items():
-            value = XorBatch(lp, empty, empty, np.asarray(failed, dtype=np.int64), self.name).encode()
-            self._produce(self.ns.acks, value=value, partition=lp)
-        self._producer.flush()
-        if marks_lost := self._outputs.take_failed():
-            # Still safe: a source record whose event or fail mark never arrives times out
-            # at the acker and is replayed (its persist record is the root of truth).
-            log.error(
-                "%d fail marks not delivered (%s); their records will time out",
-                len(marks_lost), marks_lost[0].error,
-            )
+        return self._acks.fail_undeliverable(self._outputs.redeliver(), events)
 
     def _note_slow(self, batch: list[Message]) -> None:
         """The inputs of a batch that took long: a replay of one of them read soon after may
@@ -625,7 +557,7 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _handle(self, msg: Message, events: _Events) -> None:
+    def _handle(self, msg: Message, events: Events) -> None:
         headers = tuple(msg.headers() or ())
         tracking = Tracking.from_headers(headers)
         markers = self._markers

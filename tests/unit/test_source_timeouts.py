@@ -37,7 +37,7 @@ class KeepingProducer:
 def source(config: SourceConfig) -> tuple[Source, KeepingProducer]:
     src = Source(KafkaSettings("fake:9092"), "unit", config)
     src._ledger_partitions = 2  # what topics.check would have found
-    src._partitions["orders"] = 4
+    src._placements.partitions["orders"] = 4
     producer = KeepingProducer()
     src._producer = producer  # type: ignore[assignment]
     return src, producer

@@ -16,6 +16,7 @@ from broker.delivery import Outputs
 from broker.headers import tracking_headers
 from broker.schemas import XorBatch
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
+from broker.task_acks import TaskAcks
 from broker.topics import Namespace
 
 NS = Namespace("unit")
@@ -62,6 +63,7 @@ def make_task(producer: FakeProducer, **config: Any) -> Task:
     task._outputs_pending = False
     task._uncommitted, task._commit_due = {}, 0.0
     task._markers, task._slow_origins, task._slow_until = None, set(), 0.0
+    task._acks = TaskAcks(task._outputs, NS.acks, task.name, task.counters, lambda: task.ledger_partitions)
     return task
 
 

@@ -1,0 +1,82 @@
+"""Where a ``Source`` puts a record (docs/design.md §8): the partition count of its data topic
+(checked once, with its replay topic's), its key's partition (``key_hash_partition``, by the
+topic's partitioner, broker.partitioning), and the persist record's placement fields - topic,
+key-hash partition, partitioner - encoded once per partition.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from broker.errors import ConfigurationError
+from broker.kafka_io import partition_counts
+from broker.partitioning import get_partitioner
+from broker.schemas import avro_placement
+from broker.settings import KafkaSettings
+from broker.topics import Namespace, replay_topic
+
+MAX_KEYS = 65_536
+"""Key partitions kept per topic (keys repeat: that is what keys are for); then forgotten."""
+
+
+class Placements:
+    """A source's data topics as far as used: their partition counts, their keys' partitions
+    and their encoded placements, each looked up once."""
+
+    __slots__ = ("_encoded", "_keys", "ns", "partitioners", "partitions", "settings")
+
+    def __init__(self, settings: KafkaSettings, ns: Namespace, partitioners: Mapping[str, str]) -> None:
+        self.settings = settings
+        self.ns = ns
+        self.partitioners = partitioners  # data topic -> partitioner name; unlisted: "kafka"
+        self.partitions: dict[str, int] = {}
+        self._keys: dict[str, dict[bytes, int]] = {}  # topic -> key -> partition
+        # topic -> partition -> its persist records' encoded topic, partition and partitioner
+        self._encoded: dict[str, list[bytes | None]] = {}
+
+    def data_partitions(self, topic: str) -> int:
+        """The partition count of ``topic``; it and its replay topic must exist with the same
+        count (``ConfigurationError`` otherwise)."""
+        n = self.partitions.get(topic)
+        if n is None:
+            replay = replay_topic(topic)
+            counts = partition_counts(self.settings, [topic, replay])
+            n = counts[topic]
+            if n is None:
+                raise ConfigurationError(f"data topic {topic} does not exist")
+            if counts[replay] != n:
+                raise ConfigurationError(
+                    f"{replay} must exist with the {n} partitions of {topic} (it has "
+                    f"{counts[replay]}): replaybroker topics create --namespace "
+                    f"{self.ns.name} --data-topic {topic}:{n}"
+                )
+            self.partitions[topic] = n
+        return n
+
+    def key_hash_partition(self, topic: str, key: bytes | None) -> int:
+        if key is None:
+            return random.randrange(self.data_partitions(topic))
+        known = self._keys.get(topic)
+        if known is None:
+            known = self._keys[topic] = {}
+        else:
+            cached = known.get(key)
+            if cached is not None:
+                return cached
+        n = self.data_partitions(topic)
+        partition = get_partitioner(self.partitioners.get(topic, "kafka")).partition(key, n)
+        if len(known) >= MAX_KEYS:
+            known.clear()
+        known[key] = partition
+        return partition
+
+    def placement(self, topic: str, partition: int) -> bytes:
+        """The persist record's topic, key-hash partition and partitioner fields, encoded."""
+        encoded = self._encoded.get(topic)
+        if encoded is None:
+            encoded = self._encoded[topic] = [None] * self.data_partitions(topic)
+        placement = encoded[partition]
+        if placement is None:
+            placement = encoded[partition] = avro_placement(topic, partition, self.partitioners.get(topic, "kafka"))
+        return placement
