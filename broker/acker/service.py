@@ -19,7 +19,6 @@ consumption resumes - so restored state and input positions come from the same c
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import signal
 import threading
@@ -37,32 +36,29 @@ from confluent_kafka import (
 )
 
 from broker.acker import superseding
+from broker.acker.assignment import RESTORE_SLICE_S, Assignment
 from broker.acker.changelog import Changelog
-from broker.acker.commit import Batch, Transactions, is_fatal, is_fenced, positions_of, take_changes
+from broker.acker.clients import AckerClients
+from broker.acker.commit import Batch, Transactions, positions_of, take_changes
 from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
-from broker.acker.limits import producer_limit
 from broker.acker.membership import (
     Rejoins,
     classic,
-    consumer_protocol_refused,
-    group_client_logging,
 )
 from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.recovery import REJOIN_BACKOFF_S, Recovery
 from broker.acker.refusals import Refusals
-from broker.acker.restoring import Pending, Restores
+from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.background import RunsInBackground
-from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.kafka_io import (
     consumer_group_protocol,
     delete_retention_ms,
-    is_transient,
     max_message_bytes,
     partition_counts,
-    retrying,
     set_group_timeouts,
 )
 from broker.ledger.adaptive import AdaptiveTimeouts
@@ -81,25 +77,10 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
 
-RESTORE_SLICE_S = 0.05
-"""Changelog reading per loop iteration while partitions restore: the owned ones fold between."""
-REJOIN_BACKOFF_S = 1.0
-# How long a restored partition's seek may keep failing (its fetcher still starting) before
-# the acker gives up.
-SEEK_RETRY_S = 30.0
-"""Pause before a group consumer that failed fatally is replaced by a new one."""
-INIT_TRANSACTIONS_TIMEOUT_S = 30.0
-"""One wait for the transaction coordinator; a transient failure is retried."""
-
-# Client settings librdkafka refuses with the consumer group protocol, and what sets them.
-_GROUP_SIDE = {
-    "session.timeout.ms": "use AckerConfig.session_timeout_ms (--session-timeout-ms), set on the group",
-    "heartbeat.interval.ms": "use AckerConfig.heartbeat_interval_ms, set on the group",
-    "partition.assignment.strategy": "the broker's range assignor is used",
-}
 
 
-class Acker(RunsInBackground):
+
+class Acker(Assignment, Recovery, RunsInBackground):
     def __init__(
         self,
         settings: KafkaSettings,
@@ -150,60 +131,19 @@ class Acker(RunsInBackground):
         self._last_commit = time.monotonic()
         self._last_stats = time.monotonic()
         # Clients are created here but talk to Kafka only from start(): building an Acker
-        # needs no live cluster.
-        # Each client: what the acker's guarantee depends on (``required``: a user override
-        # that contradicts it is refused) and tunables (``defaults``: KafkaSettings.extra
-        # and AckerConfig.consumer win over them).
-        ns, consumer_config = self.ns, settings.consumer_config
-        # Records of aborted transactions (persist records, acks, the changelog) never count.
-        committed = {"isolation.level": "read_committed"}
-        self._committed = committed
-        producer_required: dict[str, object] = {
-            # A replay topic checked before producing (broker.acker.commit) must not be
-            # created by that very look-up, with the broker's default partition count.
-            "allow.auto.create.topics": False,
-        }
-        producer_defaults: dict[str, object] = {
-            "linger.ms": 1, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(None),
-        }
-        if self.config.exactly_once:
-            producer_required["transactional.id"] = f"{ns.name}.acker.{self.config.instance_id}"
-            producer_defaults["transaction.timeout.ms"] = self.config.transaction_timeout_ms
-        self._producer_required, self._producer_defaults = producer_required, producer_defaults
-        self._producer_config = settings.producer_config(required=producer_required, defaults=producer_defaults)
+        # needs no live cluster (broker.acker.clients: what each is configured with, and why).
+        ns = self.ns
+        self.clients = AckerClients(settings, ns, self.config)
+        self._producer_config = self.clients.producer()
         self._producer = Producer(self._producer_config)
-        self._consumer_config = self._group_consumer_config(consumer_config, committed) | group_client_logging()
+        self._consumer_config = self.clients.group()
         self._consumer = Consumer(self._consumer_config)
         # The consumer protocol hands out and takes back only what changes owner.
         self._incremental = self.config.group_protocol == "consumer"
         self._rebalanced = False  # a rebalance callback ran since the last poll
-        restorer = Consumer(
-            consumer_config(
-                f"{ns.name}.acker.restore",
-                required={**committed, "enable.partition.eof": True},
-                # EOF is only seen when a fetch comes back empty, and the broker holds
-                # an empty fetch (and the requests queued behind it) for this long.
-                defaults={
-                    "fetch.wait.max.ms": 10,
-                    # A restore reads whole partitions: big fetches, few round trips.
-                    "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                    "fetch.max.bytes": 64 * 1024 * 1024,
-                },
-            )
-        )
-        standby = None
-        if self.config.standby:
-            standby = Consumer(consumer_config(f"{ns.name}.acker.standby", required=committed))
-        fetcher = PersistFetcher(
-            ns,
-            Consumer(
-                consumer_config(
-                    f"{ns.name}.acker.fetch",
-                    required={**committed, "enable.auto.offset.store": False, "enable.partition.eof": True},
-                    defaults={"fetch.wait.max.ms": 10},
-                )
-            ),
-        )
+        restorer = Consumer(self.clients.restorer())
+        standby = Consumer(self.clients.standby()) if self.config.standby else None
+        fetcher = PersistFetcher(ns, Consumer(self.clients.fetcher()))
         cache = PayloadCache(self.config.replay_cache_entries)
         self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
         # One latency estimate per source topic for the whole process (timeout "auto").
@@ -230,44 +170,12 @@ class Acker(RunsInBackground):
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
         return self.changelog.standby
 
-    def _group_consumer_config(self, consumer_config: Callable[..., dict[str, object]], committed: dict[str, str]) -> dict[str, object]:
-        """The group consumer's librdkafka settings for the configured group protocol."""
-        cfg = self.config
-        required: dict[str, object] = {
-            **committed,
-            # Offsets are stored with the transaction that folded them.
-            "enable.auto.offset.store": False,
-            # A new group that skipped persist records would never track them.
-            "auto.offset.reset": "earliest",
-        }
-        defaults: dict[str, object] = {
-            # Names the member in the group's description and the broker's logs.
-            "client.id": f"{self.ns.name}.acker.{cfg.instance_id}",
-            "fetch.wait.max.ms": 20,
-            "fetch.min.bytes": 262_144,
-            "max.poll.interval.ms": 60_000,
-        }
-        if cfg.group_protocol == "consumer":
-            # Partition i of ns.persist, ns.acks and ns.ledger is one ledger partition: the
-            # broker-side range assignor gives equal-sized topics' partition i to one member,
-            # and moves only what changes owner. Session and heartbeat are the group's
-            # (set in start()); librdkafka refuses them here.
-            required["group.protocol"] = "consumer"
-            required["group.remote.assignor"] = "range"
-            for key, instead in _GROUP_SIDE.items():
-                if key in cfg.consumer or key in self.settings.extra:
-                    raise ConfigurationError(f"{key} cannot be set on the acker's consumer with group_protocol='consumer': {instead}")
-        else:
-            required["partition.assignment.strategy"] = "range"
-            defaults["session.timeout.ms"] = cfg.session_timeout_ms
-            defaults["heartbeat.interval.ms"] = cfg.heartbeat_interval_ms
-        if cfg.static:
-            required["group.instance.id"] = f"{self.ns.name}.acker.{cfg.instance_id}"
-        conf = consumer_config(self.group_id, required=required, user=cfg.consumer, defaults=defaults)
-        if cfg.group_protocol == "consumer":
-            for key in _GROUP_SIDE:  # the common consumer defaults' (a user's were refused above)
-                conf.pop(key, None)
-        return conf
+    # Every client of the acker is made here, by this module's names (tests replace them).
+    def _make_consumer(self, conf: dict[str, object]) -> Consumer:
+        return Consumer(conf)
+
+    def _make_producer(self, conf: dict[str, object]) -> Producer:
+        return Producer(conf)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -292,17 +200,16 @@ class Acker(RunsInBackground):
         # The producer's message.max.bytes from what ns.persist takes (broker.acker.limits;
         # the constructor assumed Kafka's default): a new producer if that differs (none has
         # written yet). A limit the user set stays.
-        config = self.settings.producer_config(required=self._producer_required, defaults={
-            **self._producer_defaults, "message.max.bytes": producer_limit(max_message_bytes(self.settings, self.ns.persist)),
-        })
+        config = self.clients.producer(max_message_bytes(self.settings, self.ns.persist))
         if config != self._producer_config:
             self._producer_config, self._producer = config, Producer(config)
             self.transactions.replace_producer(self._producer)
         if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
             # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
             # without an error (a 4.x one with the protocol off refuses it: _rejoin).
-            self.config = classic(self.config, self.group_id, "the cluster has no consumer group protocol (Kafka < 4.0)")
-            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
+            self.config = self.clients.config = classic(
+                self.config, self.group_id, "the cluster has no consumer group protocol (Kafka < 4.0)")
+            self._consumer_config = self.clients.group()
             with contextlib.suppress(KafkaException, RuntimeError):
                 self._consumer.close()
             self._consumer = Consumer(self._consumer_config)
@@ -366,34 +273,6 @@ class Acker(RunsInBackground):
             on_lost=self._on_lost,
         )
 
-    def _rejoin(self, err: KafkaError | None) -> None:
-        """The group consumer hit a fatal error (``err``), or the producer was fenced by its
-        coordinator (None): out of the group for good. Seen: a static member restarted after
-        a kill is refused (UNRELEASED_INSTANCE_ID) until its predecessor's session expires:
-        waited out with back-off, one log line per wait period (broker.acker.membership).
-        Whatever it owned is someone else's now (as if lost); a new consumer joins again,
-        after a pause so a refusal is not a busy loop."""
-        refused = err is not None and self.config.group_protocol == "consumer" and consumer_protocol_refused(err)
-        if refused and err is not None:  # a cluster of Kafka >= 4.0 with the consumer protocol off
-            self.config = classic(self.config, self.group_id, f"the cluster refused the consumer group protocol ({err.str()})")
-            self._consumer_config = self._group_consumer_config(self.settings.consumer_config, self._committed) | group_client_logging()
-            self._incremental = False
-        wait_s = self.membership.wait_after(None if refused else err, owned=bool(self._owned()))  # logs, once per period
-        if err is not None:
-            self.transactions.abort()
-        self.restores.cancel(self._owned())
-        self._drop(set(self.states))
-        self.totals.clear()  # what was folded since the last commit is dropped with them
-        self.totals.update(self._committed_totals)
-        self.changelog.assign_standby(self.P, self.states)
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.close()
-        self._stop.wait(wait_s)
-        self._consumer = Consumer(self._consumer_config)
-        self.transactions.consumer = self.expiry.consumer = self._consumer
-        self.rejoins += 1
-        self._subscribe()
-
     def close(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()  # revokes: _on_revoke commits what is left
@@ -407,180 +286,6 @@ class Acker(RunsInBackground):
             self.metrics_server.close()
             self.metrics_server = None
         self._log_stats()
-
-    # ------------------------------------------------------------------ assignment
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
-        lps = sorted({tp.partition for tp in partitions if tp.topic == self.ns.persist})
-        acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
-        if lps != acks:
-            log.error("assignment is not co-partitioned: persist %s acks %s", lps, acks)
-        # Restored here if it takes less than a slice (a warm or standby state, a small
-        # changelog, no transaction of a dead owner to wait out), else in the poll loop
-        # (broker.acker.restoring): the inputs wait, paused, and the partitions already owned
-        # go on folding meanwhile.
-        pending = self.restores.add(lps, partitions)
-        deadline = time.monotonic() + RESTORE_SLICE_S
-        done = None
-        while done is None and time.monotonic() < deadline:
-            done = self.restores.step(max(deadline - time.monotonic(), 0.001))
-        assigned = pending.starts or partitions
-        if self._incremental:
-            consumer.incremental_assign(assigned)
-        else:
-            consumer.assign(assigned)
-        if done is pending:
-            self._restored(pending, resume=False)
-        else:
-            consumer.pause(assigned)
-        self.changelog.assign_standby(self.P, self._owned())
-
-    def _committed_starts(self, tps: list[TopicPartition], timeout_s: float) -> list[TopicPartition] | None:
-        """Where the inputs resume: their stable committed offsets. Asking for them waits
-        for any transaction a dead owner left open, so the changelog read after them ends
-        past everything they reflect. None while that is not settled yet (asked again)."""
-        try:
-            committed = self._consumer.committed(tps, timeout=timeout_s)
-        except KafkaException as exc:
-            log.debug("committed offsets not known yet (%s)", exc)
-            return None
-        return self._start_positions(committed)
-
-    def _restored(self, done: Pending, *, resume: bool = True) -> None:
-        """A callback's partitions are restored: install them and let their inputs flow."""
-        starts = done.starts
-        assert starts is not None
-        lps = sorted(done.states)
-        owned = sorted(set(self.states) | set(lps))
-        seconds = time.monotonic() - done.began
-        # Before the states: whoever sees them owned (another thread) sees this too.
-        self.last_assignment = {
-            "partitions": lps,
-            "owned": owned,
-            "from_standby": done.warm,
-            "changelog_records_read": done.read,
-            "entries": sum(len(st.table) for st in done.states.values()),
-            "seconds": seconds,
-        }
-        self.expiry.assigned(starts)
-        self._read.difference_update(lps)
-        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
-        self.states.update(done.states)
-        if resume:
-            self._to_resume = [*self._to_resume, *starts]
-            self._resume_restored()
-        log.info(
-            "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
-            "%d entries, %.3fs",
-            lps, owned, done.warm, done.read, self.last_assignment["entries"], seconds,
-        )
-
-    def _resume_restored(self) -> None:
-        """Seek the restored partitions' inputs to their starts (anything fetched before the
-        pause is read again) and resume them. Seen on a loaded machine: a seek right after a
-        takeover's assignment fails with "Erroneous state" while the partition's fetcher is
-        still starting; such a partition stays paused and is sought again at the next step
-        (for up to ``SEEK_RETRY_S``), instead of the acker exiting."""
-        waiting: list[TopicPartition] = []
-        for tp in self._to_resume:
-            if tp.partition not in self.states:
-                continue  # revoked or lost meanwhile
-            try:
-                self._consumer.seek(tp)
-            except KafkaException as exc:
-                if self._seek_failing_since is None:
-                    self._seek_failing_since = time.monotonic()
-                elif time.monotonic() - self._seek_failing_since > SEEK_RETRY_S:
-                    raise
-                log.debug("seek of %s[%d] to %d failed (%s): tried again", tp.topic, tp.partition, tp.offset, exc)
-                waiting.append(tp)
-                continue
-            self._consumer.resume([tp])
-            self._rebalanced = True  # resumed fetchers need waking too
-        self._to_resume = waiting
-        if not waiting:
-            self._seek_failing_since = None
-
-    def _owned(self) -> set[int]:
-        """Ledger partitions owned: restored, or restoring."""
-        return set(self.states) | self.restores.lps
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
-        lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
-        self.restores.cancel(lps)
-        clean = True
-        try:
-            self.commit()
-        except ReplayBrokerError:
-            clean = False
-        self.restores.cancel(lps)  # a failed commit schedules a rewind of what it touched
-        # After a successful commit a partition's table equals its changelog: keep it as a
-        # warm standby, so getting the partition back (range rebalances are eager) costs a
-        # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
-        clean = clean and not self._outgoing
-        for lp in lps:
-            st = self.states.pop(lp, None)
-            if st is not None and clean and not st.failures and not st.tombstones:
-                self.changelog.keep_warm(lp, st)
-        self._drop(lps)
-        self.changelog.assign_standby(self.P, self._owned())
-        if self._incremental:
-            consumer.incremental_unassign(partitions)
-        log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
-        # Someone else owns them now: nothing of ours may be committed for them, and the
-        # tables may be ahead of their changelogs.
-        self.transactions.abort()
-        lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
-        self.restores.cancel(lps)
-        self._drop(lps)
-        self.changelog.assign_standby(self.P, self._owned())
-        if self._incremental:
-            consumer.incremental_unassign(partitions)
-        log.warning("lost ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
-
-    def _drop(self, lps: set[int]) -> None:
-        for lp in lps:
-            self.states.pop(lp, None)
-        self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
-        self._read -= lps
-        self._to_resume = [tp for tp in self._to_resume if tp.partition not in lps]
-        self.expiry.forget(lps)
-        # Outputs not committed yet go with the partition: its next owner re-derives them
-        # from the changelog and the inputs after the committed offsets (quarantines too).
-        self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]
-
-    def _wake_fetchers(self) -> None:
-        """librdkafka pauses every partition's fetcher while a rebalance callback runs; the
-        partitions that stay are resumed afterwards, but a fetcher with nothing else to do
-        notices only at its next wake-up, up to a second later - every membership change
-        stalled the partitions that did not move for about a second. A request to each
-        leader wakes their fetchers now (one ListOffsets per leader, once per rebalance)."""
-        if not self._incremental or not self.states:
-            return
-        now_ms = int(time.time() * 1000)
-        owned = [TopicPartition(t, lp, now_ms) for lp in self.states for t in (self.ns.persist, self.ns.acks)]
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.offsets_for_times(owned, timeout=5)
-
-    def _start_positions(self, committed: list[TopicPartition]) -> list[TopicPartition]:
-        """Where each input partition resumes: its committed offset, or its first offset when
-        none was committed yet - explicit, so every transaction can commit it."""
-        out = []
-        for tp in committed:
-            offset = tp.offset
-            if offset < 0:
-                first = TopicPartition(tp.topic, tp.partition)
-                offset, _ = retrying(
-                    functools.partial(self._consumer.get_watermark_offsets, first, timeout=30),
-                    f"watermarks of {tp.topic}[{tp.partition}]",
-                )
-            out.append(TopicPartition(tp.topic, tp.partition, offset))
-        return out
 
     # ------------------------------------------------------------------ folding
 
@@ -719,94 +424,6 @@ class Acker(RunsInBackground):
                 for topic, e in self.adaptive.estimates(self.clock.now_ms()).items()
             },
         ))
-
-    def _on_commit_error(self, exc: KafkaException, touched: set[int]) -> None:
-        err = exc.args[0] if exc.args else None
-        if is_fenced(exc) and self.transactions.outlived(self.config.transaction_timeout_ms):
-            # Seen after a broker outage longer than the transaction timeout: the coordinator
-            # came back, aborted the transaction it found expired and bumped our epoch. No
-            # other instance is involved - but one may be (a paused zombie fenced by its
-            # successor looks the same), so this instance does not simply start a new producer,
-            # which would fence a successor: it leaves the group, drops what it owned and joins
-            # again; a new producer is started only once it owns partitions again (a successor
-            # holding our instance id keeps it out of the group).
-            log.warning(
-                "commit failed (%s): the transaction outlived transaction.timeout.ms (%d ms), its "
-                "coordinator aborted it; everything owned is dropped, joining the group again in %.1fs "
-                "(a new producer once partitions are owned again)",
-                err, self.config.transaction_timeout_ms, REJOIN_BACKOFF_S,
-            )
-            self.fenced_by_timeout += 1
-            self._producer_stale = True
-            self._rejoin(None)
-            return
-        if is_fenced(exc):
-            # Another instance took over with our transactional id: stop, and never write
-            # again with this producer.
-            log.error("commit failed (%s); fenced, stopping", err)
-            self.stop()
-            raise ReplayBrokerError(f"acker fenced: {err}") from exc
-        if is_fatal(exc):
-            # A fatal producer error that is not fencing (seen: INVALID_TXN_STATE after an
-            # abort while the transaction coordinator moved): this producer is unusable, but
-            # a new one with the same transactional id aborts whatever is open and goes on.
-            log.error("commit failed (%s); fatal for this producer: a new one takes over", err)
-            self._new_producer()
-        else:
-            log.error("commit failed (%s); aborting and rewinding", err)
-            self.transactions.abort()
-        refused = self.refusals.take_noted()
-        if refused:
-            log.warning(
-                "%d outputs refused for good, decided again after the rewind: %s", len(refused), "; ".join(refused)
-            )
-        for name in self.refusals.take_unknown_topics():
-            self.decider.forget(name)
-        self._rewind(touched)
-
-    def _new_producer(self) -> None:
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self._producer.flush(0)
-        self._producer = Producer(self._producer_config)
-        if self.config.exactly_once:
-            try:
-                self._init_transactions()
-            except KafkaException as exc:
-                self.stop()
-                raise ReplayBrokerError(f"acker cannot start a new transactional producer: {exc}") from exc
-        self.transactions.replace_producer(self._producer)
-        self._producer_stale = False
-
-    def _init_transactions(self) -> None:
-        """``init_transactions``, tried again while it fails transiently: a transaction
-        coordinator that is moving or a cluster missing a node is waited for (the acker's
-        inputs wait anyway), not a reason for the service to exit."""
-        while True:
-            try:
-                self._producer.init_transactions(INIT_TRANSACTIONS_TIMEOUT_S)
-                return
-            except KafkaException as exc:
-                if not is_transient(exc) or self._stop.is_set():
-                    raise
-                log.warning("initialising transactions failed transiently (%s); trying again", exc.args[0])
-
-    def _rewind(self, touched: set[int]) -> None:
-        """After an aborted commit the partitions it touched are ahead of Kafka: they are
-        restored from their changelogs like a new assignment - their inputs paused, a slice
-        per loop iteration (broker.acker.restoring), then sought back to the committed
-        offsets - while the partitions it did not touch go on as they are. Nothing of it runs
-        inside one poll: a large changelog costs no membership."""
-        lps = sorted(touched & set(self.states))
-        self.totals.clear()  # the same dict the states and the changelog count into
-        self.totals.update(self._committed_totals)
-        if not lps:
-            return
-        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
-        with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.pause(tps)
-        self._drop(set(lps))
-        self.restores.add(lps, tps)
-        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", lps, sorted(self.states))
 
     # ------------------------------------------------------------------ stats
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+import broker.acker.assignment
 import broker.acker.service
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
@@ -153,7 +154,7 @@ def test_a_seek_that_fails_while_the_fetcher_starts_is_tried_again_not_the_end_o
 ) -> None:
     """Seen in a takeover on a loaded machine: the survivor restored the victim's partition
     and its seek failed with "Erroneous state"; the acker exited."""
-    monkeypatch.setattr(broker.acker.service, "RESTORE_SLICE_S", 0.0)  # restored in the loop, then sought
+    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)  # restored in the loop, then sought
     clock = ManualClock(T0)
     acker, consumer, _producer = make_acker(clock)
     failures = [2]

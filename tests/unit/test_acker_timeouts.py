@@ -29,6 +29,7 @@ from confluent_kafka import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import broker.acker.assignment
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
@@ -354,6 +355,10 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
     monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
     monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
+    # A restore finishes inside its first slice however loaded the machine (the wall clock
+    # is the one thing these tests do not step): the steps a test counts stay the same.
+    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
+    monkeypatch.setattr(broker.acker.service, "RESTORE_SLICE_S", 10.0)
     # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
