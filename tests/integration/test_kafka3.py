@@ -62,7 +62,7 @@ def test_records_complete_through_an_acker_with_default_settings_on_kafka_3(
         return None
 
     caplog.set_level(logging.INFO, "broker.acker")
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600))
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [data, topics.replay_topic(data)], unique_name("leaf"), ack)
     tail = OutcomeTail(settings, ns)
     stop = threading.Event()

@@ -202,7 +202,7 @@ def test_a_near_max_record_dead_lettered_keeps_its_value(bootstrap: str) -> None
         origin = source.send(data, "big", value).origin  # nobody acks it: it times out
 
     # A last attempt's dead letter is held while late events could still complete it: 1 s.
-    config = AckerConfig(instance_id=unique_name("a"), stats_interval_s=3600, watch_ms=1_000)
+    config = AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000, watch_ms=1_000)
     acker = Acker(settings, ns, config)
     tail = OutcomeTail(settings, ns)
     stop = threading.Event()

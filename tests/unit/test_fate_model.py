@@ -43,7 +43,7 @@ WATCH_MS = 20_000
 # it late - at once after the deadline, inside the window whatever the acker's lag (< W/2),
 # or past it.
 DELAYS = {"late_now": 0, "late_quarter": WATCH_MS // 4, "late_edge": WATCH_MS // 2 - 100, "late_past": 2 * WATCH_MS}
-MOVES = ("ack", "fail", "drop", *DELAYS)
+MOVES = ("ack", "fail", "drop", "touch", *DELAYS)
 _NONE = np.array([], np.int64)
 
 
@@ -64,7 +64,9 @@ class FateMachine(RuleBasedStateMachine):
         self.scanned: dict[int, int] = {}  # ledger partition -> persist records looked at
         self.roots: dict[int, int] = {}  # srid -> the record id its tree completes with
         self.scripts: dict[int, tuple[str, str, str]] = {}  # origin -> the move of each attempt
-        self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail): the tasks' doings
+        self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail / touch): the tasks' doings
+        self.created: dict[int, int] = {}  # srid -> created_ms
+        self.bad: dict[tuple[int, int], int] = {}  # (ledger partition, offset) -> srid of a bad value
         self.sent = 0
 
     # ------------------------------------------------------------------ set-up
@@ -113,6 +115,20 @@ class FateMachine(RuleBasedStateMachine):
             lp = ids.ledger_partition(srid, self.cluster.partitions)
             self.cluster.append(NS.persist, lp, ids.encode_id(srid), record.encode())
 
+    @rule(field=st.sampled_from(["attempt", "max_attempts", "timeout_ms", "partitioner"]))
+    def send_bad(self, field: str) -> None:
+        """A persist value outside the rule's domain: quarantined at registration (in the
+        DLQ once), never registered, replayed or tombstoned."""
+        srid, root = ids.new_id(), ids.new_id()
+        bad = {"attempt": {"attempt": 0}, "max_attempts": {"max_attempts": 0}, "timeout_ms": {"timeout_ms": 0},
+               "partitioner": {"partitioner": "nope"}}[field]
+        fields = dict(srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
+                      key_hash_partition=0, key=b"bad", value=b"bad", created_ms=self.clock.now_ms(),
+                      timeout_ms=1_000, max_attempts=2)
+        record = PersistedRecord(**{**fields, **bad})  # type: ignore[arg-type]
+        lp = ids.ledger_partition(srid, self.cluster.partitions)
+        self.bad[(lp, self.cluster.append(NS.persist, lp, ids.encode_id(srid), record.encode()))] = srid
+
     def _plan(self, a: ModelAttempt, created_ms: int, timeout_ms: int) -> None:
         """Schedule what the tasks do with a new attempt (its record's script)."""
         move = self.scripts[a.origin][a.number - 1]
@@ -122,6 +138,9 @@ class FateMachine(RuleBasedStateMachine):
             self.planned.append((created_ms + 10, a.srid, "fail"))
         elif move.startswith("late"):  # a slow task: after the deadline
             self.planned.append((a.deadline_ms + DELAYS[move], a.srid, "ack"))
+        elif move == "touch":  # a long task: extends the deadline, completes after the first
+            self.planned.append((created_ms + timeout_ms // 2, a.srid, "touch"))
+            self.planned.append((created_ms + 2 * timeout_ms, a.srid, "ack"))
 
     @rule(ms=st.sampled_from([50, 300, 1_000, 3_000, 8_000, 25_000]))
     def advance(self, ms: int) -> None:
@@ -136,6 +155,13 @@ class FateMachine(RuleBasedStateMachine):
             if what == "ack":
                 a.acked_ms = self.clock.now_ms()
                 batch = XorBatch(lp, np.array([srid], np.int64), np.array([self.roots[srid]], np.int64), _NONE)
+            elif what == "touch":
+                # The rule's deadline stays the first one: a touch read before its srid's persist
+                # record (the acker reads ns.acks and ns.persist apart) creates nothing (design
+                # §6), so a replay after the first deadline is right either way; the fate is not.
+                touched = a.deadline_ms + 2 * (a.deadline_ms - self.created[srid])
+                batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array([srid], np.int64),
+                                 touched_deadlines=np.array([touched], np.int64))
             else:
                 a.failed_ms = self.clock.now_ms()
                 batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64))
@@ -187,9 +213,12 @@ class FateMachine(RuleBasedStateMachine):
             for msg in log[self.scanned.get(lp, 0):]:
                 srid = ids.decode_id(msg.key() or b"")
                 value = msg.value()
+                if (lp, msg.offset()) in self.bad:
+                    continue
                 if value is not None:
                     r = PersistedRecord.decode(value)
                     self.roots[r.srid] = r.root_xor
+                    self.created[r.srid] = r.created_ms
                     for h in r.history:
                         self.model.attempts[h.srid].reason = h.reason
                     a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts, r.created_ms + r.timeout_ms)
@@ -215,6 +244,9 @@ class FateMachine(RuleBasedStateMachine):
             self.advance(1_000)
         self._scan()
         assert not self.model.violations(), self.model.violations()
+        quarantined = [dict(m.headers() or ()).get("rb-source") for m in self.cluster.records(NS.dlq)
+                       if (dict(m.headers() or ()).get("rb-reason") or b"").startswith(b"quarantine")]
+        assert sorted(quarantined) == sorted(f"{NS.persist}/{lp}/{o}".encode() for lp, o in self.bad), quarantined
         for origin, attempts in self.model.origins.items():
             ends = sorted(a.outcome for a in attempts if a.outcome in ("completed", "dlq"))
             assert len(ends) == 1, f"origin {origin}: {[(a.number, a.outcome) for a in attempts]}"
