@@ -218,7 +218,7 @@ def group_owners(admin: AdminClient, group: str, topic: str) -> dict[int, str]:
     id, else its client id); {} while the coordinator cannot describe the group."""
     try:
         desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
-    except KafkaException:
+    except (KafkaException, TimeoutError):  # a busy coordinator: the caller asks again
         return {}
     owners: dict[int, str] = {}
     for member in desc.members:

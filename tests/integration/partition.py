@@ -7,9 +7,11 @@ connection (KIP-103), so every later connection of that client - to the group an
 coordinators, to partition leaders - goes through the proxy too. Everyone else uses the
 PLAINTEXT listener directly and is not affected by a cut.
 
-``cut()`` drops the traffic the way a partition does: open connections stay open but nothing
-crosses them, new connections are accepted and hear nothing. ``heal()`` closes whatever the
-cut stranded (as its peer would reset it once the network is back) and forwards again.
+``cut(drop=True)`` drops the traffic the way a partition does: open connections stay open but
+nothing crosses them, new connections are accepted and hear nothing. ``cut(drop=False)``
+refuses it instead (a firewall's REJECT): connections are reset, new ones closed at once.
+``heal()`` closes whatever the cut stranded (as its peer would reset it once the network is
+back) and forwards again.
 """
 
 from __future__ import annotations
@@ -59,20 +61,31 @@ class PartitionProxy:
         self._lock = threading.Lock()
         self._generation = 0  # a heal ends every connection of the generations before it
         self._sockets: list[socket.socket] = []
+        self._rejecting = False
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut(self) -> None:
+    def cut(self, *, drop: bool) -> None:
+        """``drop``: packets are lost (a firewall's DROP) - connections stall until the heal;
+        else they are refused (REJECT) - open connections are reset, new ones closed at once."""
         self.cuts += 1
-        self._open.clear()
+        self._rejecting = not drop
+        if drop:
+            self._open.clear()
+        else:
+            self._end_connections()
 
     def heal(self) -> None:
+        self._rejecting = False
+        self._end_connections()
+        self._open.set()
+
+    def _end_connections(self) -> None:
         with self._lock:
             self._generation += 1
             stranded, self._sockets = self._sockets, []
         for sock in stranded:
             _close(sock)
-        self._open.set()
 
     def close(self) -> None:
         _close(self._server)
@@ -95,7 +108,7 @@ class PartitionProxy:
 
     def _serve(self, client: socket.socket) -> None:
         generation = self._generation
-        if not self._track(client, generation):
+        if self._rejecting or not self._track(client, generation):
             _close(client)
             return
         self._open.wait()  # cut: accepted, and nobody answers
