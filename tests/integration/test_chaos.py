@@ -775,9 +775,9 @@ def test_a_partitioned_acker_is_fenced_and_rejoins(tmp_path: Path) -> None:
     commit them.
 
     The cut refuses acker-1's connections (a firewall's REJECT). REPLAYBROKER_PARTITION_DROP=1
-    drops its packets instead (DROP: connections stall): then acker-1 can hang in librdkafka's
-    ``send_offsets_to_transaction`` past its timeout, and never rejoin (librdkafka issues
-    #5456, #5511: a coordinator request waits for a broker state change that does not come)."""
+    drops its packets instead (DROP: connections stall); once, a ``send_offsets_to_transaction``
+    issued during such a cut stayed blocked past its timeout and past the heal (librdkafka
+    #5456: a coordinator request waits for a broker state change that does not come)."""
     report, out = run_partition(tmp_path, drop=os.environ.get("REPLAYBROKER_PARTITION_DROP") == "1")
     print(json.dumps({"report": asdict(report), "partition": asdict(out)}))
     assert out.problems == []
