@@ -50,6 +50,7 @@ class Assignment:
     _consumer: Consumer
     _incremental: bool
     _rebalanced: bool
+    _producer_stale: bool
     _positions: dict[tuple[str, int], int]
     _read: set[int]
     _to_resume: list[TopicPartition]
@@ -184,6 +185,11 @@ class Assignment:
         # Someone else owns them now: nothing of ours may be committed for them, and the
         # tables may be ahead of their changelogs.
         self.transactions.abort()
+        # Lost after the group stopped hearing from us (a network partition): the producer
+        # came through the same outage, and once partitions are owned again its
+        # send_offsets_to_transaction was seen to block for good (librdkafka #5456). A new
+        # one (the same transactional id) aborts whatever is open and finds its coordinators.
+        self._producer_stale = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         self.restores.cancel(lps)
         self._drop(lps)

@@ -249,9 +249,7 @@ class LocalKafka:
         while controller_port == port:
             controller_port = free_port()
         props = self.run_dir / "server.properties"
-        props.write_text(
-            SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
-        )
+        props.write_text(self._properties(port, controller_port, data_dir))
         log4j = self.run_dir / "log4j2.properties"
         log4j.write_text(
             LOG4J2_PROPERTIES.format(log_file=self.run_dir / "server.log", level="INFO")
@@ -285,6 +283,10 @@ class LocalKafka:
         (self.run_dir / "state.json").write_text(json.dumps(asdict(state), indent=2))
         log.info("embedded Kafka %s ready at %s (run dir %s)", version, state.bootstrap, self.run_dir)
         return state
+
+    def _properties(self, port: int, controller_port: int, data_dir: Path) -> str:
+        """``server.properties`` (a subclass may add listeners)."""
+        return SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
 
     def _launch(self) -> None:
         out = open(self.run_dir / "kafka.out", "ab")  # noqa: SIM115 - handed to the child

@@ -5,6 +5,7 @@ last event" is decidable."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter, defaultdict
@@ -19,11 +20,13 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from broker import ids, topics
 from broker.dev.testing import unique_name
+from broker.headers import H_DEADLINE, H_HISTORY
 from broker.kafka_io import read_to_end
-from broker.schemas import COUNTERS_KEY, XorBatch, decode_counters
+from broker.schemas import COUNTERS_KEY, PersistedRecord, XorBatch, decode_counters
 from broker.settings import KafkaSettings
 from broker.task import Task
 
@@ -163,6 +166,38 @@ def read_events(settings: KafkaSettings, ns: topics.Namespace, partitions: int) 
     return events
 
 
+def read_fail_marks(settings: KafkaSettings, ns: topics.Namespace, partitions: int) -> dict[int, int]:
+    """Every srid failed explicitly in ``ns.acks``: srid -> the create time (ms) of its first
+    fail mark (the task's clock: on one machine, the acker's)."""
+    marks: dict[int, int] = {}
+    for msg in read_to_end(settings, ns.acks, partitions):
+        _, ts = msg.timestamp()
+        for srid in XorBatch.decode(msg.value()).failed.tolist():
+            marks[srid] = min(ts, marks.get(srid, ts))
+    return marks
+
+
+class Attempts:
+    """What ``ns.persist`` and ``ns.dlq`` show of every attempt: its deadline (from its persist
+    record), and how it was decided when it failed - the reason in the history its replay's
+    persist record, or its dead letter, carries (``timeout``, or the failure's reason)."""
+
+    def __init__(self, settings: KafkaSettings, ns: topics.Namespace, partitions: int) -> None:
+        self.deadlines: dict[int, int] = {}
+        self.decided: dict[int, str] = {}
+        for msg in read_to_end(settings, ns.persist, partitions):
+            deadline = dict(msg.headers() or ()).get(H_DEADLINE)
+            if msg.value() is None or deadline is None:
+                continue
+            self.deadlines[ids.decode_id(msg.key() or b"")] = ids.decode_id(deadline)
+            for failure in PersistedRecord.decode(msg.value()).history:
+                self.decided[failure.srid] = failure.reason
+        for msg in read_to_end(settings, ns.dlq, 1):
+            history = dict(msg.headers() or ()).get(H_HISTORY)
+            for failure in json.loads(history or b"[]"):
+                self.decided[failure["srid"]] = failure["reason"]
+
+
 def read_changelog(settings: KafkaSettings, ns: topics.Namespace, partitions: int = 4) -> tuple[int, dict[str, int]]:
     """Live entries left in ``ns.ledger``, and the acker's counters summed over partitions."""
     latest: dict[tuple[int, bytes], bytes | None] = {}
@@ -176,6 +211,32 @@ def read_changelog(settings: KafkaSettings, ns: topics.Namespace, partitions: in
         elif value is not None:
             live += 1
     return live, dict(counters)
+
+
+def group_owners(admin: AdminClient, group: str, topic: str) -> dict[int, str]:
+    """Partition of ``topic`` -> the member the group coordinator assigned it to (its instance
+    id, else its client id); {} while the coordinator cannot describe the group."""
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except (KafkaException, TimeoutError):  # a busy coordinator: the caller asks again
+        return {}
+    owners: dict[int, str] = {}
+    for member in desc.members:
+        tps = member.assignment.topic_partitions if member.assignment else []
+        owners.update(dict.fromkeys((tp.partition for tp in tps if tp.topic == topic),
+                                    member.group_instance_id or member.client_id))
+    return owners
+
+
+def wait_assigned(settings: KafkaSettings, groups: dict[str, str], partitions: int, limit_s: float = 120.0) -> None:
+    """Until every partition of each group's topic (``groups``: group -> topic) is assigned:
+    the services are up and a record sent now is processed without waiting for a join."""
+    admin = AdminClient(settings.client_config())
+    deadline = time.monotonic() + limit_s
+    for group, topic in groups.items():
+        while len(group_owners(admin, group, topic)) < partitions:
+            assert time.monotonic() < deadline, f"group {group} did not get {topic}'s partitions assigned"
+            time.sleep(0.5)
 
 
 class Services:
