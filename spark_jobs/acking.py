@@ -378,7 +378,7 @@ def xor_events(
     packed rows to one task. Folding per srid in Spark needed a shuffle of every row by ledger
     partition (a job of two full stages); the fold is a sort and an XOR-reduce over arrays on
     the driver instead (``fold_events``), 1.4-1.6x faster per batch on 2 cores
-    (``spark_jobs/README.md``, "Cost of acking"). The plan is one SQL text over the row
+    (docs/benchmarks.md, "Spark: the cost of acking"). The plan is one SQL text over the row
     frames: built from Column objects it took ~1 400 py4j round trips.
     """
     fail_flag = F.lit(False)

@@ -3,7 +3,7 @@
 ``Acking`` needs, per batch, every tracked input's ``(srid, record id)``, every child's
 ``(srid, child id)`` and the srids the decision failed. Computing them is a Spark job of its
 own (``acking.xor_events``), and that job, with the cache of the batch it read, was most of
-what acking added to a batch (``spark_jobs/README.md``, "Cost of acking"). But every row they
+what acking added to a batch (docs/benchmarks.md, "Spark: the cost of acking"). But every row they
 come from already passes through a job that runs anyway: the decision and the children are
 pinned (lazy local checkpoints, ``acking.pin``) and the pins are filled by the jobs that write
 the outputs. An ``EventObserver`` puts an ``observe()`` node on the batch (``inputs``) and one
