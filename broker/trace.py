@@ -257,7 +257,8 @@ def _attempt(reader: _Reader, srid: int, attempt: int | None, replay: Message | 
             try:
                 entry = LedgerEntry.decode(last.value())
                 ledger = {
-                    "state": "pending",
+                    # a watch is no pending record: a replayed attempt kept for its window (§6)
+                    "state": "watch" if entry.flags & WATCH else "pending",
                     **where,
                     "value_hex": id_hex(entry.value),
                     "flags": entry.flags,
@@ -333,9 +334,9 @@ def render(result: dict[str, Any]) -> str:
                 f"({p['partitioner']})  max attempts {p['max_attempts']}"
             )
         led = a["ledger"]
-        if led["state"] == "pending":
+        if led["state"] in ("pending", "watch"):
             lines.append(
-                f"  ledger:     pending  value {led['value_hex']}  flags {','.join(led['flag_names']) or '-'}"
+                f"  ledger:     {led['state']}  value {led['value_hex']}  flags {','.join(led['flag_names']) or '-'}"
                 f"  deadline {led['deadline']}  ({ns}.ledger {_where(led)})"
             )
         elif led["state"] == "gone":
