@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from broker import ids
 from broker.errors import BackpressureTimeout, DecodeError
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.kafka_io import retrying
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -131,7 +131,7 @@ class PersistFeed:
         srid = ids.decode_id(key)
         value = msg.value()
         if value is None:
-            outcome = dict(msg.headers() or ()).get(H_OUTCOME) or b"?"
+            outcome = outcome_of(msg.headers())
             self.window.outcome(srid, outcome.decode(errors="replace"))
             return
         if not self.window._pending:  # nothing of ours to follow: no need to decode

@@ -15,7 +15,7 @@ from confluent_kafka import Message
 
 from broker import ids
 from broker.errors import DecodeError
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.kafka_io import partition_counts, read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -48,8 +48,7 @@ class OutcomeLog:
             self.attempt_of[srid] = record.attempt
             self.live.add(srid)
             return
-        headers = dict(msg.headers() or ())
-        outcome = (headers.get(H_OUTCOME) or b"?").decode()
+        outcome = outcome_of(msg.headers()).decode()
         origin = self.origin_of.get(srid)
         self.live.discard(srid)
         if origin is None:

@@ -132,6 +132,15 @@ def persist_headers(root_xor: int, deadline_ms: int, auto_topic: str | None = No
     return headers
 
 
+def outcome_of(headers: Headers | None) -> bytes:
+    """Why a persist tombstone's srid left the ledger: its ``rb-outcome`` header, and
+    ``completed`` for a tombstone without one (a completion needs no header)."""
+    for k, v in headers or ():
+        if k == H_OUTCOME and v:
+            return v
+    return OUTCOME_COMPLETED
+
+
 def user_headers(headers: Headers | None) -> tuple[tuple[str, bytes | None], ...]:
     """The caller's headers without any tracking header (those are the broker's to set)."""
     if not headers:

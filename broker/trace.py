@@ -35,7 +35,7 @@ from confluent_kafka import Message
 from broker import ids
 from broker.dlq import RECORD, DlqEntry
 from broker.errors import DecodeError
-from broker.headers import AUTO, AUTO_TIMEOUT_MS, H_ATTEMPT, H_ORIGIN, H_OUTCOME, H_SRID
+from broker.headers import AUTO, AUTO_TIMEOUT_MS, H_ATTEMPT, H_ORIGIN, H_SRID, outcome_of
 from broker.kafka_io import partition_counts, read_partitions, read_to_end
 from broker.ledger.table import DEFERRED, FAILED, REGISTERED, SUPERSEDED, WATCH
 from broker.schemas import LedgerEntry, PersistedRecord
@@ -238,9 +238,8 @@ def _attempt(reader: _Reader, srid: int, attempt: int | None, replay: Message | 
     decision = None
     if tombstone is not None:
         at = tombstone.timestamp()[1]
-        outcome = _header(tombstone, H_OUTCOME)
         decision = {
-            "outcome": None if outcome is None else outcome.decode("utf-8", "replace"),
+            "outcome": outcome_of(tombstone.headers()).decode("utf-8", "replace"),
             "partition": tombstone.partition(),
             "offset": tombstone.offset(),
             "at_ms": at,

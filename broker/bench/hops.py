@@ -204,7 +204,7 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
                                              "out": str(workdir / "task.npz")}, workdir, name="task",
                                 profile_dir=profile_dir))
             sink = worker("tail", {**base, "namespace": run_id, "persist": persist, "partitions": env.partitions,
-                                   "out": str(out), "bare_tombstones": True}, workdir, profile_dir=profile_dir)
+                                   "out": str(out)}, workdir, profile_dir=profile_dir)
             producer = worker("skeleton_source", {**base, "topic": data, "persist": persist}, workdir,
                               name="source", profile_dir=profile_dir)
         elif system in ("raw", "share"):

@@ -391,7 +391,7 @@ def run_tail(config: dict[str, Any]) -> None:
     its commit) is kept too."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from broker.headers import H_ATTEMPT, H_ORIGIN, H_OUTCOME
+    from broker.headers import H_ATTEMPT, H_ORIGIN, outcome_of
 
     stop = _Stop()
     persist = config["persist"]
@@ -402,8 +402,6 @@ def run_tail(config: dict[str, Any]) -> None:
     consumer = Consumer(_consumer_conf(config, None, **{"group.id": f"{config['namespace']}.bench-tail"}))
     consumer.assign(tps)
     keep_all = bool(replay)
-    # The skeleton's tombstones carry no outcome: every one of them is a completion.
-    unmarked = b"completed" if config.get("bare_tombstones") else b"?"
     persisted: dict[bytes, int] = {}  # srid key -> persist CreateTime (ms)
     first_persist: dict[bytes, int] = {}
     progress = _Progress()
@@ -430,7 +428,7 @@ def run_tail(config: dict[str, Any]) -> None:
                     if keep_all:
                         first_persist.setdefault(key, m.timestamp()[1])
                     continue
-                outcome = (dict(m.headers() or ()).get(H_OUTCOME) or unmarked).decode()
+                outcome = outcome_of(m.headers()).decode()
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 t_persist = persisted.pop(key, None)
                 if outcome == "completed" and t_persist is not None:
