@@ -57,6 +57,13 @@ def _specs() -> list[Spec]:
         Spec("throughput.skeleton_vs_raw", "x",
              "skeleton / raw throughput: the ceiling of throughput.pipeline_vs_raw on this host"),
         Spec("throughput.pipeline_vs_skeleton", "x", "pipeline / skeleton throughput: the share of the ceiling reached"),
+        *[Spec(f"cpu.{system}_us_per_record", "µs", f"CPU of every process of the {what} and the broker's JVM per "
+               "completed record, in the throughput window")
+          for system, what in (("pipeline", "pipeline"), ("skeleton", "skeleton"), ("raw", "raw baseline"),
+                               ("share", "share-group baseline"))],
+        Spec("cpu.pipeline_vs_share", "x", "share group's CPU per record / the pipeline's (1: as cheap)"),
+        Spec("check.counters_vs_tail", "x", "completions by the acker's counters / those a tail read, one persist "
+             "partition of a drained run (1 exactly: throughput counts by the counters)"),
     ]
     for n in FOLD_SIZES:
         s = size_label(n)
@@ -68,18 +75,6 @@ def _specs() -> list[Spec]:
             Spec(f"fold.{s}.dict_bytes_per_entry", "B", f"dict fold bytes per pending entry at {s}"),
         ]
     specs += [
-        Spec("floor.produce_us_per_record", "µs", "CPU to produce one 100 B record, no headers (confluent-kafka)"),
-        Spec("floor.produce_4_headers_us_per_record", "µs", "the same with the data record's four tracking headers"),
-        Spec("floor.produce_2_headers_callback_us_per_record", "µs",
-             "a persist-sized record with its two headers and a delivery callback"),
-        Spec("floor.produce_tombstone_1_header_us_per_record", "µs", "a tombstone with its outcome header"),
-        Spec("floor.consume_us_per_record", "µs", "CPU to consume one record, headers not read"),
-        Spec("floor.consume_4_headers_us_per_record", "µs", "the same, its four headers read"),
-        Spec("floor.pipeline_us_per_record", "µs",
-             "the client calls one completed record makes in the pipeline, added up (its floor)"),
-        Spec("floor.raw_us_per_record", "µs", "produce + consume without headers (the raw baseline's calls)"),
-        Spec("floor.best_pipeline_vs_raw", "x",
-             "raw floor / pipeline floor: the best throughput.pipeline_vs_raw these client calls allow"),
         Spec("latency.load_rps", "records/s", "offered load: 50 % of the measured pipeline throughput"),
         Spec("latency.pipeline_p50_ms", "ms", "persist -> completed tombstone visible (read_committed), p50"),
         Spec("latency.pipeline_p99_ms", "ms", "persist -> completed tombstone visible (read_committed), p99"),

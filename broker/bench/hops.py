@@ -3,22 +3,24 @@
 =========  ====================================  =====================================
 system     processes                             a record is complete when
 =========  ====================================  =====================================
-pipeline   source, task, acker (``broker.cli``)  its persist tombstone with
-           + tail (the completion point)         ``rb-outcome: completed`` is visible
-                                                 to a read_committed consumer
+pipeline   source, task, acker (``broker.cli``)  the acker's transaction holding its
+           (+ a tail for completion times)       tombstone commits: its ``completed``
+                                                 counter is committed with it
 raw        producer, consumer                    the consumer has it (offsets committed
                                                  asynchronously per batch)
 share      producer, share consumer              the broker confirmed its ACCEPT
-skeleton   skeleton source, consumer (the task), as the pipeline's
-           skeleton acker + tail
+skeleton   skeleton source, task, acker          its tombstone is delivered
 =========  ====================================  =====================================
 
 The **skeleton** makes the Kafka calls of the pipeline's data path that no wire format can
 leave out - per source record a persist record and a data record produced, the data record
-consumed, the persist record consumed and its tombstone produced, and the tail reading the
-persist topic for completions, as the pipeline's does - with no headers, no ids, no XOR
-events, no state, no transactions and no per-record logic. It is the ceiling of the pipeline
-on this host: what any implementation of the design could reach before doing any of its work.
+consumed, the persist record consumed and its tombstone produced - with the pipeline's
+client settings (linger, fetch sizes and waits, one commit per commit interval) and no
+headers, no ids, no XOR events, no state, no transactions and no per-record logic. Its
+source, like the baselines' producer, keeps at most ``workers.PACING_WINDOW`` records ahead
+of completion. It is the
+ceiling of the pipeline on this host: what any implementation of the design could reach
+before doing any of its work.
 
 The same 100-byte records (1000 keys), the same partition count, one producing process
 and one process per consuming stage. Every run first sends warm-up records and waits for
@@ -26,10 +28,13 @@ them to complete, so group joins, the acker's restore and connection set-up are 
 the measurement. Then:
 
 - **throughput**: the producer sends as fast as it can for ``duration`` seconds; the rate is
-  the completions whose completion time falls in ``[start + warm, end]`` divided by that
-  window - the sustained rate of the slowest stage, with every stage running.
-- **latency**: the producer sends at a fixed rate; every record sent is awaited; latency is
-  completion time minus the record's CreateTime (set when it was produced).
+  the completions counted between ``start + warm`` and the end of the send
+  (``bench.completions``: no observer reads them), and the CPU of every process and the
+  broker is taken at the same two moments (``Window``);
+- **latency**: the producer sends at a fixed rate; every record sent is awaited (the
+  system's count); latency is completion time minus the record's CreateTime, for the
+  pipeline from a tail of one persist partition (a sample), whose count is checked against
+  that partition's counters.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,7 @@ import numpy as np
 
 from broker import topics
 from broker.bench import cost
+from broker.bench.completions import Mark, ledger_mark, proc_mark, rate, window
 from broker.bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker.settings import KafkaSettings
 
@@ -69,41 +76,75 @@ class Env:
         return f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+@dataclass(frozen=True)
+class Window:
+    """A throughput run's window, from ``warm`` seconds after the send began to its end: the
+    CPU of every process of the system (and the broker's JVM) between two snapshots, and the
+    completions counted between two marks taken with them (``bench.completions``)."""
+
+    seconds: float  # wall time between the CPU snapshots
+    cpu_s: dict[str, float]  # CPU seconds per process
+    rate: float | None  # completions/s between the marks
+    completed: int  # completions between the marks
+    mark_seconds: float  # the marks' own window (the counting processes' clocks)
+
+    def us_per_record(self, cpu_s: float) -> float | None:
+        done = (self.rate or 0.0) * self.seconds
+        return 1e6 * cpu_s / done if done > 0 else None
+
+
 @dataclass
 class HopRun:
     system: str
     sent: int
     t0: float  # wall clock, s: first record of the measured run
     t1: float  # last record sent
-    recv: np.ndarray  # completion times (s), measured records only (after t0)
-    created_ms: np.ndarray  # CreateTime of each completed record
+    recv: np.ndarray  # completion times (s) the tail or consumer saw, measured records only
+    created_ms: np.ndarray  # CreateTime of each of them
     done: dict[str, dict[str, Any] | None]  # each process's "done" report
     warm: float = 0.0
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     namespace: str | None = None  # the pipeline's
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per process in [t0, t1]
     cost: dict[str, Any] | None = None  # bench.cost.compare of the measured run (drained runs)
-
-    def completed_in_run(self) -> int:
-        return int(np.count_nonzero((self.recv >= self.t0) & (self.recv <= self.t1)))
+    window: Window | None = None  # runs not drained: the throughput window
+    check: dict[str, Any] | None = None  # drained pipeline runs with a sampling tail: counters vs tail
 
     def cpu_report(self, *, per_sent: bool = False) -> dict[str, dict[str, float]]:
-        """Per process: share of one core during the send, and CPU µs per record (completed
-        in the send window, or sent when ``per_sent``: runs below capacity complete all) -
-        a process near 100 % is a bottleneck; on a 2-core host the sum is at most 200 %."""
+        """Per process: share of one core, and CPU µs per record - in the throughput window
+        per completed record, else over the send per record sent (``per_sent``: drained runs
+        complete them all). A process near 100 % is a bottleneck; on a 2-core host the sum
+        is at most 200 %."""
+        if self.window is not None and not per_sent:
+            w = self.window
+            return {name: {"core_pct": round(100 * cpu / w.seconds, 1), "us_per_record": round(w.us_per_record(cpu) or 0.0, 1)}
+                    for name, cpu in w.cpu_s.items()} if w.seconds > 0 else {}
         seconds = self.t1 - self.t0
-        done = max(self.sent if per_sent else self.completed_in_run(), 1)
+        done = max(self.sent, 1)
         return {name: {"core_pct": round(100 * cpu / seconds, 1), "us_per_record": round(1e6 * cpu / done, 1)}
                 for name, cpu in self.cpu_s.items()} if seconds > 0 else {}
 
+    def cpu_us_per_record(self) -> float | None:
+        """CPU of all the system's processes and the broker per completed record, in the
+        window; None without the broker's CPU (not a local process)."""
+        if self.window is None or KAFKA not in self.window.cpu_s:
+            return None
+        return self.window.us_per_record(sum(self.window.cpu_s.values()))
+
     def throughput(self) -> float:
-        """Completions per second in ``[t0 + warm, t1]``."""
+        """Completions per second in the window (runs not drained), else those the tail or
+        consumer saw in ``[t0 + warm, t1]``."""
+        if self.window is not None:
+            return self.window.rate or 0.0
         start, end = self.t0 + self.warm, self.t1
         n = int(np.count_nonzero((self.recv >= start) & (self.recv <= end)))
         return n / (end - start) if end > start else 0.0
 
     def latencies_ms(self) -> np.ndarray:
         return self.recv * 1000.0 - self.created_ms
+
+
+KAFKA = "kafka (JVM)"
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -119,7 +160,7 @@ def cpu_seconds(pid: int) -> float | None:
 def _cpu_snapshot(env: Env, procs: list[Proc]) -> dict[str, float]:
     pids = {p.name: p.popen.pid for p in procs}
     if env.kafka_pid is not None:
-        pids["kafka (JVM)"] = env.kafka_pid
+        pids[KAFKA] = env.kafka_pid
     out = {}
     for name, pid in pids.items():
         cpu = cpu_seconds(pid)
@@ -154,72 +195,125 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+@dataclass
+class _Setup:
+    procs: list[Proc]  # every process, the producer last
+    producer: Proc
+    sink: Proc | None  # the process that saves completion times (none: throughput only)
+    read: Callable[[], Mark]  # the system's completions so far (bench.completions)
+    touched: list[str]  # the run's topics, for its cost
+    namespace: str | None = None  # the pipeline's
+    sample: int | None = None  # the persist partition a sampling tail reads
+
+
+def _throttled(read: Callable[[], Mark], every: float) -> Callable[[], Mark]:
+    """``read``, at most once per ``every`` seconds; a mark read earlier is still a true mark
+    (its counts and their times go together)."""
+    last: list[Any] = [0.0, None]
+
+    def get() -> Mark:
+        if last[1] is None or time.monotonic() - last[0] >= every:
+            last[1], last[0] = read(), time.monotonic()
+        return last[1]
+    return get
+
+
+def _counter_file(workdir: Path) -> str:
+    """The completion point's count, read by the producing side's pacing (workers._paced)."""
+    path = workdir / "completed"
+    path.write_bytes(bytes(8))
+    return str(path)
+
+
+def _start(env: Env, system: str, run_id: str, workdir: Path, out: Path, tail: str,
+           task_options: dict[str, Any] | None, timeout_ms: int | None, profile_dir: Path | None) -> _Setup:
+    """Create the run's topics and start its processes (the producer last)."""
+    base: dict[str, Any] = {"bootstrap": env.bootstrap}
+    procs: list[Proc] = []
+    if system == "pipeline":
+        ns = topics.Namespace(run_id)
+        data = f"{ns.name}.data"
+        topics.create(env.settings, ns, env.partitions, {data: env.partitions})
+        touched = [*ns.ledger_topics, ns.dlq, data, topics.replay_topic(data)]
+        env.created_topics += touched
+        procs.append(acker(env.bootstrap, ns.name, workdir, commit_interval_ms=env.commit_interval_ms,
+                           profile_dir=profile_dir))
+        procs.append(worker("task", {**base, "namespace": ns.name, "topic": data, "group": f"{ns.name}.task",
+                                     **(task_options or {})}, workdir, profile_dir=profile_dir))
+        sink = None
+        if tail != "none":
+            tail_config = {**base, "namespace": ns.name, "persist": ns.persist, "partitions": env.partitions,
+                           "out": str(out)}
+            if tail == "sample":
+                tail_config["sample"] = [0]
+            if task_options:
+                tail_config["replay_topic"] = topics.replay_topic(data)
+            sink = worker("tail", tail_config, workdir, profile_dir=profile_dir)
+            procs.append(sink)
+        source_config = {**base, "namespace": ns.name, "topic": data}
+        if timeout_ms is not None:
+            source_config["timeout_ms"] = timeout_ms
+        producer = worker("source", source_config, workdir, profile_dir=profile_dir)
+        tailed = sink
+        if tailed is not None and tail == "all":
+            read: Callable[[], Mark] = lambda: proc_mark(tailed)  # noqa: E731
+        else:
+            read = lambda: ledger_mark(env.settings, ns.name, env.partitions)  # noqa: E731
+        return _Setup([*procs, producer], producer, sink, read, touched, ns.name, 0 if tail == "sample" else None)
+    if system == "skeleton":
+        data, persist = f"{run_id}.data", f"{run_id}.persist"
+        _create_plain_topic(env, data)
+        _create_plain_topic(env, persist, compacted=True)
+        shared = {**base, "persist": persist, "counter_file": _counter_file(workdir),
+                  "commit_interval_ms": env.commit_interval_ms}
+        skeleton_acker = worker("skeleton_acker", {**shared, "group": f"{run_id}.acker"}, workdir, name="acker",
+                                profile_dir=profile_dir)
+        procs.append(skeleton_acker)
+        procs.append(worker("skeleton_task", {**base, "topic": data, "group": f"{run_id}.task",
+                                              "commit_interval_ms": env.commit_interval_ms}, workdir, name="task",
+                            profile_dir=profile_dir))
+        producer = worker("skeleton_source", {**shared, "topic": data}, workdir, name="source",
+                          profile_dir=profile_dir)
+        return _Setup([*procs, producer], producer, None, lambda: proc_mark(skeleton_acker), [data, persist])
+    if system in ("raw", "share"):
+        data = f"{run_id}.data"
+        _create_plain_topic(env, data)
+        group = f"{run_id}.group"
+        if system == "share":
+            _share_group_earliest(env, group)
+        shared = {**base, "topic": data, "counter_file": _counter_file(workdir)}
+        sink = worker("consumer" if system == "raw" else "share", {**shared, "group": group, "out": str(out)},
+                      workdir, profile_dir=profile_dir)
+        producer = worker("producer", shared, workdir, profile_dir=profile_dir)
+        return _Setup([sink, producer], producer, sink, lambda: proc_mark(sink), [data])
+    raise ValueError(system)
+
+
 def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float | None = None,
             records: int | None = None, warm: float = 0.0, drain: bool = False, drain_timeout: float = 120.0,
             task_options: dict[str, Any] | None = None, timeout_ms: int | None = None,
-            on_progress: Any = None, warmup_timeout: float = 90.0) -> HopRun:
-    """Set up ``system``, warm it up, run the measured send, tear it down."""
+            on_progress: Any = None, warmup_timeout: float = 90.0, tail: str = "none") -> HopRun:
+    """Set up ``system``, warm it up, run the measured send, tear it down.
+
+    ``tail`` (the pipeline's): ``none`` - completions counted by the acker's counters only;
+    ``sample`` - a tail reads persist partition 0 for completion times, and after the drain
+    its count is checked against that partition's counters (``HopRun.check``); ``all`` - a
+    tail reads every partition (and the replay topic) and counts the completions itself.
+    A run not drained measures its throughput window (``HopRun.window``)."""
     run_id = env.unique(system)
     out = env.workdir / f"{run_id}.npz"
-    procs: list[Proc] = []
-    sink: Proc
-    producer: Proc
-    base: dict[str, Any] = {"bootstrap": env.bootstrap}
     workdir = env.workdir / run_id
     workdir.mkdir(parents=True, exist_ok=True)
-    touched: list[str] = []  # the run's topics, for its cost
     profile_dir = None
     if env.profile_dir is not None:
         profile_dir = env.profile_dir / system
         profile_dir.mkdir(parents=True, exist_ok=True)
+    setup: _Setup | None = None
     try:
-        if system == "pipeline":
-            ns = topics.Namespace(run_id)
-            data = f"{ns.name}.data"
-            topics.create(env.settings, ns, env.partitions, {data: env.partitions})
-            touched = [*ns.ledger_topics, ns.dlq, data, topics.replay_topic(data)]
-            env.created_topics += touched
-            procs.append(acker(env.bootstrap, ns.name, workdir, commit_interval_ms=env.commit_interval_ms,
-                               profile_dir=profile_dir))
-            task_config = {**base, "namespace": ns.name, "topic": data, "group": f"{ns.name}.task",
-                           **(task_options or {})}
-            procs.append(worker("task", task_config, workdir, profile_dir=profile_dir))
-            tail_config = {**base, "namespace": ns.name, "persist": ns.persist, "partitions": env.partitions,
-                           "out": str(out)}
-            if task_options:
-                tail_config["replay_topic"] = topics.replay_topic(data)
-            sink = worker("tail", tail_config, workdir, profile_dir=profile_dir)
-            source_config = {**base, "namespace": ns.name, "topic": data}
-            if timeout_ms is not None:
-                source_config["timeout_ms"] = timeout_ms
-            producer = worker("source", source_config, workdir, profile_dir=profile_dir)
-        elif system == "skeleton":
-            data, persist = f"{run_id}.data", f"{run_id}.persist"
-            _create_plain_topic(env, data)
-            _create_plain_topic(env, persist, compacted=True)
-            touched = [data, persist]
-            procs.append(worker("skeleton_acker", {**base, "persist": persist, "group": f"{run_id}.acker"}, workdir,
-                                name="acker", profile_dir=profile_dir))
-            procs.append(worker("consumer", {**base, "topic": data, "group": f"{run_id}.task",
-                                             "out": str(workdir / "task.npz")}, workdir, name="task",
-                                profile_dir=profile_dir))
-            sink = worker("tail", {**base, "namespace": run_id, "persist": persist, "partitions": env.partitions,
-                                   "out": str(out)}, workdir, profile_dir=profile_dir)
-            producer = worker("skeleton_source", {**base, "topic": data, "persist": persist}, workdir,
-                              name="source", profile_dir=profile_dir)
-        elif system in ("raw", "share"):
-            data = f"{run_id}.data"
-            _create_plain_topic(env, data)
-            touched = [data]
-            group = f"{run_id}.group"
-            if system == "share":
-                _share_group_earliest(env, group)
-            sink = worker("consumer" if system == "raw" else "share",
-                          {**base, "topic": data, "group": group, "out": str(out)}, workdir, profile_dir=profile_dir)
-            producer = worker("producer", {**base, "topic": data}, workdir, profile_dir=profile_dir)
-        else:
-            raise ValueError(system)
-        procs += [sink, producer]
+        setup = _start(env, system, run_id, workdir, out, tail, task_options, timeout_ms, profile_dir)
+        procs, producer, sink = setup.procs, setup.producer, setup.sink
+        # polled while waiting: a ledger read is a consumer's round trips, twice a second is enough
+        mark = _throttled(setup.read, 0.5 if system == "pipeline" and tail != "all" else 0.0)
         for p in procs:
             if p.popen.stdin is not None:
                 p.wait_event("ready", 60)
@@ -227,37 +321,52 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         # warm-up: every stage joined, assigned and moving
         producer.send(cmd="send", n=WARMUP_RECORDS)
         producer.wait_event("sent", 60)
-        wait_until(lambda: sink.count >= WARMUP_RECORDS, warmup_timeout, procs,
+        wait_until(lambda: mark().total >= WARMUP_RECORDS, warmup_timeout, procs,
                    f"{system}: the warm-up records to complete")
-        before = sink.count
+        before = mark().total
 
         # the measured run
-        cost_before = cost.snapshot(env.settings, touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
+        cost_before = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if drain else None
         cpu_before = _cpu_snapshot(env, procs)
         producer.send(cmd="run", duration=duration, rate=rate, n=records)
         expected = duration if duration is not None else (records or 0) / (rate or 1e9)
         started = time.monotonic()
+        edges: list[tuple[float, dict[str, float], Mark]] = []
+
+        def edge() -> None:  # the window's edge: CPU first, then the count (a ledger read takes a while)
+            at, cpu = time.time(), _cpu_snapshot(env, procs)
+            edges.append((at, cpu, setup.read()))
+
         sent_event: dict[str, Any] | None = None
         while sent_event is None:
+            if not drain and not edges and time.monotonic() - started >= warm:
+                edge()
             try:
-                sent_event = producer.wait_event("sent", 0.5)
+                sent_event = producer.wait_event("sent", 0.1)
             except BenchError:
                 if not producer.alive() or time.monotonic() - started > expected + 120:
                     raise
                 if on_progress is not None:
                     on_progress(min((time.monotonic() - started) / max(expected, 0.1), 1.0) * (0.8 if drain else 1.0))
+        if not drain:
+            if not edges:
+                raise BenchError(f"{system}: the send ended within the first {warm:g} s (the warm window)")
+            edge()
         cpu_after = _cpu_snapshot(env, procs)
         sent = int(sent_event["n"])
+        check = None
         if drain:
-            wait_until(lambda: sink.count >= before + sent, drain_timeout, procs,
-                       f"{system}: all {sent} records to complete ({sink.count - before} so far)",
-                       on_tick=(lambda: on_progress(0.8 + 0.2 * (sink.count - before) / max(sent, 1)))
+            wait_until(lambda: mark().total >= before + sent, drain_timeout, procs,
+                       f"{system}: all {sent} records to complete ({mark().total - before} so far)",
+                       on_tick=(lambda: on_progress(0.8 + 0.2 * (mark().total - before) / max(sent, 1)))
                        if on_progress else None)
-        cost_after = cost.snapshot(env.settings, touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
+            if setup.sample is not None and sink is not None:
+                check = _check_tail(setup.read(), setup.sample, sink)
+        cost_after = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if cost_before is not None else None
     except BaseException:
-        for p in reversed(procs):
+        for p in reversed(setup.procs if setup is not None else []):
             p.stop(10)
         raise
     done: dict[str, dict[str, Any] | None] = {}
@@ -265,10 +374,11 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
     for p in procs:
         if p is not producer and p is not sink:
             done[p.name] = p.stop(30)
-    done[sink.name] = sink.stop(30)
-    if not out.exists():
-        raise sink.fail("left no timings")
-    arrays = _load(out)
+    if sink is not None:
+        done[sink.name] = sink.stop(30)
+        if not out.exists():
+            raise sink.fail("left no timings")
+    arrays = _load(out) if sink is not None else {"recv": np.empty(0)}
     recv = arrays.pop("recv")
     created = arrays.pop("created_ms", np.zeros(recv.size, dtype=np.int64))
     if created.size != recv.size:
@@ -281,13 +391,32 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
     if extra.get("decided_ms") is not None and extra["decided_ms"].size == keep.size:
         extra["decided_ms"] = extra["decided_ms"][keep]
     cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_after if name in cpu_before}
-    namespace = run_id if system == "pipeline" else None
     spent = None
     if cost_before is not None and cost_after is not None:
         # every record sent in the measured run completed before ``cost_after`` (drained)
-        spent = cost.compare(env.settings, cost_before, cost_after, sent, namespace)
+        spent = cost.compare(env.settings, cost_before, cost_after, sent, setup.namespace)
     return HopRun(system, sent, t0, t1, recv[keep], created[keep], done, warm=warm, extra=extra,
-                  namespace=namespace, cpu_s=cpu, cost=spent)
+                  namespace=setup.namespace, cpu_s=cpu, cost=spent, window=_window(edges), check=check)
+
+
+def _window(edges: list[tuple[float, dict[str, float], Mark]]) -> Window | None:
+    if len(edges) != 2:
+        return None
+    (a, cpu_a, mark_a), (b, cpu_b, mark_b) = edges
+    completed, mark_seconds = window(mark_a, mark_b)
+    return Window(b - a, {name: cpu_b[name] - cpu_a[name] for name in cpu_b if name in cpu_a},
+                  rate(mark_a, mark_b), completed, round(mark_seconds, 3))
+
+
+def _check_tail(counted: Mark, partition: int, tail: Proc, timeout: float = 30.0) -> dict[str, Any]:
+    """The acker's ``completed`` count of ``partition`` against the completions a tail of that
+    persist partition saw (both since the namespace began), once the tail caught up or
+    ``timeout`` passed: equal when counting by the counters is right."""
+    expected = counted.counts.get(partition, 0)
+    deadline = time.monotonic() + timeout
+    while tail.count < expected and time.monotonic() < deadline and tail.alive():
+        time.sleep(0.05)
+    return {"partition": partition, "counters": expected, "tail": tail.count}
 
 
 def read_all(env: Env, topic: str, partitions: int) -> list[Any]:

@@ -30,7 +30,11 @@ def _share_unavailable_reason(exc: BaseException) -> str:
 def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: float,
                        progress: Progress | None = None, skip_share: bool = False,
                        warm_broker_s: float = 0.0) -> dict[str, Any]:
-    """Fill ``throughput.*``. Returns the runs' summaries for the report.
+    """Fill ``throughput.*`` and ``cpu.*``. Returns the runs' summaries for the report.
+
+    Each system's completions are counted without an observer (``bench.completions``: the
+    acker's committed counters, a worker's own count) in the window ``[start + warm, end]``
+    of its send, and its CPU - every process and the broker's JVM - in the same window.
 
     First, unmeasured, ``warm_broker_s`` of pipeline traffic and half as much raw traffic: a
     fresh broker's JIT compiler takes most of a core for tens of seconds, which would weigh
@@ -49,7 +53,7 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
         if step:
             step(0.0)
         if system == "share" and skip_share:
-            figures.set("throughput.share_rps", None, unavailable="skipped (--skip-share)")
+            figures.unavailable(["throughput.share_rps", "cpu.share_us_per_record"], "skipped (--skip-share)")
             continue
         try:
             run = run_hop(env, system, duration=duration, warm=warm, on_progress=step,
@@ -58,18 +62,25 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
             if system != "share":
                 raise
             # e.g. a broker without KIP-932 (Kafka < 4.1, or share groups disabled)
-            figures.set("throughput.share_rps", None, unavailable=_share_unavailable_reason(exc))
+            figures.unavailable(["throughput.share_rps", "cpu.share_us_per_record"], _share_unavailable_reason(exc))
             runs[system] = {"error": str(exc)[:2000]}
             continue
-        rate = run.throughput()
         runs[system] = _summary(run)
-        figures.set(f"throughput.{system}_rps", rate, sent=run.sent, window_s=round(run.t1 - run.t0 - warm, 2))
+        assert run.window is not None
+        figures.set(f"throughput.{system}_rps", run.throughput(), sent=run.sent,
+                    sent_rps=round(run.sent / max(run.t1 - run.t0, 1e-3), 1), completed=run.window.completed,
+                    window_s=round(run.window.mark_seconds, 3))
+        figures.set(f"cpu.{system}_us_per_record", run.cpu_us_per_record(),
+                    unavailable="the broker is not a local process (its CPU unknown)" if env.kafka_pid is None
+                    else "no completions counted in the window",
+                    cores=round(sum(run.window.cpu_s.values()) / max(run.window.seconds, 1e-3), 2))
         if system == "share" and run.done.get("share") and run.done["share"].get("errors"):  # type: ignore[union-attr]
             runs[system]["errors"] = run.done["share"]["errors"]  # type: ignore[index]
     figures.ratio("throughput.pipeline_vs_raw", "throughput.pipeline_rps", "throughput.raw_rps")
     figures.ratio("throughput.pipeline_vs_share", "throughput.pipeline_rps", "throughput.share_rps")
     figures.ratio("throughput.skeleton_vs_raw", "throughput.skeleton_rps", "throughput.raw_rps")
     figures.ratio("throughput.pipeline_vs_skeleton", "throughput.pipeline_rps", "throughput.skeleton_rps")
+    figures.ratio("cpu.pipeline_vs_share", "cpu.share_us_per_record", "cpu.pipeline_us_per_record")
     return runs
 
 
@@ -119,8 +130,10 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
         step = (lambda f, i=i, s=system: progress((i + f) / 2, s)) if progress else None
         if step:
             step(0.0)
+        # the pipeline's completion times from one persist partition of P: a tail of all of
+        # them would cost the cores as much as a stage of the pipeline
         run = run_hop(env, system, duration=duration, rate=rate, warm=warm, drain=True,
-                      drain_timeout=60 + duration * 4, on_progress=step)
+                      drain_timeout=60 + duration * 4, on_progress=step, tail="sample")
         every = run.latencies_ms()
         steady = run.created_ms >= (run.t0 + warm) * 1000
         lat = every[steady]
@@ -143,6 +156,7 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
             record_cost(figures, system, run.cost)
         if system == "pipeline":
             series["breakdown"] = breakdown(env, run)
+            record_check(figures, run.check)
     pipeline_p99 = figures.values["latency.pipeline_p99_ms"]
     if pipeline_p99.get("value") is not None:
         budget = env.commit_interval_ms + 100.0
@@ -153,6 +167,17 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
     figures.ratio("cost.broker_cpu_vs_raw", "cost.pipeline.broker_cpu_us_per_record",
                   "cost.raw.broker_cpu_us_per_record")
     return series
+
+
+def record_check(figures: Figures, check: dict[str, Any] | None) -> None:
+    """``check.counters_vs_tail``: completions by the acker's counters (as throughput counts
+    them) over those a tail read on the same persist partition, in a drained run - 1 exactly."""
+    if not check or not check["tail"]:
+        figures.set("check.counters_vs_tail", None, unavailable="the tail saw no completion")
+        return
+    figures.set("check.counters_vs_tail", check["counters"] / check["tail"], **check)
+    entry = figures.values["check.counters_vs_tail"]
+    entry["target"], entry["met"] = "= 1", check["counters"] == check["tail"]
 
 
 def record_cost(figures: Figures, system: str, spent: dict[str, Any]) -> None:
@@ -223,11 +248,15 @@ def breakdown(env: Env, run: HopRun) -> dict[str, dict[str, float]]:
 
 
 def _summary(run: HopRun) -> dict[str, Any]:
+    w = run.window
     return {
         "sent": run.sent,
         "send_seconds": round(run.t1 - run.t0, 3),
-        "completed_after_start": int(run.recv.size),
+        "sent_rps": round(run.sent / max(run.t1 - run.t0, 1e-3), 1),
+        "window_seconds": None if w is None else round(w.seconds, 3),
+        "completed_in_window": None if w is None else w.completed,
         "throughput_rps": round(run.throughput(), 1),
+        "cpu_us_per_record": run.cpu_us_per_record(),
         "cpu": run.cpu_report(),
         "recv_rel": (run.recv - run.t0),
     }

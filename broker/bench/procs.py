@@ -68,6 +68,7 @@ class Proc:
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.count = 0  # the latest "progress" count
+        self.count_at = 0.0  # and when the worker counted it (its wall clock, s)
         self.done: dict[str, Any] | None = None
         self._reader: threading.Thread | None = None
         if protocol:
@@ -82,12 +83,12 @@ class Proc:
             except orjson.JSONDecodeError:
                 continue  # not ours (a library printing to stdout)
             if event.get("event") == "progress":
-                self.count = int(event["count"])
+                self.count, self.count_at = int(event["count"]), float(event.get("at") or time.time())
                 continue
             if event.get("event") == "done":
                 self.done = event
                 if "count" in event:
-                    self.count = int(event["count"])
+                    self.count, self.count_at = int(event["count"]), float(event.get("at") or time.time())
             self.events.put(event)
 
     def alive(self) -> bool:

@@ -222,8 +222,8 @@ def _delete_topics(env: Env) -> None:
 
 
 def _section_keys(section: str) -> list[str]:
-    # The latency runs measure the cost; the throughput section the client floor.
-    prefixes = {"latency": {section, "cost"}, "throughput": {section, "floor"}}.get(section, {section})
+    # The latency runs measure the cost and check the count; the throughput runs the CPU.
+    prefixes = {"latency": {section, "cost", "check"}, "throughput": {section, "cpu"}}.get(section, {section})
     return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
 
@@ -353,7 +353,6 @@ def run(options: Options) -> dict[str, Any]:
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
     from broker.bench.adaptive import measure_adaptive
-    from broker.bench.floor import measure_floor
     from broker.bench.pipeline import compiler_cpu, measure_latency, measure_throughput
     from broker.bench.replay import measure_replay
     from broker.bench.restore import measure_restore
@@ -368,14 +367,6 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                                   skip_share=options.skip_share, warm_broker_s=plan.warm_broker_s)
         series["throughput"] = runs
         details["throughput"] = {k: {kk: vv for kk, vv in v.items() if kk != "recv_rel"} for k, v in runs.items()}
-        update(0.97, "client floor")
-        try:
-            details["floor"] = measure_floor(env.bootstrap, env.settings, figures, partitions=env.partitions,
-                                             records=20_000 if plan.quick else 100_000, created=env.created_topics)
-        except Exception as exc:  # noqa: BLE001 - the throughput figures stand without it
-            traceback.print_exc()
-            figures.unavailable([k for k in FIGURE_KEYS if k.startswith("floor.")],
-                                f"error: {type(exc).__name__}: {exc}"[:300])
 
     def latency(update: Any) -> None:
         peak = figures.value("throughput.pipeline_rps")

@@ -7,18 +7,25 @@ with the same process layout (one producing process, one consuming process per h
 role       what it is
 ========== ===================================================================
 source     ``broker.client.Source``: persist record + data record per send
-producer   raw confluent-kafka ``Producer`` (the baselines' producing side)
+producer   raw confluent-kafka ``Producer`` (the baselines' producing side), at
+           most ``PACING_WINDOW`` records ahead of its consumer
 task       ``broker.client.Task`` with a leaf handler (or failure injection)
 consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
-tail       the pipeline's completion point: tails ``ns.persist`` for tombstones
-           with ``rb-outcome=completed`` (and ``<topic>.replay`` for replays)
+tail       the pipeline's completion times: tails ``ns.persist`` (all partitions, or a
+           sample of them) for tombstones with ``rb-outcome=completed`` (and
+           ``<topic>.replay`` for replays); throughput is counted without it
+           (``bench.completions``)
 skeleton_source
            the skeleton (``bench.hops``): a persist-sized record to its persist topic
-           and the data record, per record; no headers, no callbacks, no logic
+           and the data record, per record; no headers, no callbacks, no logic;
+           at most ``PACING_WINDOW`` records ahead of its acker
+skeleton_task
+           the skeleton's task: consumes the data records, commits per interval
 skeleton_acker
            the skeleton's acker: reads the persist topic, writes each record's
-           tombstone (no header, no transaction, no state)
+           tombstone once per commit interval (no header, no transaction, no
+           state); its count is the skeleton's completions
 ========== ===================================================================
 
 Protocol: a worker writes JSON lines on stdout - ``{"event": "ready"}`` once set up,
@@ -32,6 +39,7 @@ Logging and librdkafka chatter go to stderr, which the runner sends to a log fil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -99,7 +107,7 @@ class _Progress:
     def maybe_report(self, now: float) -> None:
         if self.count != self._reported and now - self._at >= 0.1:
             self._reported, self._at = self.count, now
-            emit("progress", count=self.count)
+            emit("progress", count=self.count, at=now)
 
 
 # --------------------------------------------------------------------------- producing side
@@ -177,8 +185,10 @@ def run_producer(config: dict[str, Any]) -> None:
     # The Source's producer settings: idempotent, acks=all, lz4, murmur2, linger 5 ms.
     producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
     topic = config["topic"]
+    wait = _paced(config, producer.poll)
 
     def send(i: int) -> None:
+        wait(i)
         while True:
             try:
                 producer.produce(topic, record_value(i), record_key(i))
@@ -191,53 +201,134 @@ def run_producer(config: dict[str, Any]) -> None:
 
 PERSIST_VALUE = b"p" * 150  # about a persist record's value (payload, partition, attempt, deadline)
 
+# The producing side of the skeleton and of the baselines keeps at most this many records
+# sent and not completed (the completion point's count, shared through a file,
+# ``config["counter_file"]``): it cannot run ahead of the stages behind it - as the pipeline's
+# source, whose own CPU paces it, does not (sent 75.8k/s, completed 74.3k/s) - so the CPU in a
+# throughput window is spent on the records completed in it. Above rate x latency (~150 ms:
+# linger, fetch wait, commit interval) at any rate seen here.
+PACING_WINDOW = 50_000
+
+
+def _paced(config: dict[str, Any], poll: Callable[[float], Any]) -> Callable[[int], None]:
+    """``wait(i)``: before record ``i``, wait while ``PACING_WINDOW`` records are pending (a
+    look every 1024 records); nothing without a counter file."""
+    path = config.get("counter_file")
+    if path is None:
+        return lambda _i: None
+    fd = os.open(path, os.O_RDONLY)
+
+    def completed() -> int:
+        return int.from_bytes(os.pread(fd, 8, 0) or bytes(8), "little")
+
+    def wait(i: int) -> None:
+        if not i & 1023:
+            while i - completed() > PACING_WINDOW:
+                poll(0.001)
+    return wait
+
+
+def _counted(config: dict[str, Any]) -> Callable[[int], None]:
+    """``count(n)``: the completion point's count, for a producer's ``_paced``."""
+    path = config.get("counter_file")
+    if path is None:
+        return lambda _n: None
+    fd = os.open(path, os.O_WRONLY)
+
+    def count(n: int) -> None:
+        os.pwrite(fd, n.to_bytes(8, "little"), 0)
+    return count
+
 
 def run_skeleton_source(config: dict[str, Any]) -> None:
     """The calls the source's data path cannot do without, and nothing else: per record a
     persist record keyed by a unique id, then the data record - no headers, no delivery
-    callbacks, no ids drawn, no encoding (the raw producer's settings)."""
+    callbacks, no ids drawn, no encoding (the Source's producer settings, its linger). Paced
+    by ``PACING_WINDOW``."""
     from confluent_kafka import Producer
 
     from broker.kafka_io import produce
 
-    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 10}))
     data, persist = config["topic"], config["persist"]
+    wait = _paced(config, producer.poll)
 
     def send(i: int) -> None:
+        wait(i)
         produce(producer, persist, value=PERSIST_VALUE, key=i.to_bytes(8, "big"))
         produce(producer, data, value=record_value(i), key=record_key(i))
 
     _producer_loop(send, lambda: producer.poll(0), lambda: producer.flush(60))
 
 
-def run_skeleton_acker(config: dict[str, Any]) -> None:
-    """The calls the acker's data path cannot do without: read every persist record, write
-    its tombstone to the same partition - no XOR events, no state, no transaction, no header."""
-    from confluent_kafka import Consumer, Producer
-
-    from broker.kafka_io import produce
+def run_skeleton_task(config: dict[str, Any]) -> None:
+    """The task's data path without its logic: consume the data records with the task's fetch
+    settings, commit the offsets once per commit interval (``Task.finish``)."""
+    from confluent_kafka import Consumer, KafkaException
 
     stop = _Stop()
-    consumer = Consumer(_consumer_conf(config, config["group"], **{"isolation.level": "read_uncommitted"}))
-    consumer.subscribe([config["persist"]])
-    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 5}))
-    written = 0
+    consumer = Consumer(_settings(config).consumer_config(
+        config["group"], defaults={"fetch.wait.max.ms": 10, "fetch.min.bytes": 262_144}))
+    consumer.subscribe([config["topic"]])
+    interval = config["commit_interval_ms"] / 1000
+    read, due, dirty = 0, time.monotonic() + interval, False
     emit("ready")
     try:
         while not stop:
             msgs = _available(consumer, 1000, 0.05)
-            for m in msgs:
-                if m.error() is not None or m.value() is None:
-                    continue  # a tombstone of ours, read back
-                produce(producer, m.topic(), value=None, key=m.key(), partition=m.partition())
-                written += 1
-            producer.poll(0)
-            if msgs:
-                consumer.commit(asynchronous=True)
-        producer.flush(30)
+            read += len(msgs)
+            dirty = dirty or bool(msgs)
+            if dirty and time.monotonic() >= due:
+                with contextlib.suppress(KafkaException):  # nothing to commit yet, a rebalance
+                    consumer.commit(asynchronous=False)
+                due, dirty = time.monotonic() + interval, False
     finally:
         consumer.close()
-    emit("done", tombstones=written)
+    emit("done", read=read)
+
+
+def run_skeleton_acker(config: dict[str, Any]) -> None:
+    """The calls the acker's data path cannot do without: read every persist record (the
+    acker's fetch settings), and once per commit interval write the tombstones of those read
+    to their partitions, wait for their delivery and commit the offsets - no XOR events, no
+    state, no transaction, no header. A record completes when its tombstone is delivered:
+    the count goes to ``progress`` and to ``config["counter_file"]`` (the source's window)."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    from broker.kafka_io import produce
+
+    stop = _Stop()
+    consumer = Consumer(_settings(config).consumer_config(
+        config["group"], defaults={"fetch.wait.max.ms": 20, "fetch.min.bytes": 262_144}))
+    consumer.subscribe([config["persist"]])
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 1}))
+    count = _counted(config)
+    interval = config["commit_interval_ms"] / 1000
+    progress = _Progress()  # its count only: a progress event follows every commit
+    pending: list[tuple[str, int, bytes]] = []
+    due = time.monotonic() + interval
+    emit("ready")
+    try:
+        while not stop:
+            for m in _available(consumer, 1000, 0.05):
+                if m.error() is None and m.value() is not None:  # not a tombstone of ours, read back
+                    pending.append((m.topic(), m.partition(), m.key()))
+            if time.monotonic() < due:
+                continue
+            if pending:
+                for topic, partition, key in pending:
+                    produce(producer, topic, value=None, key=key, partition=partition)
+                producer.flush(30)
+                with contextlib.suppress(KafkaException):  # nothing to commit yet, a rebalance
+                    consumer.commit(asynchronous=False)
+                progress.count += len(pending)
+                pending = []
+                count(progress.count)
+                emit("progress", count=progress.count, at=time.time())
+            due = time.monotonic() + interval
+    finally:
+        consumer.close()
+    emit("done", count=progress.count)
 
 
 # --------------------------------------------------------------------------- consuming side
@@ -311,6 +402,7 @@ def run_consumer(config: dict[str, Any]) -> None:
     consumer = Consumer(_consumer_conf(config, config["group"], **{"isolation.level": "read_uncommitted"}))
     consumer.subscribe([config["topic"]])
     progress = _Progress()
+    count = _counted(config)
     recv: list[np.ndarray] = []
     created: list[np.ndarray] = []
     emit("ready")
@@ -324,6 +416,7 @@ def run_consumer(config: dict[str, Any]) -> None:
                     created.append(np.array(ts, dtype=np.int64))
                     recv.append(np.full(len(ts), now))
                     progress.count += len(ts)
+                    count(progress.count)
                     consumer.commit(asynchronous=True)
             progress.maybe_report(now)
     finally:
@@ -339,6 +432,7 @@ def run_share(config: dict[str, Any]) -> None:
 
     stop = _Stop()
     progress = _Progress()
+    count = _counted(config)
     recv: list[np.ndarray] = []
     errors: list[str] = []
 
@@ -350,6 +444,7 @@ def run_share(config: dict[str, Any]) -> None:
         if n:
             recv.append(np.full(n, time.time()))
             progress.count += n
+            count(progress.count)
 
     conf = _consumer_conf(config, config["group"])
     for key in ("enable.auto.commit", "auto.offset.reset", "isolation.level", "partition.assignment.strategy"):
@@ -395,7 +490,8 @@ def run_tail(config: dict[str, Any]) -> None:
 
     stop = _Stop()
     persist = config["persist"]
-    tps = [TopicPartition(persist, p, OFFSET_BEGINNING) for p in range(config["partitions"])]
+    # "sample": the persist partitions read (latency: one of them, so the tail costs little)
+    tps = [TopicPartition(persist, p, OFFSET_BEGINNING) for p in config.get("sample", range(config["partitions"]))]
     replay = config.get("replay_topic")
     if replay:
         tps += [TopicPartition(replay, p, OFFSET_BEGINNING) for p in range(config["partitions"])]
@@ -469,6 +565,7 @@ ROLES: dict[str, Callable[[dict[str, Any]], None]] = {
     "share": run_share,
     "tail": run_tail,
     "skeleton_source": run_skeleton_source,
+    "skeleton_task": run_skeleton_task,
     "skeleton_acker": run_skeleton_acker,
 }
 
