@@ -24,6 +24,7 @@ MAY_BE_UNAVAILABLE = {
     *(k for k in FIGURE_KEYS if k.startswith(("fold.1e7.", "takeover.1e6."))),
     # bytes on disk and the broker's CPU are read on the broker's host: a remote test cluster
     *(k for k in FIGURE_KEYS if k.startswith("cost.") and ("bytes" in k or "broker_cpu" in k)),
+    *(k for k in FIGURE_KEYS if k.startswith("cpu.")),
 }
 
 
