@@ -35,7 +35,7 @@ def measure_replay(env: Env, figures: Figures, *, timeout_ms: int, records: int,
         env, "pipeline", records=records, rate=rate, drain=True,
         drain_timeout=records / rate + timeout_ms / 1000 * 2 + 60,
         task_options={"fail_rate": FAIL_RATE, "drop_rate": DROP_RATE, "inject_from": WARMUP_RECORDS},
-        timeout_ms=timeout_ms, on_progress=step,
+        timeout_ms=timeout_ms, on_progress=step, tail="all",
     )
     task = run.done.get("task") or {}
     failed_at = {int(o): float(t) for o, t in task.get("failed_at", [])}
