@@ -13,7 +13,7 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-deadline`` | persist records | created_ms + timeout_ms (an auto record: + ``ADAPTIVE_FALLBACK_MS``) |
 | ``rb-timeout`` | persist records with an adaptive timeout; DLQ records of them | ``auto``: the acker sets the deadline (docs/design.md §6); a redrive keeps it |
 | ``rb-topic`` | auto persist records; DLQ records | the data topic (auto: whose latency estimate applies) |
-| ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
+| ``rb-outcome`` | persist tombstones of srids that did not complete | why the srid left: ``replay``, ``dlq`` (none: it completed, ``outcome_of``) |
 | ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
 | ``rb-attempts``, ``rb-topic``, ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` | DLQ records | what a redrive needs |
 | ``rb-source`` | quarantined input | ``topic/partition/offset`` it was read from |

@@ -3,8 +3,8 @@
 =========  ====================================  =====================================
 system     processes                             a record is complete when
 =========  ====================================  =====================================
-pipeline   source, task, acker (``broker.cli``)  its persist tombstone with
-           + tail (the completion point)         ``rb-outcome: completed`` is visible
+pipeline   source, task, acker (``broker.cli``)  its persist tombstone of a
+           + tail (the completion point)         completion is visible
                                                  to a read_committed consumer
 raw        producer, consumer                    the consumer has it (offsets committed
                                                  asynchronously per batch)

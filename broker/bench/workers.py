@@ -12,7 +12,7 @@ task       ``broker.client.Task`` with a leaf handler (or failure injection)
 consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
 tail       the pipeline's completion point: tails ``ns.persist`` for tombstones
-           with ``rb-outcome=completed`` (and ``<topic>.replay`` for replays)
+           as completed (no ``rb-outcome``) (and ``<topic>.replay`` for replays)
 skeleton_source
            the skeleton (``bench.hops``): a persist-sized record to its persist topic
            and the data record, per record; no headers, no callbacks, no logic
@@ -385,7 +385,7 @@ def run_share(config: dict[str, Any]) -> None:
 
 def run_tail(config: dict[str, Any]) -> None:
     """The pipeline's completion point. A record completes when the acker's transaction
-    holding its persist tombstone (``rb-outcome: completed``) commits: this read_committed
+    holding its persist tombstone (a completion) commits: this read_committed
     consumer then sees it. Latency = receive time - persist record timestamp (CreateTime,
     taken in ``Source.send``); the tombstone's own CreateTime (the acker's decision, before
     its commit) is kept too."""

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from broker import ids, topics
 from broker.dev.testing import unique_name
-from broker.headers import H_DEADLINE, H_HISTORY
+from broker.headers import H_DEADLINE, H_HISTORY, outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, PersistedRecord, XorBatch, decode_counters
 from broker.settings import KafkaSettings
@@ -137,7 +137,7 @@ class PersistWatch:
                 continue
             ts_type, ts = msg.timestamp()
             assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
+            outcome = outcome_of(msg.headers()).decode()
             srid = ids.decode_id(msg.key())
             self.tombstones[srid].append((outcome, ts))
             if outcome == "completed":

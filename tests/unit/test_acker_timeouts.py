@@ -34,7 +34,7 @@ import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
-from broker.headers import H_DEADLINE, H_OUTCOME, H_ROOT, Tracking, persist_headers
+from broker.headers import H_DEADLINE, H_ROOT, Tracking, outcome_of, persist_headers
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
 from broker.schemas import PersistedRecord, XorBatch
@@ -406,7 +406,7 @@ def acks_msg(lp: int, offset: int, srids: list[int], xors: list[int], failed: tu
 
 def outcomes(producer: FakeProducer) -> dict[int, bytes | None]:
     return {
-        ids.decode_id(p.key or b""): p.headers.get(H_OUTCOME)
+        ids.decode_id(p.key or b""): outcome_of(list(p.headers.items()))
         for p in producer.committed if p.topic == NS.persist and p.value is None
     }
 
