@@ -454,6 +454,9 @@ def test_acker_completes_acked_records_and_they_never_time_out(fake_kafka: None)
     clock.advance(31_000)
     run_steps(acker)
     assert outcomes(producer) == {S1: b"completed", S2: b"replay"}
+    tombstones = {ids.decode_id(p.key or b""): p.headers for p in producer.committed
+                  if p.topic == NS.persist and p.value is None}
+    assert tombstones == {S1: {}, S2: {"rb-outcome": b"replay"}}  # a completion carries no header
     c = acker.counters()
     assert (c["completed"], c["timed_out"], c["replayed"]) == (1, 1, 1)
 
