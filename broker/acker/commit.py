@@ -180,7 +180,7 @@ class Transactions:
         try:
             kafka_io.produce(
                 self.producer, rec.topic, key=rec.key, value=rec.value, partition=rec.partition,
-                headers=list(rec.headers), on_delivery=on_delivery,
+                headers=list(rec.headers) or None, on_delivery=on_delivery,
             )
         except KafkaException as exc:
             # Refused before it was queued (e.g. larger than message.max.bytes): this record's
