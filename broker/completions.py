@@ -1,5 +1,5 @@
-"""Watching outcomes: every srid leaves ``ns.persist`` with a tombstone whose ``rb-outcome``
-header says why - ``completed`` (its tree completed), ``replay`` (superseded by a new attempt)
+"""Watching outcomes: every srid leaves ``ns.persist`` with a tombstone that says
+why (``broker.headers.outcome_of``) - ``completed`` (its tree completed; no header), ``replay`` (superseded by a new attempt)
 or ``dlq`` (dead-lettered). No extra topic: the ledger's own tombstones are the feed.
 
 ``OutcomeLog`` folds the persist topic into per-origin outcomes; the demo and the tests use it

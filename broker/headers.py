@@ -1,6 +1,9 @@
 """Every ``rb-*`` header the broker writes or reads, with its encoding, in one place.
 
-Ids are 8-byte big-endian two's complement; counts are ASCII integers.
+Ids are 8-byte big-endian two's complement; counts are ASCII integers. Persist records carry
+no header: what the acker registers them by (srid, root_xor, deadline, an adaptive flag) is
+the fixed prefix of their value (``broker.schemas``); their tombstones carry ``rb-outcome``
+only when the srid did not complete.
 
 | header | on | value |
 |---|---|---|
@@ -9,11 +12,9 @@ Ids are 8-byte big-endian two's complement; counts are ASCII integers.
 | ``rb-origin`` | data records, DLQ records | srid of the first attempt |
 | ``rb-attempt`` | data records | attempt number (``1`` on a first attempt) |
 | ``rb-path`` | data records below the root | emit indices from the root: ``0.2`` is the third child of the source record (``0``, which carries no header), ``0.2.0`` its first grandchild |
-| ``rb-root`` | persist records | the root's creation event (XOR of the source's record ids) |
-| ``rb-deadline`` | persist records | created_ms + timeout_ms (an auto record: + ``ADAPTIVE_FALLBACK_MS``) |
-| ``rb-timeout`` | persist records with an adaptive timeout; DLQ records of them | ``auto``: the acker sets the deadline (docs/design.md §6); a redrive keeps it |
-| ``rb-topic`` | auto persist records; DLQ records | the data topic (auto: whose latency estimate applies) |
-| ``rb-outcome`` | persist tombstones | why the srid left: ``completed``, ``replay``, ``dlq`` |
+| ``rb-timeout`` | DLQ records of records with an adaptive timeout | ``auto``: a redrive keeps it adaptive (docs/design.md §6) |
+| ``rb-topic`` | DLQ records | the data topic |
+| ``rb-outcome`` | persist tombstones of srids that did not complete | why the srid left: ``replay``, ``dlq`` (none: it completed, ``outcome_of``) |
 | ``rb-reason`` | DLQ records | why it was dead-lettered (``quarantine: ...`` for bad input) |
 | ``rb-attempts``, ``rb-topic``, ``rb-key-hash-partition``, ``rb-partitioner``, ``rb-history`` | DLQ records | what a redrive needs |
 | ``rb-source`` | quarantined input | ``topic/partition/offset`` it was read from |
@@ -41,14 +42,11 @@ H_PATH = "rb-path"
 ROOT_PATH = "0"
 TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT, H_PATH})
 
-# --- persist records: register an srid from key + headers without decoding the value
-H_ROOT = "rb-root"
-H_DEADLINE = "rb-deadline"
-# An adaptive timeout (``timeout_ms="auto"``): the acker gives the deadline from its latency
-# estimate for the data topic named by ``rb-topic`` (both read from headers: the acker
-# registers persist records without decoding them). The value's ``timeout_ms`` is
-# ``AUTO_TIMEOUT_MS``, so a replay (which reads the value) is auto too; ``rb-deadline`` holds
-# created_ms + ``ADAPTIVE_FALLBACK_MS``, for a reader that does not know ``rb-timeout``.
+# --- an adaptive timeout (``timeout_ms="auto"``): the acker gives the deadline from its
+# latency estimate for the record's data topic. The record's ``timeout_ms`` is
+# ``AUTO_TIMEOUT_MS`` (so a replay is auto too) and its value's prefix flags it adaptive, with
+# created_ms + ``ADAPTIVE_FALLBACK_MS`` as its deadline (broker.schemas). A DLQ record of one
+# carries ``rb-timeout: auto``.
 H_TIMEOUT = "rb-timeout"
 AUTO = "auto"
 AUTO_B = b"auto"
@@ -122,14 +120,6 @@ def child_path(parent: str, index: int) -> str:
 def child_path_header(parent_headers: Headers | None, index: int) -> tuple[str, bytes]:
     """The ``rb-path`` header of the ``index``-th child of the record with ``parent_headers``."""
     return (H_PATH, child_path(path_of(parent_headers), index).encode())
-
-
-def persist_headers(root_xor: int, deadline_ms: int, auto_topic: str | None = None) -> list[tuple[str, bytes]]:
-    """A persist record's headers; with ``auto_topic``, an adaptive timeout for that topic."""
-    headers = [(H_ROOT, encode_id(root_xor)), (H_DEADLINE, encode_id(deadline_ms))]
-    if auto_topic is not None:
-        headers += [(H_TIMEOUT, AUTO_B), (H_TOPIC, auto_topic.encode())]
-    return headers
 
 
 def outcome_of(headers: Headers | None) -> bytes:

@@ -23,7 +23,6 @@ import orjson
 
 from broker import ids
 from broker.headers import (
-    ADAPTIVE_FALLBACK_MS,
     AUTO_B,
     AUTO_TIMEOUT_MS,
     DLQ_HEADERS,
@@ -38,7 +37,6 @@ from broker.headers import (
     H_TOPIC,
     LOST_PREFIX,
     QUARANTINE_PREFIX,
-    persist_headers,
     tracking_headers,
 )
 from broker.schemas import Failure, PersistedRecord
@@ -110,13 +108,11 @@ def decide(
         created_ms=now_ms,
         history=history,
     )
-    # A replay of an auto record is auto too: the acker that registers it gives its deadline.
-    auto = record.timeout_ms == AUTO_TIMEOUT_MS
-    headers = (persist_headers(record_id, now_ms + ADAPTIVE_FALLBACK_MS, record.topic) if auto
-               else persist_headers(record_id, now_ms + again.timeout_ms))
+    # A replay of an auto record is auto too (its timeout_ms, in the value's prefix): the
+    # acker that registers it gives its deadline.
     persist = Outgoing(
         ns.persist, ids.ledger_partition(srid, ledger_partitions), ids.encode_id(srid), again.encode(),
-        tuple(headers), record.srid,
+        (), record.srid,
     )
     data = Outgoing(
         replay_topic(record.topic),

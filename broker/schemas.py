@@ -17,6 +17,7 @@ import fastavro
 import numpy as np
 
 from broker.errors import DecodeError
+from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
 
 _LE_I64 = np.dtype("<i8")
 
@@ -187,10 +188,13 @@ def encode_persisted(
     *,
     encoded_ids: tuple[bytes, bytes] | None = None,
 ) -> bytes:
-    """A ``PersistedRecord`` value without building the dataclass (bytes as fastavro's).
-    ``encoded_ids``: ``avro_long`` of ``srid`` and ``root_xor`` when the caller has them."""
+    """A persist value - ``persist_prefix`` and the ``PersistedRecord`` (bytes as fastavro's) -
+    without building the dataclass. ``encoded_ids``: ``avro_long`` of ``srid`` and ``root_xor``
+    when the caller has them."""
     srid_b, root_b = encoded_ids or (avro_long(srid), avro_long(root_xor))
     parts = [
+        persist_prefix(_id_key(srid), _id_key(root_xor), persist_deadline(created_ms, timeout_ms),
+                       adaptive=timeout_ms == AUTO_TIMEOUT_MS),
         srid_b, srid_b if origin == srid else avro_long(origin), avro_long(attempt), root_b,
         root_b if record_id == root_xor else avro_long(record_id),
         avro_string(topic), avro_long(key_hash_partition), avro_string(partitioner),
@@ -234,12 +238,13 @@ def avro_headers(headers: tuple[tuple[str, bytes | None], ...] | list[tuple[str,
 
 
 def encode_first_persisted(
-    srid_avro: bytes, record_avro: bytes, placement: bytes, key: bytes | None, value: bytes | None,
-    headers_avro: bytes, created_ms: int, timeout_ms: int, max_attempts: int,
+    srid_key: bytes, srid_avro: bytes, record_key: bytes, record_avro: bytes, placement: bytes,
+    key: bytes | None, value: bytes | None, headers_avro: bytes, created_ms: int, timeout_ms: int,
+    max_attempts: int,
 ) -> bytes:
     """``encode_persisted`` of a first attempt as ``Source.send`` makes it - origin = srid,
-    attempt 1, root_xor = record_id, no history - from parts encoded already: the ids
-    (``avro_long``), ``avro_placement`` and ``avro_headers``. The same bytes, with one join."""
+    attempt 1, root_xor = record_id, no history - from parts encoded already: the ids (8-byte
+    keys and ``avro_long``), ``avro_placement`` and ``avro_headers``. The same bytes, with one join."""
     if key is None:
         key_len, key = _NULL, b""
     else:
@@ -250,8 +255,10 @@ def encode_first_persisted(
     else:
         n = len(value)
         value_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
+    prefix = persist_prefix(srid_key, record_key, persist_deadline(created_ms, timeout_ms),
+                            adaptive=timeout_ms == AUTO_TIMEOUT_MS)
     return b"".join((
-        srid_avro, srid_avro, _ATTEMPT_1, record_avro, record_avro, placement, key_len, key, value_len, value,
+        prefix, srid_avro, srid_avro, _ATTEMPT_1, record_avro, record_avro, placement, key_len, key, value_len, value,
         headers_avro, _time_fields(created_ms, timeout_ms, max_attempts), _EMPTY_ARRAY,
     ))
 
@@ -297,6 +304,78 @@ def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
     return datum
 
 
+# --------------------------------------------------------------------------- persist values
+#
+# A persist value is a fixed prefix, then the ``PersistedRecord`` in Avro:
+#
+#   srid (8 bytes) | root_xor (8) | deadline_ms (8) | flags (1) | PersistedRecord (Avro)
+#
+# ids and the deadline 8-byte big-endian two's complement, the srid equal to the record's key.
+# The prefix is what the acker registers an srid by: it reads a whole batch of them with numpy
+# (``read_persist_prefixes``), with no header and without decoding the body; every other
+# reader decodes the record (``PersistedRecord.decode``). deadline_ms is created_ms +
+# timeout_ms; with ``PERSIST_ADAPTIVE`` set the acker gives the deadline from its latency
+# estimate of the record's topic (docs/design.md §6) and deadline_ms is created_ms +
+# ``ADAPTIVE_FALLBACK_MS``, a fallback.
+
+PERSIST_PREFIX_LEN = 25
+PERSIST_ADAPTIVE = 1  # flags: the record's timeout is adaptive (timeout_ms = AUTO_TIMEOUT_MS)
+_ID = np.dtype(">i8")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _id_key(n: int) -> bytes:
+    return n.to_bytes(8, "big", signed=True)
+
+
+def persist_deadline(created_ms: int, timeout_ms: int) -> int:
+    """A persist record's deadline_ms: created_ms + timeout_ms (an adaptive one: +
+    ``ADAPTIVE_FALLBACK_MS``), held to a 64-bit long (two longs' sum need not be one; the
+    acker refuses a deadline held at the largest long, broker.acker.domain)."""
+    deadline = created_ms + (ADAPTIVE_FALLBACK_MS if timeout_ms == AUTO_TIMEOUT_MS else timeout_ms)
+    return min(max(deadline, _INT64_MIN), _INT64_MAX)
+
+
+def persist_prefix(srid_key: bytes, root_key: bytes, deadline_ms: int, *, adaptive: bool = False) -> bytes:
+    """The fixed prefix of a persist value (``srid_key``, ``root_key``: 8-byte big-endian ids)."""
+    return srid_key + root_key + deadline_ms.to_bytes(8, "big", signed=True) + (b"\x01" if adaptive else b"\x00")
+
+
+@dataclass(frozen=True)
+class PersistPrefixes:
+    """The prefixes of a batch of persist values, column by column; a value too short to hold
+    one (``short``) has zeros there. ``body_srid_ok``: the record's first Avro field is the
+    prefix's srid."""
+
+    srids: np.ndarray
+    roots: np.ndarray
+    deadlines_ms: np.ndarray
+    flags: np.ndarray
+    short: np.ndarray
+    body_srid_ok: np.ndarray
+
+
+def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
+    """The prefixes of ``values`` at once: the values joined, the prefix and the first
+    Avro field of each gathered by index (numpy; no Python per value but its length)."""
+    n = len(values)
+    lengths = np.fromiter(map(len, values), np.int64, n)
+    starts = np.cumsum(lengths) - lengths
+    pad = PERSIST_PREFIX_LEN + 10
+    buf = np.frombuffer(b"".join(values) + bytes(pad), np.uint8)
+    short = lengths < PERSIST_PREFIX_LEN
+    at = np.where(short, buf.size - pad, starts)  # a short value reads the zero padding
+    rows = buf[at[:, None] + np.arange(PERSIST_PREFIX_LEN)]
+    fields = np.ascontiguousarray(rows[:, :24]).view(_ID).astype(np.int64)
+    srids = fields[:, 0]
+    # The body's srid: its Avro varint (at most 10 bytes) compared with the prefix's.
+    groups, used = _varint_groups(srids)
+    body = buf[np.minimum(at + PERSIST_PREFIX_LEN, buf.size - 10)[:, None] + np.arange(10)]
+    same = ((body == groups) | (np.arange(10) >= used[:, None])).all(axis=1)
+    return PersistPrefixes(srids, fields[:, 1], fields[:, 2], rows[:, 24], short,
+                           same & (lengths >= PERSIST_PREFIX_LEN + used))
+
+
 # --------------------------------------------------------------------------- PersistedRecord
 
 
@@ -335,7 +414,7 @@ class PersistedRecord:
 
     def encode_with_fastavro(self) -> bytes:
         """The reference encoding (tests compare ``encode`` with it)."""
-        return _encode(
+        return self.prefix() + _encode(
             PERSISTED_RECORD,
             {
                 "srid": self.srid,
@@ -359,9 +438,23 @@ class PersistedRecord:
             },
         )
 
+    def prefix(self) -> bytes:
+        """The persist value's prefix (the fields the acker registers the srid by)."""
+        return persist_prefix(_id_key(self.srid), _id_key(self.root_xor),
+                              persist_deadline(self.created_ms, self.timeout_ms),
+                              adaptive=self.timeout_ms == AUTO_TIMEOUT_MS)
+
     @classmethod
     def decode(cls, data: bytes | None) -> PersistedRecord:
-        d = _decode(PERSISTED_RECORD, data, "PersistedRecord")
+        """A persist value's record; the prefix must name the record's srid and root."""
+        if not data:
+            raise DecodeError("empty PersistedRecord")
+        if len(data) <= PERSIST_PREFIX_LEN:
+            raise DecodeError(f"persist value shorter than its {PERSIST_PREFIX_LEN}-byte prefix and a record")
+        d = _decode(PERSISTED_RECORD, data[PERSIST_PREFIX_LEN:], "PersistedRecord")
+        if (d.get("srid"), d.get("root_xor")) != (int.from_bytes(data[:8], "big", signed=True),
+                                                  int.from_bytes(data[8:16], "big", signed=True)):
+            raise DecodeError("persist prefix and PersistedRecord differ in srid or root_xor")
         try:
             return cls(
                 srid=d["srid"],

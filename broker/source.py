@@ -1,7 +1,7 @@
 """``Source``: puts records under the broker's guarantee (docs/design.md §8).
 
 For each record, ``send`` writes the ``PersistedRecord`` to ``ns.persist[srid mod P]`` -
-persisting IS registering: it carries the root's creation event (``rb-root``) - and then,
+persisting IS registering: its value's prefix holds the root's creation event - and then,
 once that is confirmed, the data record, with its tracking headers (broker.headers), to the
 key's partition of the data topic (broker.delivery holds the records waiting).
 """
@@ -24,23 +24,16 @@ from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import (
-    ADAPTIVE_FALLBACK_MS,
     AUTO,
-    AUTO_B,
     AUTO_TIMEOUT_MS,
     H_ATTEMPT,
-    H_DEADLINE,
     H_ID,
     H_ORIGIN,
-    H_ROOT,
     H_SRID,
-    H_TIMEOUT,
-    H_TOPIC,
     Headers,
     as_bytes,
     user_headers,
 )
-from broker.ids import encode_id
 from broker.placement import Placements
 from broker.schemas import (
     Failure,
@@ -315,21 +308,15 @@ class Source:
             timeout = timeout_ms
         else:
             timeout = self.config.timeout_ms
-        # The PersistedRecord, encoded straight from its fields; the rb-root / rb-deadline
-        # headers let the acker register it without decoding the value (an auto timeout:
-        # rb-timeout and rb-topic too, broker.headers).
-        persist_headers: list[tuple[str, bytes | None]] = [(H_ROOT, record_b)]
+        # The persist value, encoded straight from its fields: its prefix lets the acker
+        # register it without decoding the rest, and it carries no header (broker.schemas).
         if isinstance(timeout, str):
             timeout = AUTO_TIMEOUT_MS
-            persist_headers += [(H_DEADLINE, encode_id(created_ms + ADAPTIVE_FALLBACK_MS)),
-                                (H_TIMEOUT, AUTO_B), (H_TOPIC, topic.encode())]
-        else:
-            persist_headers.append((H_DEADLINE, encode_id(created_ms + timeout)))
         if partitioner is None:
             origin = srid
             value = encode_first_persisted(
-                srid_avro, record_avro, self._placements.placement(topic, partition), key_b, value_b,
-                avro_headers(own_headers), created_ms, timeout, max_attempts or self.config.max_attempts,
+                srid_b, srid_avro, record_b, record_avro, self._placements.placement(topic, partition), key_b,
+                value_b, avro_headers(own_headers), created_ms, timeout, max_attempts or self.config.max_attempts,
             )
         else:
             origin = srid if origin is None else origin
@@ -341,7 +328,7 @@ class Source:
         try:
             kafka_io.produce(
                 self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
-                headers=persist_headers, on_delivery=self._pending.on_persist,
+                on_delivery=self._pending.on_persist,
             )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])

@@ -13,7 +13,7 @@ One run, on the Kafka it is given, in a namespace of its own:
 5. with ``restart``, once 40% of the orders went through, the query is stopped at the worst
    moment - a batch has written its outputs and not yet sent its acks - and started again
    from its checkpoint: that batch runs again, its first acks never existed;
-6. the demo watches ``ns.persist`` (a tombstone with ``rb-outcome=completed`` completes an
+6. the demo watches ``ns.persist`` (a tombstone without ``rb-outcome`` completes an
    origin; ``broker.completions``) and ``ns.dlq`` until every origin it sent is completed or dead-lettered, or the
    deadline passes; then it reads the sink back.
 

@@ -1,8 +1,9 @@
 """The acker's commit: everything decided since the last one, in ONE Kafka transaction.
 
 In this order (docs/design.md §5):
-1. tombstones to ``ns.persist`` for completed, replayed and dead-lettered srids, each with
-   ``rb-outcome`` saying which;
+1. tombstones to ``ns.persist`` for completed, replayed and dead-lettered srids; a replayed
+   or dead-lettered one with ``rb-outcome`` saying which, a completion without a header
+   (``broker.headers.outcome_of``; a header costs the produce a few microseconds);
 2. replay records (persist + ``<topic>.replay``), DLQ and quarantine records (and dead
    letters of records whose payload was lost), each with a delivery callback: what the
    broker refuses for good is remembered (broker.acker.refusals) and decided differently
@@ -37,7 +38,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from broker import kafka_io
 from broker.acker.refusals import Refusals
 from broker.acker.state import PartitionState
-from broker.headers import H_OUTCOME
+from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
 from broker.ledger.clock import Ticker
 from broker.replay import Outgoing
 from broker.schemas import COUNTERS_KEY, LedgerCounters, encode_ledger_entries
@@ -131,7 +132,7 @@ class Transactions:
         produce = producer.produce
         persist, ledger = self.ns.persist, self.ns.ledger
         for lp, keys, outcome in batch.tombstones:
-            headers = [(H_OUTCOME, outcome)]
+            headers = None if outcome == OUTCOME_COMPLETED else [(H_OUTCOME, outcome)]
             for key in keys:
                 try:
                     produce(persist, key=key, value=None, partition=lp, headers=headers)
@@ -179,7 +180,7 @@ class Transactions:
         try:
             kafka_io.produce(
                 self.producer, rec.topic, key=rec.key, value=rec.value, partition=rec.partition,
-                headers=list(rec.headers), on_delivery=on_delivery,
+                headers=list(rec.headers) or None, on_delivery=on_delivery,
             )
         except KafkaException as exc:
             # Refused before it was queued (e.g. larger than message.max.bytes): this record's

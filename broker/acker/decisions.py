@@ -228,8 +228,8 @@ class Decider:
                     record = PersistedRecord.decode(payload)
                     if record.srid != srid:
                         raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
-                    # A replay's deadline (rb-deadline) is now + timeout_ms, 8 bytes: a value
-                    # registered from its headers may hold a timeout_ms too large for one.
+                    # A replay's deadline (in its value's prefix) is now + timeout_ms, 8 bytes:
+                    # a value registered from its prefix may hold a timeout_ms too large for one.
                     if not -(2**63) <= now_ms + record.timeout_ms < 2**63:
                         raise DecodeError(f"timeout_ms {record.timeout_ms} gives a replay no 64-bit deadline")
                 except DecodeError as exc:
@@ -346,7 +346,7 @@ class Decider:
         self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, payload: bytes, exc: DecodeError,
         decided: list[Decided],
     ) -> None:
-        # Registered from its headers, but the value is no PersistedRecord: it cannot
+        # Registered from its prefix, but the value is no PersistedRecord: it cannot
         # be replayed. Keep it in the DLQ byte for byte and let the srid go.
         st.decided(srid)
         why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"

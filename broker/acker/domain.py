@@ -8,7 +8,7 @@ nobody acks would be replayed 2^31 times instead of dead-lettered. So the acker 
 when it registers the record and quarantines it with the reason (``Ingest.register``).
 
 The acker keeps the value as bytes (decoded only for a replay), so the check reads just the
-fields it needs, skipping the rest by their lengths, without a dict or a dataclass: a batch
+fields it needs of the record after the value's prefix (``broker.schemas``), skipping the rest by their lengths, without a dict or a dataclass: a batch
 at once with numpy (``domain_errors``), a record alone in Python (``domain_error``, which
 also says why; a few times cheaper than fastavro's full decode, and the batch several times
 cheaper again per record).
@@ -20,8 +20,11 @@ import numpy as np
 
 from broker.headers import AUTO_TIMEOUT_MS
 from broker.partitioning import PARTITIONERS
+from broker.schemas import PERSIST_PREFIX_LEN
 
 _KNOWN_PARTITIONERS = frozenset(name.encode() for name in PARTITIONERS)
+# A deadline past 64 bits is written as the largest long (``schemas.persist_deadline``): out.
+DEADLINE_PAST_64_BITS = 2**63 - 1
 
 
 class _Truncated(Exception):
@@ -84,14 +87,14 @@ def _skip_headers(b: bytes, i: int) -> int:
 
 
 def domain_error(value: bytes, deadline_ms: int, auto: bool) -> str | None:
-    """Why the persist ``value`` (registered with ``deadline_ms``; ``auto``: it has the
-    ``rb-timeout: auto`` header) is outside the rule's domain, or None when it is inside:
-    1 <= attempt <= max_attempts, timeout_ms > 0 (or the adaptive marker with the header),
-    a known partitioner, a deadline after created_ms. A value that ends inside one of these
+    """Why the persist ``value`` (registered with ``deadline_ms``; ``auto``: its prefix marks
+    the timeout adaptive) is outside the rule's domain, or None when it is inside:
+    1 <= attempt <= max_attempts, timeout_ms > 0 (or the adaptive marker with the flag),
+    a known partitioner, a deadline after created_ms that fits a long. A value that ends inside one of these
     fields (or before them) is out too."""
     try:
         b = value
-        i = _skip_long(b, _skip_long(b, 0))  # srid (checked against the key by the caller), origin
+        i = _skip_long(b, _skip_long(b, PERSIST_PREFIX_LEN))  # srid (checked by the caller), origin
         attempt, i = _long(b, i)
         i = _skip_long(b, _skip_long(b, i))  # root_xor, record_id
         i = _skip_bytes(b, i)  # topic
@@ -110,11 +113,13 @@ def domain_error(value: bytes, deadline_ms: int, auto: bool) -> str | None:
     if not 1 <= attempt <= max_attempts:
         return f"attempt {attempt} outside 1..max_attempts ({max_attempts})"
     if timeout_ms <= 0 and not (auto and timeout_ms == AUTO_TIMEOUT_MS):
-        return f"timeout_ms {timeout_ms} <= 0" + (" (-1 is adaptive only with rb-timeout: auto)" if timeout_ms == -1 else "")
+        return f"timeout_ms {timeout_ms} <= 0" + (" (-1 is adaptive only with the adaptive flag)" if timeout_ms == -1 else "")
     if partitioner not in _KNOWN_PARTITIONERS:
         return f"unknown partitioner {partitioner.decode(errors='replace')!r}"
     if deadline_ms <= created_ms:
         return f"deadline {deadline_ms} is not after created_ms {created_ms}"
+    if deadline_ms >= DEADLINE_PAST_64_BITS:
+        return "deadline created_ms + timeout_ms is not a 64-bit long"
     return None
 
 
@@ -200,7 +205,7 @@ def domain_errors(values: list[bytes], deadline_ms: np.ndarray, auto: list[bool]
     if len(values) < BATCH_FROM:
         return [domain_error(v, d, a) for v, d, a in zip(values, deadline_ms.tolist(), auto, strict=True)]
     r = _Reader(values)
-    p = np.concatenate(([0], r.ends[:-1]))
+    p = np.concatenate(([0], r.ends[:-1])) + PERSIST_PREFIX_LEN
     p = r.past(r.past(p))  # srid, origin
     attempt, p = r.long(p)
     p = r.past(r.past(p))  # root_xor, record_id
@@ -231,9 +236,18 @@ def domain_errors(values: list[bytes], deadline_ms: np.ndarray, auto: list[bool]
     max_attempts, p = r.long(p)
     inside = (
         r.ok & (p <= r.ends) & known & (max_attempts >= 1) & (attempt >= 1) & (attempt <= max_attempts)
-        & (deadline_ms > created_ms) & ((timeout_ms > 0) | (np.asarray(auto, bool) & (timeout_ms == AUTO_TIMEOUT_MS)))
+        & (deadline_ms > created_ms) & (deadline_ms < DEADLINE_PAST_64_BITS) & ((timeout_ms > 0) | (np.asarray(auto, bool) & (timeout_ms == AUTO_TIMEOUT_MS)))
     )
     out: list[str | None] = [None] * len(values)
     for i in np.flatnonzero(~inside).tolist():
         out[i] = domain_error(values[i], int(deadline_ms[i]), auto[i])
     return out
+
+
+def topic_of(value: bytes) -> bytes:
+    """The ``topic`` field of a persist value inside the domain (its record read that far)."""
+    b = value
+    i = _skip_long(b, _skip_long(b, PERSIST_PREFIX_LEN))  # srid, origin
+    i = _skip_long(b, _skip_long(b, _skip_long(b, i)))  # attempt, root_xor, record_id
+    n, i = _long(b, i)
+    return b[i : i + n]

@@ -12,26 +12,22 @@ import logging
 import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from broker import ids
-from broker.acker.domain import domain_errors
+from broker.acker.domain import domain_errors, topic_of
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
-from broker.headers import (
-    ADAPTIVE_FALLBACK_MS,
-    AUTO_B,
-    AUTO_TIMEOUT_MS,
-    H_DEADLINE,
-    H_ROOT,
-    H_TIMEOUT,
-    H_TOPIC,
-    OUTCOME_COMPLETED,
-)
+from broker.headers import OUTCOME_COMPLETED
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
-from broker.schemas import PersistedRecord, XorBatch, avro_longs
+from broker.schemas import (
+    PERSIST_ADAPTIVE,
+    PERSIST_PREFIX_LEN,
+    PersistPrefixes,
+    XorBatch,
+    read_persist_prefixes,
+)
 from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
@@ -91,110 +87,60 @@ class Ingest:
     def register(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Register persist records (their roots' creation events) without decoding them.
 
-        The srid is the key; root_xor and the deadline come from the ``rb-root`` /
-        ``rb-deadline`` headers, read in bulk with numpy. The value is only checked to start
-        with the key's srid (its first Avro field) and kept as bytes for a replay; a record
-        without the headers (an older producer) is decoded in full. Anything else is
-        quarantined, as is a value that turns out undecodable when a replay needs it.
-        A record with ``rb-timeout: auto`` gets its deadline from the latency estimate of the
-        topic in ``rb-topic`` instead of ``rb-deadline`` (``_adaptive_deadlines``).
+        The srid, root_xor and deadline come from each value's fixed prefix
+        (``broker.schemas``), read for the whole batch at once with numpy; the value is kept
+        as bytes for a replay. A value whose prefix does not name its key, whose record does
+        not start with that srid, of another ledger partition or outside the rule's domain is
+        quarantined, as is a value that turns out undecodable when a replay needs it. A record
+        whose prefix marks its timeout adaptive gets its deadline from the latency estimate
+        of its topic instead (``_adaptive_deadlines``).
         """
         self._reading(batch)
-        msgs: list[Message] = []
-        keys: list[bytes] = []
-        roots: list[bytes] = []
-        deadlines: list[bytes] = []
-        values: list[bytes] = []
-        autos: list[bytes | None] = []  # the topic of a record with an adaptive timeout
-        for msg in batch:
-            value = msg.value()
-            if value is None:
-                continue  # a tombstone: a completion (ours or a previous owner's)
-            key = msg.key()
-            headers = msg.headers()
-            try:  # as a Source writes them: rb-root and rb-deadline, 8 bytes each, and no other
-                (h_root, root), (h_deadline, deadline) = headers
-                usual = (h_root == H_ROOT and h_deadline == H_DEADLINE
-                         and len(key) == 8 and len(root) == 8 and len(deadline) == 8)
-            except (TypeError, ValueError):  # no headers, other headers, a None key or value
-                usual = False
-            if usual:
-                msgs.append(msg)
-                keys.append(key)
-                roots.append(root)
-                deadlines.append(deadline)
-                values.append(value)
-                autos.append(None)
-                continue
-            auto: bytes | None = None
-            root = deadline = timeout = None
-            for name, header in headers or ():
-                if name == H_ROOT:
-                    root = header
-                elif name == H_DEADLINE:
-                    deadline = header
-                elif name == H_TIMEOUT:
-                    timeout = header
-                elif name == H_TOPIC:
-                    auto = header
-            if timeout != AUTO_B:
-                auto = None
-            if (
-                key is not None and len(key) == 8 and root is not None and len(root) == 8
-                and deadline is not None and len(deadline) == 8
-            ):
-                pass  # the value's first field is checked against the key below, in bulk
-            else:
-                try:
-                    key, root, deadline, auto = self._decode_persist(key, value)
-                except DecodeError as exc:
-                    self.quarantine(st, msg, str(exc))
-                    continue
-            msgs.append(msg)
-            keys.append(key)
-            roots.append(root)
-            deadlines.append(deadline)
-            values.append(value)
-            autos.append(auto)
-        if not msgs:
-            return
-        srids = np.frombuffer(b"".join(keys), dtype=">i8").astype(np.int64)
-        deadline_ms = np.frombuffer(b"".join(deadlines), dtype=">i8").astype(np.int64)
-        # A value must start with its key's srid (the record's first Avro field), the srid
-        # must belong to this ledger partition, and the fields the rule decides by must be in
-        # its domain (broker.acker.domain); anything else is quarantined, never registered.
-        foreign = np.array([not v.startswith(p) for v, p in zip(values, avro_longs(srids), strict=True)])
-        misrouted = (srids == 0) | (srids % self.partitions != lp)
-        outside = domain_errors(values, deadline_ms, [a is not None for a in autos])
-        bad = foreign | misrouted | np.array([w is not None for w in outside])
-        if bad.any():
-            for i in np.flatnonzero(bad).tolist():
-                why = ("persist value does not start with the key's srid" if foreign[i]
-                       else f"srid {int(srids[i])} does not belong to ledger partition {lp}" if misrouted[i]
-                       else f"persist record outside the rule's domain: {outside[i]}")
-                self.quarantine(st, msgs[i], why)
-            keep = ~bad
-            srids, deadline_ms = srids[keep], deadline_ms[keep]
-            kept = keep.tolist()
-            msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
-            roots = [r for r, k in zip(roots, kept, strict=True) if k]
-            values = [v for v, k in zip(values, kept, strict=True) if k]
-            autos = [a for a, k in zip(autos, kept, strict=True) if k]
+        values = [m.value() for m in batch]
+        msgs = batch
+        if None in values:  # tombstones: completions (ours or a previous owner's)
+            msgs = [m for m, v in zip(batch, values, strict=True) if v is not None]
+            values = [v for v in values if v is not None]
             if not msgs:
                 return
+        keys = [m.key() for m in msgs]
+        if None in keys:
+            keys = [k or b"" for k in keys]
+        pre = read_persist_prefixes(values)
+        srids, deadline_ms, flags = pre.srids, pre.deadlines_ms, pre.flags
+        bad_key = np.fromiter(map(len, keys), np.int64, len(keys)) != 8
+        if bad_key.any():
+            keys = [bytes(8) if b else k for k, b in zip(keys, bad_key.tolist(), strict=True)]
+        other = np.frombuffer(b"".join(keys), ">i8") != srids
+        misrouted = (srids == 0) | (srids % self.partitions != lp)
+        adaptive = (flags & PERSIST_ADAPTIVE) != 0
+        # A record starts with its srid (its first Avro field), names its key, belongs to this
+        # ledger partition and has the fields the rule decides by in its domain
+        # (broker.acker.domain); anything else is quarantined, never registered.
+        bad = pre.short | bad_key | other | ~pre.body_srid_ok | misrouted | (flags > PERSIST_ADAPTIVE)
+        outside = domain_errors(values, deadline_ms, adaptive.tolist())
+        bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
+        if bad.any():
+            for i in np.flatnonzero(bad).tolist():
+                self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
+            keep = ~bad
+            srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
+            roots = pre.roots[keep]
+            kept = keep.tolist()
+            msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
+            values = [v for v, k in zip(values, kept, strict=True) if k]
+            if not msgs:
+                return
+        else:
+            roots = pre.roots
         # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
         # the persist record's own timestamp, the source's send time unless the topic
         # stamps append times.
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
-        auto_mask = self._adaptive_deadlines(st, offsets, autos, deadline_ms)
-        result = st.table.register(
-            srids,
-            np.frombuffer(b"".join(roots), dtype=">i8").astype(np.int64),
-            offsets,
-            self.ticker.ticks_of(deadline_ms),
-        )
+        auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
+        result = st.table.register(srids, roots, offsets, self.ticker.ticks_of(deadline_ms))
         dup = int(result.duplicates.sum())
         st.count("registered", len(msgs) - dup)
         if auto_mask is not None:
@@ -212,19 +158,22 @@ class Ingest:
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
-        self, st: PartitionState, offsets: np.ndarray, autos: list[bytes | None], deadline_ms: np.ndarray
+        self, st: PartitionState, offsets: np.ndarray, values: list[bytes], adaptive: np.ndarray,
+        deadline_ms: np.ndarray,
     ) -> np.ndarray | None:
         """Give the records with an adaptive timeout their deadline, ``now + clamp(quantile x
         safety factor, floor, ceiling)`` of their topic's latency (in ``deadline_ms``, in
         place), and note when they were registered, for their latency when they leave.
         Returns the mask of auto records (None: none in the batch, nothing done)."""
-        if not any(autos):
+        if not adaptive.any():
             if len(st.auto_runs):  # a run of fixed records ends the auto run before it
                 st.auto_runs.note(offsets, np.full(offsets.size, -1, np.int32), self.clock.now_ms())
             return None
         now = self.clock.now_ms()
         topic_id = self.adaptive.topic_id
-        tids = np.array([-1 if t is None else topic_id(t) for t in autos], dtype=np.int32)
+        tids = np.full(offsets.size, -1, np.int32)
+        for i in np.flatnonzero(adaptive).tolist():  # only the adaptive ones: their topic
+            tids[i] = topic_id(topic_of(values[i]))
         auto = tids >= 0
         deadline_ms[auto] = self.adaptive.deadlines(tids[auto], now)
         st.auto_runs.note(offsets, tids, now)
@@ -237,21 +186,22 @@ class Ingest:
             self.adaptive.observe_offsets(st.auto_runs, offsets, self.clock.now_ms())
 
     @staticmethod
-    def _decode_persist(key: bytes | None, value: bytes) -> tuple[bytes, bytes, bytes, bytes | None]:
-        """The full check of a persist record without the registration headers: its key,
-        root_xor and deadline as the 8 bytes the headers would hold, and its topic when its
-        timeout is adaptive."""
-        if key is None or len(key) != 8:
-            raise DecodeError("persist key is not an 8-byte srid")
-        record = PersistedRecord.decode(value)
-        if ids.decode_id(key) != record.srid:
-            raise DecodeError("persist key and record srid differ")
-        auto = record.timeout_ms == AUTO_TIMEOUT_MS  # the acker gives the deadline; this one is a fallback
-        # created_ms and timeout_ms are each a 64-bit long, their sum need not be one.
-        deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if auto else record.timeout_ms)
-        if not -(2**63) <= deadline < 2**63:
-            raise DecodeError(f"persist deadline created_ms + timeout_ms = {deadline} is not a 64-bit long")
-        return key, ids.encode_id(record.root_xor), ids.encode_id(deadline), record.topic.encode() if auto else None
+    def _why(i: int, lp: int, pre: PersistPrefixes, bad_key: np.ndarray, other: np.ndarray,
+             misrouted: np.ndarray, outside: list[str | None]) -> str:
+        """Why the ``i``-th persist record of a batch is quarantined."""
+        if pre.short[i]:
+            return f"persist value shorter than its {PERSIST_PREFIX_LEN}-byte prefix"
+        if bad_key[i]:
+            return "persist key is not an 8-byte srid"
+        if other[i]:
+            return "persist key and the srid of its value's prefix differ"
+        if not pre.body_srid_ok[i]:
+            return "persist record does not start with its prefix's srid"
+        if misrouted[i]:
+            return f"srid {int(pre.srids[i])} does not belong to ledger partition {lp}"
+        if outside[i] is not None:
+            return f"persist record outside the rule's domain: {outside[i]}"
+        return f"unknown persist flags {int(pre.flags[i]):#04x}"
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
         """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline

@@ -12,7 +12,7 @@ writes:
 2. an ``XorBatch`` with ``superseded = [s']`` to ``ns.acks[s' mod P]``: the acker that owns
    ``s'`` folds it like any event (transactionally, in the changelog) and sets SUPERSEDED, so
    that ``s'`` is never replayed or dead-lettered - when it times out or fails, it is settled:
-   tombstoned with ``rb-outcome: completed`` (its origin completed, through ``s``), counted in
+   tombstoned as completed (its origin completed, through ``s``), counted in
    ``superseded_settled``. The marker comes after ``s'``'s persist record (an earlier
    transaction) but may be folded before it (persist and acks are read apart): an unknown
    ``s'`` gets an unregistered SUPERSEDED entry that its persist record registers; if none

@@ -13,7 +13,7 @@ task       ``broker.client.Task`` with a leaf handler (or failure injection)
 consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
 tail       the pipeline's completion times: tails ``ns.persist`` (all partitions, or a
-           sample of them) for tombstones with ``rb-outcome=completed`` (and
+           sample of them) for completion tombstones (no ``rb-outcome``) (and
            ``<topic>.replay`` for replays); throughput is counted without it
            (``bench.completions``)
 skeleton_source
@@ -480,7 +480,7 @@ def run_share(config: dict[str, Any]) -> None:
 
 def run_tail(config: dict[str, Any]) -> None:
     """The pipeline's completion point. A record completes when the acker's transaction
-    holding its persist tombstone (``rb-outcome: completed``) commits: this read_committed
+    holding its persist tombstone (a completion) commits: this read_committed
     consumer then sees it. Latency = receive time - persist record timestamp (CreateTime,
     taken in ``Source.send``); the tombstone's own CreateTime (the acker's decision, before
     its commit) is kept too."""

@@ -18,7 +18,7 @@ Clock assumptions (which clock decides what):
 
 - a record's deadline is ``created_ms + timeout_ms``, where ``created_ms`` is the *source's*
   wall clock when it persisted the record (a replay: the acker's clock when it decided the
-  replay); it travels with the record (``rb-deadline``) and through the changelog as ms;
+  replay); it travels with the record (its persist value's prefix) and through the changelog as ms;
 - expiry is judged on the *acker's* clock: an entry is due when the acker's ``now`` reaches
   its deadline;
 - so a skew between the two shifts every deadline by the skew: a source clock behind the

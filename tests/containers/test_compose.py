@@ -27,7 +27,7 @@ import pytest
 from broker import ids, topics
 from broker.dev.kafka_local import free_port
 from broker.dev.testing import unique_name
-from broker.headers import H_ORIGIN, H_OUTCOME, H_SRID
+from broker.headers import H_ORIGIN, H_SRID, outcome_of
 from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
 from broker.status import status
@@ -144,7 +144,7 @@ def test_acker_killed_mid_run_loses_nothing_and_completes_nothing_twice(stack: S
     for msg in read_to_end(settings, ns.persist, PARTITIONS):
         if msg.value() is None and len(msg.key() or b"") == 8:
             srid = ids.decode_id(msg.key())
-            outcome = (dict(msg.headers() or ()).get(H_OUTCOME) or b"?").decode()
+            outcome = outcome_of(msg.headers()).decode()
             outcomes[srid].append(outcome)
             if outcome == "completed":
                 completions[origin_of[srid]] += 1

@@ -22,7 +22,7 @@ import pytest
 from broker import ids
 from broker.dev import maven
 from broker.dev.spark_cluster import LocalSparkCluster, SparkClusterState, master_json
-from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
+from broker.headers import OUTCOME_COMPLETED, outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -84,7 +84,7 @@ def test_the_spark_demo_runs_on_a_standalone_cluster(
             srid = ids.decode_id(msg.key())
             if msg.value() is not None:
                 origin_of[srid] = PersistedRecord.decode(msg.value()).origin
-            elif dict(msg.headers() or ()).get(H_OUTCOME) == OUTCOME_COMPLETED:
+            elif outcome_of(msg.headers()) == OUTCOME_COMPLETED:
                 completions[origin_of[srid]] += 1
         assert len(completions) == RECORDS
         assert set(completions.values()) == {1}

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from broker import ids
-from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
+from broker.headers import OUTCOME_COMPLETED, outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -46,7 +46,7 @@ def test_every_origin_completes_once_through_spark_with_failures_and_a_restart(
         srid = ids.decode_id(msg.key())
         if msg.value() is not None:
             origin_of[srid] = PersistedRecord.decode(msg.value()).origin
-        elif dict(msg.headers() or ()).get(H_OUTCOME) == OUTCOME_COMPLETED:
+        elif outcome_of(msg.headers()) == OUTCOME_COMPLETED:
             completions[origin_of[srid]] += 1
     assert set(completions) == demo.origins
     assert set(completions.values()) == {1}

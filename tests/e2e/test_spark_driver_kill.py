@@ -61,7 +61,7 @@ from pyspark.sql import functions as F
 from broker import ids
 from broker.acker import Acker
 from broker.dev.testing import unique_name
-from broker.headers import H_ORIGIN, H_OUTCOME, OUTCOME_COMPLETED
+from broker.headers import H_ORIGIN, OUTCOME_COMPLETED, outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -232,7 +232,7 @@ class Outcomes:
                 record = PersistedRecord.decode(msg.value())
                 origin_of[srid] = record.origin
                 attempts[record.origin] = max(attempts.get(record.origin, 0), record.attempt)
-            elif dict(msg.headers() or ()).get(H_OUTCOME) == OUTCOME_COMPLETED:
+            elif outcome_of(msg.headers()) == OUTCOME_COMPLETED:
                 completions[origin_of[srid]] += 1
         dead = {
             ids.decode_id(origin)

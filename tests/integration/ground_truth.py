@@ -24,9 +24,15 @@ from confluent_kafka.admin import AdminClient
 
 from broker import ids, topics
 from broker.dev.testing import unique_name
-from broker.headers import H_DEADLINE, H_HISTORY
+from broker.headers import H_HISTORY, outcome_of
 from broker.kafka_io import read_to_end
-from broker.schemas import COUNTERS_KEY, PersistedRecord, XorBatch, decode_counters
+from broker.schemas import (
+    COUNTERS_KEY,
+    PersistedRecord,
+    XorBatch,
+    decode_counters,
+    read_persist_prefixes,
+)
 from broker.settings import KafkaSettings
 from broker.task import Task
 
@@ -137,7 +143,7 @@ class PersistWatch:
                 continue
             ts_type, ts = msg.timestamp()
             assert ts_type == TIMESTAMP_LOG_APPEND_TIME
-            outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
+            outcome = outcome_of(msg.headers()).decode()
             srid = ids.decode_id(msg.key())
             self.tombstones[srid].append((outcome, ts))
             if outcome == "completed":
@@ -186,10 +192,10 @@ class Attempts:
         self.deadlines: dict[int, int] = {}
         self.decided: dict[int, str] = {}
         for msg in read_to_end(settings, ns.persist, partitions):
-            deadline = dict(msg.headers() or ()).get(H_DEADLINE)
-            if msg.value() is None or deadline is None:
+            if msg.value() is None:
                 continue
-            self.deadlines[ids.decode_id(msg.key() or b"")] = ids.decode_id(deadline)
+            prefix = read_persist_prefixes([msg.value()])
+            self.deadlines[ids.decode_id(msg.key() or b"")] = int(prefix.deadlines_ms[0])
             for failure in PersistedRecord.decode(msg.value()).history:
                 self.decided[failure.srid] = failure.reason
         for msg in read_to_end(settings, ns.dlq, 1):

@@ -12,7 +12,7 @@ from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
 from broker.errors import BackpressureTimeout
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
@@ -47,7 +47,7 @@ def max_pending_seen(
                 first_seen.add(origin)
                 events.append((ts, 1, origin))
             continue
-        outcome = (dict(msg.headers() or ()).get(H_OUTCOME) or b"?").decode()
+        outcome = outcome_of(msg.headers()).decode()
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         if outcome in ("completed", "dlq") and origin_of[srid] in origins:
             events.append((ts, -1, origin_of[srid]))

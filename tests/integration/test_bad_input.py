@@ -39,6 +39,7 @@ from broker import ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
 from broker.errors import DecodeError
+from broker.headers import outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord, XorBatch, decode_counters
 from broker.settings import KafkaSettings
@@ -234,7 +235,7 @@ def test_bad_input_is_counted_quarantined_and_survived(bootstrap: str) -> None:
             assert acker_thread.is_alive(), f"the acker stopped: {acker_errors}"
             for msg in watch.consume(10_000, 0.2):
                 if msg.error() is None and msg.value() is None and len(msg.key() or b"") == 8:
-                    outcome = (dict(msg.headers() or ()).get("rb-outcome") or b"?").decode()
+                    outcome = outcome_of(msg.headers()).decode()
                     outcomes.setdefault(ids.decode_id(msg.key()), []).append(outcome)
             counters = dict(acker.totals)  # counters() also walks the states: not across threads
             done = sum(1 for s in valid if s in outcomes)

@@ -21,22 +21,21 @@ partition, none 0; a message failing any of this is quarantined whole:
 - 500 KB of random bytes (under the broker's 1 MB ``message.max.bytes``).
 
 ns.persist - a record must have an 8-byte key (its srid, non-zero, of this ledger partition)
-and a value starting with that srid (the first Avro field); without the ``rb-root`` /
-``rb-deadline`` headers (8 bytes each) the value is decoded in full. All of these are
-quarantined whole:
+and a value whose 25-byte prefix (broker.schemas) names that srid, before a record starting
+with it (the first Avro field), the fields the rule decides by readable. Headers are ignored
+(garbage ones are written anyway). All of these are quarantined whole:
 
-- random bytes; a ``PersistedRecord`` truncated at a random length (both without usable
-  registration headers: none, a short ``rb-root``, a null ``rb-root``, unrelated ``rb-*``);
-- a value whose first field is another srid than the key's (any headers);
-- a valid record under a key of 1-7 or 9-16 bytes (any headers);
-- a valid record of another ledger partition's srid, and one of srid 0 (any headers);
-- an empty value (any headers);
-- 500 KB: a record with a 500 KB value, truncated by one byte (no headers);
-- a well-formed record without usable registration headers whose ``created_ms + timeout_ms``
-  (its deadline) is beyond 64 bits: no Source writes it (its ``rb-deadline`` is 8 bytes).
+- random bytes; a persist value truncated at a random length before its last field;
+- a value of another srid than the key's;
+- a valid record under a key of 1-7 or 9-16 bytes;
+- a valid record of another ledger partition's srid, and one of srid 0;
+- an empty value;
+- 500 KB: a record with a 500 KB value, without its last two bytes;
+- a well-formed record whose ``created_ms + timeout_ms`` (its deadline) is beyond 64 bits:
+  no Source writes it (its prefix holds the largest long).
 
-ns.persist - quarantined at its deadline: a record with 8-byte ``rb-root`` / ``rb-deadline``
-headers (a deadline during the run) is registered without decoding; when it times out the
+ns.persist - quarantined at its deadline: a record whose prefix's deadline falls during the
+run is registered without decoding; when it times out the
 acker reads its value for the replay, finds a ``timeout_ms`` that gives the replay no 64-bit
 deadline, quarantines it byte for byte and lets the srid go (a ``dlq`` tombstone).
 
@@ -51,8 +50,8 @@ completion the acker did not make (another owner's), not garbage.
 
 Not injected, because they are not malformed for the acker: a well-formed XorBatch of
 unknown srids of the right partition (an orphan, tested in test_bad_input.py), and a persist
-record with 8-byte ``rb-root`` / ``rb-deadline`` headers whose value starts with its key's
-srid but is otherwise truncated: by design it is registered without decoding and only
+value with a valid prefix and the fields the rule decides by, truncated in its last field
+(the history): by design it is registered without decoding and only
 quarantined if a replay needs its value (the path the "quarantined at its deadline"
 category takes, with a deadline during the run).
 
@@ -79,9 +78,9 @@ from broker import ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
 from broker.errors import DecodeError
-from broker.headers import H_DEADLINE, H_ORIGIN, H_OUTCOME, H_REASON, H_ROOT, H_SOURCE
+from broker.headers import H_ORIGIN, H_REASON, H_SOURCE
 from broker.kafka_io import read_to_end
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch, persist_prefix
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -189,26 +188,21 @@ class Fuzz:
         return self.refused(decode, lambda: whole[: self.rng.randrange(1, len(whole))])
 
     def garbage_headers(self) -> Headers:
-        """Headers with which a persist record is decoded in full (no usable rb-root/rb-deadline)."""
+        """Headers the acker must ignore (an older writer's registration headers among them)."""
         r = self.rng
         return r.choice([
             None,
             [],
-            [(H_ROOT, r.randbytes(3)), (H_DEADLINE, r.randbytes(8))],
-            [(H_ROOT, None), (H_DEADLINE, r.randbytes(8))],
-            [(H_ROOT, r.randbytes(8)), (H_DEADLINE, r.randbytes(12))],
-            [("rb-x", r.randbytes(5)), (H_OUTCOME, b"completed"), ("rb-srid", r.randbytes(2))],
+            [("rb-root", r.randbytes(3)), ("rb-deadline", r.randbytes(8))],
+            [("rb-root", None), ("rb-deadline", r.randbytes(8))],
+            [("rb-root", r.randbytes(8)), ("rb-deadline", r.randbytes(8))],
+            [("rb-x", r.randbytes(5)), ("rb-outcome", b"completed"), ("rb-srid", r.randbytes(2))],
         ])
 
-    def any_headers(self) -> Headers:
-        """Any headers, also 8-byte rb-root/rb-deadline (the acker then checks without decoding)."""
-        r = self.rng
-        return r.choice([
-            self.garbage_headers(),
-            [(H_ROOT, r.randbytes(8)), (H_DEADLINE, r.randbytes(8))],
-            [(H_DEADLINE, r.randbytes(8)), (H_ROOT, r.randbytes(8))],
-            [(H_ROOT, r.randbytes(8)), (H_ROOT, r.randbytes(8)), (H_DEADLINE, r.randbytes(8))],
-        ])
+    def prefixed(self, record: PersistedRecord, deadline_ms: int) -> bytes:
+        """``record``'s persist value with ``deadline_ms`` in its prefix, whatever it says."""
+        return persist_prefix(ids.encode_id(record.srid), ids.encode_id(record.root_xor), deadline_ms) + (
+            record.encode()[PERSIST_PREFIX_LEN:])
 
     def make(self, what: str) -> Bad:
         r = self.rng
@@ -249,25 +243,27 @@ class Fuzz:
             value = self.refused(PersistedRecord.decode, lambda: r.randbytes(r.randrange(1, 300)))
             return Bad(what, pe, p, key, value, self.garbage_headers(), (srid,))
         if what == "persist: truncated PersistedRecord":
-            value = self.truncated(PersistedRecord.decode, self.record(srid).encode())
+            # Cut before its last field (max_attempts, the history): the acker reads as far.
+            whole = self.record(srid).encode()
+            value = self.refused(PersistedRecord.decode, lambda: whole[: r.randrange(1, len(whole) - 1)])
             return Bad(what, pe, p, key, value, self.garbage_headers(), (srid,))
         if what == "persist: value is not the key's srid":
             another = self.srid_in(p)
-            return Bad(what, pe, p, key, self.record(another).encode(), self.any_headers(), (srid, another))
+            return Bad(what, pe, p, key, self.record(another).encode(), self.garbage_headers(), (srid, another))
         if what == "persist: key of the wrong length":
             short_or_long = r.choice([r.randrange(1, 8), r.randrange(9, 17)])
             wrong = (key * 3)[:short_or_long]
-            return Bad(what, pe, p, wrong, self.record(srid).encode(), self.any_headers(), (srid,))
+            return Bad(what, pe, p, wrong, self.record(srid).encode(), self.garbage_headers(), (srid,))
         if what == "persist: srid of another partition":
-            return Bad(what, pe, self.other(p), key, self.record(srid).encode(), self.any_headers(), (srid,))
+            return Bad(what, pe, self.other(p), key, self.record(srid).encode(), self.garbage_headers(), (srid,))
         if what == "persist: srid 0":
-            return Bad(what, pe, p, ids.encode_id(0), self.record(0).encode(), self.any_headers(), ())
+            return Bad(what, pe, p, ids.encode_id(0), self.record(0).encode(), self.garbage_headers(), ())
         if what == "persist: empty value":
-            return Bad(what, pe, p, key, b"", self.any_headers(), (srid,))
+            return Bad(what, pe, p, key, b"", self.garbage_headers(), (srid,))
         if what == "persist: 500 KB truncated PersistedRecord":
-            return Bad(what, pe, p, key, self.record(srid, HUGE).encode()[:-1], None, (srid,))
+            return Bad(what, pe, p, key, self.record(srid, HUGE).encode()[:-2], None, (srid,))
         if what == "persist: deadline past 64 bits":
-            # Decoded in full (no usable headers): created_ms + timeout_ms is no 64-bit deadline.
+            # created_ms + timeout_ms is no 64-bit deadline: the prefix holds the largest long.
             created, timeout = r.choice([
                 (CREATED_MS, 2**63 - 1 - r.randrange(CREATED_MS)),
                 (2**63 - 1 - r.randrange(1000), r.randrange(1000, 2**40)),
@@ -276,18 +272,16 @@ class Fuzz:
             record = self.record(srid, created_ms=created, timeout_ms=timeout)
             return Bad(what, pe, p, key, record.encode(), self.garbage_headers(), (srid,))
         if what == "persist: registered, timeout past 64 bits":
-            # Registered from its headers (deadline: a few seconds from now); its value is
+            # Registered from its prefix (deadline: a few seconds from now); its value is
             # read when it times out, and a replay's deadline now + timeout_ms is no long.
             record = self.record(srid, timeout_ms=2**63 - 1 - r.randrange(CREATED_MS))
-            headers = [(H_ROOT, ids.encode_id(record.root_xor)), (H_DEADLINE, ids.encode_id(self.soon_ms))]
-            return Bad(what, pe, p, key, record.encode(), headers, (srid,))
+            return Bad(what, pe, p, key, self.prefixed(record, self.soon_ms), None, (srid,))
         if what == "persist: registered, negative key_hash_partition":
-            # Registered from its headers; at its deadline the replay to partition -n of
+            # Registered from its prefix; at its deadline the replay to partition -n of
             # orders.replay is refused by the producer: the commit is aborted, the record is
             # decided again and dead-lettered (reason: cannot replay).
             record = dataclasses.replace(self.record(srid), key_hash_partition=-r.randrange(2, 2**31))
-            headers = [(H_ROOT, ids.encode_id(record.root_xor)), (H_DEADLINE, ids.encode_id(self.soon_ms))]
-            return Bad(what, pe, p, key, record.encode(), headers, (srid,))
+            return Bad(what, pe, p, key, self.prefixed(record, self.soon_ms), None, (srid,))
         if what == "persist: tombstone of an unknown srid":
             return Bad(what, pe, p, key, None, None, (srid,))
         raise AssertionError(what)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
@@ -91,7 +91,7 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
 
     # Ground truth, from the topics.
     outcomes = Counter(
-        (dict(m.headers() or ()).get(H_OUTCOME) or b"?").decode()
+        outcome_of(m.headers()).decode()
         for m in read_to_end(settings, ns.persist, P) if m.value() is None
     )
     pairs = sum(XorBatch.decode(m.value()).srids.size for m in read_to_end(settings, ns.acks, P))

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (
 from broker import ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
-from broker.headers import H_OUTCOME, H_REASON, H_SOURCE
+from broker.headers import H_REASON, H_SOURCE, outcome_of
 from broker.kafka_io import read_to_end
 from broker.ledger.clock import Clock, SystemClock
 from broker.settings import KafkaSettings
@@ -126,7 +126,7 @@ def register_then_stop(settings: KafkaSettings, ns: topics.Namespace, data: str,
 
 def outcomes(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, bytes | None]:
     return {
-        ids.decode_id(m.key()): dict(m.headers() or ()).get(H_OUTCOME)
+        ids.decode_id(m.key()): outcome_of(m.headers())
         for m in read_to_end(settings, ns.persist, P)
         if m.value() is None
     }

@@ -27,7 +27,7 @@ from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
 from broker.dev.faults import skip_ack
 from broker.dev.testing import unique_name
-from broker.headers import H_OUTCOME, Tracking
+from broker.headers import Tracking, outcome_of
 from broker.kafka_io import read_to_end
 from broker.ledger.clock import Clock, ManualClock
 from broker.schemas import PersistedRecord, XorBatch
@@ -451,7 +451,7 @@ def test_manual_clock_stepped_past_the_deadline_replays_without_waiting(pipeline
     assert (tracking_of(msg).origin, msg.partition()) == (result.origin, result.key_hash_partition)
     assert headers_of(msg)["rb-attempt"] == b"2"
     outcome_headers = [
-        headers_of(m).get(H_OUTCOME) or b"" for m in p.read(p.ns.persist, p.ledger_partitions) if m.value() is None
+        outcome_of(m.headers()) for m in p.read(p.ns.persist, p.ledger_partitions) if m.value() is None
     ]
     assert sorted(outcome_headers) == [b"completed", b"replay"]
 

@@ -16,7 +16,7 @@ import pytest
 from broker import ids, topics
 from broker.completions import read_outcomes
 from broker.dev.testing import unique_name
-from broker.headers import H_ORIGIN
+from broker.headers import H_ORIGIN, outcome_of
 from broker.kafka_io import read_to_end
 from broker.schemas import PersistedRecord
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
@@ -72,7 +72,7 @@ def test_a_slow_original_completes_late_and_its_replay_is_skipped(pipelines: Any
     assert log.completed_origins()[origin] == 1
     assert origin not in log.dlq_origins()
     tombstones = {
-        ids.decode_id(m.key()): dict(m.headers() or ()).get("rb-outcome")
+        ids.decode_id(m.key()): outcome_of(m.headers())
         for m in read_to_end(p.settings, p.ns.persist, 2) if m.value() is None
     }
     assert (tombstones.get(original), tombstones.get(replay)) == (b"replay", b"completed")

@@ -13,7 +13,7 @@ import pytest
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.ids import encode_id
 from broker.kafka_io import read_to_end
 from broker.schemas import LedgerEntry
@@ -68,7 +68,7 @@ def test_long_work_is_replayed_unless_the_task_touches_its_record(bootstrap: str
     finally:
         services.stop()
         source.close()
-    outcomes = sorted((dict(m.headers() or ()).get(H_OUTCOME) or b"?").decode()
+    outcomes = sorted(outcome_of(m.headers()).decode()
                       for m in read_to_end(settings, ns.persist, 2) if m.value() is None)
     replayed = read_to_end(settings, topics.replay_topic(topic), 1)
     if touch:
@@ -143,7 +143,7 @@ def test_a_restarted_acker_keeps_the_deadline_a_touch_pushed(bootstrap: str) -> 
         if second is not None:
             second.stop()
         source.close()
-    outcomes = [(dict(m.headers() or ()).get(H_OUTCOME) or b"?").decode()
+    outcomes = [outcome_of(m.headers()).decode()
                 for m in read_to_end(settings, ns.persist, 2) if m.value() is None]
     assert outcomes == ["completed"]
     assert read_to_end(settings, topics.replay_topic(topic), 1) == [] and handled == [1]

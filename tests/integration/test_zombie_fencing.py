@@ -14,7 +14,7 @@ import pytest
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.kafka_io import read_to_end
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
@@ -74,7 +74,7 @@ def test_an_acker_that_lost_its_partitions_cannot_commit(bootstrap: str) -> None
         b_thread.join(60)
 
     replays = read_to_end(settings, topics.replay_topic(data), P)
-    outcomes = [dict(m.headers() or ()).get(H_OUTCOME) for m in read_to_end(settings, ns.persist, P) if m.value() is None]
+    outcomes = [outcome_of(m.headers()) for m in read_to_end(settings, ns.persist, P) if m.value() is None]
     assert replays == [] and outcomes == [], (
         f"zombie writes are visible: {len(replays)} replays, {len(outcomes)} persist tombstones"
     )

@@ -13,9 +13,9 @@ from prometheus_client import generate_latest
 
 from broker import ids
 from broker.acker import Acker, AckerConfig
-from broker.headers import AUTO_B, AUTO_TIMEOUT_MS, H_DEADLINE, H_TIMEOUT, H_TOPIC, persist_headers
+from broker.headers import AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
-from broker.schemas import PersistedRecord
+from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, read_persist_prefixes
 from broker.settings import KafkaSettings
 from tests.unit.test_acker_timeouts import (
     NS,
@@ -23,7 +23,6 @@ from tests.unit.test_acker_timeouts import (
     FakeConsumer,
     FakeMessage,
     FakeProducer,
-    HeaderMessage,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     outcomes,
@@ -48,7 +47,7 @@ def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
 
 
 class Feed:
-    """Persist records with an adaptive timeout, as a Source writes them (headers), and their
+    """Persist records with an adaptive timeout, as a Source writes them, and their
     acks; offsets counted per ledger partition."""
 
     def __init__(self, consumer: FakeConsumer) -> None:
@@ -63,10 +62,8 @@ class Feed:
         msgs: list[FakeMessage] = []
         for r in records:
             lp = ids.ledger_partition(r.srid, 2)
-            headers = (persist_headers(r.root_xor, created_ms + 300_000, topic) if auto
-                       else persist_headers(r.root_xor, created_ms + r.timeout_ms))
-            msgs.append(HeaderMessage(NS.persist, lp, next(self.offsets[(NS.persist, lp)]),
-                                      ids.encode_id(r.srid), r.encode(), headers=list(headers)))
+            msgs.append(FakeMessage(NS.persist, lp, next(self.offsets[(NS.persist, lp)]),
+                                    ids.encode_id(r.srid), r.encode()))
         self.consumer.batches.append(msgs)
         return records
 
@@ -162,13 +159,14 @@ def test_a_replay_of_an_auto_record_is_auto() -> None:
     run_steps(acker, 2)
     assert outcomes(producer) == {r.srid: b"replay"}
     (again,) = [p for p in producer.committed if p.topic == NS.persist and p.value is not None]
-    assert again.headers[H_TIMEOUT] == AUTO_B and again.headers[H_TOPIC] == b"payments"
+    prefix = read_persist_prefixes([again.value or b""])
+    assert int(prefix.flags[0]) == PERSIST_ADAPTIVE and not again.headers
     assert PersistedRecord.decode(again.value).timeout_ms == AUTO_TIMEOUT_MS
-    assert ids.decode_id(again.headers[H_DEADLINE] or b"") == clock.now_ms() + 300_000  # for an acker without rb-timeout
+    assert int(prefix.deadlines_ms[0]) == clock.now_ms() + 300_000  # the fallback
     # Registered again (by this acker: its ledger partition is owned here too), auto again.
     key = again.key or b""
     lp = ids.ledger_partition(ids.decode_id(key), 2)
-    consumer.batches.append([HeaderMessage(NS.persist, lp, 100, key, again.value, headers=list(again.headers.items()))])
+    consumer.batches.append([FakeMessage(NS.persist, lp, 100, key, again.value)])
     run_steps(acker)
     assert acker.counters()["adaptive"] == 2
     assert deadline_ms(acker, ids.decode_id(key)) - clock.now_ms() in range(INITIAL, INITIAL + 100)

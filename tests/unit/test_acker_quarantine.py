@@ -17,11 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker.acker.service
-from broker import ids
 from broker.acker.domain import BATCH_FROM, domain_error, domain_errors
-from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS, persist_headers
+from broker.headers import AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
@@ -32,14 +31,14 @@ from tests.unit.test_acker_timeouts import (
     FailingOnceProducer,
     FakeMessage,
     FakeProducer,
-    HeaderMessage,
     Produced,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,
     outcomes,
     persist_msg,
-    persist_msg_with_headers,
+    persist_msg_of,
+    persist_value,
     persisted,
     run_steps,
 )
@@ -119,8 +118,8 @@ def test_a_batch_for_another_ledger_partition_is_quarantined_whole(fake_kafka: N
 def test_a_persist_record_whose_deadline_is_past_64_bits_is_quarantined(
     fake_kafka: None, created_ms: int, timeout_ms: int  # noqa: F811
 ) -> None:
-    """Without the registration headers the deadline is created_ms + timeout_ms, two Avro
-    longs whose sum need not be one: such a record is bad input, not the acker's end."""
+    """The deadline is created_ms + timeout_ms, two Avro longs whose sum need not be one
+    (the prefix holds it at the largest long): such a record is bad input, not the acker's end."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     bad = persist_msg(persisted(S1, R1, created_ms, timeout_ms=timeout_ms))
@@ -138,12 +137,12 @@ def test_a_persist_record_whose_deadline_is_past_64_bits_is_quarantined(
 
 
 def test_a_registered_record_whose_timeout_gives_no_replay_deadline_is_quarantined(fake_kafka: None) -> None:  # noqa: F811
-    """Registered from its 8-byte headers, its value is read only when it fails: a replay's
-    deadline is now + timeout_ms, which must fit the 8-byte rb-deadline header."""
+    """Registered from its prefix, its value is read only when it fails: a replay's deadline
+    is now + timeout_ms, which must fit the 8 bytes of the replay's prefix."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0, timeout_ms=2**63 - 1 - T0 // 2)
-    msg = HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), record.encode(), headers=persist_headers(R1, T0 + 30_000))
+    msg = _with_deadline(record, T0 + 30_000)
     consumer.batches.append([msg])
     run_steps(acker)
     clock.advance(30_100)
@@ -159,12 +158,14 @@ def test_a_registered_record_whose_timeout_gives_no_replay_deadline_is_quarantin
 
 # --------------------------------------------------------------------------- the rule's domain
 
-def _auto_msg(record: PersistedRecord, offset: int = 0) -> HeaderMessage:
-    """An adaptive-timeout persist record as a Source writes it (rb-timeout: auto, rb-topic)."""
-    return HeaderMessage(
-        NS.persist, 0, offset, ids.encode_id(record.srid), record.encode(),
-        headers=persist_headers(record.root_xor, record.created_ms + ADAPTIVE_FALLBACK_MS, record.topic),
-    )
+def _auto_msg(record: PersistedRecord, offset: int = 0) -> FakeMessage:
+    """An adaptive-timeout persist record as a Source writes it (its prefix flags it adaptive)."""
+    return persist_msg_of(record, offset, value=persist_value(record, adaptive=True))
+
+
+def _with_deadline(record: PersistedRecord, deadline_ms: int) -> FakeMessage:
+    """``record`` with a prefix whose deadline is ``deadline_ms``, whatever the record says."""
+    return persist_msg_of(record, value=persist_value(record, deadline_ms=deadline_ms, adaptive=False))
 
 
 def _with(**fields: Any) -> PersistedRecord:
@@ -172,25 +173,20 @@ def _with(**fields: Any) -> PersistedRecord:
 
 
 OUT_OF_DOMAIN = [
-    pytest.param(lambda: persist_msg_with_headers(_with(attempt=0)), b"attempt 0 outside 1..max_attempts (5)", id="attempt-0"),
-    pytest.param(lambda: persist_msg_with_headers(_with(attempt=-(2**31))), b"attempt -2147483648 outside", id="attempt-min-int"),
-    pytest.param(lambda: persist_msg_with_headers(_with(attempt=6)), b"attempt 6 outside 1..max_attempts (5)", id="attempt-past-max"),
-    pytest.param(lambda: persist_msg_with_headers(_with(max_attempts=0, attempt=1)), b"max_attempts 0 < 1", id="max-attempts-0"),
-    pytest.param(lambda: persist_msg_with_headers(_with(max_attempts=-3, attempt=1)), b"max_attempts -3 < 1", id="max-attempts-negative"),
-    pytest.param(lambda: HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), _with(timeout_ms=0).encode(),
-                                       headers=persist_headers(R1, T0 + 30_000)), b"timeout_ms 0 <= 0", id="timeout-0"),
-    pytest.param(lambda: HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), _with(timeout_ms=-5).encode(),
-                                       headers=persist_headers(R1, T0 + 30_000)), b"timeout_ms -5 <= 0", id="timeout-negative"),
-    pytest.param(lambda: HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), _with(timeout_ms=-1).encode(),
-                                       headers=persist_headers(R1, T0 + 30_000)),
-                 b"-1 is adaptive only with rb-timeout: auto", id="adaptive-marker-without-header"),
+    pytest.param(lambda: persist_msg_of(_with(attempt=0)), b"attempt 0 outside 1..max_attempts (5)", id="attempt-0"),
+    pytest.param(lambda: persist_msg_of(_with(attempt=-(2**31))), b"attempt -2147483648 outside", id="attempt-min-int"),
+    pytest.param(lambda: persist_msg_of(_with(attempt=6)), b"attempt 6 outside 1..max_attempts (5)", id="attempt-past-max"),
+    pytest.param(lambda: persist_msg_of(_with(max_attempts=0, attempt=1)), b"max_attempts 0 < 1", id="max-attempts-0"),
+    pytest.param(lambda: persist_msg_of(_with(max_attempts=-3, attempt=1)), b"max_attempts -3 < 1", id="max-attempts-negative"),
+    pytest.param(lambda: _with_deadline(_with(timeout_ms=0), T0 + 30_000), b"timeout_ms 0 <= 0", id="timeout-0"),
+    pytest.param(lambda: _with_deadline(_with(timeout_ms=-5), T0 + 30_000), b"timeout_ms -5 <= 0", id="timeout-negative"),
+    pytest.param(lambda: _with_deadline(_with(timeout_ms=-1), T0 + 30_000),
+                 b"-1 is adaptive only with the adaptive flag", id="adaptive-marker-without-flag"),
     pytest.param(lambda: persist_msg(_with(timeout_ms=0)), b"timeout_ms 0 <= 0", id="timeout-0-no-headers"),
-    pytest.param(lambda: persist_msg_with_headers(_with(partitioner="murmur3")), b"unknown partitioner 'murmur3'", id="partitioner"),
+    pytest.param(lambda: persist_msg_of(_with(partitioner="murmur3")), b"unknown partitioner 'murmur3'", id="partitioner"),
     pytest.param(lambda: persist_msg(_with(partitioner="")), b"unknown partitioner ''", id="partitioner-empty-no-headers"),
-    pytest.param(lambda: HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), _with().encode(),
-                                       headers=persist_headers(R1, T0 - 1)), b"deadline", id="deadline-before-creation"),
-    pytest.param(lambda: HeaderMessage(NS.persist, 0, 0, ids.encode_id(S1), _with().encode()[:30],
-                                       headers=persist_headers(R1, T0 + 30_000)),
+    pytest.param(lambda: _with_deadline(_with(), T0 - 1), b"deadline", id="deadline-before-creation"),
+    pytest.param(lambda: persist_msg_of(_with(), value=_with().encode()[:PERSIST_PREFIX_LEN + 30]),
                  b"is not a PersistedRecord", id="truncated-value"),
 ]
 
@@ -226,11 +222,11 @@ def test_a_persist_record_outside_the_rules_domain_is_quarantined_never_register
 
 
 VALID = [
-    pytest.param(lambda: persist_msg_with_headers(_with(attempt=5)), id="last-attempt"),
-    pytest.param(lambda: persist_msg_with_headers(_with(attempt=1, max_attempts=1)), id="one-attempt"),
-    pytest.param(lambda: persist_msg_with_headers(_with(partitioner="spark")), id="spark"),
-    pytest.param(lambda: persist_msg_with_headers(_with(headers=(("trace", b"x" * 300), ("k", None)))), id="user-headers"),
-    pytest.param(lambda: persist_msg_with_headers(_with(key=None, value=None)), id="null-key-and-value"),
+    pytest.param(lambda: persist_msg_of(_with(attempt=5)), id="last-attempt"),
+    pytest.param(lambda: persist_msg_of(_with(attempt=1, max_attempts=1)), id="one-attempt"),
+    pytest.param(lambda: persist_msg_of(_with(partitioner="spark")), id="spark"),
+    pytest.param(lambda: persist_msg_of(_with(headers=(("trace", b"x" * 300), ("k", None)))), id="user-headers"),
+    pytest.param(lambda: persist_msg_of(_with(key=None, value=None)), id="null-key-and-value"),
     pytest.param(lambda: persist_msg(_with(timeout_ms=1)), id="no-headers"),
     pytest.param(lambda: persist_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive-no-headers"),
     pytest.param(lambda: _auto_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive"),
@@ -311,7 +307,7 @@ def test_a_quarantined_position_is_logged_and_counted_once_across_a_rewind(
     monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     clock = ManualClock(T0)
     acker, consumer, _ = make_acker(clock)
-    bad_persist = persist_msg_with_headers(_with(attempt=0))
+    bad_persist = persist_msg_of(_with(attempt=0))
     bad_acks = FakeMessage(NS.acks, 0, 0, None, b"\x07")
     consumer.batches.append([bad_persist, bad_acks])
     caplog.set_level(logging.INFO, "broker.acker")

@@ -34,10 +34,17 @@ import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
-from broker.headers import H_DEADLINE, H_OUTCOME, H_ROOT, Tracking, persist_headers
+from broker.headers import AUTO_TIMEOUT_MS, Tracking, outcome_of
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import (
+    PERSIST_PREFIX_LEN,
+    PersistedRecord,
+    XorBatch,
+    persist_deadline,
+    persist_prefix,
+    read_persist_prefixes,
+)
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
@@ -406,7 +413,7 @@ def acks_msg(lp: int, offset: int, srids: list[int], xors: list[int], failed: tu
 
 def outcomes(producer: FakeProducer) -> dict[int, bytes | None]:
     return {
-        ids.decode_id(p.key or b""): p.headers.get(H_OUTCOME)
+        ids.decode_id(p.key or b""): outcome_of(list(p.headers.items()))
         for p in producer.committed if p.topic == NS.persist and p.value is None
     }
 
@@ -454,6 +461,9 @@ def test_acker_completes_acked_records_and_they_never_time_out(fake_kafka: None)
     clock.advance(31_000)
     run_steps(acker)
     assert outcomes(producer) == {S1: b"completed", S2: b"replay"}
+    tombstones = {ids.decode_id(p.key or b""): p.headers for p in producer.committed
+                  if p.topic == NS.persist and p.value is None}
+    assert tombstones == {S1: {}, S2: {"rb-outcome": b"replay"}}  # a completion carries no header
     c = acker.counters()
     assert (c["completed"], c["timed_out"], c["replayed"]) == (1, 1, 1)
 
@@ -572,34 +582,34 @@ def test_replays_decided_in_one_commit_leave_in_persist_order(fake_kafka: None) 
     assert replayed == [r.value for r in records]
 
 
-# --------------------------------------------------------------------------- registration from headers
+# --------------------------------------------------------------------------- registration from the prefix
 
 
-class HeaderMessage(FakeMessage):
-    """A persist record as the clients write it: with rb-root / rb-deadline headers."""
+def persist_value(record: PersistedRecord, *, deadline_ms: int | None = None, adaptive: bool | None = None) -> bytes:
+    """``record``'s persist value, its prefix's deadline or adaptive flag set apart from what
+    the record says (bad input the acker must quarantine)."""
+    body = record.encode()[PERSIST_PREFIX_LEN:]
+    if deadline_ms is None:
+        deadline_ms = persist_deadline(record.created_ms, record.timeout_ms)
+    if adaptive is None:
+        adaptive = record.timeout_ms == AUTO_TIMEOUT_MS
+    return persist_prefix(ids.encode_id(record.srid), ids.encode_id(record.root_xor), deadline_ms, adaptive=adaptive) + body
 
-    def __init__(self, *args: Any, headers: list[tuple[str, bytes | None]]) -> None:
-        super().__init__(*args)
-        self._h = headers
 
-    def headers(self) -> list[tuple[str, bytes | None]]:  # type: ignore[override]
-        return self._h
-
-
-def persist_msg_with_headers(record: PersistedRecord, offset: int = 0, *, value: bytes | None = None,
-                             key: bytes | None = None, partition: int | None = None) -> HeaderMessage:
+def persist_msg_of(record: PersistedRecord, offset: int = 0, *, value: bytes | None = None,
+                   key: bytes | None = None, partition: int | None = None) -> FakeMessage:
+    """``persist_msg`` with its value, key or partition set apart from the record's."""
     lp = ids.ledger_partition(record.srid, FakeConsumer.partitions) if partition is None else partition
-    return HeaderMessage(
+    return FakeMessage(
         NS.persist, lp, offset, ids.encode_id(record.srid) if key is None else key,
         record.encode() if value is None else value,
-        headers=persist_headers(record.root_xor, record.created_ms + record.timeout_ms),
     )
 
 
-def test_acker_registers_from_headers_and_replays_from_the_cached_bytes(fake_kafka: None) -> None:
+def test_acker_registers_from_the_prefix_and_replays_from_the_cached_bytes(fake_kafka: None) -> None:
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
-    consumer.batches.append([persist_msg_with_headers(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    consumer.batches.append([persist_msg_of(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
     consumer.batches.append([acks_msg(0, 0, [S2], [R2])])
     run_steps(acker, 2)
     c = acker.counters()
@@ -609,38 +619,49 @@ def test_acker_registers_from_headers_and_replays_from_the_cached_bytes(fake_kaf
     assert outcomes(producer) == {S2: b"completed", S1: b"replay"}
     (again,) = [p for p in producer.committed if p.topic == NS.persist and p.value is not None]
     record = PersistedRecord.decode(again.value)
-    # the replay's persist record carries the headers too: root = its record id, new deadline
-    assert ids.decode_id(again.headers[H_ROOT] or b"") == record.root_xor == record.record_id
-    assert ids.decode_id(again.headers[H_DEADLINE] or b"") == clock.now_ms() + 30_000
+    # the replay's persist value has its prefix too: root = its record id, new deadline
+    prefix = read_persist_prefixes([again.value or b""])
+    assert int(prefix.roots[0]) == record.root_xor == record.record_id and not again.headers
+    assert int(prefix.deadlines_ms[0]) == clock.now_ms() + 30_000
 
 
-def test_acker_refuses_a_duplicate_root_registered_from_headers(fake_kafka: None) -> None:
+def test_acker_refuses_a_duplicate_root_registered_from_the_prefix(fake_kafka: None) -> None:
     clock = ManualClock(T0)
     acker, consumer, _ = make_acker(clock)
-    msg = persist_msg_with_headers(persisted(S1, R1, T0))
-    consumer.batches.append([msg, persist_msg_with_headers(persisted(S1, R1, T0), 1)])
+    msg = persist_msg_of(persisted(S1, R1, T0))
+    consumer.batches.append([msg, persist_msg_of(persisted(S1, R1, T0), 1)])
     run_steps(acker)
     c = acker.counters()
     assert (c["registered"], c["duplicate_roots"], c["pending"]) == (1, 1, 1)
 
 
-def test_acker_quarantines_bad_persist_records_with_headers(fake_kafka: None) -> None:
+def test_acker_quarantines_bad_persist_records(fake_kafka: None) -> None:
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     good = persisted(S1, R1, T0)
-    garbage = ids.encode_id(S1)  # not even a varint of the srid
+    garbage = ids.encode_id(S1)  # shorter than a prefix
     misrouted = persisted(S1 + 1, R1, T0)  # partition 1, sent to 0
     consumer.batches.append([
-        persist_msg_with_headers(good, 0, value=garbage),
-        persist_msg_with_headers(misrouted, 1, partition=0),
-        persist_msg_with_headers(persisted(0, R1, T0), 2, partition=0),
-        persist_msg_with_headers(good, 3, key=ids.encode_id(S2)),  # value of another srid
+        persist_msg_of(good, 0, value=garbage),
+        persist_msg_of(misrouted, 1, partition=0),
+        persist_msg_of(persisted(0, R1, T0), 2, partition=0),
+        persist_msg_of(good, 3, key=ids.encode_id(S2)),  # value of another srid
+        # a prefix of S1 before the record of another srid
+        persist_msg_of(good, 4, value=persist_value(good)[:PERSIST_PREFIX_LEN] + persisted(S2, R1, T0).encode()[PERSIST_PREFIX_LEN:]),
+        persist_msg_of(good, 5, value=persist_value(good)[:PERSIST_PREFIX_LEN - 1] + b"\x80" + persist_value(good)[PERSIST_PREFIX_LEN:]),
     ])
     run_steps(acker)
     c = acker.counters()
-    assert (c["quarantined"], c["registered"], c["pending"]) == (4, 0, 0)
+    assert (c["quarantined"], c["registered"], c["pending"]) == (6, 0, 0)
     dlq = [p for p in producer.committed if p.topic == NS.dlq]
-    assert len(dlq) == 4 and all((p.headers["rb-reason"] or b"").startswith(b"quarantine: ") for p in dlq)
+    assert [(p.headers["rb-reason"] or b"").decode().removeprefix("quarantine: ") for p in dlq] == [
+        "persist value shorter than its 25-byte prefix",
+        f"srid {S1 + 1} does not belong to ledger partition 0",
+        "srid 0 does not belong to ledger partition 0",
+        "persist key and the srid of its value's prefix differ",
+        "persist record does not start with its prefix's srid",
+        "unknown persist flags 0x80",
+    ]
 
 
 def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kafka: None) -> None:
@@ -650,7 +671,7 @@ def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kaf
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0)
     broken = record.encode()[:-1] + b"\x02"  # a history of one failure that is not there
-    consumer.batches.append([persist_msg_with_headers(record, 7, value=broken)])
+    consumer.batches.append([persist_msg_of(record, 7, value=broken)])
     consumer.batches.append([acks_msg(0, 0, [], [], failed=[S1])])
     run_steps(acker, 2)
     c = acker.counters()

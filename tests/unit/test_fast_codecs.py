@@ -3,7 +3,8 @@
 - ``PersistedRecord.encode`` / ``LedgerEntry.encode`` (hand-rolled Avro) against
   ``fastavro.schemaless_writer`` - byte for byte, over random records;
 - ``Tracking.from_headers`` (one pass) against a dict-based reference reading;
-- the persist headers the acker registers from against the record they describe.
+- the persist value's prefix the acker registers from (read for a batch at once) against the
+  record it describes, read value by value.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from hypothesis import strategies as st
 
 from broker import ids
 from broker.headers import (
+    ADAPTIVE_FALLBACK_MS,
+    AUTO_TIMEOUT_MS,
     H_ATTEMPT,
-    H_DEADLINE,
     H_ID,
     H_ORIGIN,
-    H_ROOT,
     H_SRID,
     Tracking,
-    persist_headers,
     tracking_headers,
 )
 from broker.schemas import (
+    PERSIST_PREFIX_LEN,
     Failure,
     LedgerEntry,
     PersistedRecord,
@@ -35,6 +36,7 @@ from broker.schemas import (
     avro_long,
     avro_placement,
     encode_first_persisted,
+    read_persist_prefixes,
 )
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
@@ -68,7 +70,7 @@ def test_a_first_attempt_from_encoded_parts_is_fastavros(record: PersistedRecord
     for key, value in ((first.key, first.value), (b"k" * key_len, b"v" * value_len)):
         first = dataclasses.replace(first, key=key, value=value)
         encoded = encode_first_persisted(
-            avro_long(first.srid), avro_long(first.record_id),
+            ids.encode_id(first.srid), avro_long(first.srid), ids.encode_id(first.record_id), avro_long(first.record_id),
             avro_placement(first.topic, first.key_hash_partition, first.partitioner), first.key, first.value,
             avro_headers(first.headers), first.created_ms, first.timeout_ms, first.max_attempts,
         )
@@ -93,10 +95,27 @@ def test_avro_long_is_fastavros(n: int) -> None:
     assert avro_long(n) == buf.getvalue()
 
 
-@given(LONGS, LONGS)
-def test_persist_headers_are_8_byte_big_endian(root: int, deadline: int) -> None:
-    h = dict(persist_headers(root, deadline))
-    assert ids.decode_id(h[H_ROOT]) == root and ids.decode_id(h[H_DEADLINE]) == deadline
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(PERSISTED | st.builds(dataclasses.replace, PERSISTED, timeout_ms=st.just(AUTO_TIMEOUT_MS)),
+                          st.integers(0, 40), st.booleans()), min_size=1, max_size=20))
+def test_persist_prefixes_read_at_once_are_the_records_they_describe(
+    batch: list[tuple[PersistedRecord, int, bool]],
+) -> None:
+    """A batch of values, some cut short (they run into their neighbours): each prefix read
+    with numpy says what the record says (8-byte big-endian ids, the deadline held to a long)."""
+    values = [r.encode()[:cut] if short else r.encode() for r, cut, short in batch]
+    pre = read_persist_prefixes(values)
+    for i, ((record, _, _), value) in enumerate(zip(batch, values, strict=True)):
+        if len(value) < PERSIST_PREFIX_LEN:
+            assert pre.short[i] and not pre.body_srid_ok[i]
+            continue
+        auto = record.timeout_ms == AUTO_TIMEOUT_MS
+        deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if auto else record.timeout_ms)
+        assert not pre.short[i]
+        assert (int(pre.srids[i]), int(pre.roots[i])) == (record.srid, record.root_xor)
+        assert int(pre.deadlines_ms[i]) == min(max(deadline, -(2**63)), 2**63 - 1)
+        assert int(pre.flags[i]) == int(auto)
+        assert bool(pre.body_srid_ok[i]) == value[PERSIST_PREFIX_LEN:].startswith(avro_long(record.srid))
 
 
 def _reference_tracking(headers: list[tuple[str, bytes | None]] | None) -> Tracking | None:

@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from broker import ids
 from broker.acker import Acker, AckerConfig
-from broker.headers import H_OUTCOME
+from broker.headers import outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.reference import FateModel, ModelAttempt
 from broker.schemas import PersistedRecord, XorBatch
@@ -224,10 +224,10 @@ class FateMachine(RuleBasedStateMachine):
                     a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts, r.created_ms + r.timeout_ms)
                     self._plan(a, r.created_ms, r.timeout_ms)
                     continue
-                outcome = dict(msg.headers() or ()).get(H_OUTCOME)
+                outcome = outcome_of(msg.headers())
                 a = self.model.attempts[srid]
                 assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
-                a.outcome = (outcome or b"").decode()
+                a.outcome = outcome.decode()
             self.scanned[lp] = len(log)
 
     def _drain(self) -> None:

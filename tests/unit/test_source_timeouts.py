@@ -9,16 +9,8 @@ import pytest
 
 from broker import ids
 from broker.errors import ConfigurationError
-from broker.headers import (
-    ADAPTIVE_FALLBACK_MS,
-    AUTO_B,
-    AUTO_TIMEOUT_MS,
-    H_DEADLINE,
-    H_ROOT,
-    H_TIMEOUT,
-    H_TOPIC,
-)
-from broker.schemas import PersistedRecord
+from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
+from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, PersistPrefixes, read_persist_prefixes
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 
@@ -43,27 +35,29 @@ def source(config: SourceConfig) -> tuple[Source, KeepingProducer]:
     return src, producer
 
 
-def persist_of(producer: KeepingProducer) -> tuple[dict[str, bytes], PersistedRecord]:
+def persist_of(producer: KeepingProducer) -> tuple[PersistPrefixes, PersistedRecord]:
     (p,) = [p for p in producer.produced if p["topic"] == "unit.persist"]
-    return dict(p["headers"]), PersistedRecord.decode(p["value"])
+    assert not p.get("headers")  # the acker registers it from its value's prefix
+    assert ids.decode_id(p["key"]) == PersistedRecord.decode(p["value"]).srid
+    return read_persist_prefixes([p["value"]]), PersistedRecord.decode(p["value"])
 
 
-def test_a_fixed_timeout_is_the_deadline_header_as_before() -> None:
+def test_a_fixed_timeout_is_the_deadline_in_the_prefix() -> None:
     src, producer = source(SourceConfig(timeout_ms=7_000))
     src.send("orders", "k", "v")
-    headers, record = persist_of(producer)
-    assert list(headers) == [H_ROOT, H_DEADLINE]  # the acker's fast path: exactly these two
-    assert ids.decode_id(headers[H_DEADLINE]) == record.created_ms + 7_000 and record.timeout_ms == 7_000
+    prefix, record = persist_of(producer)
+    assert (int(prefix.srids[0]), int(prefix.roots[0]), int(prefix.flags[0])) == (record.srid, record.root_xor, 0)
+    assert int(prefix.deadlines_ms[0]) == record.created_ms + 7_000 and record.timeout_ms == 7_000
 
 
 @pytest.mark.parametrize("how", ["config", "send"])
 def test_an_auto_timeout_marks_the_persist_record_for_the_acker(how: str) -> None:
     src, producer = source(SourceConfig(timeout_ms="auto") if how == "config" else SourceConfig())
     src.send("orders", "k", "v", timeout_ms="auto" if how == "send" else None)
-    headers, record = persist_of(producer)
-    assert headers[H_TIMEOUT] == AUTO_B and headers[H_TOPIC] == b"orders"
+    prefix, record = persist_of(producer)
+    assert int(prefix.flags[0]) == PERSIST_ADAPTIVE and record.topic == "orders"
     assert record.timeout_ms == AUTO_TIMEOUT_MS  # a replay, built from the value, is auto too
-    assert ids.decode_id(headers[H_DEADLINE]) == record.created_ms + ADAPTIVE_FALLBACK_MS
+    assert int(prefix.deadlines_ms[0]) == record.created_ms + ADAPTIVE_FALLBACK_MS
 
 
 @pytest.mark.parametrize("bad", [0, -1, -30_000, "fast", 1.5, True])
