@@ -12,7 +12,6 @@ returns what stays undeliverable; ``failed_srids`` names the source records to f
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
@@ -45,48 +44,83 @@ class SendFailure(NamedTuple):
         return cls(record.srid, record.topic, record.key, record.value, error, record)
 
 
-# A data record waiting for its persist record: [topic, key, value, partition, headers, confirmed]
-_CONFIRMED = 5
+# Without a report per persist record, the data records waiting are released at once, when
+# the producer holds nothing undelivered: every persist record before them is then confirmed,
+# or reported failed. Under a steady stream of sends that moment may not come by itself:
+# once this many wait, or the oldest has waited this long, a send waits for the producer
+# (``flush``) - one wait per batch, most of it the persist records' own round trip.
+RELEASE_AFTER = 2000
+RELEASE_AFTER_S = 0.02
+_FLUSH_S = 1.0  # one wait's bound: a broker that is away does not block a send longer
 
 
 class PendingData:
     """Data records waiting for their persist records, in send order, and the persist records
     reported failed.
 
-    ``on_persist`` is the persist records' delivery callback: it only marks (a confirmed
-    record) or drops (a failed one: its data record is never produced); ``release`` produces,
-    outside the callback, the confirmed data records in send order - the first unconfirmed
-    one holds back those after it (per-key order, across ledger partitions)."""
+    Delivery is accounted per batch, not per record: persist records report only failures
+    (``on_persist``, ``delivery.report.only.error``) - no Python call per record delivered.
+    ``release`` produces the waiting data records, in send order, once the producer holds
+    nothing undelivered (``len(producer) == 0`` after its reports are served: each persist
+    record produced before is confirmed or was reported failed), leaving out those whose
+    persist record failed; ``settle`` waits for that moment when a batch is due."""
 
-    __slots__ = ("_entries", "failures", "on_persist")
+    __slots__ = ("_entries", "_failed", "failures", "on_persist", "since")
 
     def __init__(self) -> None:
-        # srid (8 bytes) -> data record waiting for its persist record, in send order.
-        self._entries: OrderedDict[bytes, list[Any]] = OrderedDict()
+        # (srid key, topic, key, value, partition, headers) of each data record, in send order
+        self._entries: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
+        self._failed: set[bytes] = set()  # srid keys of the failed persist records waiting
         self.failures: list[SendFailure] = []
-        self.on_persist = _persist_callback(self._entries, self.failures)
+        self.on_persist = _persist_callback(self._failed, self.failures)
+        self.since = 0.0  # when the oldest record waiting was added (monotonic)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, srid_b: bytes, topic: str, key: bytes | None, value: bytes | None, partition: int,
-            headers: list[tuple[str, bytes | None]]) -> None:
-        self._entries[srid_b] = [topic, key, value, partition, headers, False]
+            headers: list[Any]) -> None:
+        if not self._entries:
+            self.since = time.monotonic()
+        self._entries.append((srid_b, topic, key, value, partition, headers))
 
-    def release(self, producer: Producer) -> None:
-        """Produce the data records whose persist records are confirmed, in send order."""
-        pending = self._entries
+    def extend(self, entries: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]]) -> None:
+        if entries and not self._entries:
+            self.since = time.monotonic()
+        self._entries += entries
+
+    def release(self, producer: Producer) -> bool:
+        """Produce the data records waiting if their persist records are all decided; True
+        when none waits any more."""
+        entries = self._entries
+        if not entries:
+            self._failed.clear()  # (a transaction's: its records never wait here)
+            return True
+        if len(producer):
+            return False
+        failed = self._failed
         produce = producer.produce
-        while pending:
-            srid_b = next(iter(pending))
-            entry = pending[srid_b]
-            if not entry[_CONFIRMED]:
-                return
+        for i, (srid_b, topic, key, value, partition, headers) in enumerate(entries):
+            if failed and srid_b in failed:
+                continue  # its data record is never produced
             try:
-                produce(entry[0], key=entry[1], value=entry[2], partition=entry[3], headers=entry[4])
-            except BufferError:
-                return  # the queue is full: the next send, poll or flush releases it
-            del pending[srid_b]
+                produce(topic, key=key, value=value, partition=partition, headers=headers)
+            except BufferError:  # the queue is full: the next send, poll or flush releases the rest
+                del entries[:i]
+                self.since = time.monotonic()
+                return False
+        entries.clear()
+        failed.clear()
+        return True
+
+    def settle(self, producer: Producer) -> None:
+        """Release the records waiting; when a batch is due (``RELEASE_AFTER``), wait for the
+        producer first."""
+        if self.release(producer):
+            return
+        if len(self._entries) >= RELEASE_AFTER or time.monotonic() - self.since >= RELEASE_AFTER_S:
+            producer.flush(_FLUSH_S)
+            self.release(producer)
 
     def take_failures(self) -> list[SendFailure]:
         failures = list(self.failures)
@@ -95,17 +129,14 @@ class PendingData:
 
 
 def _persist_callback(
-    pending: OrderedDict[bytes, list[Any]], failures: list[SendFailure]
+    failed: set[bytes], failures: list[SendFailure]
 ) -> Callable[[KafkaError | None, Message], None]:
-    # A closure over the containers, not a bound method: the producer must not hold the
-    # Source (a reference cycle would keep its Kafka clients alive until garbage collection).
+    # Called for failed persist records only (delivery.report.only.error). A closure over
+    # the containers, not a bound method: the producer must not hold the Source (a
+    # reference cycle would keep its Kafka clients alive until garbage collection).
     def on_persist(err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            entry = pending.get(msg.key())
-            if entry is not None:
-                entry[_CONFIRMED] = True
-        else:
-            pending.pop(msg.key(), None)  # its data record is never produced
+        if err is not None:
+            failed.add(msg.key())
             failures.append(SendFailure.of(msg.value(), err))
 
     return on_persist

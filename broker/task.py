@@ -29,12 +29,12 @@ from broker.errors import ConfigurationError
 from broker.headers import (
     H_ORIGIN,
     H_PATH,
+    H_TRACKING,
     Headers,
     Tracking,
     as_bytes,
     child_path_header,
     path_of,
-    tracking_headers,
     user_headers,
 )
 from broker.ids import encode_id
@@ -129,7 +129,7 @@ class TaskContext:
         if tracking is not None:
             child_id = ids.new_id()
             self.children_xor ^= child_id
-            user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
+            user.append((H_TRACKING, tracking.child(child_id)))
             # rb-path: its emit index, the same child on every attempt, different per sibling.
             user.append(child_path_header(self.record.headers, self.children))
         self._task._produce(topic, **_record(key, value, user, partition, self.record.serde))

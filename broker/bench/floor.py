@@ -26,7 +26,7 @@ from broker.bench.figures import Figures
 ID = b"\x00\x00\x01\x8c\x12\x34\x56\x78"
 VALUE = b"v" * 100
 PERSIST_VALUE = b"p" * 150
-DATA_HEADERS = [("rb-srid", ID), ("rb-id", ID), ("rb-origin", ID), ("rb-attempt", b"1")]
+DATA_HEADERS = [("rb-t", ID + ID)]
 PERSIST_HEADERS = [("rb-root", ID), ("rb-deadline", ID)]
 OUTCOME_HEADERS = [("rb-outcome", b"completed")]
 
