@@ -16,8 +16,8 @@ import broker.task
 from broker import ids
 from broker.headers import Tracking, tracking_headers
 from broker.schemas import avro_long
-from broker.settings import KafkaSettings
 from broker.sending import new_id_pair
+from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
 
