@@ -44,14 +44,14 @@ class SendFailure(NamedTuple):
         return cls(record.srid, record.topic, record.key, record.value, error, record)
 
 
-# Without a report per persist record, the data records waiting are released at once, when
-# the producer holds nothing undelivered: every persist record before them is then confirmed,
-# or reported failed. Under a steady stream of sends that moment may not come by itself:
-# once this many wait, or the oldest has waited this long, a send waits for the producer
-# (``flush``) - one wait per batch, most of it the persist records' own round trip.
-RELEASE_AFTER = 2000
-RELEASE_AFTER_S = 0.02
-_FLUSH_S = 1.0  # one wait's bound: a broker that is away does not block a send longer
+_Entry = tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]
+# Persist records go out in epochs of EPOCH_S, alternating between two producers: an epoch's
+# data records are released once its producer holds nothing undelivered - a question asked
+# without blocking (``len``), while the next epoch is sent with the other producer. When an
+# epoch is still undecided while the next one grew to MAX_EPOCH records, a send waits for it.
+EPOCH_S = 0.005
+MAX_EPOCH = 20_000
+_FLUSH_S = 1.0  # one such wait's bound: a broker that is away does not block a send longer
 
 
 class PendingData:
@@ -60,67 +60,94 @@ class PendingData:
 
     Delivery is accounted per batch, not per record: persist records report only failures
     (``on_persist``, ``delivery.report.only.error``) - no Python call per record delivered.
-    ``release`` produces the waiting data records, in send order, once the producer holds
-    nothing undelivered (``len(producer) == 0`` after its reports are served: each persist
-    record produced before is confirmed or was reported failed), leaving out those whose
-    persist record failed; ``settle`` waits for that moment when a batch is due."""
+    The records sent in one epoch (``EPOCH_S``) share a producer that nothing else writes to
+    meanwhile, so once it holds nothing undelivered (``len(producer) == 0`` with its reports
+    served) each of their persist records is confirmed or was reported failed: ``settle``
+    then produces their data records, in send order, leaving out those whose persist record
+    failed. ``producer`` is the producer of the open epoch (persist records go there)."""
 
-    __slots__ = ("_entries", "_failed", "failures", "on_persist", "since")
+    __slots__ = ("_closed", "_failed", "_open", "_other", "failures", "on_persist", "producer", "since")
 
-    def __init__(self) -> None:
-        # (srid key, topic, key, value, partition, headers) of each data record, in send order
-        self._entries: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
+    def __init__(self, producer: Producer, other: Producer | None = None) -> None:
+        """``other``: the second producer epochs alternate with (a transactional source has
+        none: its records never wait here)."""
+        self.producer = producer
+        self._other = other or producer
+        self._open: list[_Entry] = []  # sent with ``producer``
+        self._closed: list[_Entry] = []  # sent with ``_other``: released once it is drained
         self._failed: set[bytes] = set()  # srid keys of the failed persist records waiting
         self.failures: list[SendFailure] = []
         self.on_persist = _persist_callback(self._failed, self.failures)
-        self.since = 0.0  # when the oldest record waiting was added (monotonic)
+        self.since = 0.0  # when the open epoch's first record was added (monotonic)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._open) + len(self._closed)
+
+    def use(self, producer: Producer) -> None:
+        """A transactional source's new producer (after an abort)."""
+        self.producer = self._other = producer
 
     def add(self, srid_b: bytes, topic: str, key: bytes | None, value: bytes | None, partition: int,
             headers: list[Any]) -> None:
-        if not self._entries:
+        if not self._open:
             self.since = time.monotonic()
-        self._entries.append((srid_b, topic, key, value, partition, headers))
+        self._open.append((srid_b, topic, key, value, partition, headers))
 
-    def extend(self, entries: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]]) -> None:
-        if entries and not self._entries:
+    def extend(self, entries: list[_Entry]) -> None:
+        if entries and not self._open:
             self.since = time.monotonic()
-        self._entries += entries
+        self._open += entries
 
-    def release(self, producer: Producer) -> bool:
-        """Produce the data records waiting if their persist records are all decided; True
-        when none waits any more."""
-        entries = self._entries
-        if not entries:
-            self._failed.clear()  # (a transaction's: its records never wait here)
-            return True
-        if len(producer):
-            return False
+    def _release(self, entries: list[_Entry]) -> bool:
+        """Produce ``entries`` (all decided) with the open epoch's producer; False when the
+        queue is full (the rest stays for the next call)."""
         failed = self._failed
-        produce = producer.produce
+        produce = self.producer.produce
         for i, (srid_b, topic, key, value, partition, headers) in enumerate(entries):
             if failed and srid_b in failed:
                 continue  # its data record is never produced
             try:
                 produce(topic, key=key, value=value, partition=partition, headers=headers)
-            except BufferError:  # the queue is full: the next send, poll or flush releases the rest
+            except BufferError:
                 del entries[:i]
-                self.since = time.monotonic()
                 return False
         entries.clear()
-        failed.clear()
         return True
 
-    def settle(self, producer: Producer) -> None:
-        """Release the records waiting; when a batch is due (``RELEASE_AFTER``), wait for the
-        producer first."""
-        if self.release(producer):
-            return
-        if len(self._entries) >= RELEASE_AFTER or time.monotonic() - self.since >= RELEASE_AFTER_S:
-            producer.flush(_FLUSH_S)
-            self.release(producer)
+    def settle(self) -> None:
+        """Release the closed epoch once its producer is drained; close the open one when due."""
+        if self._closed:
+            other = self._other
+            other.poll(0)  # serves its failure reports: they count in len() until served
+            if len(other):
+                if len(self._open) < MAX_EPOCH:
+                    return
+                other.flush(_FLUSH_S)
+                if len(other):
+                    return
+            if not self._release(self._closed):
+                return
+        if self._open and time.monotonic() - self.since >= EPOCH_S:
+            self._closed, self._open = self._open, []
+            self.producer, self._other = self._other, self.producer
+        if not self._open and not self._closed:
+            self._failed.clear()
+
+    def drain(self, timeout: float) -> int:
+        """Wait (up to ``timeout`` s) until every persist record is decided and every data
+        record whose persist record was confirmed is delivered; returns the records still
+        undelivered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for producer in {id(p): p for p in (self.producer, self._other)}.values():
+                producer.flush(max(0.0, deadline - time.monotonic()))
+            undecided = len(self.producer) + (len(self._other) if self._other is not self.producer else 0)
+            if not undecided and self._release(self._closed) and self._release(self._open):
+                self._failed.clear()
+                self.producer.flush(max(0.0, deadline - time.monotonic()))
+                undecided = len(self.producer)
+            if (not undecided and not self) or time.monotonic() >= deadline:
+                return undecided
 
     def take_failures(self) -> list[SendFailure]:
         failures = list(self.failures)

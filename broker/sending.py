@@ -135,7 +135,7 @@ def send_batch(
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
     placement = placements.placement
-    producer = source._producer
+    producer = source._pending.producer
     produce = producer.produce
     persist, ledger_partitions = source.ns.persist, source.ledger_partitions
     on_persist = source._pending.on_persist

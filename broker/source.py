@@ -115,7 +115,12 @@ class Source:
         self._in_transaction_sent = 0
         self._transactions_ready = False
         self._placements = Placements(settings, self.ns, self.config.partitioners)
-        self._pending = PendingData()
+        # Without a transaction, persist records go out in epochs alternating between this
+        # producer and a second one (broker.delivery.PendingData); data records, plain records
+        # and transactions use this one.
+        self._pending = PendingData(
+            self._producer, None if self._transactional else Producer(self._producer_config)
+        )
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
         if self.config.max_pending is not None and self.config.max_pending < 1:
@@ -168,12 +173,12 @@ class Source:
         """Serve delivery reports and release the data records whose persist records are
         decided (``send`` does this too; a caller that pauses between sends may call it to
         keep records moving)."""
-        self._producer.poll(timeout)
-        self._pending.release(self._producer)
+        self._pending.producer.poll(timeout)
+        self._pending.settle()
 
     def _before_send(self) -> None:
-        self._producer.poll(0)
-        self._pending.settle(self._producer)
+        self._pending.producer.poll(0)
+        self._pending.settle()
         if self._pending.failures and not self._transactional:  # a transaction reports at commit
             self._raise_failures()
         if self._transactional and not self._in_transaction:
@@ -300,7 +305,7 @@ class Source:
             )
         try:
             kafka_io.produce(
-                self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
+                self._pending.producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
                 headers=persist_headers, on_delivery=self._pending.on_persist,
             )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
@@ -341,14 +346,7 @@ class Source:
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every record sent is delivered - or reported in the ``DeliveryError``
         this raises."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self._producer.flush(max(0.0, deadline - time.monotonic()))
-            # Nothing undelivered: the persist records are all decided, their data records go.
-            released = self._pending.release(self._producer)
-            remaining = len(self._producer)
-            if (released and not remaining) or time.monotonic() >= deadline:
-                break
+        remaining = self._pending.drain(timeout)
         self._raise_failures()
         if remaining or self._pending:
             raise DeliveryError(
@@ -425,6 +423,7 @@ class Source:
         # transactional.id starts clean; its init_transactions (at the next transaction())
         # fences this one and aborts whatever it left open. Aborts are rare.
         self._producer = Producer(self._producer_config)
+        self._pending.use(self._producer)
         self._transactions_ready = False
         return failures
 
