@@ -72,7 +72,7 @@ class PendingData:
         """``other``: the second producer epochs alternate with (a transactional source has
         none: its records never wait here)."""
         self.producer = producer
-        self._other = other or producer
+        self._other = producer if other is None else other  # (a Producer is falsy when empty)
         self._open: list[_Entry] = []  # sent with ``producer``
         self._closed: list[_Entry] = []  # sent with ``_other``: released once it is drained
         self._failed: set[bytes] = set()  # srid keys of the failed persist records waiting
