@@ -306,6 +306,8 @@ class Task(RunsInBackground):
     only delay completion (docs/design.md §4), never complete a tree early.
     """
 
+    batch_handler: BatchHandler | None = None  # set: called instead of ``handler``, per batch
+
     def __init__(
         self,
         settings: KafkaSettings,
@@ -620,27 +622,23 @@ class Task(RunsInBackground):
         return record, TaskContext(self, record)
 
     def _handle(self, msg: Message, events: Events) -> None:
-        if (handled := self._input(msg, events)) is None:
-            return
-        record, ctx = handled
-        try:
-            self.handler(record, ctx)
-        except Exception as exc:
-            if not self.config.fail_on_exception:
-                self.counters.errors += 1
-                raise
-            self._failed_by(exc, [ctx])
-        _settle(ctx, events, self.counters, self.ledger_partitions)
+        if (handled := self._input(msg, events)) is not None:
+            record, ctx = handled
+            self._run(self.handler, record, ctx, [ctx], events)
 
     def _handle_all(self, msgs: list[Message], events: Events) -> None:
         """The batch handler's path: every input of ``msgs`` to one call."""
         inputs = [handled for msg in msgs if (handled := self._input(msg, events)) is not None]
-        if not inputs:
-            return
-        records, contexts = [r for r, _ in inputs], [c for _, c in inputs]
-        assert self.batch_handler is not None
+        if inputs:
+            contexts = [c for _, c in inputs]
+            self._run(self.batch_handler, [r for r, _ in inputs], contexts, contexts, events)
+
+    def _run(self, handler: Any, records: Any, arg: Any, contexts: list[TaskContext], events: Events) -> None:
+        """``handler(records, arg)``, then the event or fail mark of each of ``contexts``. An
+        exception fails the inputs not failed already - or, with ``fail_on_exception`` off,
+        stops the task."""
         try:
-            self.batch_handler(records, contexts)
+            handler(records, arg)
         except Exception as exc:
             if not self.config.fail_on_exception:
                 self.counters.errors += 1
