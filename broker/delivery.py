@@ -45,11 +45,14 @@ class SendFailure(NamedTuple):
 
 
 _Entry = tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]
-# Persist records go out in epochs of EPOCH_S, alternating between two producers: an epoch's
-# data records are released once its producer holds nothing undelivered - a question asked
-# without blocking (``len``), while the next epoch is sent with the other producer. When an
-# epoch is still undecided while the next one grew to MAX_EPOCH records, a send waits for it.
-EPOCH_S = 0.005
+# Persist records go out in epochs, alternating between two producers: an epoch's data
+# records are released once its producer holds nothing undelivered - a question asked without
+# blocking (``len``), while the next epoch is sent with the other producer. An epoch lasts the
+# producer's linger.ms (EPOCH_S by default): one produce request per partition and epoch, as
+# one producer would send - shorter epochs would multiply the requests (the broker's CPU
+# follows requests). When an epoch is still undecided while the next one grew to MAX_EPOCH
+# records, a send waits for it.
+EPOCH_S = 0.01
 MAX_EPOCH = 20_000
 _FLUSH_S = 1.0  # one such wait's bound: a broker that is away does not block a send longer
 
@@ -60,17 +63,18 @@ class PendingData:
 
     Delivery is accounted per batch, not per record: persist records report only failures
     (``on_persist``, ``delivery.report.only.error``) - no Python call per record delivered.
-    The records sent in one epoch (``EPOCH_S``) share a producer that nothing else writes to
+    The records sent in one epoch (``epoch_s``) share a producer that nothing else writes to
     meanwhile, so once it holds nothing undelivered (``len(producer) == 0`` with its reports
     served) each of their persist records is confirmed or was reported failed: ``settle``
     then produces their data records, in send order, leaving out those whose persist record
     failed. ``producer`` is the producer of the open epoch (persist records go there)."""
 
-    __slots__ = ("_closed", "_failed", "_open", "_other", "failures", "on_persist", "producer", "since")
+    __slots__ = ("_closed", "_failed", "_open", "_other", "epoch_s", "failures", "on_persist", "producer", "since")
 
-    def __init__(self, producer: Producer, other: Producer | None = None) -> None:
+    def __init__(self, producer: Producer, other: Producer | None = None, epoch_s: float | None = None) -> None:
         """``other``: the second producer epochs alternate with (a transactional source has
-        none: its records never wait here)."""
+        none: its records never wait here); ``epoch_s``: an epoch's length (``EPOCH_S``)."""
+        self.epoch_s = EPOCH_S if epoch_s is None else epoch_s
         self.producer = producer
         self._other = producer if other is None else other  # (a Producer is falsy when empty)
         self._open: list[_Entry] = []  # sent with ``producer``
@@ -127,7 +131,7 @@ class PendingData:
                     return
             if not self._release(self._closed):
                 return
-        if self._open and time.monotonic() - self.since >= EPOCH_S:
+        if self._open and time.monotonic() - self.since >= self.epoch_s:
             self._closed, self._open = self._open, []
             self.producer, self._other = self._other, self.producer
         if not self._open and not self._closed:

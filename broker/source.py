@@ -118,8 +118,10 @@ class Source:
         # Without a transaction, persist records go out in epochs alternating between this
         # producer and a second one (broker.delivery.PendingData); data records, plain records
         # and transactions use this one.
+        linger_ms = self._producer_config.get("linger.ms", self._producer_config.get("queue.buffering.max.ms", 10))
         self._pending = PendingData(
-            self._producer, None if self._transactional else Producer(self._producer_config)
+            self._producer, None if self._transactional else Producer(self._producer_config),
+            epoch_s=max(float(linger_ms), 1.0) / 1000,
         )
         self.sent = 0
         _check_timeout(self.config.timeout_ms)

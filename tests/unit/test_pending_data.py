@@ -66,6 +66,14 @@ def epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(broker.delivery, "EPOCH_S", 0.0)  # every settle closes the open epoch
 
 
+def test_an_epoch_lasts_the_producers_linger() -> None:
+    from broker.settings import KafkaSettings
+    from broker.source import Source, SourceConfig
+
+    assert Source(KafkaSettings("fake:9092"), "unit")._pending.epoch_s == 0.01
+    assert Source(KafkaSettings("fake:9092"), "unit", SourceConfig(producer={"linger.ms": 25}))._pending.epoch_s == 0.025
+
+
 def _send(pending: PendingData, srid: int) -> None:
     pending.producer.undelivered.append(b"persist")  # type: ignore[attr-defined]
     pending.add(srid.to_bytes(8, "big"), "t", b"k", b"data-%d" % srid, 0, [])
