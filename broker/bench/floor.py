@@ -2,7 +2,8 @@
 
 The pipeline's Python processes touch every source record through the client library: the
 source produces a persist record (two headers, a delivery callback: the data record waits
-for it) and a data record (four tracking headers); the task consumes the data record and
+for it) and a data record (its tracking header, ``rb-t``: the ``*_4_headers`` figures keep
+the name they had when it was four headers); the task consumes the data record and
 reads its headers; the acker consumes the persist record and produces its tombstone (one
 header). Each of those calls has a price in the library that no code of ours can lower,
 and headers and per-record callbacks are most of it. These figures measure them in one
