@@ -150,6 +150,9 @@ def send_batch(
             key, value = record[0], record[1]
             headers = record[2] if len(record) > 2 else None
             if source.config.max_pending is not None:
+                # The records waiting for a slot may be this batch's own: theirs must be out.
+                source._pending.extend(waiting)
+                waiting = []
                 source._backpressure.await_slot(len(source._transaction_srids))
                 window = source._backpressure.window
             key_b = key if key is None or type(key) is bytes else as_bytes(key)
