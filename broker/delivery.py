@@ -12,7 +12,6 @@ returns what stays undeliverable; ``failed_srids`` names the source records to f
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
@@ -45,48 +44,114 @@ class SendFailure(NamedTuple):
         return cls(record.srid, record.topic, record.key, record.value, error, record)
 
 
-# A data record waiting for its persist record: [topic, key, value, partition, headers, confirmed]
-_CONFIRMED = 5
+_Entry = tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]
+# Persist records go out in epochs, alternating between two producers: an epoch's data
+# records are released once its producer holds nothing undelivered - a question asked without
+# blocking (``len``), while the next epoch is sent with the other producer. An epoch lasts the
+# producer's linger.ms (EPOCH_S by default): one produce request per partition and epoch, as
+# one producer would send - shorter epochs would multiply the requests (the broker's CPU
+# follows requests). When an epoch is still undecided while the next one grew to MAX_EPOCH
+# records, a send waits for it.
+EPOCH_S = 0.01
+MAX_EPOCH = 20_000
+_FLUSH_S = 1.0  # one such wait's bound: a broker that is away does not block a send longer
 
 
 class PendingData:
     """Data records waiting for their persist records, in send order, and the persist records
     reported failed.
 
-    ``on_persist`` is the persist records' delivery callback: it only marks (a confirmed
-    record) or drops (a failed one: its data record is never produced); ``release`` produces,
-    outside the callback, the confirmed data records in send order - the first unconfirmed
-    one holds back those after it (per-key order, across ledger partitions)."""
+    Delivery is accounted per batch, not per record: persist records report only failures
+    (``on_persist``, ``delivery.report.only.error``) - no Python call per record delivered.
+    The records sent in one epoch (``epoch_s``) share a producer that nothing else writes to
+    meanwhile, so once it holds nothing undelivered (``len(producer) == 0`` with its reports
+    served) each of their persist records is confirmed or was reported failed: ``settle``
+    then produces their data records, in send order, leaving out those whose persist record
+    failed. ``producer`` is the producer of the open epoch (persist records go there)."""
 
-    __slots__ = ("_entries", "failures", "on_persist")
+    __slots__ = ("_closed", "_failed", "_open", "_other", "epoch_s", "failures", "on_persist", "producer", "since")
 
-    def __init__(self) -> None:
-        # srid (8 bytes) -> data record waiting for its persist record, in send order.
-        self._entries: OrderedDict[bytes, list[Any]] = OrderedDict()
+    def __init__(self, producer: Producer, other: Producer | None = None, epoch_s: float | None = None) -> None:
+        """``other``: the second producer epochs alternate with (a transactional source has
+        none: its records never wait here); ``epoch_s``: an epoch's length (``EPOCH_S``)."""
+        self.epoch_s = EPOCH_S if epoch_s is None else epoch_s
+        self.producer = producer
+        self._other = producer if other is None else other  # (a Producer is falsy when empty)
+        self._open: list[_Entry] = []  # sent with ``producer``
+        self._closed: list[_Entry] = []  # sent with ``_other``: released once it is drained
+        self._failed: set[bytes] = set()  # srid keys of the failed persist records waiting
         self.failures: list[SendFailure] = []
-        self.on_persist = _persist_callback(self._entries, self.failures)
+        self.on_persist = _persist_callback(self._failed, self.failures)
+        self.since = 0.0  # when the open epoch's first record was added (monotonic)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._open) + len(self._closed)
+
+    def use(self, producer: Producer) -> None:
+        """A transactional source's new producer (after an abort)."""
+        self.producer = self._other = producer
 
     def add(self, srid_b: bytes, topic: str, key: bytes | None, value: bytes | None, partition: int,
-            headers: list[tuple[str, bytes | None]]) -> None:
-        self._entries[srid_b] = [topic, key, value, partition, headers, False]
+            headers: list[Any]) -> None:
+        if not self._open:
+            self.since = time.monotonic()
+        self._open.append((srid_b, topic, key, value, partition, headers))
 
-    def release(self, producer: Producer) -> None:
-        """Produce the data records whose persist records are confirmed, in send order."""
-        pending = self._entries
-        produce = producer.produce
-        while pending:
-            srid_b = next(iter(pending))
-            entry = pending[srid_b]
-            if not entry[_CONFIRMED]:
-                return
+    def extend(self, entries: list[_Entry]) -> None:
+        if entries and not self._open:
+            self.since = time.monotonic()
+        self._open += entries
+
+    def _release(self, entries: list[_Entry]) -> bool:
+        """Produce ``entries`` (all decided) with the open epoch's producer; False when the
+        queue is full (the rest stays for the next call)."""
+        failed = self._failed
+        produce = self.producer.produce
+        for i, (srid_b, topic, key, value, partition, headers) in enumerate(entries):
+            if failed and srid_b in failed:
+                continue  # its data record is never produced
             try:
-                produce(entry[0], key=entry[1], value=entry[2], partition=entry[3], headers=entry[4])
+                produce(topic, key=key, value=value, partition=partition, headers=headers)
             except BufferError:
-                return  # the queue is full: the next send, poll or flush releases it
-            del pending[srid_b]
+                del entries[:i]
+                return False
+        entries.clear()
+        return True
+
+    def settle(self) -> None:
+        """Release the closed epoch once its producer is drained; close the open one when due."""
+        if self._closed:
+            other = self._other
+            other.poll(0)  # serves its failure reports: they count in len() until served
+            if len(other):
+                if len(self._open) < MAX_EPOCH:
+                    return
+                other.flush(_FLUSH_S)
+                if len(other):
+                    return
+            if not self._release(self._closed):
+                return
+        if self._open and time.monotonic() - self.since >= self.epoch_s:
+            self._closed, self._open = self._open, []
+            self.producer, self._other = self._other, self.producer
+        if not self._open and not self._closed:
+            self._failed.clear()
+
+    def drain(self, timeout: float) -> int:
+        """Wait (up to ``timeout`` s) until every persist record is decided and every data
+        record whose persist record was confirmed is delivered; returns the records still
+        undelivered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for producer in {id(p): p for p in (self.producer, self._other)}.values():
+                producer.flush(max(0.0, deadline - time.monotonic()))
+            undecided = len(self.producer) + (len(self._other) if self._other is not self.producer else 0)
+            if not undecided and self._release(self._closed) and self._release(self._open):
+                self._failed.clear()
+                self.producer.flush(max(0.0, deadline - time.monotonic()))
+                undecided = len(self.producer)
+            if (not undecided and not self) or time.monotonic() >= deadline:
+                return undecided
 
     def take_failures(self) -> list[SendFailure]:
         failures = list(self.failures)
@@ -95,17 +160,14 @@ class PendingData:
 
 
 def _persist_callback(
-    pending: OrderedDict[bytes, list[Any]], failures: list[SendFailure]
+    failed: set[bytes], failures: list[SendFailure]
 ) -> Callable[[KafkaError | None, Message], None]:
-    # A closure over the containers, not a bound method: the producer must not hold the
-    # Source (a reference cycle would keep its Kafka clients alive until garbage collection).
+    # Called for failed persist records only (delivery.report.only.error). A closure over
+    # the containers, not a bound method: the producer must not hold the Source (a
+    # reference cycle would keep its Kafka clients alive until garbage collection).
     def on_persist(err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            entry = pending.get(msg.key())
-            if entry is not None:
-                entry[_CONFIRMED] = True
-        else:
-            pending.pop(msg.key(), None)  # its data record is never produced
+        if err is not None:
+            failed.add(msg.key())
             failures.append(SendFailure.of(msg.value(), err))
 
     return on_persist

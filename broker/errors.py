@@ -43,14 +43,18 @@ class DeliveryError(ReplayBrokerError):
 
     ``failures`` lists every record the error is about (e.g. ``broker.source.SendFailure``:
     srid, topic, key, value... of each source record to send again) - all of them, not the
-    first: one error may stand for many records that failed together."""
+    first: one error may stand for many records that failed together. ``sent``: what was sent
+    before the error, when a batch stopped at it (``Source.send_many``: its ``SendResult``s)."""
 
     retriable = True
 
-    def __init__(self, message: str, *, record: Any = None, failures: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, message: str, *, record: Any = None, failures: Sequence[Any] = (), sent: Sequence[Any] = ()
+    ) -> None:
         super().__init__(message)
         self.record = record
         self.failures = list(failures)
+        self.sent = list(sent)
 
 
 class DecodeError(ReplayBrokerError):

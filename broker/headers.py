@@ -7,10 +7,8 @@ only when the srid did not complete.
 
 | header | on | value |
 |---|---|---|
-| ``rb-srid`` | data records | srid of this attempt |
-| ``rb-id`` | data records | record id of this record |
-| ``rb-origin`` | data records, DLQ records | srid of the first attempt |
-| ``rb-attempt`` | data records | attempt number (``1`` on a first attempt) |
+| ``rb-t`` | data records | the tracking, packed (``Tracking.pack``): srid of this attempt (8) + record id (8), then - only when the origin is not the srid or the attempt is not the first - the origin, srid of the first attempt (8), then - only when the attempt is not the first - the attempt number (4, unsigned, 1 to 2**31 - 1): 16, 24 or 28 bytes |
+| ``rb-origin`` | sink outputs, DLQ records | srid of the first attempt |
 | ``rb-path`` | data records below the root | emit indices from the root: ``0.2`` is the third child of the source record (``0``, which carries no header), ``0.2.0`` its first grandchild |
 | ``rb-timeout`` | DLQ records of records with an adaptive timeout | ``auto``: a redrive keeps it adaptive (docs/design.md §6) |
 | ``rb-topic`` | DLQ records | the data topic |
@@ -24,23 +22,24 @@ only when the srid did not complete.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from broker.ids import encode_id
-
-# --- tracking: on every data record under the guarantee (docs/design.md §3)
-H_SRID = "rb-srid"
-H_ID = "rb-id"
+# --- tracking: on every data record under the guarantee (docs/design.md §3). One header:
+# librdkafka's cost of a produce grows with each header (3-5 us apiece), so the srid, record
+# id, origin and attempt travel packed in ``rb-t`` (the table above; ``Tracking``).
+H_TRACKING = "rb-t"
+# The origin alone: on sink outputs (with rb-path, their output identity) and DLQ records.
 H_ORIGIN = "rb-origin"
-H_ATTEMPT = "rb-attempt"
 # The record's output identity within its tree: with the origin, the same on every attempt
 # (a replay re-runs the tree from the root, whose path is always ROOT_PATH) and different for
 # siblings - what a sink after a fan-out deduplicates on. Ids cannot serve: they are fresh on
 # every attempt.
 H_PATH = "rb-path"
 ROOT_PATH = "0"
-TRACKING_HEADERS = frozenset({H_SRID, H_ID, H_ORIGIN, H_ATTEMPT, H_PATH})
+# The broker's to set: a caller's headers never carry them into a record (``user_headers``).
+TRACKING_HEADERS = frozenset({H_TRACKING, H_ORIGIN, H_PATH})
 
 # --- an adaptive timeout (``timeout_ms="auto"``): the acker gives the deadline from its
 # latency estimate for the record's data topic. The record's ``timeout_ms`` is
@@ -82,8 +81,6 @@ LOST_PREFIX = "payload lost: "  # rb-reason of a failed record dead-lettered wit
 
 Headers = Sequence[tuple[str, bytes | None]]
 
-_ZERO_ID = bytes(8)
-
 
 def as_bytes(value: bytes | str | None) -> bytes | None:
     """Keys, values and header values as the producer takes them (``str`` as UTF-8)."""
@@ -93,13 +90,8 @@ def as_bytes(value: bytes | str | None) -> bytes | None:
 
 
 def tracking_headers(srid: int, record_id: int, origin: int, attempt: int) -> list[tuple[str, bytes]]:
-    srid_b = encode_id(srid)
-    return [
-        (H_SRID, srid_b),
-        (H_ID, encode_id(record_id)),
-        (H_ORIGIN, srid_b if origin == srid else encode_id(origin)),
-        (H_ATTEMPT, b"1" if attempt == 1 else str(attempt).encode()),
-    ]
+    """The tracking of a data record: its one ``rb-t`` header."""
+    return [(H_TRACKING, Tracking.pack(srid, record_id, origin, attempt))]
 
 
 def path_of(headers: Headers | None) -> str:
@@ -138,48 +130,65 @@ def user_headers(headers: Headers | None) -> tuple[tuple[str, bytes | None], ...
     return tuple((k, as_bytes(v)) for k, v in headers if k not in TRACKING_HEADERS)
 
 
+_IDS = struct.Struct(">qq")
+_IDS_ORIGIN = struct.Struct(">qqq")
+_IDS_ORIGIN_ATTEMPT = struct.Struct(">qqqI")
+_FIRST, _ORIGIN, _ATTEMPT = _IDS.size, _IDS_ORIGIN.size, _IDS_ORIGIN_ATTEMPT.size  # 16, 24, 28
+MAX_ATTEMPT = 2**31 - 1  # what Spark's int column holds
+
+
 class Tracking(NamedTuple):
-    """The tracking headers of a data record, decoded."""
+    """The tracking of a data record (its ``rb-t`` header), decoded."""
 
     srid: int
     record_id: int
     origin: int
     attempt: int
 
+    @staticmethod
+    def pack(srid: int, record_id: int, origin: int, attempt: int) -> bytes:
+        """The ``rb-t`` value: as short as the record allows (a first send: 16 bytes)."""
+        if attempt != 1:
+            return _IDS_ORIGIN_ATTEMPT.pack(srid, record_id, origin, attempt)
+        if origin != srid:
+            return _IDS_ORIGIN.pack(srid, record_id, origin)
+        return _IDS.pack(srid, record_id)
+
+    @classmethod
+    def unpack(cls, value: bytes | None) -> Tracking | None:
+        """None when ``value`` is no valid ``rb-t``: not 16, 24 or 28 bytes, a srid or record
+        id of 0 (the XOR identity, never an id) or an attempt out of 1 to ``MAX_ATTEMPT``."""
+        if not value:
+            return None
+        size = len(value)
+        if size == _FIRST:
+            srid, record_id = _IDS.unpack(value)
+            origin, attempt = srid, 1
+        elif size == _ORIGIN:
+            srid, record_id, origin = _IDS_ORIGIN.unpack(value)
+            attempt = 1
+        elif size == _ATTEMPT:
+            srid, record_id, origin, attempt = _IDS_ORIGIN_ATTEMPT.unpack(value)
+            if not 0 < attempt <= MAX_ATTEMPT:
+                return None
+        else:
+            return None
+        if not srid or not record_id:
+            return None
+        return cls(srid, record_id, origin, attempt)
+
+    def child(self, record_id: int) -> bytes:
+        """The ``rb-t`` of a child of this record: its srid, origin and attempt, a new id."""
+        return self.pack(self.srid, record_id, self.origin, self.attempt)
+
     @classmethod
     def from_headers(cls, headers: Headers | None) -> Tracking | None:
-        """None when the record is not tracked (no or malformed rb-* headers). A repeated
-        header: the last one wins."""
+        """None when the record is not tracked (no or malformed ``rb-t``). A repeated header:
+        the last one wins."""
         if not headers:
             return None
-        srid = record_id = origin = attempt = None
-        for k, v in headers:  # one pass
-            if k == H_SRID:
-                srid = v
-            elif k == H_ID:
-                record_id = v
-            elif k == H_ORIGIN:
-                origin = v
-            elif k == H_ATTEMPT:
-                attempt = v
-        if not srid or not record_id or len(srid) != 8 or len(record_id) != 8:
-            return None
-        if srid == _ZERO_ID or record_id == _ZERO_ID:  # 0 is the XOR identity, never an id
-            return None
-        if not origin:
-            origin = srid
-        elif len(origin) != 8:
-            return None
-        if not attempt or attempt == b"1":
-            n = 1
-        else:
-            try:
-                n = int(attempt)
-            except ValueError:
-                return None
-        return cls(
-            int.from_bytes(srid, "big", signed=True),
-            int.from_bytes(record_id, "big", signed=True),
-            int.from_bytes(origin, "big", signed=True),
-            n,
-        )
+        packed = None
+        for k, v in headers:
+            if k == H_TRACKING:
+                packed = v
+        return cls.unpack(packed)

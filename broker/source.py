@@ -2,7 +2,7 @@
 
 For each record, ``send`` writes the ``PersistedRecord`` to ``ns.persist[srid mod P]`` -
 persisting IS registering: its value's prefix holds the root's creation event - and then,
-once that is confirmed, the data record, with its tracking headers (broker.headers), to the
+once that is confirmed, the data record, with its tracking header (``rb-t``, broker.headers), to the
 key's partition of the data topic (broker.delivery holds the records waiting).
 """
 
@@ -10,37 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
-from broker import ids, kafka_io
+from broker import kafka_io
 from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
-from broker.headers import (
-    AUTO,
-    AUTO_TIMEOUT_MS,
-    H_ATTEMPT,
-    H_ID,
-    H_ORIGIN,
-    H_SRID,
-    Headers,
-    as_bytes,
-    user_headers,
-)
+from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.placement import Placements
-from broker.schemas import (
-    Failure,
-    avro_headers,
-    avro_longs,
-    encode_first_persisted,
-    encode_persisted,
+from broker.schemas import Failure, avro_headers, encode_first_persisted, encode_persisted
+from broker.sending import (
+    BatchRecord,
+    SendResult,
+    Timeout,
+    new_id_pair,
+    send_batch,
+    timeout_field,
 )
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
@@ -48,42 +39,7 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SendFailure", "SendResult", "Source", "SourceConfig"]
-
-# Fresh ids drawn in bulk, two per send (the srid and the record id), each with both its
-# encodings - (srid, its 8-byte big-endian key, its Avro long, record id, key, Avro long) -
-# so a send encodes none of its ids itself. list.pop is atomic (threads never share an
-# entry); a forked child starts empty (it must not reuse its parent's ids).
-_ID_POOL: list[tuple[int, bytes, bytes, int, bytes, bytes]] = []
-os.register_at_fork(after_in_child=_ID_POOL.clear)
-_POOL_PAIRS = 4096
-
-
-def _new_id_pair() -> tuple[int, bytes, bytes, int, bytes, bytes]:
-    try:
-        return _ID_POOL.pop()
-    except IndexError:
-        fresh = ids.new_ids(2 * _POOL_PAIRS)
-        keys = fresh.astype(">i8").tobytes()
-        values = fresh.tolist()
-        packed = [keys[i : i + 8] for i in range(0, len(keys), 8)]
-        avro = avro_longs(fresh)
-        _ID_POOL.extend(zip(values[0::2], packed[0::2], avro[0::2], values[1::2], packed[1::2], avro[1::2], strict=True))
-        return _ID_POOL.pop()
-
-
-
-class SendResult(NamedTuple):
-    srid: int
-    record_id: int
-    key_hash_partition: int
-    origin: int
-
-
-Timeout = int | Literal["auto"]
-"""A record's timeout: ms, or ``"auto"`` - the acker gives the deadline from the completion
-latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
-
+__all__ = ["SendFailure", "SendResult", "Source", "SourceConfig", "Timeout"]
 
 @dataclass(frozen=True)
 class SourceConfig:
@@ -145,11 +101,10 @@ class Source:
         self.settings = settings
         self._ledger_partitions = 0  # checked against the cluster on first use
         self._transactional = transactional_id is not None
-        # Without a transaction a data record waits for its persist record's delivery report,
-        # so persist records report success too - the one Python callback per record. Data
-        # and plain records are produced without a callback: they cost no report at all. In a
-        # transaction only failures matter (the commit covers the rest).
-        required: dict[str, Any] = {"delivery.report.only.error": self._transactional}
+        # Delivery reports of failures only: a data record waits for its persist record, but
+        # the wait is settled per batch (broker.delivery.PendingData), not by a Python call per
+        # record. In a transaction only failures matter too (the commit covers the rest).
+        required: dict[str, Any] = {"delivery.report.only.error": True}
         if transactional_id:
             required["transactional.id"] = transactional_id
         self._producer_config = settings.producer_config(
@@ -160,7 +115,14 @@ class Source:
         self._in_transaction_sent = 0
         self._transactions_ready = False
         self._placements = Placements(settings, self.ns, self.config.partitioners)
-        self._pending = PendingData()
+        # Without a transaction, persist records go out in epochs alternating between this
+        # producer and a second one (broker.delivery.PendingData); data records, plain records
+        # and transactions use this one.
+        linger_ms = self._producer_config.get("linger.ms", self._producer_config.get("queue.buffering.max.ms", 10))
+        self._pending = PendingData(
+            self._producer, None if self._transactional else Producer(self._producer_config),
+            epoch_s=max(float(linger_ms), 1.0) / 1000,
+        )
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
         if self.config.max_pending is not None and self.config.max_pending < 1:
@@ -210,14 +172,15 @@ class Source:
             )
 
     def poll(self, timeout: float = 0.0) -> None:
-        """Serve delivery reports and release the data records they confirm (``send`` does
-        this too; a caller that pauses between sends may call it to keep records moving)."""
-        self._producer.poll(timeout)
-        self._pending.release(self._producer)
+        """Serve delivery reports and release the data records whose persist records are
+        decided (``send`` does this too; a caller that pauses between sends may call it to
+        keep records moving)."""
+        self._pending.producer.poll(timeout)
+        self._pending.settle()
 
     def _before_send(self) -> None:
-        self._producer.poll(0)
-        self._pending.release(self._producer)
+        self._pending.producer.poll(0)
+        self._pending.settle()
         if self._pending.failures and not self._transactional:  # a transaction reports at commit
             self._raise_failures()
         if self._transactional and not self._in_transaction:
@@ -253,6 +216,25 @@ class Source:
             topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
             None, (), timeout_ms, max_attempts,
         )
+
+    def send_many(
+        self,
+        topic: str,
+        records: Iterable[BatchRecord],
+        *,
+        timeout_ms: Timeout | None = None,
+        max_attempts: int | None = None,
+    ) -> list[SendResult]:
+        """``send`` for a batch: ``records`` are ``(key, value)`` or ``(key, value, headers)``,
+        all to ``topic``, with the same guarantee and order; one ``SendResult`` each. Cheaper
+        per record: the clock, the deadline and the delivery bookkeeping are done once per
+        batch. A record the producer refuses at once stops the batch (``DeliveryError``: its
+        ``failures`` names it, its ``sent`` holds the results of the records before it)."""
+        self._before_send()
+        if timeout_ms:
+            _check_timeout(timeout_ms)
+        return send_batch(self, topic, records, timeout_ms or self.config.timeout_ms,
+                          max_attempts or self.config.max_attempts)
 
     def resend(
         self,
@@ -301,17 +283,13 @@ class Source:
         if self.config.max_pending is not None:
             self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
-        srid, srid_b, srid_avro, record_id, record_b, record_avro = _new_id_pair()
+        srid, srid_b, srid_avro, record_id, record_b, record_avro, tracking = new_id_pair()
         created_ms = int(time.time() * 1000)
         if timeout_ms:
             _check_timeout(timeout_ms)  # the config's was checked when the Source was built
-            timeout = timeout_ms
-        else:
-            timeout = self.config.timeout_ms
         # The persist value, encoded straight from its fields: its prefix lets the acker
         # register it without decoding the rest, and it carries no header (broker.schemas).
-        if isinstance(timeout, str):
-            timeout = AUTO_TIMEOUT_MS
+        timeout = timeout_field(timeout_ms or self.config.timeout_ms)
         if partitioner is None:
             origin = srid
             value = encode_first_persisted(
@@ -320,6 +298,7 @@ class Source:
             )
         else:
             origin = srid if origin is None else origin
+            tracking = Tracking.pack(srid, record_id, origin, 1)
             value = encode_persisted(
                 srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
                 own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
@@ -327,19 +306,13 @@ class Source:
             )
         try:
             kafka_io.produce(
-                self._producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
+                self._pending.producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
                 on_delivery=self._pending.on_persist,
             )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
             failure = SendFailure.of(value, exc.args[0])
             raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
-        data_headers: list[tuple[str, bytes | None]] = [
-            *own_headers,
-            (H_SRID, srid_b),
-            (H_ID, record_b),
-            (H_ORIGIN, srid_b if origin == srid else origin.to_bytes(8, "big", signed=True)),
-            (H_ATTEMPT, b"1"),
-        ]
+        data_headers: list[tuple[str, bytes | None]] = [*own_headers, (H_TRACKING, tracking)]
         if self._transactional:  # atomic with the persist record: no need to wait for it
             self._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
             self._in_transaction_sent += 1
@@ -374,13 +347,7 @@ class Source:
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every record sent is delivered - or reported in the ``DeliveryError``
         this raises."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = self._producer.flush(max(0.0, deadline - time.monotonic()))
-            released = len(self._pending)
-            self._pending.release(self._producer)  # the persist reports just served confirm these
-            if len(self._pending) == released or time.monotonic() >= deadline:
-                break
+        remaining = self._pending.drain(timeout)
         self._raise_failures()
         if remaining or self._pending:
             raise DeliveryError(
@@ -457,6 +424,7 @@ class Source:
         # transactional.id starts clean; its init_transactions (at the next transaction())
         # fences this one and aborts whatever it left open. Aborts are rare.
         self._producer = Producer(self._producer_config)
+        self._pending.use(self._producer)
         self._transactions_ready = False
         return failures
 

@@ -29,12 +29,12 @@ from broker.errors import ConfigurationError
 from broker.headers import (
     H_ORIGIN,
     H_PATH,
+    H_TRACKING,
     Headers,
     Tracking,
     as_bytes,
     child_path_header,
     path_of,
-    tracking_headers,
     user_headers,
 )
 from broker.ids import encode_id
@@ -129,7 +129,7 @@ class TaskContext:
         if tracking is not None:
             child_id = ids.new_id()
             self.children_xor ^= child_id
-            user += tracking_headers(tracking.srid, child_id, tracking.origin, tracking.attempt)
+            user.append((H_TRACKING, tracking.child(child_id)))
             # rb-path: its emit index, the same child on every attempt, different per sibling.
             user.append(child_path_header(self.record.headers, self.children))
         self._task._produce(topic, **_record(key, value, user, partition, self.record.serde))
@@ -180,6 +180,14 @@ class TaskContext:
 
 
 Handler = Callable[[TaskRecord, TaskContext], None]
+BatchHandler = Callable[[list[TaskRecord], list[TaskContext]], None]
+"""A handler of a poll batch at once: ``contexts[i]`` is ``records[i]``'s, with the handler's
+semantics per input (emit, output, fail, touch; returning acks every input not failed). An
+exception fails every input not failed already."""
+
+
+def _no_handler(_record: TaskRecord, _ctx: TaskContext) -> None:
+    raise AssertionError("a Task with a batch_handler has no per-record handler")
 
 
 @dataclass(frozen=True)
@@ -259,6 +267,25 @@ class TaskCounters:
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
 
+def _settle(ctx: TaskContext, events: Events, counters: TaskCounters, partitions: int) -> None:
+    """The input's event (``input.id ^ children``) or fail mark, in ``events``."""
+    counters.emitted += ctx.children
+    tracking = ctx.record.tracking
+    if tracking is None:
+        counters.untracked += 1
+        return
+    srids, xors, failed = events[ids.ledger_partition(tracking.srid, partitions)]
+    if ctx.failed is not None:
+        failed.append(tracking.srid)
+        counters.failed += 1
+    elif ctx._unacked:
+        counters.unacked += 1
+    else:
+        srids.append(tracking.srid)
+        xors.append(tracking.record_id ^ ctx.children_xor)
+        counters.acked += 1
+
+
 class Task(RunsInBackground):
     """A consume loop that acks every input with one XOR event.
 
@@ -279,22 +306,29 @@ class Task(RunsInBackground):
     only delay completion (docs/design.md §4), never complete a tree early.
     """
 
+    batch_handler: BatchHandler | None = None  # set: called instead of ``handler``, per batch
+
     def __init__(
         self,
         settings: KafkaSettings,
         namespace: str | Namespace,
         topics: Iterable[str],
         group_id: str,
-        handler: Handler,
+        handler: Handler | None = None,
         config: TaskConfig | None = None,
+        *,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ConfigurationError("a Task takes a handler or a batch_handler (one of them)")
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config or TaskConfig()
         self.topics = list(topics)
         self.group_id = group_id
         self.settings = settings
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
-        self.handler = handler
+        self.handler: Handler = handler or _no_handler
+        self.batch_handler = batch_handler
         self.counters = TaskCounters()
         # Its own registry (many tasks run in one process), read at scrape time; served by
         # run() when config.metrics_port is set.
@@ -463,13 +497,19 @@ class Task(RunsInBackground):
         if self._markers is not None:
             self._markers.poll()
         began = time.monotonic()
+        inputs: list[Message] = []
         for msg in batch:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", msg.error())
                 continue
             offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-            self._handle(msg, events)
+            if self.batch_handler is None:
+                self._handle(msg, events)
+            else:
+                inputs.append(msg)
+        if inputs:
+            self._handle_all(inputs, events)
         if self._markers is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
             self._note_slow(batch)
         undeliverable: set[int] = set()
@@ -557,7 +597,9 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _handle(self, msg: Message, events: Events) -> None:
+    def _input(self, msg: Message, events: Events) -> tuple[TaskRecord, TaskContext] | None:
+        """The handler's input and context for ``msg``; None for a superseded replay (acked
+        here, as a leaf, without the handler)."""
         headers = tuple(msg.headers() or ())
         tracking = Tracking.from_headers(headers)
         markers = self._markers
@@ -571,36 +613,52 @@ class Task(RunsInBackground):
             srids.append(tracking.srid)
             xors.append(tracking.record_id)
             self.counters.skipped += 1
-            return
+            return None
         record = TaskRecord(
             msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers, tracking,
             self.config.serde,
         )
-        ctx = TaskContext(self, record)
         self.counters.processed += 1
+        return record, TaskContext(self, record)
+
+    def _handle(self, msg: Message, events: Events) -> None:
+        if (handled := self._input(msg, events)) is not None:
+            record, ctx = handled
+            self._run(self.handler, record, ctx, [ctx], events)
+
+    def _handle_all(self, msgs: list[Message], events: Events) -> None:
+        """The batch handler's path: every input of ``msgs`` to one call."""
+        inputs = [handled for msg in msgs if (handled := self._input(msg, events)) is not None]
+        if inputs:
+            contexts = [c for _, c in inputs]
+            self._run(self.batch_handler, [r for r, _ in inputs], contexts, contexts, events)
+
+    def _run(self, handler: Any, records: Any, arg: Any, contexts: list[TaskContext], events: Events) -> None:
+        """``handler(records, arg)``, then the event or fail mark of each of ``contexts``. An
+        exception fails the inputs not failed already - or, with ``fail_on_exception`` off,
+        stops the task."""
         try:
-            self.handler(record, ctx)
+            handler(records, arg)
         except Exception as exc:
-            self.counters.errors += 1
             if not self.config.fail_on_exception:
+                self.counters.errors += 1
                 raise
-            log.warning("handler failed on %s[%d]@%d: %r", msg.topic(), msg.partition(), msg.offset(), exc)
+            self._failed_by(exc, [c for c in contexts if c.failed is None])
+        for ctx in contexts:
+            _settle(ctx, events, self.counters, self.ledger_partitions)
+
+    def _failed_by(self, exc: Exception, contexts: list[TaskContext]) -> None:
+        """User code raised: fail its inputs (replay)."""
+        self.counters.errors += 1
+        if len(contexts) == 1:
+            r = contexts[0].record
+            log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
+        elif contexts:
+            r = contexts[0].record
+            log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
+                        len(contexts), r.topic, r.partition, r.offset, exc)
+        for ctx in contexts:
             ctx.fail(f"exception: {type(exc).__name__}: {exc}")
-        self.counters.emitted += ctx.children
-        tracking = record.tracking
-        if tracking is None:
-            self.counters.untracked += 1
-            return
-        srids, xors, failed = events[ids.ledger_partition(tracking.srid, self.ledger_partitions)]
-        if ctx.failed is not None:
-            failed.append(tracking.srid)
-            self.counters.failed += 1
-        elif ctx._unacked:
-            self.counters.unacked += 1
-        else:
-            srids.append(tracking.srid)
-            xors.append(tracking.record_id ^ ctx.children_xor)
-            self.counters.acked += 1
 
     def close(self) -> None:
         if self._uncommitted:

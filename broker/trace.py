@@ -19,7 +19,7 @@ record's data topic, and the whole ``ns.dlq``. On a large replay topic this take
 
 Attempts are found by following the links the topics hold: a persist record names its origin
 and the srids of the failed attempts before it (``history``); a replay record names its srid,
-origin and attempt (``rb-srid``, ``rb-origin``, ``rb-attempt``); a DLQ record names its origin
+origin and attempt (its ``rb-t``); a DLQ record names its origin
 and every attempt. The data topic (hence which replay topic to read) comes from a persist
 record or a DLQ entry; when every record naming it has been compacted away, the replays of
 an origin cannot be found.
@@ -35,7 +35,7 @@ from confluent_kafka import Message
 from broker import ids
 from broker.dlq import RECORD, DlqEntry
 from broker.errors import DecodeError
-from broker.headers import AUTO, AUTO_TIMEOUT_MS, H_ATTEMPT, H_ORIGIN, H_SRID, outcome_of
+from broker.headers import AUTO, AUTO_TIMEOUT_MS, Tracking, outcome_of
 from broker.kafka_io import partition_counts, read_partitions, read_to_end
 from broker.ledger.table import DEFERRED, FAILED, REGISTERED, SUPERSEDED, WATCH
 from broker.schemas import LedgerEntry, PersistedRecord
@@ -67,14 +67,6 @@ def _iso(ms: int | None) -> str | None:
 
 def flag_names(flags: int) -> list[str]:
     return [name for bit, name in FLAG_NAMES if flags & bit]
-
-
-def _header(msg: Message, name: str) -> bytes | None:
-    found = None
-    for k, v in msg.headers() or ():
-        if k == name:
-            found = v
-    return found
 
 
 class _Reader:
@@ -175,15 +167,11 @@ def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]
         for topic in sorted(data_topics - seen_topics):
             seen_topics.add(topic)
             for m in reader.replays(topic):
-                try:
-                    if ids.decode_id(_header(m, H_ORIGIN) or b"") != origin:
-                        continue
-                    srid = ids.decode_id(_header(m, H_SRID) or b"")
-                    attempt = int(_header(m, H_ATTEMPT) or b"0")
-                except ValueError:
+                tracking = Tracking.from_headers(m.headers())
+                if tracking is None or tracking.origin != origin:
                     continue
-                replay_at[srid] = m
-                attempt_of.setdefault(srid, attempt)
+                replay_at[tracking.srid] = m
+                attempt_of.setdefault(tracking.srid, tracking.attempt)
         if set(attempt_of) <= seen_srids and data_topics <= seen_topics:
             break
 

@@ -1,7 +1,7 @@
 """Spark Structured Streaming on the replay topics (docs/design.md §8).
 
 - ``read_with_replay``: ``<topic>`` + ``<topic>.replay`` with srid, record id, origin and
-  attempt decoded from the rb-* headers, in the JVM;
+  attempt decoded from the tracking header (``rb-t``), in the JVM;
 - ``Acking``: the ``foreachBatch`` wrapper - the user's batch function, its children, then one
   XOR event per srid (``bit_xor`` in Spark), packed per ledger partition into ``ns.acks``;
 - ``OriginParquetSink`` / ``OriginDeltaSink``: idempotent sinks, one row per output id

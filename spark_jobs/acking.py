@@ -12,7 +12,7 @@ micro-batch, in this order:
    whatever a nondeterministic or flaky expression would answer on a second evaluation;
 3. children (``Emit``, returned by ``write`` or listed in the result) get fresh record ids,
    pinned with ``localCheckpoint`` so the ids written are the ids XORed, and are written to
-   their topic with the parent's rb-* headers, a new ``rb-id`` and an ``rb-path`` (the
+   their topic with the parent's tracking under a new id (``rb-t``) and an ``rb-path`` (the
    parent's path plus the child's index among the parent's children, see ``Emit``);
 4. the events - every tracked input's ``(srid, record id)``, every child's ``(srid, child id)``
    and the srids the pinned decision failed - are read from ``observe()`` metrics that the
@@ -90,7 +90,7 @@ class Emit:
     """Children for another fault-tolerant topic, anchored to their parents' trees.
 
     ``frame`` has ``value`` (string or binary), optional ``key`` and ``headers`` (user
-    headers; rb-* ones are replaced), and the parent's ``srid``, ``origin``, ``attempt`` and
+    headers; ``rb-t`` and ``rb-path`` are replaced), and the parent's ``srid``, ``origin``, ``attempt`` and
     ``path`` carried over from the input rows (and, best, its ``record_id``: two deliveries
     of one parent in a batch then number their children apart). Children of untracked parents
     (null srid) are written untracked. ``partition_column`` names a column that picks the

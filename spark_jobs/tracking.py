@@ -1,4 +1,4 @@
-"""The rb-* tracking headers as Spark SQL expressions, evaluated in the JVM.
+"""The tracking header (``rb-t``) and ``rb-path`` as Spark SQL expressions, evaluated in the JVM.
 
 Ids travel as 8-byte big-endian two's-complement headers (``broker.ids.encode_id``). Spark has
 no binary->long cast under ANSI mode (the default since 4.0), and ``conv(hex(b), 16, 10)`` is
@@ -10,6 +10,9 @@ negative *target* base makes ``conv`` signed, so
 reads ``FFFFFFFFFFFFFFFF`` as -1 and ``8000000000000000`` as -2**63 (tested on the edges).
 The way back is ``unhex(lpad(hex(id), 16, '0'))``: ``hex`` of a bigint is the two's
 complement digits, 16 of them for negative ids, fewer (hence the ``lpad``) for positive ones.
+
+``rb-t`` packs srid, record id [, origin [, attempt]] (``broker.headers.Tracking``): the ids
+are ``substring``s of it (binary in, binary out), the attempt its last 4 bytes, unsigned.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_PATH, H_SRID, ROOT_PATH, TRACKING_HEADERS
+from broker.headers import H_PATH, H_TRACKING, MAX_ATTEMPT, ROOT_PATH, TRACKING_HEADERS
 
 SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH = "srid", "record_id", "origin", "attempt", "path"
 TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH)
@@ -60,46 +63,46 @@ def new_id() -> Column:
 def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
     """``df`` plus srid, record_id, origin, attempt, path decoded from its Kafka ``headers``.
 
-    Like ``broker.client.Tracking.from_headers``: origin defaults to the srid and attempt to 1;
-    a record whose srid or record id is missing, malformed or 0 (the XOR identity: the acker
-    refuses it) or whose attempt is not a number is untracked - all five columns null. The
-    path (``rb-path``, ``broker.headers.path_of``) defaults to the root's, ``"0"``.
+    Like ``broker.headers.Tracking.from_headers``: a 16-byte ``rb-t`` has origin = srid and
+    attempt 1, a 24-byte one attempt 1; a record whose ``rb-t`` is missing or of another
+    length, whose srid or record id is 0 (the XOR identity: the acker refuses it) or whose
+    attempt is out of 1 to ``MAX_ATTEMPT`` is untracked - all five columns null. The path
+    (``rb-path``, ``broker.headers.path_of``) defaults to the root's, ``"0"``.
 
     Three projections, so each header is decoded once per row (Spark does not collapse a
     projection into one that references its non-trivial expressions more than once).
     """
     raw = [f"_rb_{name}" for name in TRACKING_COLUMNS]
-    decoded = df.withColumns(
-        {
-            raw[0]: id_from_bytes(header_value(headers, H_SRID)),
-            raw[1]: id_from_bytes(header_value(headers, H_ID)),
-            raw[2]: header_value(headers, H_ORIGIN),
-            raw[3]: header_value(headers, H_ATTEMPT),
-            raw[4]: header_value(headers, H_PATH),
-        }
-    )
-    srid, record_id, origin_raw, attempt_raw, path_raw = (F.col(c) for c in raw)
+    packed = "_rb_t"
+    decoded = df.withColumns({packed: header_value(headers, H_TRACKING), raw[4]: header_value(headers, H_PATH)})
+    t, size = F.col(packed), F.octet_length(F.col(packed))
     decoded = decoded.withColumns(
         {
-            raw[2]: F.when(origin_raw.isNull(), srid).otherwise(id_from_bytes(origin_raw)),
-            raw[3]: F.when(attempt_raw.isNull(), F.lit(1)).otherwise(
-                attempt_raw.cast("string").try_cast("int")
-            ),
-            raw[4]: F.coalesce(F.nullif(path_raw.cast("string"), F.lit("")), F.lit(ROOT_PATH)),
+            raw[0]: id_from_bytes(F.substring(t, 1, 8)),
+            raw[1]: id_from_bytes(F.substring(t, 9, 8)),
+            raw[2]: F.when(size >= 24, id_from_bytes(F.substring(t, 17, 8))),
+            raw[3]: F.when(size == 28, F.conv(F.hex(F.substring(t, 25, 4)), 16, 10).try_cast("bigint")),
         }
     )
-    origin, attempt = F.col(raw[2]), F.col(raw[3])
-    tracked = (
-        srid.isNotNull()
-        & (srid != 0)
-        & record_id.isNotNull()
-        & (record_id != 0)
-        & origin.isNotNull()
-        & attempt.isNotNull()
+    srid, record_id, origin, attempt = (F.col(c) for c in raw[:4])
+    decoded = decoded.withColumns(
+        {
+            raw[2]: F.coalesce(origin, srid),
+            raw[3]: F.coalesce(attempt, F.lit(1).cast("bigint")),
+            raw[4]: F.coalesce(F.nullif(F.col(raw[4]).cast("string"), F.lit("")), F.lit(ROOT_PATH)),
+        }
     )
-    return decoded.withColumns(
-        {name: F.when(tracked, F.col(c)) for name, c in zip(TRACKING_COLUMNS, raw, strict=True)}
-    ).drop(*raw)
+    attempt = F.col(raw[3])
+    tracked = (
+        size.isin(16, 24, 28)
+        & (srid != 0)
+        & (record_id != 0)
+        & (attempt >= 1)
+        & (attempt <= MAX_ATTEMPT)
+    )
+    columns = {name: F.when(tracked, F.col(c)) for name, c in zip(TRACKING_COLUMNS, raw, strict=True)}
+    columns[ATTEMPT] = F.when(tracked, attempt.cast("int"))
+    return decoded.withColumns(columns).drop(*raw, packed)
 
 
 def child_path(parent: Column, index: Column) -> Column:
@@ -111,24 +114,24 @@ def child_path(parent: Column, index: Column) -> Column:
 def tracking_headers(
     srid: Column, record_id: Column, origin: Column, attempt: Column, path: Column | None = None
 ) -> Column:
-    """The rb-* headers of a tracked record as the Kafka sink's ``headers`` column type
-    (``rb-path`` too when ``path`` is given)."""
+    """The tracking header of a record (``rb-t``, always the 28 bytes with origin and attempt:
+    a valid form of it) as the Kafka sink's ``headers`` column type (``rb-path`` too when
+    ``path`` is given)."""
 
     def header(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.alias("value"))
 
-    headers = [
-        header(H_SRID, id_to_bytes(srid)),
-        header(H_ID, id_to_bytes(record_id)),
-        header(H_ORIGIN, id_to_bytes(origin)),
-        header(H_ATTEMPT, attempt.cast("string").cast("binary")),
-    ]
+    packed = F.concat(
+        id_to_bytes(srid), id_to_bytes(record_id), id_to_bytes(origin),
+        F.unhex(F.lpad(F.hex(attempt.cast("bigint")), 8, "0")),
+    )
+    headers = [header(H_TRACKING, packed)]
     if path is not None:
         headers.append(header(H_PATH, path.cast("binary")))
     return F.array(*headers)
 
 
 def user_headers(headers: Column) -> Column:
-    """``headers`` without the rb-* ones (they are re-issued for every emitted record)."""
+    """``headers`` without the tracking ones (they are re-issued for every emitted record)."""
     names = sorted(TRACKING_HEADERS)
     return F.filter(headers, lambda h: ~h["key"].isin(names))

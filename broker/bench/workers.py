@@ -486,7 +486,7 @@ def run_tail(config: dict[str, Any]) -> None:
     its commit) is kept too."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from broker.headers import H_ATTEMPT, H_ORIGIN, outcome_of
+    from broker.headers import Tracking, outcome_of
 
     stop = _Stop()
     persist = config["persist"]
@@ -505,7 +505,7 @@ def run_tail(config: dict[str, Any]) -> None:
     created: list[int] = []
     decided: list[int] = []
     outcomes: dict[str, int] = {}
-    replays: list[tuple[bytes, int, float]] = []  # origin key, attempt, receive time
+    replays: list[tuple[int, int, float]] = []  # origin, attempt, receive time (0, 0: untracked)
     emit("ready")
     try:
         while not stop:
@@ -515,8 +515,8 @@ def run_tail(config: dict[str, Any]) -> None:
                 if m.error() is not None:
                     continue
                 if m.topic() != persist:
-                    headers = dict(m.headers() or ())
-                    replays.append((headers.get(H_ORIGIN) or b"", int(headers.get(H_ATTEMPT) or b"0"), now))
+                    t = Tracking.from_headers(m.headers())
+                    replays.append((0, 0, now) if t is None else (t.origin, t.attempt, now))
                     continue
                 key = m.key()
                 if m.value() is not None:
@@ -537,7 +537,7 @@ def run_tail(config: dict[str, Any]) -> None:
         consumer.close()
     extra: dict[str, Any] = {}
     if keep_all:
-        extra["replay_origin"] = [int.from_bytes(o, "big", signed=True) if len(o) == 8 else 0 for o, _, _ in replays]
+        extra["replay_origin"] = [o for o, _, _ in replays]
         extra["replay_attempt"] = [a for _, a, _ in replays]
         extra["replay_recv"] = [t for _, _, t in replays]
         extra["first_origin"] = [int.from_bytes(k, "big", signed=True) for k in first_persist]

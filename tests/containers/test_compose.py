@@ -27,7 +27,7 @@ import pytest
 from broker import ids, topics
 from broker.dev.kafka_local import free_port
 from broker.dev.testing import unique_name
-from broker.headers import H_ORIGIN, H_SRID, outcome_of
+from broker.headers import Tracking, outcome_of
 from broker.kafka_io import read_to_end
 from broker.settings import KafkaSettings
 from broker.status import status
@@ -102,8 +102,9 @@ def _wait(done: Callable[[], bool], what: str, stack: Stack, limit_s: float = 24
 
 
 def _origin_of(msg: Any) -> tuple[int, int]:
-    headers = dict(msg.headers() or ())
-    return ids.decode_id(headers[H_SRID]), ids.decode_id(headers[H_ORIGIN])
+    tracking = Tracking.from_headers(msg.headers())
+    assert tracking is not None
+    return tracking.srid, tracking.origin
 
 
 def test_acker_killed_mid_run_loses_nothing_and_completes_nothing_twice(stack: Stack) -> None:

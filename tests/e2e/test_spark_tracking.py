@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 
 from broker import ids
 from broker.errors import ConfigurationError
-from broker.headers import H_PATH, Tracking, path_of, tracking_headers
+from broker.headers import H_PATH, H_TRACKING, Tracking, path_of, tracking_headers
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings, Secret
 from spark_jobs import kafka_options
@@ -112,17 +112,23 @@ def test_new_id_is_random_non_zero_and_distinct(spark: SparkSession) -> None:
 def _header_cases() -> list[list[tuple[str, bytes | None]] | None]:
     s, r, o = ids.new_id(), ids.new_id(), ids.new_id()
     good = tracking_headers(s, r, o, 3)
+    (_, t), = good
+    assert t is not None
     return [
         good,
         tracking_headers(-5, -7, -9, 12),
+        tracking_headers(s, r, s, 1),  # 16 bytes: origin = srid, attempt 1
+        tracking_headers(s, r, o, 1),  # 24 bytes: attempt 1
+        [(H_TRACKING, t[:24] + (2**31 - 1).to_bytes(4, "big"))],  # the largest attempt
         [("user", b"x"), *good, ("other", None)],
-        [(k, v) for k, v in good if k != "rb-origin"],  # origin defaults to srid
-        [(k, v) for k, v in good if k != "rb-attempt"],  # attempt defaults to 1
-        [*good, ("rb-srid", ids.encode_id(42))],  # the last one wins, as in Tracking
-        [(k, v) for k, v in good if k != "rb-id"],  # untracked: no record id
-        [(k, (b"abc" if k == "rb-srid" else v)) for k, v in good],  # malformed srid
-        [(k, (b"x1" if k == "rb-attempt" else v)) for k, v in good],  # malformed attempt
-        [(k, (None if k == "rb-srid" else v)) for k, v in good],  # null value
+        [*good, (H_TRACKING, ids.encode_id(42) + t[8:])],  # the last one wins, as in Tracking
+        [(H_TRACKING, t[:8])],  # untracked: no record id
+        [(H_TRACKING, t[:20])],  # malformed: 20 bytes
+        [(H_TRACKING, t + b"\x00")],  # malformed: 29 bytes
+        [(H_TRACKING, t[:24] + bytes(4))],  # attempt 0
+        [(H_TRACKING, t[:24] + (2**31).to_bytes(4, "big"))],  # attempt beyond an int
+        [(H_TRACKING, None)],  # null value
+        [("rb-srid", ids.encode_id(s)), ("rb-id", ids.encode_id(r))],  # not the tracking header
         tracking_headers(0, r, o, 1),  # srid 0: the acker would quarantine the batch
         tracking_headers(s, 0, o, 1),  # record id 0
         [],
@@ -139,8 +145,6 @@ def test_tracking_columns_read_headers_like_tracking(spark: SparkSession) -> Non
     got = {r["i"]: r for r in with_tracking_columns(df).collect()}
     for i, headers in enumerate(cases):
         expected = Tracking.from_headers(headers)
-        if expected is not None and (expected.srid == 0 or expected.record_id == 0):
-            expected = None  # stricter than Tracking, on purpose (see tracking.py)
         row = got[i]
         actual = (
             None

@@ -136,3 +136,28 @@ def test_a_transaction_that_fills_the_window_alone_fails_at_once_and_its_abort_f
         assert len(read_to_end(settings, topic, 2)) == 2
     finally:
         source.close()
+
+
+def test_send_many_waits_for_slots_within_its_batch(bootstrap: str) -> None:
+    """A batch larger than ``max_pending``: its first records must complete for the rest to
+    get slots - they are out (released) while the batch waits, and the window holds."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("backpressure"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 2})
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), lambda _r, _c: None,
+                TaskConfig(poll_timeout_ms=50))
+    services = Services(settings, ns, acker, task)
+    source = Source(settings, ns, SourceConfig(max_pending=LIMIT, max_pending_timeout_ms=120_000))
+    try:
+        sent = {r.origin for r in source.send_many(topic, [(f"k{i}", f"v{i}") for i in range(20)])}
+        source.flush()
+        log = services.tail.log
+        services.wait(lambda: sent <= set(log.completed_origins()), "every record completed")
+    finally:
+        services.stop()
+        source.close()
+    assert source.blocked > 0 and source.backpressure_timeouts == 0
+    most, outcomes = max_pending_seen(settings, ns, 2, sent)
+    assert outcomes == {"completed": 20} and most <= LIMIT

@@ -59,8 +59,7 @@ from broker import topics
 from broker.bridge import Bridge, BridgeConfig
 from broker.dev.testing import create_topics, stop_processes, unique_name
 from broker.errors import ConfigurationError
-from broker.headers import H_INPUT, H_INPUT_TS, H_SRID
-from broker.ids import decode_id
+from broker.headers import H_INPUT, H_INPUT_TS, Tracking
 from broker.kafka_io import read_to_end
 from broker.partitioning import kafka_partition
 from broker.schemas import PersistedRecord
@@ -288,7 +287,7 @@ def _check(settings: KafkaSettings, ns: topics.Namespace, input_topic: str, targ
         if src is None:
             report.unknown += 1
             continue
-        data[(src.partition(), src.offset())].append(decode_id(_where(headers, H_SRID) or bytes(8)))
+        data[(src.partition(), src.offset())].append((Tracking.from_headers(headers) or Tracking(0, 0, 0, 0)).srid)
         same = (msg.key() == src.key() and msg.value() == src.value()
                 and _where(headers, "trace") == _where(src.headers(), "trace")
                 and _where(headers, H_INPUT_TS) == str(src.timestamp()[1]).encode()

@@ -449,7 +449,7 @@ def test_manual_clock_stepped_past_the_deadline_replays_without_waiting(pipeline
     assert (counters["timed_out"], counters["replayed"], counters["completed"]) == (1, 1, 1)
     (msg,) = p.read(p.replay)
     assert (tracking_of(msg).origin, msg.partition()) == (result.origin, result.key_hash_partition)
-    assert headers_of(msg)["rb-attempt"] == b"2"
+    assert tracking_of(msg).attempt == 2
     outcome_headers = [
         outcome_of(m.headers()) for m in p.read(p.ns.persist, p.ledger_partitions) if m.value() is None
     ]

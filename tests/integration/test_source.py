@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from confluent_kafka import Message
 
 from broker import ids, topics
 from broker.dev.testing import unique_name
 from broker.errors import DeliveryError
-from broker.headers import H_ATTEMPT, H_ID, H_ORIGIN, H_SRID
+from broker.headers import H_TRACKING, Tracking
 from broker.kafka_io import read_to_end
 from broker.partitioning import kafka_partition, spark_partition
 from broker.schemas import PersistedRecord
@@ -40,11 +41,14 @@ def test_send_persists_then_publishes_with_tracking_headers(bootstrap: str) -> N
     by_srid = {r.srid: r for r in results}
     for msg in published:
         headers = dict(msg.headers())
-        srid = ids.decode_id(headers[H_SRID])
+        assert set(headers) == {H_TRACKING, "trace"} and len(headers[H_TRACKING]) == 16  # a first send
+        tracking = Tracking.from_headers(msg.headers())
+        assert tracking is not None
+        srid = tracking.srid
         result = by_srid[srid]
-        assert ids.decode_id(headers[H_ID]) == result.record_id
-        assert ids.decode_id(headers[H_ORIGIN]) == srid == result.origin
-        assert headers[H_ATTEMPT] == b"1" and headers["trace"] == b"t"
+        assert tracking.record_id == result.record_id
+        assert tracking.origin == srid == result.origin
+        assert tracking.attempt == 1 and headers["trace"] == b"t"
         assert msg.partition() == result.key_hash_partition == kafka_partition(msg.key(), 5)
         persist_msg, record = persisted[srid]
         assert persist_msg.key() == ids.encode_id(srid)
@@ -154,7 +158,7 @@ def test_no_data_record_is_published_for_a_failed_persist_record(bootstrap: str)
     source.close()
     big = {r.srid for r, (_, value) in zip(results, items, strict=True) if value.startswith(b"bad-")}
     published = read_to_end(settings, data, 5)  # read_committed, to the end
-    srids = [ids.decode_id(dict(m.headers())[H_SRID]) for m in published]
+    srids = [tracking_of(m).srid for m in published]
     assert not big & set(srids), f"{len(big & set(srids))} data records published for failed persist records"
     failed = {f.srid for exc in errors for f in exc.failures}
     assert sorted(srids) == sorted({r.srid for r in results} - failed)
@@ -184,3 +188,92 @@ def test_a_failed_transaction_reports_its_failed_persist_records_and_the_next_on
             source.send(data, f"c{i}", b"committed")
     published = read_to_end(settings, data, 5)
     assert len(published) == 10 and {m.value() for m in published} == {b"committed"}
+
+
+def tracking_of(msg: Message) -> Tracking:
+    tracking = Tracking.from_headers(msg.headers())
+    assert tracking is not None
+    return tracking
+
+
+def test_send_many_persists_then_publishes_each_record_like_send(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings)
+    with Source(settings, ns) as source:
+        batch = [(f"key-{i % 13}", f"value-{i}", [("trace", b"%d" % i)] if i % 2 else None) for i in range(300)]
+        results = source.send_many(data, batch[:100]) + source.send_many(data, batch[100:])
+        assert source.sent == 300
+    assert len({r.srid for r in results}) == 300 and all(r.origin == r.srid for r in results)
+    persisted = {PersistedRecord.decode(m.value()).srid: PersistedRecord.decode(m.value())
+                 for m in read_to_end(settings, ns.persist, 3)}
+    published = read_to_end(settings, data, 5)
+    assert len(persisted) == len(published) == 300
+    index = {r.srid: i for i, r in enumerate(results)}
+    by_key: dict[bytes, list[int]] = {}
+    for msg in published:
+        tracking = tracking_of(msg)
+        i = index[tracking.srid]
+        key, value, headers = batch[i]
+        result, record = results[i], persisted[tracking.srid]
+        assert (tracking.record_id, tracking.origin, tracking.attempt) == (result.record_id, result.srid, 1)
+        assert (msg.key(), msg.value()) == (key.encode(), value.encode())
+        assert [h for h in msg.headers() if h[0] != H_TRACKING] == (headers or [])
+        assert msg.partition() == result.key_hash_partition == kafka_partition(msg.key(), 5)
+        assert record.root_xor == record.record_id == result.record_id and record.value == msg.value()
+        assert record.headers == tuple(headers or ())
+        by_key.setdefault(msg.key(), []).append(i)
+    assert all(seq == sorted(seq) for seq in by_key.values())  # send order, per key
+
+
+def test_send_many_reports_failed_persist_records_and_publishes_none_of_their_data(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings, persist={"max.message.bytes": "2000"})
+    source = Source(settings, ns)
+    items = _mixed(200, 10)
+    results: list[SendResult] = []
+    errors: list[DeliveryError] = []
+    for start in range(0, len(items), 50):
+        try:
+            results += source.send_many(data, items[start : start + 50])
+        except DeliveryError as exc:  # about earlier batches: this one was not sent
+            errors.append(exc)
+            results += source.send_many(data, items[start : start + 50])
+    try:
+        source.flush()
+    except DeliveryError as exc:
+        errors.append(exc)
+    source.close()
+    big = {r.srid for r, (_, value) in zip(results, items, strict=True) if value.startswith(b"bad-")}
+    failed = {f.srid for exc in errors for f in exc.failures}
+    assert len(big) == 10 and big <= failed
+    srids = [tracking_of(m).srid for m in read_to_end(settings, data, 5)]
+    assert sorted(srids) == sorted({r.srid for r in results} - failed)
+
+
+def test_send_many_stops_at_a_record_refused_at_once_and_says_what_was_sent(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings)
+    source = Source(settings, ns, SourceConfig(producer={"message.max.bytes": 4000}))
+    items = [("a", b"1"), ("b", b"2"), ("c", os.urandom(6000)), ("d", b"4")]
+    with pytest.raises(DeliveryError, match="not produced") as excinfo:
+        source.send_many(data, items)
+    sent = excinfo.value.sent
+    assert len(sent) == 2 and [f.key for f in excinfo.value.failures] == [b"c"]
+    source.close()
+    published = read_to_end(settings, data, 5)
+    assert sorted(tracking_of(m).srid for m in published) == sorted(r.srid for r in sent)
+
+
+def test_send_many_in_a_transaction_commits_or_aborts_with_it(bootstrap: str) -> None:
+    settings = KafkaSettings(bootstrap)
+    ns, data = _namespace(settings)
+    source = Source(settings, ns, transactional_id=unique_name("source"))
+    with source.transaction():
+        source.send_many(data, [(f"c{i}", b"committed") for i in range(50)])
+    with pytest.raises(RuntimeError, match="boom"), source.transaction():
+        source.send_many(data, [(f"a{i}", b"aborted") for i in range(50)])
+        raise RuntimeError("boom")
+    persisted = read_to_end(settings, ns.persist, 3)
+    published = read_to_end(settings, data, 5)
+    assert len(persisted) == len(published) == 50
+    assert {m.value() for m in published} == {b"committed"}

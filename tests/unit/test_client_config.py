@@ -64,7 +64,8 @@ def test_extra_wins_over_the_settings_defaults() -> None:
 def test_source_producer_takes_the_users_linger(clients: Clients) -> None:
     Source(settings(**{"linger.ms": 50}), "unit")
     Source(settings(), "unit", SourceConfig(producer={"linger.ms": 70}))
-    assert [c["linger.ms"] for c in clients.producers] == [50, 70]
+    # Two producers each: persist records alternate between them by epoch (broker.delivery).
+    assert [c["linger.ms"] for c in clients.producers] == [50, 50, 70, 70]
 
 
 def test_task_takes_the_users_tunables(clients: Clients) -> None:

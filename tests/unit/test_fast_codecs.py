@@ -2,7 +2,7 @@
 
 - ``PersistedRecord.encode`` / ``LedgerEntry.encode`` (hand-rolled Avro) against
   ``fastavro.schemaless_writer`` - byte for byte, over random records;
-- ``Tracking.from_headers`` (one pass) against a dict-based reference reading;
+- ``Tracking.from_headers`` (one pass, ``struct``) against a reference reading of ``rb-t``'s fields;
 - the persist value's prefix the acker registers from (read for a batch at once) against the
   record it describes, read value by value.
 """
@@ -13,6 +13,7 @@ import dataclasses
 import io
 
 import fastavro
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,10 +21,9 @@ from broker import ids
 from broker.headers import (
     ADAPTIVE_FALLBACK_MS,
     AUTO_TIMEOUT_MS,
-    H_ATTEMPT,
-    H_ID,
     H_ORIGIN,
-    H_SRID,
+    H_PATH,
+    H_TRACKING,
     Tracking,
     tracking_headers,
 )
@@ -119,28 +119,32 @@ def test_persist_prefixes_read_at_once_are_the_records_they_describe(
 
 
 def _reference_tracking(headers: list[tuple[str, bytes | None]] | None) -> Tracking | None:
-    """The dict-based reading ``Tracking.from_headers`` replaced (the last header wins; a
-    zero srid or record id is not tracking)."""
-    if not headers:
+    """``rb-t`` read field by field, as its table in broker.headers states it (the last header
+    wins; 16, 24 or 28 bytes; a zero srid or record id and an attempt out of 1..2**31-1 are
+    not tracking)."""
+    found = {k: v for k, v in headers or () if k == H_TRACKING}
+    value = found.get(H_TRACKING)
+    if not value or len(value) not in (16, 24, 28):
         return None
-    found = {k: v for k, v in headers if k in (H_SRID, H_ID, H_ORIGIN, H_ATTEMPT)}
-    if bytes(8) in (found.get(H_SRID), found.get(H_ID)):
-        return None  # 0 is the XOR identity, never an id
-    try:
-        return Tracking(
-            srid=ids.decode_id(found[H_SRID] or b""),
-            record_id=ids.decode_id(found[H_ID] or b""),
-            origin=ids.decode_id(found.get(H_ORIGIN) or found[H_SRID] or b""),
-            attempt=int(found.get(H_ATTEMPT) or b"1"),
-        )
-    except (KeyError, ValueError):
+    srid, rid = ids.decode_id(value[:8]), ids.decode_id(value[8:16])
+    origin = ids.decode_id(value[16:24]) if len(value) >= 24 else srid
+    attempt = int.from_bytes(value[24:], "big") if len(value) == 28 else 1
+    if srid == 0 or rid == 0 or not 1 <= attempt <= 2**31 - 1:
         return None
+    return Tracking(srid, rid, origin, attempt)
 
 
-HEADER_VALUES = st.none() | st.binary(max_size=9) | LONGS.map(ids.encode_id) | st.integers(0, 99).map(
-    lambda i: str(i).encode()
+NONZERO = LONGS.filter(lambda n: n != 0)
+ATTEMPTS = st.integers(0, 2**32 - 1)
+PACKED = (
+    st.tuples(LONGS, LONGS).map(lambda t: ids.encode_id(t[0]) + ids.encode_id(t[1]))
+    | st.tuples(LONGS, LONGS, LONGS).map(lambda t: b"".join(map(ids.encode_id, t)))
+    | st.tuples(LONGS, LONGS, LONGS, ATTEMPTS).map(
+        lambda t: b"".join(map(ids.encode_id, t[:3])) + t[3].to_bytes(4, "big")
+    )
 )
-HEADER = st.tuples(st.sampled_from([H_SRID, H_ID, H_ORIGIN, H_ATTEMPT, "user", "rb-other"]), HEADER_VALUES)
+HEADER_VALUES = st.none() | st.binary(max_size=30) | PACKED
+HEADER = st.tuples(st.sampled_from([H_TRACKING, H_ORIGIN, H_PATH, "user", "rb-other"]), HEADER_VALUES)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -149,15 +153,27 @@ def test_tracking_parse_matches_the_reference(headers: list[tuple[str, bytes | N
     assert Tracking.from_headers(headers) == _reference_tracking(headers)
 
 
-NONZERO = LONGS.filter(lambda n: n != 0)
-
-
-@given(NONZERO, NONZERO, LONGS, st.integers(1, 1000), st.lists(st.tuples(TEXT, OPT_BYTES), max_size=3))
+@given(NONZERO, NONZERO, LONGS, st.integers(1, 2**31 - 1), st.lists(st.tuples(TEXT, OPT_BYTES), max_size=3))
 def test_tracking_parse_reads_tracking_headers(
     srid: int, rid: int, origin: int, attempt: int, user: list[tuple[str, bytes | None]]
 ) -> None:
     headers = [*user, *tracking_headers(srid, rid, origin, attempt)]
     assert Tracking.from_headers(headers) == Tracking(srid, rid, origin, attempt)
+
+
+@pytest.mark.parametrize(
+    ("origin", "attempt", "size"),
+    [(7, 1, 16), (8, 1, 24), (7, 2, 28), (8, 5, 28)],  # srid 7: the origin is written only when not it
+)
+def test_tracking_is_as_short_as_the_record_allows(origin: int, attempt: int, size: int) -> None:
+    (name, value), = tracking_headers(7, 9, origin, attempt)
+    assert name == H_TRACKING and len(value) == size
+    assert Tracking.unpack(value) == Tracking(7, 9, origin, attempt)
+
+
+def test_a_child_keeps_its_parents_srid_origin_and_attempt() -> None:
+    parent = Tracking(7, 9, 3, 4)
+    assert Tracking.unpack(parent.child(11)) == Tracking(7, 11, 3, 4)
 
 
 def test_new_id_is_never_zero_and_does_not_repeat() -> None:

@@ -32,6 +32,7 @@ def source(config: SourceConfig) -> tuple[Source, KeepingProducer]:
     src._placements.partitions["orders"] = 4
     producer = KeepingProducer()
     src._producer = producer  # type: ignore[assignment]
+    src._pending.use(producer)  # type: ignore[arg-type]  # the persist records' producer too
     return src, producer
 
 

@@ -1,0 +1,180 @@
+"""The per-record work of ``Source.send`` and ``Source.send_many``: fresh ids drawn in bulk,
+with their encodings; the persist record's timeout field; and ``send_batch``, the batch
+send - what is the same for every record of a batch (the clock, the deadline, the
+partitioner, the delivery bookkeeping) is done once per batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Literal, NamedTuple, Protocol
+
+from confluent_kafka import KafkaException, Producer
+
+from broker import ids, kafka_io
+from broker.backpressure import Backpressure
+from broker.delivery import PendingData, SendFailure
+from broker.errors import DeliveryError
+from broker.headers import AUTO_TIMEOUT_MS, H_TRACKING, Headers, as_bytes, user_headers
+from broker.placement import Placements
+from broker.schemas import avro_headers, avro_longs, encode_first_persisted
+from broker.topics import Namespace
+
+
+class Sender(Protocol):
+    """What ``send_batch`` uses of a ``broker.source.Source`` (its send state)."""
+
+    ns: Namespace
+    config: Any
+    sent: int
+    _placements: Placements
+    _producer: Producer
+    _pending: PendingData
+    _backpressure: Backpressure
+    _transactional: bool
+    _transaction_srids: list[int]
+    _in_transaction_sent: int
+
+    @property
+    def ledger_partitions(self) -> int: ...
+
+    def _produce(self, topic: str, **kwargs: Any) -> None: ...
+
+Timeout = int | Literal["auto"]
+"""A record's timeout: ms, or ``"auto"`` - the acker gives the deadline from the completion
+latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
+
+
+class IdPair(NamedTuple):
+    """The srid and record id of a first send, each with its 8-byte key and Avro long, and
+    the data record's ``rb-t`` (the two keys one after the other: a first attempt's tracking)."""
+
+    srid: int
+    srid_b: bytes
+    srid_avro: bytes
+    record_id: int
+    record_b: bytes
+    record_avro: bytes
+    tracking: bytes
+
+
+# Fresh ids drawn in bulk, two per send, with all their encodings: a send encodes none of its
+# ids itself. list.pop is atomic (threads never share an entry); a forked child starts empty
+# (it must not reuse its parent's ids).
+_ID_POOL: list[IdPair] = []
+os.register_at_fork(after_in_child=_ID_POOL.clear)
+_POOL_PAIRS = 4096
+
+
+def _refill() -> None:
+    fresh = ids.new_ids(2 * _POOL_PAIRS)
+    keys = fresh.astype(">i8").tobytes()  # srid, record id, srid, ...: 16 bytes per pair
+    values = fresh.tolist()
+    avro = avro_longs(fresh)
+    _ID_POOL.extend(
+        IdPair(values[i], keys[8 * i : 8 * i + 8], avro[i], values[i + 1], keys[8 * i + 8 : 8 * i + 16],
+               avro[i + 1], keys[8 * i : 8 * i + 16])
+        for i in range(0, 2 * _POOL_PAIRS, 2)
+    )
+
+
+def new_id_pair() -> IdPair:
+    try:
+        return _ID_POOL.pop()
+    except IndexError:
+        _refill()
+        return _ID_POOL.pop()
+
+
+def timeout_field(timeout: Timeout) -> int:
+    """The persist record's ``timeout_ms``: ``AUTO_TIMEOUT_MS`` for an adaptive timeout (its
+    value's prefix then says so, broker.schemas)."""
+    return AUTO_TIMEOUT_MS if isinstance(timeout, str) else timeout
+
+
+class SendResult(NamedTuple):
+    srid: int
+    record_id: int
+    key_hash_partition: int
+    origin: int
+
+
+BatchRecord = tuple[Any, Any] | tuple[Any, Any, Headers | None]
+"""A record of ``send_many``: ``(key, value)`` or ``(key, value, headers)``."""
+
+
+def send_batch(
+    source: Sender, topic: str, records: Iterable[BatchRecord], timeout: Timeout, max_attempts: int
+) -> list[SendResult]:
+    """``Source.send_many``'s records, in order: one persist record each, and their data
+    records added to the source's waiting ones at once (or, in a transaction, produced).
+
+    A record the producer refuses at once (e.g. over ``message.max.bytes``) stops the batch:
+    ``DeliveryError`` names it in ``failures`` and holds the results of the records sent before
+    it in ``sent``; the records after it were not sent."""
+    placements = source._placements
+    serde = source.config.serde
+    key_hash_partition = placements.key_hash_partition
+    placement = placements.placement
+    producer = source._pending.producer
+    produce = producer.produce
+    persist, ledger_partitions = source.ns.persist, source.ledger_partitions
+    on_persist = source._pending.on_persist
+    window = source._backpressure.window
+    transactional = source._transactional
+    created_ms = int(time.time() * 1000)
+    timeout_ms = timeout_field(timeout)
+    results: list[SendResult] = []
+    waiting: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
+    try:
+        for record in records:
+            key, value = record[0], record[1]
+            headers = record[2] if len(record) > 2 else None
+            if source.config.max_pending is not None:
+                # The records waiting for a slot may be this batch's own: theirs must be out.
+                source._pending.extend(waiting)
+                waiting = []
+                source._backpressure.await_slot(len(source._transaction_srids))
+                window = source._backpressure.window
+            key_b = key if key is None or type(key) is bytes else as_bytes(key)
+            value_b = value if value is None or type(value) is bytes else serde.serialize(value)
+            own = user_headers(headers) if headers else ()
+            partition = key_hash_partition(topic, key_b)
+            pair = _ID_POOL.pop() if _ID_POOL else new_id_pair()
+            srid = pair.srid
+            value_p = encode_first_persisted(
+                pair.srid_b, pair.srid_avro, pair.record_b, pair.record_avro, placement(topic, partition), key_b,
+                value_b, avro_headers(own), created_ms, timeout_ms, max_attempts,
+            )
+            try:
+                try:
+                    produce(persist, key=pair.srid_b, value=value_p, partition=srid % ledger_partitions,
+                            on_delivery=on_persist)
+                except BufferError:  # the queue is full: wait for it like any produce
+                    kafka_io.produce(producer, persist, key=pair.srid_b, value=value_p,
+                                     partition=srid % ledger_partitions, on_delivery=on_persist)
+            except KafkaException as exc:
+                failure = SendFailure.of(value_p, exc.args[0])
+                raise DeliveryError(
+                    f"persist record not produced: {exc}; the {len(results)} records before it were sent",
+                    failures=[failure], sent=results,
+                ) from exc
+            data_headers = [*own, (H_TRACKING, pair.tracking)]
+            if transactional:
+                source._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
+            else:
+                waiting.append((pair.srid_b, topic, key_b, value_b, partition, data_headers))
+            if window is not None:
+                window.sent(srid, srid)
+                if transactional:
+                    source._transaction_srids.append(srid)
+            results.append(SendResult(srid, pair.record_id, partition, srid))
+    finally:
+        source._pending.extend(waiting)
+        source.sent += len(results)
+        if transactional:
+            source._in_transaction_sent += len(results)
+    return results
+
