@@ -13,8 +13,9 @@ Mechanism: watermark samples. At every commit the gate notes, per owned input pa
 (``ns.persist[i]`` and ``ns.acks[i]``), ``(now, high watermark)``: every message appended
 before ``now`` lies below that offset. Once the consumer's position reaches a sample's offset
 (less ``slack``), every event appended before the sample's time has been folded, and that
-time becomes the partition's *read-up-to* time. Entries of ledger partition ``i`` expire
-when their deadline is at or before the smaller read-up-to time of its two inputs:
+time becomes the partition's *read-up-to* time. Entries expire when their deadline is at or
+before the smallest read-up-to time of the owned partitions' inputs (one tick for all, so that a
+key's timeouts, spread over ledger partitions, keep their created order):
 
 - caught up: this commit's own sample is reached at once, read-up-to = now - expiry is
   exactly what it was without the gate;
@@ -143,27 +144,29 @@ class ExpiryGate:
     # ------------------------------------------------------------------ expiry
 
     def ticks(self, states: Mapping[int, PartitionState], ticker: Ticker, now_ms: int) -> dict[int, int | None]:
-        """The expiry tick of each owned ledger partition (None: expire nothing yet)."""
+        """The expiry tick of the owned ledger partitions (None: expire nothing yet): one tick
+        for all of them, the earliest read-up-to time of their inputs. A key's records are
+        spread over ledger partitions by srid; deciding them at one tick keeps their timeouts
+        in created order across partitions (a lagging partition holds back the others'
+        timeouts - later, never earlier)."""
         self._observe(now_ms)
         now_tick = ticker.current_tick(now_ms)
-        out: dict[int, int | None] = {}
-        held = 0
-        for lp, st in states.items():
+        due = {lp: st.table.due(now_tick) for lp, st in states.items()}
+        read: dict[int, int | None] = {}
+        for lp in states:
             read_ms = self._read_ms(lp)
-            if read_ms is None or read_ms < now_ms:
-                due = st.table.due(now_tick)
-                if due and self._query_unproven(lp, now_ms):
-                    read_ms = self._read_ms(lp)
-                if due:
-                    tick = None if read_ms is None else ticker.current_tick(read_ms)
-                    n = due - (0 if tick is None else st.table.due(tick))
-                    if n:
-                        held += n
-                        self.holds += 1
-                        self._log_held(lp, n, read_ms, now_ms)
-            out[lp] = None if read_ms is None else ticker.current_tick(min(read_ms, now_ms))
+            if any(due.values()) and (read_ms is None or read_ms < now_ms) and self._query_unproven(lp, now_ms):
+                read_ms = self._read_ms(lp)
+            read[lp] = read_ms
+        known = [ms for ms in read.values() if ms is not None]
+        common = None if len(known) < len(read) else ticker.current_tick(min([now_ms, *known]))
+        held = sum(due[lp] - (0 if common is None else st.table.due(common)) for lp, st in states.items())
+        if held:
+            self.holds += 1
+            behind = min(read, key=lambda lp: read[lp] or -1)  # the partition read least far
+            self._log_held(behind, held, read[behind], now_ms)
         self.held = held
-        return out
+        return dict.fromkeys(states, common)
 
     def _read_ms(self, lp: int) -> int | None:
         times = [self.inputs[(t, lp)].read_ms if (t, lp) in self.inputs else None for t in (self.ns.persist, self.ns.acks)]
@@ -262,7 +265,7 @@ class ExpiryGate:
                 parts.append(f"{topic} lag {lag} (position {inp.position}, high watermark {inp.high})")
         behind = "never caught up since assigned" if read_ms is None else f"read up to {now_ms - read_ms} ms ago"
         log.warning(
-            "expiry held back on ledger partition %d: %d entries due, inputs %s; %s "
+            "expiry held back by ledger partition %d: %d entries due, its inputs %s; %s "
             "(logged at most every %.0fs)",
             lp, n, behind, "; ".join(parts), self.log_interval_s,
         )

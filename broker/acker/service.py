@@ -365,7 +365,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         now_ms = self.clock.now_ms()
         # Every decision that ends a record - expiry, orphans, deferred and held decisions -
         # only as far as the partition's inputs have been read: a backlog of acks is no
-        # timeout. Per ledger partition: one lagging input holds back only its own partition.
+        # timeout. One tick for all owned partitions: a key's timeouts keep their created order.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
         collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)

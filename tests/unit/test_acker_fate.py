@@ -5,7 +5,8 @@ in-memory Kafka stand-ins. Each test is a sequence that once ended in a false de
 1. a held dead letter decided on the clock while its completing ack was still unread behind a
    backlog;
 2. a last attempt put off by the payload quota losing its own hold;
-3. an explicitly failed middle attempt breaking the chain of superseded marks.
+3. an explicitly failed middle attempt breaking the chain of superseded marks;
+4. (order, not fate) a lagging ledger partition letting a later record of a key be replayed first.
 """
 
 from __future__ import annotations
@@ -187,3 +188,27 @@ def test_a_fail_mark_wins_over_the_clock() -> None:
     table.mark_failed(np.array([S1]), 1_000)
     assert len(table.expire(11).timed_out) == 0
     assert table.take_failed().srids.tolist() == [S1]
+
+
+def test_timeouts_of_one_key_replay_in_created_order_while_one_partition_lags(fake_kafka: None) -> None:  # noqa: F811
+    """Order kept: two records of one key, ``a`` then ``b`` 5 ms later, in two ledger partitions,
+    both dropped. When their deadlines pass, ``a``'s partition is behind on a backlog of acks
+    and ``b``'s is caught up. ``b`` must not be replayed before ``a``: both are decided at
+    the tick every owned partition has been read to, in created order."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    a = next(s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 0)
+    b = next(s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 1)
+    first = persisted(a, a ^ 0x77, created_ms=T0, timeout_ms=1_000, max_attempts=3)
+    second = persisted(b, b ^ 0x77, created_ms=T0 + 5, timeout_ms=1_000, max_attempts=3)
+    consumer.batches.append([persist_msg(first)])
+    consumer.batches.append([persist_msg(second)])
+    run_steps(acker, 2)
+    others = [s for s in range(2 * 10**6, 2 * 10**6 + 400) if ids.ledger_partition(s, FakeConsumer.partitions) == 0]
+    for i, srid in enumerate(others[:30]):  # a backlog on a's partition: one batch per poll
+        consumer.batches.append([acks_msg(0, i, [srid], [srid ^ 7])])
+    clock.advance(1_200)  # both deadlines passed
+    run_steps(acker, 40)
+    order = [r.origin for r in replays(producer)]
+    assert sorted(order) == sorted([a, b])
+    assert order == [a, b], "b's replay went out before a's"
