@@ -15,7 +15,8 @@ One run, on the Kafka it is given, in a namespace of its own:
    from its checkpoint: that batch runs again, its first acks never existed;
 6. the demo watches ``ns.persist`` (a tombstone without ``rb-outcome`` completes an
    origin; ``broker.completions``) and ``ns.dlq`` until every origin it sent is completed or dead-lettered, or the
-   deadline passes; then it reads the sink back.
+   deadline passes; then it reads the sink back (``OriginParquetSink``, or with ``sink="delta"``
+   ``OriginDeltaSink``).
 
 ``lost`` is counted against the ground truth, not against the broker's own figures.
 """
@@ -42,7 +43,7 @@ from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
-from broker.errors import ReplayBrokerError
+from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.headers import H_ORIGIN
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
@@ -60,7 +61,7 @@ from spark_jobs.orders import (
 )
 from spark_jobs.reader import read_with_replay
 from spark_jobs.session import build_spark_session, driver_jvm_pid, python_workers
-from spark_jobs.sinks import OriginParquetSink
+from spark_jobs.sinks import OriginDeltaSink, OriginParquetSink
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,10 @@ class SparkDemoConfig:
     deadline_ms: int = 240_000
     namespace: str | None = None
     master: str | None = None  # Spark master (default: spark_jobs.session's: $SPARK_MASTER, local[2])
+    sink: str = "parquet"  # or "delta": OriginDeltaSink (the session needs Delta's jars)
+
+
+SINKS = ("parquet", "delta")
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -232,7 +237,9 @@ class SparkDemo:
         self.expected: dict[str, dict[str, float]] = {}
         self.watch: LedgerWatch | None = None
         self.acking: Acking | None = None
-        self.sink: OriginParquetSink | None = None
+        self.sink: OriginParquetSink | OriginDeltaSink | None = None
+        if self.config.sink not in SINKS:
+            raise ConfigurationError(f"sink must be one of {SINKS}, got {self.config.sink!r}")
 
     def run(self, *, keep: bool = True) -> dict[str, Any]:
         try:
@@ -257,7 +264,10 @@ class SparkDemo:
 
     # ------------------------------------------------------------------ pieces
 
-    def _handler(self, dim: DataFrame, sink: OriginParquetSink, fail_rate: float) -> BatchHandler:
+    def _new_sink(self, path: Path) -> OriginParquetSink | OriginDeltaSink:
+        return OriginDeltaSink(str(path)) if self.config.sink == "delta" else OriginParquetSink(str(path))
+
+    def _handler(self, dim: DataFrame, sink: OriginParquetSink | OriginDeltaSink, fail_rate: float) -> BatchHandler:
         return order_job(
             sink,
             dim,
@@ -269,7 +279,7 @@ class SparkDemo:
         """The job once on the still empty topics: the JVM compiles its code before the
         first record's timeout starts ticking, not during the first micro-batch."""
         started = time.monotonic()
-        handler = self._handler(dim, OriginParquetSink(str(workdir / "warm-up")), 0.0)
+        handler = self._handler(dim, self._new_sink(workdir / "warm-up"), 0.0)
         batch = read_with_replay(spark, self.settings, self.topic, stream=False)
         with Acking(self.settings, self.ns, handler) as acking:
             acking.process(batch, 0)
@@ -297,7 +307,7 @@ class SparkDemo:
         spark = build_spark_session(app_name="replaybroker-spark-demo", master=c.master)
         customer_rows = customers()
         dim = customer_frame(spark, customer_rows).cache()
-        self.sink = OriginParquetSink(str(workdir / "sink" / "orders"))
+        self.sink = self._new_sink(workdir / "sink" / "orders")
         stopper = _MidBatchStop()
         acking = self.acking = Acking(settings, ns, stopper.wrap(self._handler(dim, self.sink, c.fail_rate)))
         services = _Services(
@@ -378,6 +388,7 @@ class SparkDemo:
         jsc: Any = sc._jsc
         where: dict[str, Any] = {
             "spark_master": sc.master,
+            "spark_app_id": sc.applicationId,
             "driver_pid": os.getpid(),
             "driver_jvm_pid": driver_jvm_pid(spark),
             "executors": sorted(filter(None, str(jsc.sc().getExecutorIds().mkString(",")).split(","))),
@@ -402,6 +413,7 @@ class SparkDemo:
         written.unpersist()
         return {
             "namespace": self.ns.name,
+            "sink": self.config.sink,
             "topic": self.topic,
             "records": len(self.origins),
             "completed": len(completed),
@@ -440,12 +452,14 @@ def run_spark_demo(
     max_attempts: int | None = None,
     keep: bool = True,
     master: str | None = None,
+    sink: str = "parquet",
 ) -> dict[str, Any]:
     """Run the Spark demo on ``bootstrap``; returns the summary (see the module docstring).
     ``keep=False`` deletes the topics it created afterwards; ``master`` is the Spark master
-    (default: ``$SPARK_MASTER``, else ``local[2]``; under spark-submit its ``--master``)."""
+    (default: ``$SPARK_MASTER``, else ``local[2]``; under spark-submit its ``--master``);
+    ``sink`` is ``parquet`` or ``delta``."""
     config = SparkDemoConfig(
-        records=records, fail_rate=fail_rate, restart=restart, workdir=workdir, master=master
+        records=records, fail_rate=fail_rate, restart=restart, workdir=workdir, master=master, sink=sink
     )
     if timeout_ms is not None:
         config = replace(config, timeout_ms=timeout_ms)
@@ -469,13 +483,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-ms", type=int, help="per-record timeout (default: 30000)")
     parser.add_argument("--workdir", help="keep checkpoint and sink here (default: a temporary dir)")
     parser.add_argument("--keep", action="store_true", help="keep the demo's topics")
+    parser.add_argument("--sink", choices=SINKS, default="parquet",
+                        help="OriginParquetSink, or OriginDeltaSink (needs Delta's jars)")
     args = parser.parse_args(argv)
     if not args.bootstrap:
         parser.error("--bootstrap or $KAFKA_BOOTSTRAP_SERVERS is needed")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_spark_demo(
         args.bootstrap, records=args.records, fail_rate=args.fail_rate, restart=not args.no_restart,
-        workdir=args.workdir, keep=args.keep, master=args.master, timeout_ms=args.timeout_ms,
+        workdir=args.workdir, keep=args.keep, master=args.master, timeout_ms=args.timeout_ms, sink=args.sink,
     )
     sys.stdout.write(orjson.dumps(summary).decode() + "\n")
     return 0 if summary["lost"] == 0 else 1

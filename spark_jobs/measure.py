@@ -412,6 +412,51 @@ def _bulk_prefill(spark: SparkSession, sink: str, path: Path, rows: int) -> None
         facts.repartition(files).write.parquet(str(path / "query_id=prefill" / "batch_id=0"))
 
 
+def _span(progress: Callable[[float, str], None] | None, start: float,
+          share: float) -> Callable[[float, str], None] | None:
+    """``progress`` of a part that runs from ``start`` for ``share`` of the whole."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda fraction, detail: report(start + share * fraction, detail)
+
+
+def _write_batches(
+    spark: SparkSession,
+    targets: dict[Any, OriginDeltaSink | OriginParquetSink],
+    batches: int,
+    batch_rows: int,
+    replayed: float,
+    label: str,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[Any, list[float]]:
+    """Milliseconds of ``sink.write`` per target, batch ids 0 .. ``batches``: ``batch_rows``
+    new rows plus ``replayed`` of that many ids of the previous batch. The targets take each
+    batch in turn, so a change in the machine's load falls on all alike."""
+    ms: dict[Any, list[float]] = {key: [] for key in targets}
+    for batch_id in range(batches + 1):
+        if progress is not None:
+            progress(batch_id / (batches + 1), f"{label}: batch {batch_id + 1}/{batches + 1}")
+        rows = _delta_rows(spark, batch_rows, seed=batch_id)
+        if batch_id > 0:
+            rows = rows.unionByName(_delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1))
+        for key, sink in targets.items():
+            started = time.perf_counter()
+            sink.write(rows, batch_id)
+            ms[key].append(1000 * (time.perf_counter() - started))
+    return ms
+
+
+def _check_rows(spark: SparkSession, kind: str, targets: dict[int, OriginDeltaSink | OriginParquetSink],
+                batches: int, batch_rows: int) -> None:
+    """Every target (keyed by its prefilled row count) holds its rows and each batch's new ones."""
+    for size, sink in targets.items():
+        written = sink.read(spark).count()
+        if written != size + (batches + 1) * batch_rows:
+            raise RuntimeError(f"{kind} sink of {size} rows holds {written} after the batches, "
+                               f"expected {size + (batches + 1) * batch_rows}")
+
+
 def measure_sink_growth(
     spark: SparkSession,
     workdir: Path,
@@ -449,23 +494,10 @@ def measure_sink_growth(
                 if kind == "delta"
                 else OriginParquetSink(str(path), query_id="bench")
             )
-        ms: dict[int, list[float]] = {size: [] for size in sizes}
-        for batch_id in range(batches + 1):
-            if progress is not None:
-                progress(done / steps, f"{kind}: batch {batch_id + 1}/{batches + 1}")
-            rows = _delta_rows(spark, batch_rows, seed=batch_id)
-            if batch_id > 0:
-                rows = rows.unionByName(_delta_rows(spark, int(batch_rows * replayed), seed=batch_id - 1))
-            for size, sink in targets.items():
-                started = time.perf_counter()
-                sink.write(rows, batch_id)
-                ms[size].append(1000 * (time.perf_counter() - started))
-            done += 1
-        for size, sink in targets.items():
-            written = sink.read(spark).count()
-            if written != size + (batches + 1) * batch_rows:
-                raise RuntimeError(f"{kind} sink of {size} rows holds {written} after the batches, "
-                                   f"expected {size + (batches + 1) * batch_rows}")
+        ms = _write_batches(spark, targets, batches, batch_rows, replayed, kind,
+                            _span(progress, done / steps, (batches + 1) / steps))
+        done += batches + 1
+        _check_rows(spark, kind, targets, batches, batch_rows)
         results[kind] = {
             "batch_ms_p50": {size: statistics.median(ms[size][1:]) for size in sizes},
             "batch_ms": {size: [round(m) for m in ms[size]] for size in sizes},
@@ -473,6 +505,73 @@ def measure_sink_growth(
         }
         small, large = sizes
         results[kind]["growth"] = results[kind]["batch_ms_p50"][large] / results[kind]["batch_ms_p50"][small]
+    return results
+
+
+def _table_files(spark: SparkSession, path: str) -> int:
+    """The files of the table's current snapshot (what a reader or a MERGE opens)."""
+    return len(spark.read.format("delta").load(path).inputFiles())
+
+
+class _TimedOptimizeSink(OriginDeltaSink):
+    """``OriginDeltaSink`` that times each of its ``OPTIMIZE`` runs and counts the table's files
+    before and after it (``counting_ms``: what the counting took, not the sink's cost)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs: list[dict[str, float]] = []
+
+    def optimize(self, spark: SparkSession) -> None:
+        counting = time.perf_counter()
+        before = _table_files(spark, self.path)
+        started = time.perf_counter()
+        super().optimize(spark)
+        ended = time.perf_counter()
+        after = _table_files(spark, self.path)
+        counting_ms = 1000 * (started - counting + time.perf_counter() - ended)
+        self.runs.append({"ms": 1000 * (ended - started), "files_before": before, "files_after": after,
+                          "counting_ms": counting_ms})
+
+
+def measure_optimize(
+    spark: SparkSession,
+    workdir: Path,
+    *,
+    rows: int = 10_000,
+    optimize_every: int = 8,
+    batch_rows: int = 1_000,
+    replayed: float = 0.1,
+    replay_window_ms: int = 600_000,
+    progress: Callable[[float, str], None] | None = None,
+) -> dict[str, Any]:
+    """What ``OriginDeltaSink(optimize_every=n)`` costs: two tables prefilled alike with
+    ``rows`` rows take the same ``2n`` micro-batches (after a warm-up batch 0), in turn; one
+    compacts before batches ``n`` and ``2n``, the other never. Per table: the write's
+    milliseconds per batch (mean: the OPTIMIZE runs spread over every batch; p50: a batch
+    without one, on compacted files or not), the files of its snapshot at the end; and each
+    OPTIMIZE's own milliseconds and the table's files before and after it."""
+    batches = 2 * optimize_every
+    sinks: dict[str, OriginDeltaSink] = {}
+    for name, every in (("plain", None), ("optimized", optimize_every)):
+        path = workdir / f"optimize-{name}"
+        _bulk_prefill(spark, "delta", path, rows)
+        cls = OriginDeltaSink if every is None else _TimedOptimizeSink
+        sinks[name] = cls(str(path), replay_window_ms=replay_window_ms, query_id="bench", optimize_every=every)
+    targets: dict[Any, OriginDeltaSink | OriginParquetSink] = dict(sinks)
+    ms = _write_batches(spark, targets, batches, batch_rows, replayed, "OPTIMIZE", progress)
+    timed = sinks["optimized"]
+    assert isinstance(timed, _TimedOptimizeSink)
+    for index, run in enumerate(timed.runs):  # before batches n, 2n
+        ms["optimized"][(index + 1) * optimize_every] -= run.pop("counting_ms")
+    results: dict[str, Any] = {"rows": rows, "optimize_every": optimize_every, "batch_rows": batch_rows,
+                               "batches": batches}
+    for name, sink in sinks.items():
+        kept = ms[name][1:]
+        results[name] = {"batch_ms": [round(m) for m in ms[name]], "batch_ms_mean": statistics.mean(kept),
+                         "batch_ms_p50": statistics.median(kept), "files": _table_files(spark, sink.path)}
+        if sink.read(spark).count() != rows + (batches + 1) * batch_rows:
+            raise RuntimeError(f"the {name} table lost or doubled rows")
+    results["runs"] = [{k: round(v) for k, v in run.items()} for run in timed.runs]
     return results
 
 

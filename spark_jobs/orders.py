@@ -8,8 +8,8 @@ micro-batch the job
   (an amount that is not a number), or a customer not in the dimension - so the broker
   replays them (and dead-letters them after their max attempts), record by record: a bad value
   never raises (``from_json`` is PERMISSIVE, no ANSI ``cast``), so it never fails the batch;
-- writes one fact per order (origin, path) to an ``OriginParquetSink`` (a replayed order never
-  doubles);
+- writes one fact per order (origin, path) to a ``CommittingSink`` (``OriginParquetSink`` or
+  ``OriginDeltaSink``: a replayed order never doubles);
 - emits a ``large order`` alert for orders above a threshold to another fault-tolerant topic,
   anchored to the order's tree: the order completes only when its alert is processed too.
 
@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
 from spark_jobs.acking import BatchHandler, BatchResult, Emit
-from spark_jobs.sinks import OriginParquetSink
+from spark_jobs.committed import CommittingSink
 from spark_jobs.tracking import ATTEMPT, ORIGIN, PATH, RECORD_ID, SRID
 
 ORDER_SCHEMA = StructType(
@@ -149,7 +149,7 @@ PINNED = (SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH, "topic", "order_id", "customer
 
 
 def order_job(
-    sink: OriginParquetSink,
+    sink: CommittingSink,
     customer_dim: DataFrame,
     *,
     alerts_topic: str | None = None,

@@ -23,8 +23,9 @@ workers other processes, maybe on other machines:
   interpreter for ``local`` and for a master on a loopback address (``replaybroker spark up``:
   the executors are on this machine), and is the cluster's business anywhere else.
 
-Under ``spark-submit`` the launcher has chosen all of that (``--master``, ``--packages``,
-``--py-files``, ``spark.pyspark.python``): the session then adds only the defaults below.
+Under ``spark-submit`` the launcher has chosen all of that (``--master``, ``--jars`` or
+``--packages``, ``--py-files``, ``spark.pyspark.python``): the session then adds only the
+defaults below, and Delta's extension and catalog when the launcher was given Delta's jars.
 """
 
 from __future__ import annotations
@@ -148,6 +149,18 @@ def _launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def _submitted_with_delta() -> bool:
+    """Under spark-submit: whether its ``--jars`` or ``--packages`` carry Delta Lake, and no
+    ``spark.sql.extensions`` of the user's is set (the launcher passes its settings to the JVM
+    as system properties, which a new ``SparkConf`` reads)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    submitted = SparkConf()
+    shipped = ",".join(submitted.get(key, "") or "" for key in ("spark.jars", "spark.jars.packages"))
+    return "delta-spark" in shipped and not submitted.contains("spark.sql.extensions")
+
+
 def _loopback_master(master: str) -> bool:
     """A standalone master on this machine (``spark://127.0.0.1:7077``)."""
     if not master.startswith("spark://"):
@@ -209,7 +222,7 @@ def build_spark_session(
         settings.setdefault("spark.driver.host", "127.0.0.1")
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
     delta = delta_version()
-    if delta is not None and not submitted:
+    if delta is not None and (not submitted or _submitted_with_delta()):
         settings.update(DELTA_CONF)
     settings.update(conf or {})
     if not submitted:  # spark-submit resolved --jars / --packages itself

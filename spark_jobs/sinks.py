@@ -234,6 +234,11 @@ class OriginDeltaSink(_OriginKeyed):
     def _committed_version(self, spark: SparkSession) -> int:
         """The last batch id this query committed to the table (its transaction version), -1
         for none: read from Delta's log, as the write's own skip is."""
+        if "Delta" not in (spark.conf.get("spark.sql.extensions", "") or ""):
+            raise ConfigurationError(
+                "the Spark session has no Delta Lake: build it with build_spark_session() after "
+                "`replaybroker setup` resolved Delta's jars (spark-submit: --jars with Delta's)"
+            )
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self.path)
@@ -256,11 +261,6 @@ class OriginDeltaSink(_OriginKeyed):
         transaction is already in the log."""
         self._check_key(df)
         spark = df.sparkSession
-        if "Delta" not in (spark.conf.get("spark.sql.extensions", "") or ""):
-            raise ConfigurationError(
-                "the Spark session has no Delta Lake: build it with build_spark_session() "
-                "after `replaybroker setup` resolved Delta's jars"
-            )
         if self._committed_version(spark) >= batch_id:
             return False
         if self.optimize_every is not None and batch_id > 0 and batch_id % self.optimize_every == 0:

@@ -167,6 +167,20 @@ def _specs() -> list[Spec]:
             Spec(f"{prefix}_batch_growth", "x", f"large / small sink batch time ({sink})",
                  ("<=", 1.5) if prefix == "spark.sink" else None),
         ]
+    specs += [
+        Spec("spark.optimize.every", "batches", "OriginDeltaSink(optimize_every=n): OPTIMIZE before every n-th batch"),
+        Spec("spark.optimize.batch_mean_ms", "ms",
+             "write of one micro-batch with optimize_every, mean over 2n batches (OPTIMIZE included)"),
+        Spec("spark.optimize.plain_batch_mean_ms", "ms", "the same batches into a table never compacted, mean"),
+        Spec("spark.optimize.batch_cost", "x", "mean batch time with / without optimize_every"),
+        Spec("spark.optimize.batch_p50_ms", "ms", "write of one micro-batch with optimize_every, p50"),
+        Spec("spark.optimize.plain_batch_p50_ms", "ms", "the same batches, never compacted, p50"),
+        Spec("spark.optimize.run_ms", "ms", "OPTIMIZE's own time (ZORDER BY written_at), p50 of its runs"),
+        Spec("spark.optimize.files_before", "files", "files of the table before the last OPTIMIZE"),
+        Spec("spark.optimize.files_after", "files", "files of the table after the last OPTIMIZE"),
+        Spec("spark.optimize.files", "files", "files of the compacted table after the batches"),
+        Spec("spark.optimize.plain_files", "files", "files of the table never compacted after the same batches"),
+    ]
     return specs
 
 

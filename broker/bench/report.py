@@ -70,6 +70,8 @@ def _rows() -> list[Row]:
          "spark.sink_small_batch_p50_ms", "spark.sink_batch_growth"),
         ("OriginParquetSink batch ms, large sink", "spark.parquet_sink_large_batch_p50_ms", "small sink",
          "spark.parquet_sink_small_batch_p50_ms", "spark.parquet_sink_batch_growth"),
+        ("OriginDeltaSink batch ms (mean), optimize_every", "spark.optimize.batch_mean_ms", "never compacted",
+         "spark.optimize.plain_batch_mean_ms", "spark.optimize.batch_cost"),
     ]
     return rows
 
@@ -264,7 +266,19 @@ def _spark_lines(spark: dict[str, Any]) -> list[str]:
     if lines:
         out += ["", f"Sink batches ({sinks.get('batch_rows')} new rows + {100 * sinks.get('replayed', 0):.0f} % "
                 "replays each; the first is warm-up):", "", *lines]
-    return out
+    return out + _optimize_lines(spark.get("optimize") or {})
+
+
+def _optimize_lines(optimize: dict[str, Any]) -> list[str]:
+    """OriginDeltaSink with and without ``optimize_every``: batch times, each OPTIMIZE, files."""
+    if "optimized" not in optimize:
+        return []
+    runs = "; ".join(f"{r['ms']} ms, {r['files_before']} -> {r['files_after']} files" for r in optimize["runs"])
+    return ["", f"OriginDeltaSink, {optimize['rows']} rows, `optimize_every={optimize['optimize_every']}` against "
+            f"never (batch ms; the first is warm-up):", "",
+            *(f"- {name}: {', '.join(map(str, optimize[name]['batch_ms']))} ms; {optimize[name]['files']} files after"
+              for name in ("optimized", "plain")),
+            f"- OPTIMIZE runs: {runs or 'none'}"]
 
 
 # --------------------------------------------------------------------------- plots

@@ -83,6 +83,8 @@ class Plan:
     spark_large_batch_records: int = 10_000
     spark_sink_sizes: tuple[int, int] = (1_000, 100_000)
     spark_sink_batches: int = 2
+    # OriginDeltaSink(optimize_every=n) against never, over 2n batches (bench.spark: optimize.*)
+    spark_optimize_every: int = 4
 
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
@@ -93,7 +95,7 @@ class Plan:
                    TAKEOVER_SIZES, 10_000, 120.0, spark_warm_s=180.0, spark_records=50_000, spark_batch_records=5_000,
                    spark_rounds=5,
                    spark_large_records=80_000, spark_large_batch_records=20_000,
-                   spark_sink_sizes=(10_000, 1_000_000), spark_sink_batches=4)
+                   spark_sink_sizes=(10_000, 1_000_000), spark_sink_batches=4, spark_optimize_every=8)
 
     def weights(self) -> dict[str, float]:
         """Expected seconds per section (drives the progress bar)."""
@@ -399,7 +401,7 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                                          batch_records=plan.spark_batch_records, rounds=plan.spark_rounds,
                                          large=(plan.spark_large_records, plan.spark_large_batch_records),
                                          sink_sizes=plan.spark_sink_sizes, sink_batches=plan.spark_sink_batches,
-                                         progress=update)
+                                         optimize_every=plan.spark_optimize_every, progress=update)
         compiler_after = compiler_cpu(env)
         if compiler_before is not None and compiler_after is not None:
             # How busy the broker's JIT compiler was while Spark was measured (share of a core):

@@ -18,11 +18,16 @@ is started once and warm for every figure after the first round.
 - ``sink_batch_growth``: ``OriginDeltaSink(replay_window_ms=600_000)`` - the sink the project
   recommends - written micro-batch by micro-batch into a table that already holds the small
   and the large row count (prefilled by one bulk write); the same for ``OriginParquetSink``.
+- ``optimize.*``: what ``OriginDeltaSink(optimize_every=n)`` costs - two tables of the small row
+  count take the same ``2n`` micro-batches, one compacting before batches ``n`` and ``2n``: the
+  batch time with and without (mean: OPTIMIZE spread over the batches; p50), OPTIMIZE's own time
+  and the table's files before and after it (``spark_jobs.measure.measure_optimize``).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -47,12 +52,13 @@ def spark_missing() -> str | None:
 
 def measure_spark(env: Env, figures: Figures, *, warm_s: float, records: int, batch_records: int, rounds: int,
                   sink_sizes: tuple[int, int], sink_batches: int, large: tuple[int, int] | None = None,
+                  optimize_every: int = 4,
                   progress: Callable[[float, str], None] | None = None) -> dict[str, Any]:
     missing = spark_missing()
     if missing is not None:
         figures.unavailable([k for k in FIGURE_KEYS if k.startswith("spark.")], missing)
         return {"unavailable": missing}
-    from spark_jobs.measure import measure_sink_growth
+    from spark_jobs.measure import measure_optimize, measure_sink_growth
     from spark_jobs.session import build_spark_session
 
     def part(start: float, share: float) -> Callable[[float, str], None]:
@@ -76,7 +82,7 @@ def measure_spark(env: Env, figures: Figures, *, warm_s: float, records: int, ba
             _large_figures(figures, details["acking_large"])
         small, large_sink = sink_sizes
         sinks = measure_sink_growth(spark, root / "sinks", sizes=(small, large_sink), batches=sink_batches,
-                                    progress=part(0.7, 0.3))
+                                    progress=part(0.7, 0.2))
         details["sinks"] = sinks
         for kind, prefix in (("delta", "spark.sink"), ("parquet", "spark.parquet_sink")):
             figures.set(f"{prefix}_small_rows", float(small))
@@ -84,6 +90,9 @@ def measure_spark(env: Env, figures: Figures, *, warm_s: float, records: int, ba
             figures.set(f"{prefix}_small_batch_p50_ms", sinks[kind]["batch_ms_p50"][small])
             figures.set(f"{prefix}_large_batch_p50_ms", sinks[kind]["batch_ms_p50"][large_sink])
             figures.ratio(f"{prefix}_batch_growth", f"{prefix}_large_batch_p50_ms", f"{prefix}_small_batch_p50_ms")
+        details["optimize"] = measure_optimize(spark, root / "optimize", rows=small, optimize_every=optimize_every,
+                                               progress=part(0.9, 0.1))
+        _optimize_figures(figures, details["optimize"])
     if "error" in acking:
         raise RuntimeError(f"acked vs plain: {acking['error']}")
     return details
@@ -101,6 +110,23 @@ def _acking_figures(figures: Figures, acking: dict[str, Any]) -> None:
         figures.set(f"spark.{variant}_rows_per_batch", float(run["rows_per_batch"]))
         figures.set(f"spark.{variant}_jobs_per_batch", run.get("jobs_per_batch"), stages=run.get("stages_per_batch"),
                     unavailable="the status tracker listed no jobs of the batches")
+
+
+def _optimize_figures(figures: Figures, optimize: dict[str, Any]) -> None:
+    figures.set("spark.optimize.every", float(optimize["optimize_every"]), rows=optimize["rows"])
+    for name, prefix in (("optimized", "spark.optimize."), ("plain", "spark.optimize.plain_")):
+        run = optimize[name]
+        figures.set(f"{prefix}batch_mean_ms", run["batch_ms_mean"], batch_ms=run["batch_ms"])
+        figures.set(f"{prefix}batch_p50_ms", run["batch_ms_p50"])
+        figures.set(f"{prefix}files", float(run["files"]))
+    figures.ratio("spark.optimize.batch_cost", "spark.optimize.batch_mean_ms", "spark.optimize.plain_batch_mean_ms")
+    runs = optimize["runs"]
+    figures.set("spark.optimize.run_ms", statistics.median(r["ms"] for r in runs) if runs else None, runs=runs,
+                unavailable="no OPTIMIZE ran")
+    figures.set("spark.optimize.files_before", float(runs[-1]["files_before"]) if runs else None,
+                unavailable="no OPTIMIZE ran")
+    figures.set("spark.optimize.files_after", float(runs[-1]["files_after"]) if runs else None,
+                unavailable="no OPTIMIZE ran")
 
 
 def _orders_topic(env: Env, ns: topics.Namespace, name: str, records: int,

@@ -161,3 +161,29 @@ def test_the_jit_share_is_compile_time_over_wall_time(monkeypatch: pytest.Monkey
     jvm.compiled_ms += 500.0  # half a second of compiling in two seconds
     assert clock.share() == 0.25
     assert measure.JitClock(_Spark(_Jvm(supported=False))).share() is None  # type: ignore[arg-type]
+
+
+def test_the_cost_of_optimize_is_a_figure_and_a_report_row() -> None:
+    from broker.bench.spark import _optimize_figures
+
+    optimize = {"rows": 1000, "optimize_every": 4, "batch_rows": 1000, "batches": 8,
+                "optimized": {"batch_ms": [900, 400, 400, 400, 1600, 400, 400, 400, 1600], "batch_ms_mean": 700.0,
+                              "batch_ms_p50": 400.0, "files": 6},
+                "plain": {"batch_ms": [900, 500, 500, 500, 500, 500, 500, 500, 500], "batch_ms_mean": 500.0,
+                          "batch_ms_p50": 500.0, "files": 30},
+                "runs": [{"ms": 1100, "files_before": 17, "files_after": 1}, {"ms": 1300, "files_before": 14,
+                                                                              "files_after": 2}]}
+    figures = Figures()
+    _optimize_figures(figures, optimize)
+    assert figures.value("spark.optimize.batch_cost") == 1.4
+    assert figures.value("spark.optimize.run_ms") == 1200
+    assert (figures.value("spark.optimize.files_before"), figures.value("spark.optimize.files_after")) == (14, 2)
+    assert figures.value("spark.optimize.plain_files") == 30
+    result = _result({"optimize": optimize})
+    text = report.markdown(result | {"figures": {**result["figures"], **figures.complete()}})
+    assert "| OriginDeltaSink batch ms (mean), optimize_every | 700 |" in text
+    assert "- OPTIMIZE runs: 1100 ms, 17 -> 1 files; 1300 ms, 14 -> 2 files" in text
+
+    never = Figures()
+    _optimize_figures(never, {**optimize, "runs": []})
+    assert never.values["spark.optimize.run_ms"]["unavailable"] == "no OPTIMIZE ran"
