@@ -114,9 +114,11 @@ class _Progress:
 
 
 def _paced_send(send: Callable[[int], None], poll: Callable[[], None], n: int | None, duration: float | None,
-                rate: float | None, start_index: int) -> tuple[int, float, float]:
-    """Call ``send(i)`` as fast as possible or at ``rate``/s, for ``n`` records or ``duration``
-    seconds. Pacing releases the records due every millisecond (no burst longer than 1 ms)."""
+                rate: float | None, start_index: int,
+                burst_send: Callable[[int, int], None] | None = None) -> tuple[int, float, float]:
+    """Call ``send(i)`` (or ``burst_send(i, k)`` for records i..i+k-1 at once) as fast as
+    possible or at ``rate``/s, for ``n`` records or ``duration`` seconds. Pacing releases the
+    records due every millisecond (no burst longer than 1 ms)."""
     sent = 0
     t0 = time.time()
     end = t0 + duration if duration is not None else None
@@ -136,14 +138,19 @@ def _paced_send(send: Callable[[int], None], poll: Callable[[], None], n: int | 
             burst = due - sent
         else:
             burst = 256 if n is None else min(256, n - sent)
-        for _ in range(burst):
-            send(i)
-            i += 1
+        if burst_send is not None:
+            burst_send(i, burst)
+            i += burst
+        else:
+            for _ in range(burst):
+                send(i)
+                i += 1
         sent += burst
     return sent, t0, time.time()
 
 
-def _producer_loop(send: Callable[[int], None], poll: Callable[[], None], flush: Callable[[], None]) -> None:
+def _producer_loop(send: Callable[[int], None], poll: Callable[[], None], flush: Callable[[], None],
+                   burst_send: Callable[[int, int], None] | None = None) -> None:
     emit("ready")
     index = 0
     for line in sys.stdin:
@@ -151,7 +158,7 @@ def _producer_loop(send: Callable[[int], None], poll: Callable[[], None], flush:
         if cmd["cmd"] == "exit":
             break
         n = cmd.get("n")
-        sent, t0, t1 = _paced_send(send, poll, n, cmd.get("duration"), cmd.get("rate"), index)
+        sent, t0, t1 = _paced_send(send, poll, n, cmd.get("duration"), cmd.get("rate"), index, burst_send)
         index += sent
         flush()
         emit("sent", n=sent, t0=t0, t1=t1, flushed=time.time())
@@ -171,11 +178,11 @@ def run_source(config: dict[str, Any]) -> None:
     def send(i: int) -> None:
         source.send(topic, record_key(i), record_value(i))
 
-    _producer_loop(
-        send,
-        source.poll,
-        source.flush,
-    )
+    def send_many(i: int, k: int) -> None:  # the batch API, as a source with bursts uses it
+        source.send_many(topic, [(record_key(j), record_value(j)) for j in range(i, i + k)])
+        source.poll()
+
+    _producer_loop(send, source.poll, source.flush, None if config.get("per_record") else send_many)
     source.close()
 
 

@@ -100,8 +100,8 @@ class Owners:
         while not self._stop.wait(0.2):
             try:
                 desc = self._admin.describe_consumer_groups([self.group])[self.group].result(timeout=10)
-            except KafkaException:  # a broker busy with the rebalance: the next sample will do
-                continue
+            except (KafkaException, TimeoutError):  # a broker busy with the rebalance, or a fresh
+                continue  # one still creating its group coordinator: the next sample will do
             owner: dict[int, str] = {}
             for m in desc.members:
                 name = (m.group_instance_id or m.client_id).rsplit(".", 1)[-1]
