@@ -290,6 +290,23 @@ def _unavailable(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def _fold_panel(ax: Any, sizes: list[int], table: list[float], plain: list[float | None], labels: tuple[str, str],
+                target: tuple[float, str], ylabel: str, title: str) -> None:
+    """One panel of the fold plot: the table's figure and the plain dict's (where measured)
+    against the pending entries, log-log, with the target."""
+    ax.plot(sizes, table, "o-", label=labels[0])
+    pairs = [(n, v) for n, v in zip(sizes, plain, strict=True) if v]
+    if pairs:
+        ax.plot([n for n, _ in pairs], [v for _, v in pairs], "s--", label=labels[1])
+    ax.axhline(target[0], color="red", lw=0.8, ls=":", label=target[1])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("pending entries")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+
+
 def plots(result: dict[str, Any], series: dict[str, Any], directory: Path, stamp: str) -> list[str]:
     import matplotlib
 
@@ -341,28 +358,10 @@ def plots(result: dict[str, Any], series: dict[str, Any], directory: Path, stamp
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if fold.get("sizes"):
         sizes = fold["sizes"]
-        ax1.plot(sizes, fold["table_rate"], "o-", label="LedgerTable.fold")
-        pairs = [(n, r) for n, r in zip(sizes, fold["dict_rate"], strict=True) if r]
-        if pairs:
-            ax1.plot([n for n, _ in pairs], [r for _, r in pairs], "s--", label="plain dict fold")
-        ax1.axhline(2e6, color="red", lw=0.8, ls=":", label="target 2 M/s")
-        ax1.set_xscale("log")
-        ax1.set_yscale("log")
-        ax1.set_xlabel("pending entries")
-        ax1.set_ylabel("pairs/s (one core)")
-        ax1.legend(fontsize=8)
-        ax1.set_title("fold rate")
-        ax2.plot(sizes, fold["table_bytes"], "o-", label="LedgerTable")
-        pairs = [(n, b) for n, b in zip(sizes, fold["dict_bytes"], strict=True) if b]
-        if pairs:
-            ax2.plot([n for n, _ in pairs], [b for _, b in pairs], "s--", label="plain dict")
-        ax2.axhline(48, color="red", lw=0.8, ls=":", label="target 48 B")
-        ax2.set_xscale("log")
-        ax2.set_yscale("log")
-        ax2.set_xlabel("pending entries")
-        ax2.set_ylabel("bytes per pending entry")
-        ax2.legend(fontsize=8)
-        ax2.set_title("memory")
+        _fold_panel(ax1, sizes, fold["table_rate"], fold["dict_rate"], ("LedgerTable.fold", "plain dict fold"),
+                    (2e6, "target 2 M/s"), "pairs/s (one core)", "fold rate")
+        _fold_panel(ax2, sizes, fold["table_bytes"], fold["dict_bytes"], ("LedgerTable", "plain dict"),
+                    (48, "target 48 B"), "bytes per pending entry", "memory")
     else:
         _unavailable(ax1, "fold not measured")
         _unavailable(ax2, "fold not measured")
