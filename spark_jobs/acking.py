@@ -296,7 +296,7 @@ class AckingConfig:
     # 16 bytes a pair: 50 000 pairs is 800 kB, under Kafka's default 1 MB message limit.
     max_pairs_per_message: int = 50_000
     # The handler and the events job both read the batch. Off, the events job reads it from
-    # Kafka again (the same offsets, the same records): no faster here (spark_jobs/README.md).
+    # Kafka again (the same offsets, the same records): no faster here (docs/benchmarks.md).
     # Not used with observe_events: the ack step then reads nothing of the batch.
     cache_batch: bool = True
     delivery_timeout_ms: int = 60_000

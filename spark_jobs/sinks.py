@@ -215,7 +215,7 @@ class OriginDeltaSink(_OriginKeyed):
     ) -> None:
         """``buckets=1`` (one partition) unless batches are smaller than the bucket count: a
         batch of random origins touches every bucket and writes a file to each
-        (spark_jobs/README.md, "A Delta Lake sink", has the figures)."""
+        (docs/benchmarks.md, "Delta sink: the cost of a bounded MERGE", has the figures)."""
         if buckets < 1:
             raise ConfigurationError(f"buckets must be >= 1, got {buckets}")
         if optimize_every is not None and optimize_every < 1:

@@ -78,7 +78,7 @@ class Plan:
     spark_batch_records: int = 3_000
     spark_rounds: int = 5
     # The same comparison with larger micro-batches (a topic of its own): the acking's cost is
-    # partly per batch, so the ratio depends on the batch size (spark_jobs/README.md).
+    # partly per batch, so the ratio depends on the batch size (docs/benchmarks.md).
     spark_large_records: int = 50_000
     spark_large_batch_records: int = 10_000
     spark_sink_sizes: tuple[int, int] = (1_000, 100_000)
