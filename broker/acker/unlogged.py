@@ -23,6 +23,7 @@ ahead of a re-registered entry, which could then time out before its tombstone i
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from broker.acker.changelog import Changelog
 from broker.acker.state import PartitionState
 from broker.topics import Namespace
+
+log = logging.getLogger(__name__)
 
 # Registers persist records read again (``Ingest.register`` with ``again``).
 Register = Callable[[PartitionState, int, list[Message]], None]
@@ -124,6 +127,10 @@ class Unlogged:
             msgs = [m for m, a in zip(msgs, absent.tolist(), strict=True) if a]
         if msgs:
             self.register(job.state, job.lp, msgs)
+        log.info(
+            "ledger partition %d: %d entries left out of its changelog registered again from %s[%d] "
+            "(offsets %d..%d read, %d records)", job.lp, len(msgs), self.ns.persist, job.lp, job.start, job.end, job.read,
+        )
         return True
 
     def cancel(self, job: UnloggedJob) -> None:
