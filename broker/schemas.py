@@ -595,15 +595,22 @@ class LedgerEntry:
 
 # --------------------------------------------------------------------------- LedgerCounters
 
-# LedgerCounters as schemas/ledger_counters.avsc has it, pending fields included, and the same
-# without them: what records written before the pending fields existed decode as (the fields
-# are appended, so such a record ends after ``updated_ms``).
+# LedgerCounters as schemas/ledger_counters.avsc has it, and the same without the fields that
+# were appended later: what records written before those fields existed decode as (such a
+# record ends before them). Oldest first.
 LEDGER_COUNTERS = _load("ledger_counters")
 _PENDING_FIELDS = ("pending", "oldest_pending_offset", "oldest_pending_ms")
 _LEDGER_COUNTERS_JSON = json.loads(resources.files("schemas").joinpath("ledger_counters.avsc").read_text())
-LEDGER_COUNTERS_V1 = fastavro.parse_schema(
-    {**_LEDGER_COUNTERS_JSON, "fields": [f for f in _LEDGER_COUNTERS_JSON["fields"] if f["name"] not in _PENDING_FIELDS]}
-)
+
+
+def _counters_without(*names: str) -> Any:
+    fields = [f for f in _LEDGER_COUNTERS_JSON["fields"] if f["name"] not in names]
+    return fastavro.parse_schema({**_LEDGER_COUNTERS_JSON, "fields": fields})
+
+
+LEDGER_COUNTERS_V1 = _counters_without(*_PENDING_FIELDS, "restore_floor")
+LEDGER_COUNTERS_V2 = _counters_without("restore_floor")
+_COUNTERS_ENCODINGS = (LEDGER_COUNTERS_V1, LEDGER_COUNTERS_V2, LEDGER_COUNTERS)
 COUNTERS_KEY = b"__counters__"
 
 
@@ -611,44 +618,53 @@ COUNTERS_KEY = b"__counters__"
 class LedgerCounters:
     """One ledger partition's ``__counters__`` record: its cumulative decision counters and,
     when the writer knew them, its pending entries as of the same transaction - so
-    ``replaybroker status`` reads one record per partition instead of all of ``ns.persist``.
+    ``replaybroker status`` reads one record per partition instead of all of ``ns.persist`` -
+    and its restore floor (docs/design.md §5).
 
     ``pending`` is None in records written before the field existed; ``oldest_pending_offset``
-    and ``oldest_pending_ms`` are None also when nothing was pending."""
+    and ``oldest_pending_ms`` are None also when nothing was pending. ``restore_floor`` is
+    None in records written before it existed, whose writer left nothing out of the
+    changelog."""
 
     counters: dict[str, int]
     updated_ms: int
     pending: int | None = None
     oldest_pending_offset: int | None = None
     oldest_pending_ms: int | None = None
+    restore_floor: int | None = None
 
     def encode(self) -> bytes:
         datum: dict[str, Any] = {"counters": self.counters, "updated_ms": self.updated_ms}
-        if self.pending is None:
-            return _encode(LEDGER_COUNTERS_V1, datum)  # nothing to add: the older encoding
+        if self.pending is None and self.restore_floor is None:
+            return _encode(LEDGER_COUNTERS_V1, datum)  # nothing to add: the oldest encoding
         datum.update(
             pending=self.pending,
             oldest_pending_offset=self.oldest_pending_offset,
             oldest_pending_ms=self.oldest_pending_ms,
         )
-        return _encode(LEDGER_COUNTERS, datum)
+        if self.restore_floor is None:
+            return _encode(LEDGER_COUNTERS_V2, datum)
+        return _encode(LEDGER_COUNTERS, {**datum, "restore_floor": self.restore_floor})
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerCounters:
-        # An older record ends after ``updated_ms``: read it that way first; bytes left over
-        # can only be the pending fields.
-        try:
-            d = _decode(LEDGER_COUNTERS_V1, data, "LedgerCounters")
-        except DecodeError as short:
-            if "trailing bytes" not in str(short):
-                raise
+        # An older record ends after ``updated_ms`` (or after the pending fields): read it the
+        # oldest way first; bytes left over can only be the fields appended since.
+        first: DecodeError | None = None
+        for schema in _COUNTERS_ENCODINGS:
             try:
-                d = _decode(LEDGER_COUNTERS, data, "LedgerCounters")
-            except DecodeError:
-                raise short from None
+                d = _decode(schema, data, "LedgerCounters")
+                break
+            except DecodeError as exc:
+                first = first or exc
+                if "trailing bytes" not in str(exc):
+                    raise first from None
+        else:
+            assert first is not None
+            raise first
         return cls(
             dict(d["counters"]), int(d["updated_ms"]),
-            d.get("pending"), d.get("oldest_pending_offset"), d.get("oldest_pending_ms"),
+            d.get("pending"), d.get("oldest_pending_offset"), d.get("oldest_pending_ms"), d.get("restore_floor"),
         )
 
 

@@ -4,8 +4,9 @@ rebalance callbacks, the restores they start, and where each input partition res
 A mixin of ``Acker`` (broker.acker.service): these methods change the acker's partition
 states, input positions and gate, and are kept here so the service reads as its loop and its
 commit. On assignment the committed offsets are fetched first (stable ones: this waits out a
-transaction a dead owner left open), then the changelog is read, then the inputs resume -
-so restored state and input positions come from the same commit.
+transaction a dead owner left open), then the changelog is read (and ``ns.persist`` from the
+restore floor, broker.acker.unlogged), then the inputs resume - so restored state and input
+positions come from the same commit.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from confluent_kafka import (
@@ -62,6 +63,12 @@ def reuse_limit_ms(retention_ms: int | None) -> int | None:
     if retention_ms is None:
         return None
     return retention_ms - max(MIN_REUSE_MARGIN_MS, retention_ms // 10)
+
+
+class Reader(Protocol):
+    """A job the restorer reads for (a ``RestoreJob``, or broker.acker.unlogged's)."""
+
+    reading: bool
 
 
 @dataclass
@@ -107,13 +114,15 @@ class Changelog:
         # this time (freeze, start of a read from the beginning, last record read).
         self.fresh_ms: dict[int, int] = {}
         self._caught_up: set[int] = set()  # standby partitions logged as caught up once
-        self._reading: RestoreJob | None = None  # the job the restorer is assigned to
+        self._reading: Reader | None = None  # the job the restorer is assigned to
 
     def new_state(self) -> PartitionState:
         return empty_state(self.totals)
 
-    def watermarks(self, lp: int) -> tuple[int, int]:
-        tp = TopicPartition(self.ns.ledger, lp)
+    def watermarks(self, lp: int, topic: str | None = None) -> tuple[int, int]:
+        """Low and high watermark of partition ``lp`` of ``topic`` (default: the changelog)."""
+        topic = topic or self.ns.ledger
+        tp = TopicPartition(topic, lp)
 
         def query() -> tuple[int, int]:
             try:
@@ -125,11 +134,11 @@ class Changelog:
                     # after a node of a cluster crashed): ask for the topic's metadata, so the
                     # next try knows the partition and its leader.
                     with contextlib.suppress(KafkaException):
-                        self._restorer.list_topics(self.ns.ledger, timeout=5)
+                        self._restorer.list_topics(topic, timeout=5)
                 raise
 
         # Called in the assignment callback: a leader moving must not kill the acker.
-        low, high = kafka_io.retrying(query, f"watermarks of {self.ns.ledger}[{lp}]")
+        low, high = kafka_io.retrying(query, f"watermarks of {topic}[{lp}]")
         return int(low), int(high)
 
     def end(self, lp: int) -> int:
@@ -173,11 +182,7 @@ class Changelog:
         if not job.reading:
             # From the start again if ``load`` or another job took the restorer meanwhile:
             # re-applying records in log order leaves the same table.
-            if self._reading is not None:
-                self._reading.reading = False
-            self._restorer.assign([TopicPartition(self.ns.ledger, job.lp, job.start)])
-            job.reading = True
-            self._reading = job
+            self.read_for(job, TopicPartition(self.ns.ledger, job.lp, job.start))
         deadline = None if budget_s is None else time.monotonic() + budget_s
         try:
             while True:
@@ -207,7 +212,21 @@ class Changelog:
             self.cancel(job)
         return job.done
 
-    def cancel(self, job: RestoreJob) -> None:
+    @property
+    def restorer(self) -> Consumer:
+        return self._restorer
+
+    def read_for(self, job: Reader, tp: TopicPartition) -> Consumer:
+        """The restorer, assigned to ``tp`` for ``job``: it reads for one job at a time, and
+        the job it read for before starts again when it gets it back."""
+        if self._reading is not None:
+            self._reading.reading = False
+        self._restorer.assign([tp])
+        job.reading = True
+        self._reading = job
+        return self._restorer
+
+    def cancel(self, job: Reader) -> None:
         """Stop reading for ``job`` (revoked while restoring, or done)."""
         if job.reading:
             self._restorer.unassign()
@@ -239,7 +258,10 @@ class Changelog:
         return None
 
     def keep_warm(self, lp: int, st: PartitionState) -> None:
-        """Keep the state of a revoked partition, which equals its changelog up to its end."""
+        """Keep the state of a revoked partition, which equals its changelog up to its end
+        once the entries the changelog leaves out are dropped (another owner may complete
+        them without a changelog tombstone; a restore reads them back from ``ns.persist``)."""
+        st.table.drop_unlogged()
         # Taken before the end is asked: whatever lies past that end was written after it.
         self.fresh_ms[lp] = self.clock.now_ms()
         self.standby[lp] = (st, self.end(lp))
@@ -269,6 +291,7 @@ class Changelog:
             st.pending = record.pending
             st.oldest_pending_offset, st.oldest_pending_ms = record.oldest_pending_offset, record.oldest_pending_ms
             st.registrations.reset(record.oldest_pending_offset, record.oldest_pending_ms)
+            st.floor = record.restore_floor  # where ns.persist holds what this changelog leaves out
         elif latest:
             st.pending = None  # entries after the last counters record: unknown until computed
         if latest:

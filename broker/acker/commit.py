@@ -13,7 +13,11 @@ In this order (docs/design.md §5):
    deferred (payload not readable yet) included, so they wait durably - tombstones for
    entries that left (entries born and gone inside one interval never touch it), and the
    partition's counters with its pending figures (count, oldest offset and registration
-   time), so ``replaybroker status`` reads one record per partition;
+   time), so ``replaybroker status`` reads one record per partition, and its restore floor.
+   The changelog holds what ``ns.persist`` does not: an entry whose persist record is all of
+   it (registered, nothing else yet) is left out for ``AckerConfig.unlogged_commits``
+   commits, and needs no tombstone when it leaves unlogged; a restore reads it back from
+   ``ns.persist`` from the floor (broker.acker.unlogged);
 4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
    those where nothing new was read, then the commit. The group coordinator checks these
    offsets against the member's generation: an acker that lost its partitions (it stalled,
@@ -28,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -59,14 +63,23 @@ class Batch:
         return bool(self.tombstones or self.records or self.changelog or self.positions)
 
 
-def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, now_ms: int, batch: Batch) -> None:
-    """Move each state's due tombstones and changelog delta (and dirty counters) into ``batch``."""
+def take_changes(
+    states: Iterable[tuple[int, PartitionState]], ticker: Ticker, now_ms: int, batch: Batch,
+    positions: Mapping[tuple[str, int], int], persist: str, unlogged_commits: int,
+) -> None:
+    """Move each state's due tombstones and changelog delta (and dirty counters) into
+    ``batch``; ``positions`` are the input positions the transaction commits (``persist``:
+    the persist topic's name), ``unlogged_commits`` how long an entry may stay unlogged."""
     for lp, st in states:
+        # Where the committed persist input resumes (none known: 0, a floor never too high).
+        position = positions.get((persist, lp), 0)
+        st.log_old_entries(position, unlogged_commits)
         for srids, outcome in st.tombstones:
             batch.tombstones.append((lp, _keys(srids), outcome))
         st.tombstones = []
         delta = st.table.take_dirty()
         up = delta.upserts
+        changed = bool(len(up) or len(delta.tombstones))
         if len(up):
             # Values encoded column-wise (numpy varints: fastavro's bytes without a dict or
             # big-int arithmetic per entry).
@@ -75,14 +88,32 @@ def take_changes(states: Iterable[tuple[int, PartitionState]], ticker: Ticker, n
         if len(delta.tombstones):
             batch.changelog.append((lp, _keys(delta.tombstones), None))
         # The pending figures change only with a registration or a decision, which are
-        # counted: they are computed (one scan of the table) when the counters go out.
-        if st.counters_dirty:
+        # counted: they are computed (one scan of the table) when the counters go out - with
+        # every change of the partition's changelog, and so with its restore floor.
+        if st.counters_dirty or changed:
             st.summarize()
+            st.floor = restore_floor(st, position)
             record = LedgerCounters(
-                st.counters, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms
+                st.counters, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms, st.floor
             )
             batch.changelog.append((lp, [COUNTERS_KEY], [record.encode()]))
             st.counters_dirty = False
+
+
+def restore_floor(st: PartitionState, position: int) -> int:
+    """Where a restore of this partition starts reading ``ns.persist``, written with the
+    counters in the transaction that commits the persist input at ``position``
+    (docs/design.md §5): the smallest persist offset of a live entry the changelog leaves
+    out, else ``position``.
+
+    Never too high: right after ``take_dirty`` every entry left out of the changelog is in
+    the table unlogged (a DIRTY one was just logged), so the minimum over them is at or below
+    each of them; every one was registered from an offset below ``position``. A record
+    carrying an older floor stays safe until the next one: the floor only moves up - the
+    entries left out later were registered at or after ``position``, or again by a restore
+    from at or after the floor it read."""
+    floor = st.table.unlogged_floor()
+    return position if floor < 0 else min(floor, position)
 
 
 def _keys(srids: np.ndarray | Sequence[int]) -> list[bytes]:

@@ -84,7 +84,7 @@ class Ingest:
             quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), value, why),
         ))
 
-    def register(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
+    def register(self, st: PartitionState, lp: int, batch: list[Message], *, again: bool = False) -> None:
         """Register persist records (their roots' creation events) without decoding them.
 
         The srid, root_xor and deadline come from each value's fixed prefix
@@ -94,8 +94,12 @@ class Ingest:
         quarantined, as is a value that turns out undecodable when a replay needs it. A record
         whose prefix marks its timeout adaptive gets its deadline from the latency estimate
         of its topic instead (``_adaptive_deadlines``).
+
+        ``again``: records registered before, by an owner whose changelog leaves their entries
+        out (broker.acker.unlogged) - counted then, and quarantined then if bad: neither again.
         """
-        self._reading(batch)
+        if not again:
+            self._reading(batch)
         values = [m.value() for m in batch]
         msgs = batch
         if None in values:  # tombstones: completions (ours or a previous owner's)
@@ -121,7 +125,7 @@ class Ingest:
         outside = domain_errors(values, deadline_ms, adaptive.tolist())
         bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
         if bad.any():
-            for i in np.flatnonzero(bad).tolist():
+            for i in np.flatnonzero(bad & (not again)).tolist():
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
             keep = ~bad
             srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
@@ -142,10 +146,11 @@ class Ingest:
         auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
         result = st.table.register(srids, roots, offsets, self.ticker.ticks_of(deadline_ms))
         dup = int(result.duplicates.sum())
-        st.count("registered", len(msgs) - dup)
-        if auto_mask is not None:
+        if not again:
+            st.count("registered", len(msgs) - dup)
+        if auto_mask is not None and not again:
             st.count("adaptive", int(np.count_nonzero(auto_mask & ~result.duplicates)))
-        if dup:
+        if dup and not again:
             st.count("duplicate_roots", dup)
             log.warning("refused %d duplicate persist records in partition %d", dup, lp)
         new = srids.tolist()

@@ -6,7 +6,9 @@ One assignment callback is one ``Pending``: its input partitions are assigned pa
 their committed offsets are fetched (stable ones: this waits for a transaction a dead owner
 left open - up to its transaction timeout - so it is asked again each step, briefly, never
 blocking the loop); then its ledger partitions' ``RestoreJob``s run one after the other, each
-for at most ``budget_s`` per step. When the last one is done, the caller installs the
+for at most ``budget_s`` per step, each followed by the read of ``ns.persist`` that registers
+the entries its changelog leaves out (broker.acker.unlogged), from its restore floor. When
+the last one is done, the caller installs the
 states, seeks the inputs to the committed offsets (anything fetched before is read again)
 and resumes them. A partition revoked or lost while restoring is cancelled.
 """
@@ -21,6 +23,7 @@ from confluent_kafka import TopicPartition
 
 from broker.acker.changelog import Changelog, RestoreJob
 from broker.acker.state import PartitionState
+from broker.acker.unlogged import Register, Unlogged, UnloggedJob
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Pending:
     tps: list[TopicPartition]  # its input partitions
     starts: list[TopicPartition] | None = None  # ... at their committed offsets, once known
     jobs: dict[int, RestoreJob] = field(default_factory=dict)
+    unlogged: dict[int, UnloggedJob | None] = field(default_factory=dict)  # once its changelog is read
     began: float = field(default_factory=time.monotonic)
     states: dict[int, PartitionState] = field(default_factory=dict)
     read: int = 0
@@ -46,9 +50,10 @@ Starts = Callable[[list[TopicPartition], float], list[TopicPartition] | None]
 
 
 class Restores:
-    def __init__(self, changelog: Changelog, starts: Starts) -> None:
+    def __init__(self, changelog: Changelog, starts: Starts, register: Register) -> None:
         self.changelog = changelog
         self._starts = starts
+        self.unlogged = Unlogged(changelog.ns, changelog, register)
         self.pending: list[Pending] = []
 
     @property
@@ -76,7 +81,7 @@ class Restores:
             head.jobs = {lp: self.changelog.begin(lp) for lp in head.lps}
         if head.jobs:
             lp, job = next(iter(head.jobs.items()))
-            if self.changelog.advance(job, budget_s):
+            if self.changelog.advance(job, budget_s) and self._read_unlogged(head, lp, job, budget_s):
                 assert job.state is not None
                 head.states[lp] = job.state
                 head.read += job.read
@@ -87,12 +92,26 @@ class Restores:
             return head
         return None
 
+    def _read_unlogged(self, head: Pending, lp: int, job: RestoreJob, budget_s: float) -> bool:
+        """After ``lp``'s changelog: its entries the changelog leaves out, from ``ns.persist``
+        below the committed persist offset. True once done."""
+        assert job.state is not None and head.starts is not None
+        if lp not in head.unlogged:
+            committed = next(tp.offset for tp in head.starts if tp.topic == self.changelog.ns.persist and tp.partition == lp)
+            head.unlogged[lp] = self.unlogged.begin(lp, job.state, committed)
+        read = head.unlogged[lp]
+        return read is None or self.unlogged.advance(read, budget_s)
+
     def cancel(self, lps: Iterable[int]) -> None:
         """Partitions revoked or lost while restoring: forget them."""
         gone = set(lps)
         for p in self.pending:
             for lp in gone & set(p.jobs):
                 self.changelog.cancel(p.jobs.pop(lp))
+            for lp in gone & set(p.unlogged):
+                read = p.unlogged.pop(lp)
+                if read is not None:
+                    self.unlogged.cancel(read)
             for lp in gone & set(p.states):
                 del p.states[lp]
             p.lps = [lp for lp in p.lps if lp not in gone]

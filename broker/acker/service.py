@@ -19,6 +19,7 @@ consumption resumes - so restored state and input positions come from the same c
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -76,8 +77,6 @@ from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
-
-
 
 
 class Acker(Assignment, Recovery, RunsInBackground):
@@ -154,7 +153,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
         )
-        self.restores = Restores(self.changelog, self._committed_starts)
+        self.restores = Restores(self.changelog, self._committed_starts, functools.partial(self.ingest.register, again=True))
         self.refusals = Refusals(ns.dlq)
         self.decider.refused = self.refusals.replay
         self.transactions = Transactions(
@@ -389,7 +388,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
             if smaller is not None:
                 self.states[lp].count("refused")
             batch.records.append(smaller or rec)
-        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch)
+        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist, self.config.unlogged_commits)
         if not batch and not self._read:
             return False
         batch.positions = list(positions_of(self._positions))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -116,7 +117,24 @@ class PartitionState:
     pending: int | None = 0
     oldest_pending_offset: int | None = None
     oldest_pending_ms: int | None = None
+    # The restore floor of the last counters record written or read (None: none known): a
+    # lower bound of the table's floor now, which only moves up (broker.acker.commit).
+    floor: int | None = None
+    # The persist position at each of the last commits: the entries registered before the
+    # oldest one have waited long enough unlogged (``log_old_entries``).
+    commit_positions: deque[int] = field(default_factory=deque)
     _timed_out_checked: int = 1024
+
+    def log_old_entries(self, position: int, commits: int) -> None:
+        """A commit with the persist input at ``position``: the entries left out of the
+        changelog (docs/design.md §5) that were registered ``commits`` commits ago or earlier
+        are logged by this one, so that the restore floor stays that recent. A scan of the
+        table only when the floor may be that old."""
+        self.commit_positions.append(position)
+        if len(self.commit_positions) > commits:
+            bound = self.commit_positions.popleft()
+            if self.floor is None or self.floor < bound:
+                self.table.log_older(bound)
 
     def summarize(self) -> None:
         """Compute the pending figures the next counters record carries (O(capacity))."""

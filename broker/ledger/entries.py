@@ -5,11 +5,15 @@ that wait).
 
 Changelog (docs/design.md §5)
 -----------------------------
-Every change sets DIRTY. ``take_dirty`` returns the entries still alive with DIRTY set (they
-become LOGGED) and the srids that left the table while LOGGED and are not in it now
-(tombstones). An entry born and removed between two calls is never LOGGED, so it never
-touches the changelog. This is the only mechanism for changelog tombstones: the results of
-``fold`` / ``register`` / ``expire`` / ``take_failed`` do not repeat it.
+The changelog holds what ``ns.persist`` does not. Every change sets DIRTY, except the
+registration of a srid new to the table: that entry is its persist record (srid, root,
+offset, deadline), so it stays unlogged until something else changes it (an event, a mark,
+a touch, a decision) or the service logs it for its age (``log_older``). ``take_dirty``
+returns the entries still alive with DIRTY set (they become LOGGED) and the srids that left
+the table while LOGGED and are not in it now (tombstones). An entry never LOGGED - born and
+removed between two calls, or unlogged to its end - never touches the changelog. This is
+the only mechanism for changelog tombstones: the results of ``fold`` / ``register`` /
+``expire`` / ``take_failed`` do not repeat it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ FAILED = 0x02
 LOGGED = 0x04
 """A live changelog record exists for the entry (it needs a tombstone when it leaves)."""
 DIRTY = 0x08
-"""Changed since the last ``take_dirty``."""
+"""Changed since the last ``take_dirty`` in a way its persist record does not say."""
 DEFERRED = 0x10
 """Failed, decision put off until ``deadline`` (``defer`` / ``take_deferred``)."""
 WATCH = 0x20

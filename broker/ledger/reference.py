@@ -128,8 +128,9 @@ class ReferenceLedger:
             if srid == 0:
                 raise ValueError("srid 0 is not a valid id")
             entry = self.entries_by_srid.get(srid)
-            if entry is None:
-                entry = self.entries_by_srid[srid] = RefEntry()
+            new = entry is None
+            if entry is None:  # its persist record is all of it: not dirty
+                entry = self.entries_by_srid[srid] = RefEntry(dirty=False)
             if entry.registered and self.reject_duplicate_roots:
                 duplicates[i] = True
                 continue
@@ -137,7 +138,7 @@ class ReferenceLedger:
             entry.registered = True
             entry.offset = offset
             entry.deadline = deadline
-            entry.dirty = True
+            entry.dirty = entry.dirty or not new
             touched[srid] = None
         done: list[tuple[int, int]] = []
         for srid in touched:

@@ -164,8 +164,13 @@ class LedgerTable(Waiting):
         duplicates[:] = True
         duplicates[src] = False
         _check_nonzero(u)
-        pos = self._find_or_insert(u, _INT32_MAX)
         t = self.hashtable
+        pos, new = t.find_or_insert(u, _INT32_MAX, 0)
+        # An entry new to the table is not DIRTY: it is its persist record (srid, root, offset,
+        # deadline), which ns.persist keeps - the changelog need not (broker.ledger.entries).
+        # One that had events or marks before is a change.
+        changed = np.ones(u.size, dtype=bool)
+        changed[new] = False
         f = t.flags[pos]
         again = (f & (REGISTERED | WATCH)) != 0  # a watched srid was registered before its replay
         duplicates[src[again]] = True
@@ -176,7 +181,7 @@ class LedgerTable(Waiting):
         new_dl = np.clip(dls[i], _INT32_MIN, _INT32_MAX).astype(np.int32)
         value = t.value[p] ^ roots[i]
         t.value[p] = value
-        nf = f[fresh] | (REGISTERED | DIRTY)
+        nf = f[fresh] | REGISTERED | np.where(changed[fresh], DIRTY, 0).astype(np.uint8)
         t.flags[p] = nf
         t.offset[p] = offs[i]
         t.deadline[p] = new_dl
@@ -307,6 +312,37 @@ class LedgerTable(Waiting):
         self._remove(due)
         self._min_deadline = int(t.deadline.min())
         return result
+
+    # ------------------------------------------------------------------ unlogged entries
+
+    def _unlogged(self) -> np.ndarray:
+        """Slots of the registered entries with no changelog record: new entries not changed
+        since their registration (their persist record is all of them), or changed since the
+        last ``take_dirty``."""
+        t = self.hashtable
+        return np.flatnonzero((t.flags & np.uint8(REGISTERED | LOGGED)) == REGISTERED)
+
+    def unlogged_floor(self) -> int:
+        """The smallest persist offset of an entry the changelog does not hold (-1: none).
+        Right after ``take_dirty`` those are exactly the entries whose persist record is all
+        of them: a restore reads ``ns.persist`` from here (docs/design.md §5)."""
+        slots = self._unlogged()
+        return int(self.hashtable.offset[slots].min()) if slots.size else -1
+
+    def log_older(self, offset: int) -> int:
+        """Make the unlogged entries registered from persist offsets below ``offset`` DIRTY:
+        the next ``take_dirty`` logs them, so the restore floor moves past them. Returns how
+        many there were."""
+        t = self.hashtable
+        slots = self._unlogged()
+        slots = slots[t.offset[slots] < offset]
+        t.flags[slots] |= np.uint8(DIRTY)
+        return int(slots.size)
+
+    def drop_unlogged(self) -> None:
+        """Forget the entries the changelog does not hold (none of them needs a tombstone):
+        the table then equals its changelog, and ``ns.persist`` gives the rest back."""
+        self.hashtable.delete(self._unlogged())
 
     def due(self, now_tick: int) -> int:
         """How many entries ``expire(now_tick)`` would remove, removing nothing (the acker

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
@@ -242,3 +243,19 @@ def test_a_partition_missing_from_the_restorers_metadata_is_looked_up_again_not_
     changelog = Changelog(NS, Ticker(100, T0), {}, restorer, None)  # type: ignore[arg-type]
     assert changelog.watermarks(2) == (0, 7)
     assert restorer.asked == [NS.ledger]
+
+
+def test_a_warm_state_is_kept_without_the_entries_its_changelog_leaves_out() -> None:
+    """Another owner may complete an entry the changelog leaves out without a changelog
+    tombstone: a kept state must not bring it back (a restore reads it from ns.persist)."""
+    clock = ManualClock(T0)
+    ledger = Ledger()
+    ledger.put(X, T0)
+    changelog = changelog_over(ledger, clock)
+    st, _, _ = changelog.take(0)
+    st.table.register(np.array([Z]), np.array([7]), np.array([3]), np.array([100], np.int32))  # unlogged
+    st.table.take_dirty()
+    assert Z in st.table
+    changelog.keep_warm(0, st)
+    st, _, reused = changelog.take(0)
+    assert reused and X in st.table and Z not in st.table

@@ -394,7 +394,16 @@ def test_changelog_replay_reproduces_live_table(ops: list[tuple[Any, ...]], capa
         u = delta.upserts
         replica.restore(u.srids, u.values, u.flags, u.offsets, u.deadlines)
         replica.remove(delta.tombstones)
-        assert _entries(replica.entries()) == _entries(table.entries())
+        # The changelog holds what ns.persist does not: with the unlogged entries registered
+        # again from their persist records (value = root, offset, deadline), the table is back.
+        whole = LedgerTable(8)
+        r = replica.entries()
+        whole.restore(r.srids, r.values, r.flags, r.offsets, r.deadlines)
+        unlogged = [e for e in map(table.get, table.entries().srids.tolist()) if e is not None and not e.logged]
+        assert all(e.registered and not (e.failed or e.deferred or e.watching or e.superseded) for e in unlogged)
+        whole.register(*_columns([(e.srid, e.value, e.offset, e.deadline) for e in unlogged],
+                                 (np.int64, np.int64, np.int64, np.int32)))
+        assert _entries(whole.entries()) == _entries(table.entries())
 
     for op in ops:
         if op[0] == "take_dirty":
@@ -403,7 +412,7 @@ def test_changelog_replay_reproduces_live_table(ops: list[tuple[Any, ...]], capa
             _run_op(table, op)
     ship()
     # the restored entries are LOGGED and clean, the live ones too after take_dirty
-    for srid in table.entries().srids.tolist():
+    for srid in replica.entries().srids.tolist():
         entry = replica.get(srid)
         assert entry is not None
         assert (entry.logged, entry.dirty) == (True, False)
@@ -412,15 +421,31 @@ def test_changelog_replay_reproduces_live_table(ops: list[tuple[Any, ...]], capa
 
 def test_entries_born_and_removed_between_snapshots_never_reach_the_changelog() -> None:
     table = LedgerTable()
-    table.register(np.array([5, 6]), np.array([1, 2]), np.array([0, 1]), np.array([9, 9]))
-    table.fold(np.array([5]), np.array([1]), ORPHAN)  # 5 completes inside the interval
+    table.register(np.array([5, 6, 7]), np.array([1, 2, 3]), np.array([0, 1, 2]), np.array([9, 9, 9]))
+    table.fold(np.array([5, 6]), np.array([1, 8]), ORPHAN)  # 5 completes inside the interval
     delta = table.take_dirty()
-    assert delta.upserts.srids.tolist() == [6]
+    assert delta.upserts.srids.tolist() == [6]  # 7 had no event: its persist record is all of it
     assert delta.tombstones.tolist() == []
-    table.fold(np.array([6]), np.array([2]), ORPHAN)  # 6 was logged: it needs a tombstone
+    assert table.unlogged_floor() == 2
+    table.fold(np.array([6, 7]), np.array([2 ^ 8, 3]), ORPHAN)  # 6 was logged: it needs a tombstone
     delta = table.take_dirty()
     assert delta.upserts.srids.tolist() == []
-    assert delta.tombstones.tolist() == [6]
+    assert delta.tombstones.tolist() == [6]  # none for 7: never logged
+    assert table.take_dirty().tombstones.tolist() == []
+    assert table.unlogged_floor() == -1
+
+
+def test_unlogged_entries_are_logged_for_their_age_and_dropped_without_tombstones() -> None:
+    table = LedgerTable()
+    table.register(np.array([5, 6, 7]), np.array([1, 2, 3]), np.array([10, 11, 12]), np.array([9, 9, 9]))
+    assert table.take_dirty().upserts.srids.tolist() == []
+    assert table.unlogged_floor() == 10
+    assert table.log_older(12) == 2  # registered from offsets 10 and 11
+    assert sorted(table.take_dirty().upserts.srids.tolist()) == [5, 6]
+    assert table.unlogged_floor() == 12
+    table.drop_unlogged()
+    assert 7 not in table and 5 in table and 6 in table
+    assert table.unlogged_floor() == -1
     assert table.take_dirty().tombstones.tolist() == []
 
 

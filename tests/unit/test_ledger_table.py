@@ -201,7 +201,7 @@ def test_entry_fields_and_flags() -> None:
         registered=True,
         failed=False,
         logged=False,
-        dirty=True,
+        dirty=False,  # its persist record is all of it: the changelog leaves it out
     )
     assert S1 in table
     assert S2 not in table
@@ -396,6 +396,7 @@ def test_nbytes_counts_queued_srids() -> None:
     table = LedgerTable(64)
     srids = new_ids(10)
     table.register(srids, new_ids(10), np.arange(10), np.full(10, TIMEOUT, np.int32))
+    table.log_older(10)
     table.take_dirty()  # now LOGGED: leaving queues a changelog tombstone
     base = table.nbytes
     assert base == table.capacity * 29
@@ -519,7 +520,8 @@ def test_deferring_an_entry_that_left_keeps_it_in_the_changelog() -> None:
     a tombstone: the changelog keeps it, so a restart decides it."""
     t = LedgerTable()
     _registered(t, [11, 22])
-    t.take_dirty()  # both LOGGED
+    t.log_older(2**62)  # logged for their age: LOGGED
+    t.take_dirty()
     gone = t.expire(TIMEOUT).timed_out
     keep = gone.srids == 11
     t.defer(gone.srids[keep], gone.offsets[keep], TIMEOUT + 50, values=gone.values[keep])

@@ -258,8 +258,20 @@ def test_counters_written_before_the_pending_fields_still_decode() -> None:
     assert encode_counters(COUNTERS, 7) == old
 
 
-def test_counters_with_garbage_after_the_pending_fields_are_refused() -> None:
-    data = LedgerCounters(COUNTERS, 7, pending=1, oldest_pending_offset=3, oldest_pending_ms=4).encode()
+def test_counters_with_a_restore_floor_round_trip_and_older_ones_decode_without() -> None:
+    full = LedgerCounters(COUNTERS, 9, pending=2, oldest_pending_offset=3, oldest_pending_ms=4, restore_floor=5)
+    assert LedgerCounters.decode(full.encode()) == full
+    floor_only = LedgerCounters({}, 9, restore_floor=0)
+    assert LedgerCounters.decode(floor_only.encode()) == floor_only
+    pending = LedgerCounters(COUNTERS, 9, pending=2, oldest_pending_offset=3, oldest_pending_ms=4)
+    # a record written before the floor existed ends after the pending fields: no floor
+    assert pending.encode() == full.encode()[: len(pending.encode())]
+    assert LedgerCounters.decode(pending.encode()).restore_floor is None
+    assert decode_counters(full.encode()) == (COUNTERS, 9)
+
+
+def test_counters_with_garbage_after_the_last_field_are_refused() -> None:
+    data = LedgerCounters(COUNTERS, 7, pending=1, oldest_pending_offset=3, oldest_pending_ms=4, restore_floor=5).encode()
     with pytest.raises(DecodeError, match="trailing bytes"):
         LedgerCounters.decode(data + b"\x00")
 

@@ -1,0 +1,229 @@
+"""The changelog holds what ``ns.persist`` does not (docs/design.md §5): an entry whose
+persist record is all of it is left out of ``ns.ledger``, and every restore - a takeover by a
+new instance, a rewind after an aborted commit - registers it again from ``ns.persist``, read
+from the restore floor of the counters record to the end of the log.
+
+The real ``Acker`` on the in-memory Kafka of tests/unit/log_cluster.py, on a stepped clock.
+Ground truth is what was written to the logs: persist tombstones and their outcomes, replays
+(new attempts' persist records), changelog records - never the acker's beliefs. A floor one
+offset too high (a wrong ``restore_floor``) must make the restore scenarios fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import broker.acker.commit
+from broker import ids
+from broker.acker import Acker, AckerConfig
+from broker.headers import outcome_of
+from broker.ledger.clock import ManualClock
+from broker.schemas import COUNTERS_KEY, LedgerCounters, PersistedRecord, XorBatch
+from broker.settings import KafkaSettings
+from broker.topics import Namespace
+from tests.unit.log_cluster import Cluster
+
+NS = Namespace("unlogged")
+T0 = 1_700_000_000_000
+TIMEOUT_MS = 1_000
+_NONE = np.array([], np.int64)
+
+
+class World:
+    """One ledger partition, the records a source sent to it, the acks tasks wrote, and the
+    acker serving it (replaced by a new instance on a takeover)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.cluster = Cluster(partitions=1, max_batch=100)
+        self.cluster.install(monkeypatch)
+        self.clock = ManualClock(T0)
+        self.config = AckerConfig(
+            commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0,
+            orphan_ttl_ms=60_000,
+        )
+        self.acker = self.new_acker()
+        self.roots: dict[int, int] = {}
+        self._seq = itertools.count(1)
+
+    def new_acker(self) -> Acker:
+        return Acker(KafkaSettings("unit:9092"), NS, self.config, clock=self.clock)
+
+    def send(self, n: int) -> list[int]:
+        srids = []
+        for _ in range(n):
+            k = next(self._seq)
+            srid, root = 1000 + k, 5000 + k
+            record = PersistedRecord(
+                srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
+                key_hash_partition=0, key=b"k%d" % k, value=b"v%d" % k, created_ms=self.clock.now_ms(),
+                timeout_ms=TIMEOUT_MS, max_attempts=3,
+            )
+            self.cluster.append(NS.persist, 0, ids.encode_id(srid), record.encode())
+            self.roots[srid] = root
+            srids.append(srid)
+        return srids
+
+    def ack(self, srids: list[int]) -> None:
+        """The trees of ``srids`` complete."""
+        self.event(srids, [self.roots[s] for s in srids])
+
+    def event(self, srids: list[int], xors: list[int]) -> None:
+        batch = XorBatch(0, np.array(srids, np.int64), np.array(xors, np.int64), _NONE)
+        self.cluster.append(NS.acks, 0, None, batch.encode())
+
+    def run(self, polls: int = 3) -> None:
+        count = itertools.count(1)
+        self.acker.run(until=lambda _: next(count) >= polls)  # n polls (each commits), then a commit
+
+    def drain(self) -> None:
+        """Everything read and every deadline far past: each record has its fate."""
+        for _ in range(3):
+            self.clock.advance(10 * TIMEOUT_MS)
+            self.run(4)
+
+    # -- what the logs hold
+
+    def outcomes(self) -> dict[int, list[str]]:
+        """srid -> the outcomes of its persist tombstones, in log order."""
+        out: dict[int, list[str]] = defaultdict(list)
+        for msg in self.cluster.logs[(NS.persist, 0)]:
+            if msg.value() is None:
+                out[ids.decode_id(msg.key() or b"")].append(outcome_of(msg.headers()).decode())
+        return dict(out)
+
+    def replays(self) -> dict[int, int]:
+        """srid -> how many new attempts were persisted for it."""
+        out: dict[int, int] = defaultdict(int)
+        for msg in self.cluster.logs[(NS.persist, 0)]:
+            value = msg.value()
+            if value is not None:
+                record = PersistedRecord.decode(value)
+                if record.history:
+                    out[record.history[-1].srid] += 1
+        return dict(out)
+
+    def entry_records(self, srids: list[int]) -> list[tuple[int, bool]]:
+        """The changelog records of ``srids``: (srid, is a tombstone), in log order."""
+        keys = {ids.encode_id(s): s for s in srids}
+        return [(keys[m.key()], m.value() is None) for m in self.cluster.logs[(NS.ledger, 0)] if m.key() in keys]
+
+    def floors(self) -> list[int | None]:
+        return [LedgerCounters.decode(m.value()).restore_floor
+                for m in self.cluster.logs[(NS.ledger, 0)] if m.key() == COUNTERS_KEY]
+
+
+def fates(world: World, done: list[int], timed_out: list[int]) -> list[str]:
+    """Where the logs differ from: each of ``done`` completed once and never replayed, each of
+    ``timed_out`` replayed once (its attempt tombstoned ``replay`` once)."""
+    outcomes, replays = world.outcomes(), world.replays()
+    problems = [f"{s}: {outcomes.get(s)} {replays.get(s, 0)} replays" for s in done
+                if outcomes.get(s) != ["completed"] or replays.get(s, 0)]
+    problems += [f"{s}: {outcomes.get(s)} {replays.get(s, 0)} replays" for s in timed_out
+                 if outcomes.get(s) != ["replay"] or replays.get(s, 0) != 1]
+    return problems
+
+
+# --------------------------------------------------------------------------- scenarios
+
+def takeover_after_a_commit(world: World) -> list[str]:
+    """Four entries with no event yet are committed; the acker is killed; the new owner gets
+    the acks of two and the clock of the other two."""
+    srids = world.send(4)
+    world.run()
+    assert world.entry_records(srids) == []  # left out of the changelog
+    world.acker = world.new_acker()  # kill -9: a new instance takes over
+    world.ack(srids[:2])
+    world.run()
+    world.drain()
+    return fates(world, done=srids[:2], timed_out=srids[2:])
+
+
+def takeover_after_completions_past_the_committed_offset(world: World) -> list[str]:
+    """Two of four unlogged entries complete (persist tombstones, written after the persist
+    offset the transaction commits) and the acker is killed at once: the new owner must read
+    ``ns.persist`` to its end, not to the committed offset, to know they left."""
+    srids = world.send(4)
+    world.run()
+    world.ack(srids[1:3])
+    world.run(1)  # one poll: the completions are committed, their tombstones not read back
+    assert world.outcomes() == {srids[1]: ["completed"], srids[2]: ["completed"]}
+    assert world.entry_records(srids) == []
+    world.acker = world.new_acker()
+    world.drain()
+    return fates(world, done=srids[1:3], timed_out=[srids[0], srids[3]])
+
+
+def rewind_after_an_aborted_commit(world: World) -> list[str]:
+    """The commit folding an ack is aborted: the acker rewinds to its changelog, which holds
+    none of the entries, and to the committed offsets."""
+    srids = world.send(4)
+    world.run()
+    world.ack(srids[:1])
+    world.cluster.fail_commits = 1
+    world.run(4)
+    world.drain()
+    return fates(world, done=srids[:1], timed_out=srids[1:])
+
+
+SCENARIOS: list[Callable[[World], list[str]]] = [
+    takeover_after_a_commit, takeover_after_completions_past_the_committed_offset, rewind_after_an_aborted_commit,
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_a_restore_gets_the_unlogged_entries_back_from_persist(
+    monkeypatch: pytest.MonkeyPatch, scenario: Callable[[World], list[str]]
+) -> None:
+    assert scenario(World(monkeypatch)) == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_a_floor_one_offset_too_high_loses_entries(
+    monkeypatch: pytest.MonkeyPatch, scenario: Callable[[World], list[str]]
+) -> None:
+    """The scenarios can fail: with the floor one past the oldest unlogged entry, that
+    entry is never registered again."""
+    right = broker.acker.commit.restore_floor
+    monkeypatch.setattr(broker.acker.commit, "restore_floor", lambda st, position: right(st, position) + 1)
+    assert scenario(World(monkeypatch)) != []
+
+
+# --------------------------------------------------------------------------- the saving
+
+def test_entries_registered_and_completed_in_the_next_interval_never_touch_the_changelog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    srids = world.send(4)
+    world.run()
+    world.ack(srids)
+    world.run()
+    assert world.outcomes() == {s: ["completed"] for s in srids}
+    assert world.entry_records(srids) == []  # no upsert, no tombstone: counters only
+    assert world.floors()[-1] == world.cluster.high(NS.persist, 0) - 4  # nothing left out: the committed offset
+
+
+def test_an_entry_changed_or_left_out_too_long_is_logged_and_the_floor_moves_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    changed, quiet, young = world.send(3)
+    child = 77
+    world.event([changed], [world.roots[changed] ^ child])  # its persist record is not all of it now
+    world.run(1)
+    assert world.entry_records([changed, quiet, young]) == [(changed, False)]
+    assert world.floors()[-1] == 1  # the quiet one's offset
+    world.event([changed], [child])  # the tree completes
+    world.run(world.config.unlogged_commits - 3)  # (run(n) commits n + 1 times: 10 so far)
+    assert world.entry_records([changed, quiet, young]) == [(changed, False), (changed, True)]
+    world.run(1)  # registered unlogged_commits commits ago: logged now, and the floor moves on
+    assert world.entry_records([quiet, young]) == [(quiet, False), (young, False)]
+    assert world.floors()[-1] == world.cluster.high(NS.persist, 0)  # none left out: the committed offset
+    world.ack([quiet, young])
+    world.run()
+    assert world.entry_records([quiet, young])[2:] == [(quiet, True), (young, True)]
