@@ -338,14 +338,14 @@ def _inside(record: PersistedRecord) -> bool:
 @settings(max_examples=300, deadline=None)
 def test_the_domain_read_from_the_prefixes_is_the_rule_on_the_records(batch: list[tuple[PersistedRecord, int, bool]]) -> None:
     """A batch of values as their writer makes them, some cut short (they run into their
-    neighbours): read from the prefixes at once, each whole one is inside the domain exactly
-    when its record is (the record as fastavro decodes it), and a reason says why not."""
+    neighbours): read from the prefixes at once, each one with a whole prefix is inside the
+    domain exactly when its record is, and a reason says why not."""
     values = [r.encode()[:cut] if truncate else r.encode() for r, cut, truncate in batch]
     pre = read_persist_prefixes(values)
     verdicts = domain_errors(pre)
     for (record, _, _), value, why in zip(batch, values, verdicts, strict=True):
-        if len(value) >= PERSIST_PREFIX_LEN and value == record.encode():
-            assert (why is None) == _inside(PersistedRecord.decode(value)), why
+        if len(value) >= PERSIST_PREFIX_LEN:
+            assert (why is None) == _inside(record), why
 
 
 def test_a_quarantined_position_is_logged_and_counted_once_across_a_rewind(
