@@ -13,10 +13,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 import broker.task
-from broker import ids
-from broker.headers import Tracking, tracking_headers
-from broker.schemas import avro_long
-from broker.sending import new_id_pair
+from broker.headers import tracking_headers
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
@@ -125,12 +122,3 @@ def test_close_commits_what_was_handled(task: Task) -> None:
     task.handle_batch([Message(1, 2)])  # type: ignore[list-item]
     task.close()
     assert task._consumer.commits == [[("orders", 1, 3)]]  # type: ignore[attr-defined]
-
-
-def test_a_source_id_comes_with_its_encodings() -> None:
-    for _ in range(5000):
-        srid, record_id, srid_key, ids_key, ids_avro = new_id_pair()
-        assert srid != 0 and record_id != 0
-        assert srid_key == ids.encode_id(srid) and ids_key == srid_key + ids.encode_id(record_id)
-        assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
-        assert Tracking.unpack(ids_key) == Tracking(srid, record_id, srid, 1)
