@@ -308,7 +308,8 @@ def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
 # which refuses a value whose prefix says other than its record. deadline_ms is created_ms +
 # timeout_ms; with ``PERSIST_ADAPTIVE`` set (timeout_ms = ``AUTO_TIMEOUT_MS``) the acker gives
 # the deadline from its latency estimate of the record's topic (docs/design.md §6) and
-# deadline_ms is created_ms + ``ADAPTIVE_FALLBACK_MS``, a fallback. ``partitioner`` is the
+# deadline_ms is created_ms + ``ADAPTIVE_FALLBACK_MS``, a fallback (timeout_ms itself is not in
+# the prefix: the deadline after created_ms and the flag say what the rule needs of it). ``partitioner`` is the
 # name's place in ``broker.partitioning.PARTITIONERS`` from 1 (0: none of them). Every writer
 # makes the prefix with ``persist_prefix_fields`` (all of it but the two ids).
 
@@ -320,7 +321,6 @@ PERSIST_PREFIX_LEN = PERSIST_PREFIX.itemsize  # 42
 _PREFIX_FIELDS = struct.Struct(">qqiiBB")  # the prefix after the two ids
 PERSIST_ADAPTIVE = 1  # flags: the record's timeout is adaptive (timeout_ms = AUTO_TIMEOUT_MS)
 _PARTITIONER_CODES = {name: code for code, name in enumerate(PARTITIONERS, 1)}
-_ID = np.dtype(">i8")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
