@@ -65,7 +65,7 @@ class Placements:
             if cached is not None:
                 return cached
         n = self.data_partitions(topic)
-        partition = get_partitioner(self.partitioners.get(topic, "kafka")).partition(key, n)
+        partition = get_partitioner(self.partitioner(topic)).partition(key, n)
         if len(known) >= MAX_KEYS:
             known.clear()
         known[key] = partition
@@ -78,5 +78,9 @@ class Placements:
             encoded = self._encoded[topic] = [None] * self.data_partitions(topic)
         placement = encoded[partition]
         if placement is None:
-            placement = encoded[partition] = avro_placement(topic, partition, self.partitioners.get(topic, "kafka"))
+            placement = encoded[partition] = avro_placement(topic, partition, self.partitioner(topic))
         return placement
+
+    def partitioner(self, topic: str) -> str:
+        """The name of ``topic``'s partitioner (broker.partitioning)."""
+        return self.partitioners.get(topic, "kafka")

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import fastavro
 import numpy as np
 
 from broker.errors import DecodeError
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
+from broker.partitioning import PARTITIONERS
 
 _LE_I64 = np.dtype("<i8")
 
@@ -119,17 +121,6 @@ def _varint_groups(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups, lengths
 
 
-def avro_longs(values: np.ndarray) -> list[bytes]:
-    """``avro_long`` of a whole int64 column at once (numpy): the same bytes, without a
-    Python loop of big-int arithmetic per value - for ids, offsets and deadlines in bulk."""
-    n = np.asarray(values, dtype=np.int64)
-    if n.size == 0:
-        return []
-    groups, lengths = _varint_groups(n)
-    buf = groups.tobytes()
-    return [buf[i : i + k] for i, k in zip(range(0, 10 * n.size, 10), lengths.tolist(), strict=True)]
-
-
 def avro_rows(*columns: np.ndarray) -> list[bytes]:
     """Per row, the ``avro_long`` of each column one after the other: records whose fields
     are all longs, encoded at once (one slice per record, no join)."""
@@ -185,23 +176,19 @@ def encode_persisted(
     timeout_ms: int,
     max_attempts: int,
     history: tuple[Failure, ...] = (),
-    *,
-    encoded_ids: tuple[bytes, bytes] | None = None,
 ) -> bytes:
-    """A persist value - ``persist_prefix`` and the ``PersistedRecord`` (bytes as fastavro's) -
-    without building the dataclass. ``encoded_ids``: ``avro_long`` of ``srid`` and ``root_xor``
-    when the caller has them."""
-    srid_b, root_b = encoded_ids or (avro_long(srid), avro_long(root_xor))
+    """A persist value - its prefix and the ``PersistedRecord`` (bytes as fastavro's) -
+    without building the dataclass."""
+    srid_b, root_b = avro_long(srid), avro_long(root_xor)
     parts = [
-        persist_prefix(_id_key(srid), _id_key(root_xor), persist_deadline(created_ms, timeout_ms),
-                       adaptive=timeout_ms == AUTO_TIMEOUT_MS),
+        _id_key(srid), _id_key(root_xor),
+        persist_prefix_fields(created_ms, timeout_ms, attempt, max_attempts, partitioner),
         srid_b, srid_b if origin == srid else avro_long(origin), avro_long(attempt), root_b,
         root_b if record_id == root_xor else avro_long(record_id),
         avro_string(topic), avro_long(key_hash_partition), avro_string(partitioner),
-        _optional_bytes(key), _optional_bytes(value),
+        _optional_bytes(key), _optional_bytes(value), avro_headers(headers),
+        avro_long(created_ms), avro_long(timeout_ms), avro_long(max_attempts),
     ]
-    parts.append(avro_headers(headers))
-    parts.append(_time_fields(created_ms, timeout_ms, max_attempts))
     if history:
         parts.append(avro_long(len(history)))
         for f in history:
@@ -221,7 +208,6 @@ def avro_placement(topic: str, key_hash_partition: int, partitioner: str) -> byt
     return avro_string(topic) + avro_long(key_hash_partition) + avro_string(partitioner)
 
 
-_ATTEMPT_1 = b"\x02"  # avro_long(1)
 _SMALL_LEN = len(_SMALL) >> 1  # lengths below this are one table lookup
 
 
@@ -237,14 +223,36 @@ def avro_headers(headers: tuple[tuple[str, bytes | None], ...] | list[tuple[str,
     return b"".join(parts)
 
 
+def first_attempt_ids(srids: np.ndarray, record_ids: np.ndarray) -> list[bytes]:
+    """Per pair, the first Avro fields of a first attempt - srid, origin (= srid), attempt 1,
+    root_xor and record_id (= the record id) - for ids drawn in bulk (numpy)."""
+    return avro_rows(srids, srids, np.ones(len(srids), np.int64), record_ids, record_ids)
+
+
+class FirstAttempts(NamedTuple):
+    """What every first attempt of a batch (one created_ms, timeout, max_attempts and
+    partitioner) shares: its prefix after the two ids, and the record's last fields encoded -
+    created_ms, timeout_ms, max_attempts and the empty history."""
+
+    prefix_fields: bytes
+    tail: bytes
+
+    @classmethod
+    def of(cls, created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str) -> FirstAttempts:
+        return cls(
+            persist_prefix_fields(created_ms, timeout_ms, 1, max_attempts, partitioner),
+            avro_long(created_ms) + avro_long(timeout_ms) + avro_long(max_attempts) + _EMPTY_ARRAY,
+        )
+
+
 def encode_first_persisted(
-    srid_key: bytes, srid_avro: bytes, record_key: bytes, record_avro: bytes, placement: bytes,
-    key: bytes | None, value: bytes | None, headers_avro: bytes, created_ms: int, timeout_ms: int,
-    max_attempts: int,
+    ids_key: bytes, ids_avro: bytes, placement: bytes, key: bytes | None, value: bytes | None,
+    headers_avro: bytes, shared: FirstAttempts,
 ) -> bytes:
-    """``encode_persisted`` of a first attempt as ``Source.send`` makes it - origin = srid,
-    attempt 1, root_xor = record_id, no history - from parts encoded already: the ids (8-byte
-    keys and ``avro_long``), ``avro_placement`` and ``avro_headers``. The same bytes, with one join."""
+    """``encode_persisted`` of a first attempt as a ``Source`` makes it - origin = srid,
+    attempt 1, root_xor = record_id, no history - from parts encoded already: the two ids as
+    8-byte keys (``ids_key``, 16 bytes) and as Avro (``first_attempt_ids``), ``avro_placement``,
+    ``avro_headers`` and the batch's ``FirstAttempts``. The same bytes, with one join."""
     if key is None:
         key_len, key = _NULL, b""
     else:
@@ -255,27 +263,9 @@ def encode_first_persisted(
     else:
         n = len(value)
         value_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
-    prefix = persist_prefix(srid_key, record_key, persist_deadline(created_ms, timeout_ms),
-                            adaptive=timeout_ms == AUTO_TIMEOUT_MS)
     return b"".join((
-        prefix, srid_avro, srid_avro, _ATTEMPT_1, record_avro, record_avro, placement, key_len, key, value_len, value,
-        headers_avro, _time_fields(created_ms, timeout_ms, max_attempts), _EMPTY_ARRAY,
+        ids_key, shared.prefix_fields, ids_avro, placement, key_len, key, value_len, value, headers_avro, shared.tail,
     ))
-
-
-_TIMES: dict[tuple[int, int, int], bytes] = {}
-
-
-def _time_fields(created_ms: int, timeout_ms: int, max_attempts: int) -> bytes:
-    """created_ms, timeout_ms and max_attempts encoded: the same for every record a source
-    sends within one millisecond, so the last few are kept."""
-    key = (created_ms, timeout_ms, max_attempts)
-    enc = _TIMES.get(key)
-    if enc is None:
-        if len(_TIMES) >= 64:
-            _TIMES.clear()
-        enc = _TIMES[key] = avro_long(created_ms) + avro_long(timeout_ms) + avro_long(max_attempts)
-    return enc
 
 
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
@@ -308,19 +298,29 @@ def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
 #
 # A persist value is a fixed prefix, then the ``PersistedRecord`` in Avro:
 #
-#   srid (8 bytes) | root_xor (8) | deadline_ms (8) | flags (1) | PersistedRecord (Avro)
+#   srid (8 bytes) | root_xor (8) | deadline_ms (8) | created_ms (8) | attempt (4) |
+#   max_attempts (4) | flags (1) | partitioner (1) | PersistedRecord (Avro)
 #
-# ids and the deadline 8-byte big-endian two's complement, the srid equal to the record's key.
-# The prefix is what the acker registers an srid by: it reads a whole batch of them with numpy
-# (``read_persist_prefixes``), with no header and without decoding the body; every other
-# reader decodes the record (``PersistedRecord.decode``). deadline_ms is created_ms +
-# timeout_ms; with ``PERSIST_ADAPTIVE`` set the acker gives the deadline from its latency
-# estimate of the record's topic (docs/design.md §6) and deadline_ms is created_ms +
-# ``ADAPTIVE_FALLBACK_MS``, a fallback.
+# Big-endian two's complement integers, the srid equal to the record's key. The prefix is what
+# the acker registers an srid by and checks the rule's domain on (broker.acker.domain): it
+# reads a whole batch of them with numpy (``read_persist_prefixes``), with no header and
+# without decoding the body; every other reader decodes the record (``PersistedRecord.decode``),
+# which refuses a value whose prefix says other than its record. deadline_ms is created_ms +
+# timeout_ms; with ``PERSIST_ADAPTIVE`` set (timeout_ms = ``AUTO_TIMEOUT_MS``) the acker gives
+# the deadline from its latency estimate of the record's topic (docs/design.md §6) and
+# deadline_ms is created_ms + ``ADAPTIVE_FALLBACK_MS``, a fallback (timeout_ms itself is not in
+# the prefix: the deadline after created_ms and the flag say what the rule needs of it). ``partitioner`` is the
+# name's place in ``broker.partitioning.PARTITIONERS`` from 1 (0: none of them). Every writer
+# makes the prefix with ``persist_prefix_fields`` (all of it but the two ids).
 
-PERSIST_PREFIX_LEN = 25
+PERSIST_PREFIX = np.dtype([
+    ("srid", ">i8"), ("root_xor", ">i8"), ("deadline_ms", ">i8"), ("created_ms", ">i8"),
+    ("attempt", ">i4"), ("max_attempts", ">i4"), ("flags", "u1"), ("partitioner", "u1"),
+])
+PERSIST_PREFIX_LEN = PERSIST_PREFIX.itemsize  # 42
+_PREFIX_FIELDS = struct.Struct(">qqiiBB")  # the prefix after the two ids
 PERSIST_ADAPTIVE = 1  # flags: the record's timeout is adaptive (timeout_ms = AUTO_TIMEOUT_MS)
-_ID = np.dtype(">i8")
+_PARTITIONER_CODES = {name: code for code, name in enumerate(PARTITIONERS, 1)}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -336,21 +336,32 @@ def persist_deadline(created_ms: int, timeout_ms: int) -> int:
     return min(max(deadline, _INT64_MIN), _INT64_MAX)
 
 
-def persist_prefix(srid_key: bytes, root_key: bytes, deadline_ms: int, *, adaptive: bool = False) -> bytes:
-    """The fixed prefix of a persist value (``srid_key``, ``root_key``: 8-byte big-endian ids)."""
-    return srid_key + root_key + deadline_ms.to_bytes(8, "big", signed=True) + (b"\x01" if adaptive else b"\x00")
+def persist_prefix_fields(created_ms: int, timeout_ms: int, attempt: int, max_attempts: int, partitioner: str) -> bytes:
+    """The persist value's prefix after its two ids, from the record's fields: the same for
+    every first attempt of a batch (a source makes it once per batch)."""
+    try:
+        return _PREFIX_FIELDS.pack(
+            persist_deadline(created_ms, timeout_ms), created_ms, attempt, max_attempts,
+            PERSIST_ADAPTIVE if timeout_ms == AUTO_TIMEOUT_MS else 0, _PARTITIONER_CODES.get(partitioner, 0),
+        )
+    except struct.error as exc:
+        raise ValueError(f"a persist prefix holds 64-bit created_ms, 32-bit attempt and max_attempts: {exc}") from exc
 
 
 @dataclass(frozen=True)
 class PersistPrefixes:
-    """The prefixes of a batch of persist values, column by column; a value too short to hold
-    one (``short``) has zeros there. ``body_srid_ok``: the record's first Avro field is the
-    prefix's srid."""
+    """The prefixes of a batch of persist values, column by column (int64; ``flags`` and
+    ``partitioners`` uint8); a value too short to hold one (``short``) has zeros there.
+    ``body_srid_ok``: the record's first Avro field is the prefix's srid."""
 
     srids: np.ndarray
     roots: np.ndarray
     deadlines_ms: np.ndarray
+    created_ms: np.ndarray
+    attempts: np.ndarray
+    max_attempts: np.ndarray
     flags: np.ndarray
+    partitioners: np.ndarray
     short: np.ndarray
     body_srid_ok: np.ndarray
 
@@ -365,15 +376,18 @@ def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
     buf = np.frombuffer(b"".join(values) + bytes(pad), np.uint8)
     short = lengths < PERSIST_PREFIX_LEN
     at = np.where(short, buf.size - pad, starts)  # a short value reads the zero padding
-    rows = buf[at[:, None] + np.arange(PERSIST_PREFIX_LEN)]
-    fields = np.ascontiguousarray(rows[:, :24]).view(_ID).astype(np.int64)
-    srids = fields[:, 0]
+    rows = buf[at[:, None] + np.arange(PERSIST_PREFIX_LEN)].view(PERSIST_PREFIX)[:, 0]
+    srids = rows["srid"].astype(np.int64)
     # The body's srid: its Avro varint (at most 10 bytes) compared with the prefix's.
     groups, used = _varint_groups(srids)
     body = buf[np.minimum(at + PERSIST_PREFIX_LEN, buf.size - 10)[:, None] + np.arange(10)]
     same = ((body == groups) | (np.arange(10) >= used[:, None])).all(axis=1)
-    return PersistPrefixes(srids, fields[:, 1], fields[:, 2], rows[:, 24], short,
-                           same & (lengths >= PERSIST_PREFIX_LEN + used))
+    return PersistPrefixes(
+        srids, rows["root_xor"].astype(np.int64), rows["deadline_ms"].astype(np.int64),
+        rows["created_ms"].astype(np.int64), rows["attempt"].astype(np.int64),
+        rows["max_attempts"].astype(np.int64), rows["flags"], rows["partitioner"], short,
+        same & (lengths >= PERSIST_PREFIX_LEN + used),
+    )
 
 
 # --------------------------------------------------------------------------- PersistedRecord
@@ -440,23 +454,20 @@ class PersistedRecord:
 
     def prefix(self) -> bytes:
         """The persist value's prefix (the fields the acker registers the srid by)."""
-        return persist_prefix(_id_key(self.srid), _id_key(self.root_xor),
-                              persist_deadline(self.created_ms, self.timeout_ms),
-                              adaptive=self.timeout_ms == AUTO_TIMEOUT_MS)
+        return _id_key(self.srid) + _id_key(self.root_xor) + persist_prefix_fields(
+            self.created_ms, self.timeout_ms, self.attempt, self.max_attempts, self.partitioner)
 
     @classmethod
     def decode(cls, data: bytes | None) -> PersistedRecord:
-        """A persist value's record; the prefix must name the record's srid and root."""
+        """A persist value's record; its prefix must say what the record says (the acker
+        registered it and checked the rule's domain on the prefix alone)."""
         if not data:
             raise DecodeError("empty PersistedRecord")
         if len(data) <= PERSIST_PREFIX_LEN:
             raise DecodeError(f"persist value shorter than its {PERSIST_PREFIX_LEN}-byte prefix and a record")
         d = _decode(PERSISTED_RECORD, data[PERSIST_PREFIX_LEN:], "PersistedRecord")
-        if (d.get("srid"), d.get("root_xor")) != (int.from_bytes(data[:8], "big", signed=True),
-                                                  int.from_bytes(data[8:16], "big", signed=True)):
-            raise DecodeError("persist prefix and PersistedRecord differ in srid or root_xor")
         try:
-            return cls(
+            record = cls(
                 srid=d["srid"],
                 origin=d["origin"],
                 attempt=d["attempt"],
@@ -475,6 +486,19 @@ class PersistedRecord:
             )
         except (KeyError, TypeError) as exc:
             raise DecodeError(f"PersistedRecord is missing {exc}") from exc
+        try:
+            expected = record.prefix()
+        except ValueError as exc:
+            raise DecodeError(str(exc)) from exc
+        if data[:PERSIST_PREFIX_LEN] != expected:
+            got = np.frombuffer(data, PERSIST_PREFIX, 1)[0]
+            want = np.frombuffer(expected, PERSIST_PREFIX, 1)[0]
+            differ = [
+                f"{name} {got[name]} (the record's: {want[name]})"
+                for name in PERSIST_PREFIX.names or () if got[name] != want[name]
+            ]
+            raise DecodeError(f"persist prefix and PersistedRecord differ: {', '.join(differ)}")
+        return record
 
 
 # --------------------------------------------------------------------------- XorBatch

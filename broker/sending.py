@@ -19,7 +19,7 @@ from broker.delivery import PendingData, SendFailure
 from broker.errors import DeliveryError
 from broker.headers import AUTO_TIMEOUT_MS, H_TRACKING, Headers, as_bytes, user_headers
 from broker.placement import Placements
-from broker.schemas import avro_headers, avro_longs, encode_first_persisted
+from broker.schemas import FirstAttempts, avro_headers, encode_first_persisted, first_attempt_ids
 from broker.topics import Namespace
 
 
@@ -47,22 +47,15 @@ Timeout = int | Literal["auto"]
 latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
 
 
-class IdPair(NamedTuple):
-    """The srid and record id of a first send, each with its 8-byte key and Avro long, and
-    the data record's ``rb-t`` (the two keys one after the other: a first attempt's tracking)."""
+IdPair = tuple[int, int, bytes, bytes, bytes]
+"""A first send's srid and record id, the srid's 8-byte key, both ids' keys one after the
+other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking) and
+the record's first Avro fields (``schemas.first_attempt_ids``)."""
 
-    srid: int
-    srid_b: bytes
-    srid_avro: bytes
-    record_id: int
-    record_b: bytes
-    record_avro: bytes
-    tracking: bytes
-
-
-# Fresh ids drawn in bulk, two per send, with all their encodings: a send encodes none of its
-# ids itself. list.pop is atomic (threads never share an entry); a forked child starts empty
-# (it must not reuse its parent's ids).
+# Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool,
+# the pairs zipped up in C): a send encodes none of its ids itself. list.pop is atomic
+# (threads never share an entry); a forked child starts empty (it must not reuse its
+# parent's ids: the same ids in two processes would cancel in the ledger).
 _ID_POOL: list[IdPair] = []
 os.register_at_fork(after_in_child=_ID_POOL.clear)
 _POOL_PAIRS = 4096
@@ -70,14 +63,13 @@ _POOL_PAIRS = 4096
 
 def _refill() -> None:
     fresh = ids.new_ids(2 * _POOL_PAIRS)
+    srids, record_ids = fresh[0::2], fresh[1::2]
     keys = fresh.astype(">i8").tobytes()  # srid, record id, srid, ...: 16 bytes per pair
-    values = fresh.tolist()
-    avro = avro_longs(fresh)
-    _ID_POOL.extend(
-        IdPair(values[i], keys[8 * i : 8 * i + 8], avro[i], values[i + 1], keys[8 * i + 8 : 8 * i + 16],
-               avro[i + 1], keys[8 * i : 8 * i + 16])
-        for i in range(0, 2 * _POOL_PAIRS, 2)
-    )
+    at = range(0, 16 * _POOL_PAIRS, 16)
+    _ID_POOL.extend(zip(
+        srids.tolist(), record_ids.tolist(), [keys[i : i + 8] for i in at], [keys[i : i + 16] for i in at],
+        first_attempt_ids(srids, record_ids), strict=True,
+    ))
 
 
 def new_id_pair() -> IdPair:
@@ -86,6 +78,21 @@ def new_id_pair() -> IdPair:
     except IndexError:
         _refill()
         return _ID_POOL.pop()
+
+
+_SHARED: dict[tuple[int, int, int, str], FirstAttempts] = {}
+
+
+def first_attempts(created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str) -> FirstAttempts:
+    """``FirstAttempts.of``: the same for every record a source sends within one millisecond
+    (``Source.send`` too), so the last few are kept."""
+    key = (created_ms, timeout_ms, max_attempts, partitioner)
+    shared = _SHARED.get(key)
+    if shared is None:
+        if len(_SHARED) >= 64:
+            _SHARED.clear()
+        shared = _SHARED[key] = FirstAttempts.of(*key)
+    return shared
 
 
 def timeout_field(timeout: Timeout) -> int:
@@ -124,8 +131,9 @@ def send_batch(
     on_persist = source._pending.on_persist
     window = source._backpressure.window
     transactional = source._transactional
-    created_ms = int(time.time() * 1000)
-    timeout_ms = timeout_field(timeout)
+    # What every record of the batch shares, encoded once: its prefix after the ids, the
+    # record's last fields (one clock reading per batch), the partitioner of the topic.
+    shared = first_attempts(int(time.time() * 1000), timeout_field(timeout), max_attempts, placements.partitioner(topic))
     results: list[SendResult] = []
     waiting: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
     try:
@@ -142,18 +150,16 @@ def send_batch(
             value_b = value if value is None or type(value) is bytes else serde.serialize(value)
             own = user_headers(headers) if headers else ()
             partition = key_hash_partition(topic, key_b)
-            pair = _ID_POOL.pop() if _ID_POOL else new_id_pair()
-            srid = pair.srid
+            srid, record_id, srid_b, ids_key, ids_avro = _ID_POOL.pop() if _ID_POOL else new_id_pair()
             value_p = encode_first_persisted(
-                pair.srid_b, pair.srid_avro, pair.record_b, pair.record_avro, placement(topic, partition), key_b,
-                value_b, avro_headers(own), created_ms, timeout_ms, max_attempts,
+                ids_key, ids_avro, placement(topic, partition), key_b, value_b, avro_headers(own), shared,
             )
             try:
                 try:
-                    produce(persist, key=pair.srid_b, value=value_p, partition=srid % ledger_partitions,
+                    produce(persist, key=srid_b, value=value_p, partition=srid % ledger_partitions,
                             on_delivery=on_persist)
                 except BufferError:  # the queue is full: wait for it like any produce
-                    kafka_io.produce(producer, persist, key=pair.srid_b, value=value_p,
+                    kafka_io.produce(producer, persist, key=srid_b, value=value_p,
                                      partition=srid % ledger_partitions, on_delivery=on_persist)
             except KafkaException as exc:
                 failure = SendFailure.of(value_p, exc.args[0])
@@ -161,16 +167,16 @@ def send_batch(
                     f"persist record not produced: {exc}; the {len(results)} records before it were sent",
                     failures=[failure], sent=results,
                 ) from exc
-            data_headers = [*own, (H_TRACKING, pair.tracking)]
+            data_headers = [*own, (H_TRACKING, ids_key)]
             if transactional:
                 source._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
             else:
-                waiting.append((pair.srid_b, topic, key_b, value_b, partition, data_headers))
+                waiting.append((srid_b, topic, key_b, value_b, partition, data_headers))
             if window is not None:
                 window.sent(srid, srid)
                 if transactional:
                     source._transaction_srids.append(srid)
-            results.append(SendResult(srid, pair.record_id, partition, srid))
+            results.append(SendResult(srid, record_id, partition, srid))
     finally:
         source._pending.extend(waiting)
         source.sent += len(results)

@@ -29,6 +29,7 @@ from broker.sending import (
     BatchRecord,
     SendResult,
     Timeout,
+    first_attempts,
     new_id_pair,
     send_batch,
     timeout_field,
@@ -283,7 +284,7 @@ class Source:
         if self.config.max_pending is not None:
             self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
-        srid, srid_b, srid_avro, record_id, record_b, record_avro, tracking = new_id_pair()
+        srid, record_id, srid_b, tracking, ids_avro = new_id_pair()
         created_ms = int(time.time() * 1000)
         if timeout_ms:
             _check_timeout(timeout_ms)  # the config's was checked when the Source was built
@@ -292,9 +293,11 @@ class Source:
         timeout = timeout_field(timeout_ms or self.config.timeout_ms)
         if partitioner is None:
             origin = srid
+            shared = first_attempts(created_ms, timeout, max_attempts or self.config.max_attempts,
+                                    self._placements.partitioner(topic))
             value = encode_first_persisted(
-                srid_b, srid_avro, record_b, record_avro, self._placements.placement(topic, partition), key_b,
-                value_b, avro_headers(own_headers), created_ms, timeout, max_attempts or self.config.max_attempts,
+                tracking, ids_avro, self._placements.placement(topic, partition), key_b, value_b,
+                avro_headers(own_headers), shared,
             )
         else:
             origin = srid if origin is None else origin
@@ -302,7 +305,6 @@ class Source:
             value = encode_persisted(
                 srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
                 own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
-                encoded_ids=(srid_avro, record_avro),
             )
         try:
             kafka_io.produce(

@@ -122,7 +122,7 @@ class Ingest:
         # ledger partition and has the fields the rule decides by in its domain
         # (broker.acker.domain); anything else is quarantined, never registered.
         bad = pre.short | bad_key | other | ~pre.body_srid_ok | misrouted | (flags > PERSIST_ADAPTIVE)
-        outside = domain_errors(values, deadline_ms, adaptive.tolist())
+        outside = domain_errors(pre)
         bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
         if bad.any():
             for i in np.flatnonzero(bad & (not again)).tolist():

@@ -21,23 +21,24 @@ partition, none 0; a message failing any of this is quarantined whole:
 - 500 KB of random bytes (under the broker's 1 MB ``message.max.bytes``).
 
 ns.persist - a record must have an 8-byte key (its srid, non-zero, of this ledger partition)
-and a value whose 25-byte prefix (broker.schemas) names that srid, before a record starting
-with it (the first Avro field), the fields the rule decides by readable. Headers are ignored
-(garbage ones are written anyway). All of these are quarantined whole:
+and a value whose 42-byte prefix (broker.schemas) names that srid, before a record starting
+with it (the first Avro field), the fields the rule decides by (in the prefix) inside its
+domain. Headers are ignored (garbage ones are written anyway). All of these are quarantined whole:
 
-- random bytes; a persist value truncated at a random length before its last field;
+- random bytes; a persist value truncated in its prefix or its record's srid;
 - a value of another srid than the key's;
 - a valid record under a key of 1-7 or 9-16 bytes;
 - a valid record of another ledger partition's srid, and one of srid 0;
 - an empty value;
-- 500 KB: a record with a 500 KB value, without its last two bytes;
 - a well-formed record whose ``created_ms + timeout_ms`` (its deadline) is beyond 64 bits:
   no Source writes it (its prefix holds the largest long).
 
-ns.persist - quarantined at its deadline: a record whose prefix's deadline falls during the
-run is registered without decoding; when it times out the
-acker reads its value for the replay, finds a ``timeout_ms`` that gives the replay no 64-bit
-deadline, quarantines it byte for byte and lets the srid go (a ``dlq`` tombstone).
+ns.persist - quarantined at its deadline: a record with a well-formed prefix is registered
+without decoding; when it times out the acker reads its value for the replay, and quarantines
+it byte for byte and lets the srid go (a ``dlq`` tombstone) when the value is no record - cut
+after its srid (500 KB ones too: a 500 KB value without its last two bytes), with a deadline
+long past - or holds a ``timeout_ms`` that gives the replay no 64-bit deadline (its deadline
+during the run).
 
 ns.persist - dead-lettered at its deadline: a record registered the same way whose
 ``key_hash_partition`` is negative decodes, but its replay is refused (no such partition of
@@ -48,12 +49,8 @@ letter, not a quarantine, and counted once as ``dlq`` although its transaction w
 ns.persist - ignored, not quarantined: a tombstone (null value) of an unknown srid is a
 completion the acker did not make (another owner's), not garbage.
 
-Not injected, because they are not malformed for the acker: a well-formed XorBatch of
-unknown srids of the right partition (an orphan, tested in test_bad_input.py), and a persist
-value with a valid prefix and the fields the rule decides by, truncated in its last field
-(the history): by design it is registered without decoding and only
-quarantined if a replay needs its value (the path the "quarantined at its deadline"
-category takes, with a deadline during the run).
+Not injected, because it is not malformed for the acker: a well-formed XorBatch of unknown
+srids of the right partition (an orphan, tested in test_bad_input.py).
 
 No forged events: every srid in the bad messages is drawn from this test's seeded generator
 (64-bit, non-zero) and checked against the valid records' srids (fresh ids from the Source),
@@ -80,7 +77,7 @@ from broker.dev.testing import unique_name
 from broker.errors import DecodeError
 from broker.headers import H_ORIGIN, H_REASON, H_SOURCE
 from broker.kafka_io import read_to_end
-from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch, persist_prefix
+from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch, avro_long
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -113,13 +110,14 @@ CATEGORIES: dict[str, tuple[str, int, str]] = {
     "acks: null value": ("acks", 200, "quarantine"),
     "acks: 500 KB random bytes": ("acks", 20, "quarantine"),
     "persist: random bytes": ("persist", 0, "quarantine"),
-    "persist: truncated PersistedRecord": ("persist", 700, "quarantine"),
+    "persist: truncated in its prefix or srid": ("persist", 400, "quarantine"),
+    "persist: truncated record": ("persist", 300, "quarantine at its deadline"),
     "persist: value is not the key's srid": ("persist", 700, "quarantine"),
     "persist: key of the wrong length": ("persist", 600, "quarantine"),
     "persist: srid of another partition": ("persist", 600, "quarantine"),
     "persist: srid 0": ("persist", 400, "quarantine"),
     "persist: empty value": ("persist", 300, "quarantine"),
-    "persist: 500 KB truncated PersistedRecord": ("persist", 20, "quarantine"),
+    "persist: 500 KB truncated PersistedRecord": ("persist", 20, "quarantine at its deadline"),
     "persist: deadline past 64 bits": ("persist", 100, "quarantine"),
     "persist: registered, timeout past 64 bits": ("persist", 50, "quarantine at its deadline"),
     "persist: registered, negative key_hash_partition": ("persist", 50, "dead-lettered at its deadline"),
@@ -199,10 +197,9 @@ class Fuzz:
             [("rb-x", r.randbytes(5)), ("rb-outcome", b"completed"), ("rb-srid", r.randbytes(2))],
         ])
 
-    def prefixed(self, record: PersistedRecord, deadline_ms: int) -> bytes:
-        """``record``'s persist value with ``deadline_ms`` in its prefix, whatever it says."""
-        return persist_prefix(ids.encode_id(record.srid), ids.encode_id(record.root_xor), deadline_ms) + (
-            record.encode()[PERSIST_PREFIX_LEN:])
+    def due(self, record: PersistedRecord, deadline_ms: int) -> bytes:
+        """``record``'s persist value, created ``timeout_ms`` before ``deadline_ms``."""
+        return dataclasses.replace(record, created_ms=deadline_ms - record.timeout_ms).encode()
 
     def make(self, what: str) -> Bad:
         r = self.rng
@@ -242,11 +239,12 @@ class Fuzz:
         if what == "persist: random bytes":
             value = self.refused(PersistedRecord.decode, lambda: r.randbytes(r.randrange(1, 300)))
             return Bad(what, pe, p, key, value, self.garbage_headers(), (srid,))
-        if what == "persist: truncated PersistedRecord":
-            # Cut before its last field (max_attempts, the history): the acker reads as far.
+        if what.startswith("persist: truncated"):
+            # Cut in the prefix or the record's srid (what the acker registers by), or after.
             whole = self.record(srid).encode()
-            value = self.refused(PersistedRecord.decode, lambda: whole[: r.randrange(1, len(whole) - 1)])
-            return Bad(what, pe, p, key, value, self.garbage_headers(), (srid,))
+            read = PERSIST_PREFIX_LEN + len(avro_long(srid))
+            cut = r.randrange(1, read) if what.endswith("srid") else r.randrange(read, len(whole))
+            return Bad(what, pe, p, key, whole[:cut], self.garbage_headers(), (srid,))
         if what == "persist: value is not the key's srid":
             another = self.srid_in(p)
             return Bad(what, pe, p, key, self.record(another).encode(), self.garbage_headers(), (srid, another))
@@ -275,13 +273,13 @@ class Fuzz:
             # Registered from its prefix (deadline: a few seconds from now); its value is
             # read when it times out, and a replay's deadline now + timeout_ms is no long.
             record = self.record(srid, timeout_ms=2**63 - 1 - r.randrange(CREATED_MS))
-            return Bad(what, pe, p, key, self.prefixed(record, self.soon_ms), None, (srid,))
+            return Bad(what, pe, p, key, self.due(record, self.soon_ms), None, (srid,))
         if what == "persist: registered, negative key_hash_partition":
             # Registered from its prefix; at its deadline the replay to partition -n of
             # orders.replay is refused by the producer: the commit is aborted, the record is
             # decided again and dead-lettered (reason: cannot replay).
             record = dataclasses.replace(self.record(srid), key_hash_partition=-r.randrange(2, 2**31))
-            return Bad(what, pe, p, key, self.prefixed(record, self.soon_ms), None, (srid,))
+            return Bad(what, pe, p, key, self.due(record, self.soon_ms), None, (srid,))
         if what == "persist: tombstone of an unknown srid":
             return Bad(what, pe, p, key, None, None, (srid,))
         raise AssertionError(what)

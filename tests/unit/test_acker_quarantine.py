@@ -17,10 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker.acker.service
-from broker.acker.domain import BATCH_FROM, domain_error, domain_errors
-from broker.headers import AUTO_TIMEOUT_MS
+from broker.acker.domain import domain_errors
+from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
-from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch
+from broker.schemas import (
+    PERSIST_ADAPTIVE,
+    PERSIST_PREFIX_LEN,
+    PersistedRecord,
+    XorBatch,
+    read_persist_prefixes,
+)
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
@@ -160,12 +166,12 @@ def test_a_registered_record_whose_timeout_gives_no_replay_deadline_is_quarantin
 
 def _auto_msg(record: PersistedRecord, offset: int = 0) -> FakeMessage:
     """An adaptive-timeout persist record as a Source writes it (its prefix flags it adaptive)."""
-    return persist_msg_of(record, offset, value=persist_value(record, adaptive=True))
+    return persist_msg_of(record, offset, value=persist_value(record, flags=PERSIST_ADAPTIVE))
 
 
 def _with_deadline(record: PersistedRecord, deadline_ms: int) -> FakeMessage:
     """``record`` with a prefix whose deadline is ``deadline_ms``, whatever the record says."""
-    return persist_msg_of(record, value=persist_value(record, deadline_ms=deadline_ms, adaptive=False))
+    return persist_msg_of(record, value=persist_value(record, deadline_ms=deadline_ms, flags=0))
 
 
 def _with(**fields: Any) -> PersistedRecord:
@@ -178,16 +184,16 @@ OUT_OF_DOMAIN = [
     pytest.param(lambda: persist_msg_of(_with(attempt=6)), b"attempt 6 outside 1..max_attempts (5)", id="attempt-past-max"),
     pytest.param(lambda: persist_msg_of(_with(max_attempts=0, attempt=1)), b"max_attempts 0 < 1", id="max-attempts-0"),
     pytest.param(lambda: persist_msg_of(_with(max_attempts=-3, attempt=1)), b"max_attempts -3 < 1", id="max-attempts-negative"),
-    pytest.param(lambda: _with_deadline(_with(timeout_ms=0), T0 + 30_000), b"timeout_ms 0 <= 0", id="timeout-0"),
-    pytest.param(lambda: _with_deadline(_with(timeout_ms=-5), T0 + 30_000), b"timeout_ms -5 <= 0", id="timeout-negative"),
-    pytest.param(lambda: _with_deadline(_with(timeout_ms=-1), T0 + 30_000),
-                 b"-1 is adaptive only with the adaptive flag", id="adaptive-marker-without-flag"),
-    pytest.param(lambda: persist_msg(_with(timeout_ms=0)), b"timeout_ms 0 <= 0", id="timeout-0-no-headers"),
-    pytest.param(lambda: persist_msg_of(_with(partitioner="murmur3")), b"unknown partitioner 'murmur3'", id="partitioner"),
-    pytest.param(lambda: persist_msg(_with(partitioner="")), b"unknown partitioner ''", id="partitioner-empty-no-headers"),
+    pytest.param(lambda: persist_msg_of(_with(timeout_ms=0)), b"is not after created_ms %d (timeout_ms <= 0)" % T0, id="timeout-0"),
+    pytest.param(lambda: persist_msg(_with(timeout_ms=-5)), b"(timeout_ms <= 0)", id="timeout-negative"),
+    pytest.param(lambda: persist_msg_of(_with(partitioner="murmur3")), b"unknown partitioner (code 0; known: kafka, spark)",
+                 id="partitioner"),
+    pytest.param(lambda: persist_msg(_with(partitioner="")), b"unknown partitioner (code 0", id="partitioner-empty"),
+    pytest.param(lambda: persist_msg_of(_with(), value=persist_value(_with(), partitioner=3)), b"unknown partitioner (code 3",
+                 id="partitioner-code-unknown"),
     pytest.param(lambda: _with_deadline(_with(), T0 - 1), b"deadline", id="deadline-before-creation"),
-    pytest.param(lambda: persist_msg_of(_with(), value=_with().encode()[:PERSIST_PREFIX_LEN + 30]),
-                 b"is not a PersistedRecord", id="truncated-value"),
+    pytest.param(lambda: _with_deadline(_with(), T0), b"deadline %d is not after created_ms %d" % (T0, T0),
+                 id="deadline-at-creation"),
 ]
 
 
@@ -198,7 +204,7 @@ def test_a_persist_record_outside_the_rules_domain_is_quarantined_never_register
     """Issue 30 item 9: by ``replay.decide`` (``attempt >= max_attempts``) a record with attempt
     -2^31 that nobody acks would be replayed 2^31 times; a timeout of 0 or an unknown
     partitioner were registered, timed out and replayed. Each is quarantined at registration
-    with its reason, and its valid neighbour goes on as ever."""
+    with its reason, read from the value's prefix, and its valid neighbour goes on as ever."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     msg = bad()
@@ -227,9 +233,8 @@ VALID = [
     pytest.param(lambda: persist_msg_of(_with(partitioner="spark")), id="spark"),
     pytest.param(lambda: persist_msg_of(_with(headers=(("trace", b"x" * 300), ("k", None)))), id="user-headers"),
     pytest.param(lambda: persist_msg_of(_with(key=None, value=None)), id="null-key-and-value"),
-    pytest.param(lambda: persist_msg(_with(timeout_ms=1)), id="no-headers"),
-    pytest.param(lambda: persist_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive-no-headers"),
-    pytest.param(lambda: _auto_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive"),
+    pytest.param(lambda: persist_msg(_with(timeout_ms=1)), id="timeout-1"),
+    pytest.param(lambda: persist_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive"),
 ]
 
 
@@ -247,13 +252,71 @@ def test_records_inside_the_rules_domain_are_registered_as_ever(
     assert outcomes(producer) == {S1: b"completed"} and not dlq(producer)
 
 
+# --------------------------------------------------------------------------- prefix and record disagree
+
+# A prefix inside the domain before a record that says otherwise (no Source writes one: both
+# come from the same fields, broker.schemas.persist_prefix_fields). The acker registers it from
+# the prefix; when a replay needs its record, the record is the truth - and does not match.
+DISAGREEING = [
+    pytest.param(lambda: persist_value(_with(attempt=0), attempt=1), b"attempt 1 (the record's: 0)", id="attempt"),
+    pytest.param(lambda: persist_value(_with(attempt=6), attempt=5), b"attempt 5 (the record's: 6)", id="attempt-past-max"),
+    pytest.param(lambda: persist_value(_with(max_attempts=0), max_attempts=5), b"max_attempts 5 (the record's: 0)",
+                 id="max-attempts"),
+    pytest.param(lambda: persist_value(_with(partitioner="murmur3"), partitioner=1), b"partitioner 1 (the record's: 0)",
+                 id="partitioner"),
+    pytest.param(lambda: persist_value(_with(partitioner="spark"), partitioner=1), b"partitioner 1 (the record's: 2)",
+                 id="other-partitioner"),
+    pytest.param(lambda: persist_value(_with(timeout_ms=0), deadline_ms=T0 + 30_000),
+                 b"deadline_ms %d (the record's: %d)" % (T0 + 30_000, T0), id="timeout-0"),
+    pytest.param(lambda: persist_value(_with(timeout_ms=-5), deadline_ms=T0 + 30_000), b"deadline_ms", id="timeout-negative"),
+    pytest.param(lambda: persist_value(_with(timeout_ms=AUTO_TIMEOUT_MS), flags=0), b"flags 0 (the record's: 1)",
+                 id="adaptive-marker-without-flag"),
+    pytest.param(lambda: persist_value(_with(), flags=PERSIST_ADAPTIVE), b"flags 1 (the record's: 0)",
+                 id="flag-without-adaptive-marker"),
+    pytest.param(lambda: persist_value(_with(), deadline_ms=T0 + 10), b"deadline_ms %d (the record's: %d)" % (T0 + 10, T0 + 30_000),
+                 id="earlier-deadline"),
+    pytest.param(lambda: persist_value(_with(), created_ms=T0 - 1), b"created_ms %d (the record's: %d)" % (T0 - 1, T0),
+                 id="created"),
+    pytest.param(lambda: persist_value(_with(attempt=0), attempt=1, deadline_ms=T0 + 10), b"deadline_ms %d (the record's: %d), attempt 1 (the record's: 0)" % (T0 + 10, T0 + 30_000), id="two-fields"),
+    pytest.param(lambda: _with().encode()[:PERSIST_PREFIX_LEN + 30], b"undecodable PersistedRecord", id="truncated-record"),
+]
+
+
+@pytest.mark.parametrize(("value", "why"), DISAGREEING)
+def test_a_prefix_that_disagrees_with_its_record_is_quarantined_when_its_record_is_needed_never_replayed(
+    fake_kafka: None, value: Callable[[], bytes], why: bytes  # noqa: F811
+) -> None:
+    """Registered from a prefix inside the rule's domain, the value times out; its record
+    says other than the prefix (or is no record): it goes to the DLQ byte for byte with the
+    reason, counted as quarantined, its srid tombstoned - no replay with either's fields."""
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    msg = persist_msg_of(_with(), value=value())
+    consumer.batches.append([msg, persist_msg(persisted(S2, R2, T0), 1)])
+    run_steps(acker)
+    assert (acker.counters()["registered"], acker.counters()["quarantined"]) == (2, 0)
+    clock.advance(10 * 30_000)
+    run_steps(acker)
+    c = acker.counters()
+    assert (c["timed_out"], c["replayed"], c["quarantined"], c["pending"]) == (2, 1, 1, 0)
+    (kept,) = dlq(producer)
+    assert (kept.key, kept.value) == (msg.key(), msg.value())
+    reason = kept.headers["rb-reason"] or b""
+    assert reason.startswith(b"quarantine: persist record of %d (timeout) cannot be replayed: " % S1), reason
+    assert why in reason, reason
+    replays = [PersistedRecord.decode(p.value) for p in producer.committed if p.topic == NS.persist and p.value]
+    assert [r.origin for r in replays] == [S2]
+    assert outcomes(producer)[S1] == b"dlq"
+
+
 _records = st.builds(
     PersistedRecord,
     srid=st.integers(-(2**63), 2**63 - 1), origin=st.integers(-(2**63), 2**63 - 1),
-    attempt=st.integers(-(2**31), 2**31 - 1), root_xor=st.integers(-(2**63), 2**63 - 1),
+    attempt=st.integers(-(2**31), 2**31 - 1) | st.integers(-1, 7), root_xor=st.integers(-(2**63), 2**63 - 1),
     record_id=st.integers(-(2**63), 2**63 - 1), topic=st.text(max_size=20),
     key_hash_partition=st.integers(-(2**31), 2**31 - 1), key=st.none() | st.binary(max_size=40),
-    value=st.none() | st.binary(max_size=300), created_ms=st.integers(-(2**62), 2**62),
+    value=st.none() | st.binary(max_size=300),
+    created_ms=st.integers(-(2**63), 2**63 - 1) | st.integers(-(2**62), 2**62),
     partitioner=st.sampled_from(["kafka", "spark", "", "Kafka", "murmur2"]),
     headers=st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=4).map(tuple),
     timeout_ms=st.integers(-(2**31), 2**31 - 1) | st.sampled_from([-1, 0, 1]),
@@ -261,38 +324,28 @@ _records = st.builds(
 )
 
 
-@given(record=_records, auto=st.booleans(), deadline=st.integers(-(2**62), 2**62) | st.none())
-@settings(max_examples=300, deadline=None)
-def test_the_partial_decode_agrees_with_the_full_one(record: PersistedRecord, auto: bool, deadline: int | None) -> None:
-    """``domain_error`` reads a few fields and skips the rest by their lengths: it must say
-    what the rule says of the record fastavro decodes."""
-    value = record.encode()
-    deadline_ms = record.created_ms + 30_000 if deadline is None else deadline
-    full = PersistedRecord.decode(value)
-    inside = (
-        full.max_attempts >= 1 and 1 <= full.attempt <= full.max_attempts
-        and (full.timeout_ms > 0 or (auto and full.timeout_ms == -1))
-        and full.partitioner in ("kafka", "spark") and deadline_ms > full.created_ms
+def _inside(record: PersistedRecord) -> bool:
+    """The rule's domain, stated on the record's own fields."""
+    deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if record.timeout_ms == AUTO_TIMEOUT_MS else record.timeout_ms)
+    return (
+        record.max_attempts >= 1 and 1 <= record.attempt <= record.max_attempts
+        and (record.timeout_ms > 0 or record.timeout_ms == AUTO_TIMEOUT_MS)
+        and record.partitioner in ("kafka", "spark") and deadline < 2**63 - 1
     )
-    assert (domain_error(value, deadline_ms, auto) is None) == inside
-    for cut in (0, 1, len(value) // 2):  # a value that ends inside its fields is out
-        if cut < len(value) - 8:
-            assert domain_error(value[:cut], deadline_ms, auto) is not None
 
 
-@given(
-    batch=st.lists(st.tuples(_records, st.booleans(), st.integers(0, 40), st.booleans()), min_size=BATCH_FROM, max_size=40),
-)
-@settings(max_examples=80, deadline=None)
-def test_a_batch_read_at_once_says_what_each_record_read_alone_says(batch: list[tuple[PersistedRecord, bool, int, bool]]) -> None:
-    """``domain_errors`` reads a whole batch with numpy: the same verdicts and reasons as
-    ``domain_error`` record by record, cut values (that run into their neighbours) included."""
-    values = [r.encode()[:cut] if truncate else r.encode() for r, _, cut, truncate in batch]
-    deadlines = np.array([r.created_ms + 30_000 for r, *_ in batch], np.int64)
-    autos = [a for _, a, _, _ in batch]
-    assert domain_errors(values, deadlines, autos) == [
-        domain_error(v, d, a) for v, d, a in zip(values, deadlines.tolist(), autos, strict=True)
-    ]
+@given(batch=st.lists(st.tuples(_records, st.integers(0, 60), st.booleans()), min_size=1, max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_the_domain_read_from_the_prefixes_is_the_rule_on_the_records(batch: list[tuple[PersistedRecord, int, bool]]) -> None:
+    """A batch of values as their writer makes them, some cut short (they run into their
+    neighbours): read from the prefixes at once, each one with a whole prefix is inside the
+    domain exactly when its record is, and a reason says why not."""
+    values = [r.encode()[:cut] if truncate else r.encode() for r, cut, truncate in batch]
+    pre = read_persist_prefixes(values)
+    verdicts = domain_errors(pre)
+    for (record, _, _), value, why in zip(batch, values, verdicts, strict=True):
+        if len(value) >= PERSIST_PREFIX_LEN:
+            assert (why is None) == _inside(record), why
 
 
 def test_a_quarantined_position_is_logged_and_counted_once_across_a_rewind(

@@ -34,15 +34,14 @@ import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
-from broker.headers import AUTO_TIMEOUT_MS, Tracking, outcome_of
+from broker.headers import Tracking, outcome_of
 from broker.ledger.clock import ManualClock, Ticker
 from broker.ledger.table import LedgerTable
 from broker.schemas import (
+    PERSIST_PREFIX,
     PERSIST_PREFIX_LEN,
     PersistedRecord,
     XorBatch,
-    persist_deadline,
-    persist_prefix,
     read_persist_prefixes,
 )
 from broker.settings import KafkaSettings
@@ -587,15 +586,14 @@ def test_replays_decided_in_one_commit_leave_in_persist_order(fake_kafka: None) 
 # --------------------------------------------------------------------------- registration from the prefix
 
 
-def persist_value(record: PersistedRecord, *, deadline_ms: int | None = None, adaptive: bool | None = None) -> bytes:
-    """``record``'s persist value, its prefix's deadline or adaptive flag set apart from what
-    the record says (bad input the acker must quarantine)."""
-    body = record.encode()[PERSIST_PREFIX_LEN:]
-    if deadline_ms is None:
-        deadline_ms = persist_deadline(record.created_ms, record.timeout_ms)
-    if adaptive is None:
-        adaptive = record.timeout_ms == AUTO_TIMEOUT_MS
-    return persist_prefix(ids.encode_id(record.srid), ids.encode_id(record.root_xor), deadline_ms, adaptive=adaptive) + body
+def persist_value(record: PersistedRecord, **prefix: int) -> bytes:
+    """``record``'s persist value, fields of its prefix (``PERSIST_PREFIX``'s names) set apart
+    from what the record says (bad input the acker must quarantine)."""
+    value = record.encode()
+    row = np.frombuffer(value, PERSIST_PREFIX, 1).copy()
+    for name, field in prefix.items():
+        row[name] = field
+    return row.tobytes() + value[PERSIST_PREFIX_LEN:]
 
 
 def persist_msg_of(record: PersistedRecord, offset: int = 0, *, value: bytes | None = None,
@@ -650,14 +648,14 @@ def test_acker_quarantines_bad_persist_records(fake_kafka: None) -> None:
         persist_msg_of(good, 3, key=ids.encode_id(S2)),  # value of another srid
         # a prefix of S1 before the record of another srid
         persist_msg_of(good, 4, value=persist_value(good)[:PERSIST_PREFIX_LEN] + persisted(S2, R1, T0).encode()[PERSIST_PREFIX_LEN:]),
-        persist_msg_of(good, 5, value=persist_value(good)[:PERSIST_PREFIX_LEN - 1] + b"\x80" + persist_value(good)[PERSIST_PREFIX_LEN:]),
+        persist_msg_of(good, 5, value=persist_value(good, flags=0x80)),
     ])
     run_steps(acker)
     c = acker.counters()
     assert (c["quarantined"], c["registered"], c["pending"]) == (6, 0, 0)
     dlq = [p for p in producer.committed if p.topic == NS.dlq]
     assert [(p.headers["rb-reason"] or b"").decode().removeprefix("quarantine: ") for p in dlq] == [
-        "persist value shorter than its 25-byte prefix",
+        "persist value shorter than its 42-byte prefix",
         f"srid {S1 + 1} does not belong to ledger partition 0",
         "srid 0 does not belong to ledger partition 0",
         "persist key and the srid of its value's prefix differ",
@@ -667,8 +665,8 @@ def test_acker_quarantines_bad_persist_records(fake_kafka: None) -> None:
 
 
 def test_a_value_undecodable_at_replay_goes_to_the_dlq_not_a_retry_loop(fake_kafka: None) -> None:
-    """Registration reads only the srid and the fields the rule decides by (broker.acker.domain):
-    the rest is decoded when a replay needs it."""
+    """Registration reads only the value's prefix (the fields the rule decides by,
+    broker.acker.domain): the record is decoded when a replay needs it."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     record = persisted(S1, R1, T0)

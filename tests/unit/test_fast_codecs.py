@@ -13,6 +13,7 @@ import dataclasses
 import io
 
 import fastavro
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,12 +31,15 @@ from broker.headers import (
 from broker.schemas import (
     PERSIST_PREFIX_LEN,
     Failure,
+    FirstAttempts,
     LedgerEntry,
     PersistedRecord,
     avro_headers,
     avro_long,
     avro_placement,
+    avro_rows,
     encode_first_persisted,
+    first_attempt_ids,
     read_persist_prefixes,
 )
 
@@ -67,14 +71,16 @@ def test_a_first_attempt_from_encoded_parts_is_fastavros(record: PersistedRecord
     """``Source.send``'s encoder: origin = srid, attempt 1, root_xor = record_id, no history;
     keys and values past the one-lookup lengths (8 192 B) too."""
     first = dataclasses.replace(record, origin=record.srid, attempt=1, root_xor=record.record_id, history=())
+    shared = FirstAttempts.of(first.created_ms, first.timeout_ms, first.max_attempts, first.partitioner)
+    (ids_avro,) = first_attempt_ids(np.array([first.srid]), np.array([first.record_id]))
     for key, value in ((first.key, first.value), (b"k" * key_len, b"v" * value_len)):
         first = dataclasses.replace(first, key=key, value=value)
         encoded = encode_first_persisted(
-            ids.encode_id(first.srid), avro_long(first.srid), ids.encode_id(first.record_id), avro_long(first.record_id),
+            ids.encode_id(first.srid) + ids.encode_id(first.record_id), ids_avro,
             avro_placement(first.topic, first.key_hash_partition, first.partitioner), first.key, first.value,
-            avro_headers(first.headers), first.created_ms, first.timeout_ms, first.max_attempts,
+            avro_headers(first.headers), shared,
         )
-        assert encoded == first.encode_with_fastavro()
+        assert encoded == first.encode_with_fastavro() == first.encode()
 
 
 @settings(max_examples=500, deadline=None)
@@ -114,7 +120,11 @@ def test_persist_prefixes_read_at_once_are_the_records_they_describe(
         assert not pre.short[i]
         assert (int(pre.srids[i]), int(pre.roots[i])) == (record.srid, record.root_xor)
         assert int(pre.deadlines_ms[i]) == min(max(deadline, -(2**63)), 2**63 - 1)
+        assert int(pre.created_ms[i]) == record.created_ms
+        assert (int(pre.attempts[i]), int(pre.max_attempts[i])) == (record.attempt, record.max_attempts)
         assert int(pre.flags[i]) == int(auto)
+        known = {"kafka": 1, "spark": 2}
+        assert int(pre.partitioners[i]) == known.get(record.partitioner, 0)
         assert bool(pre.body_srid_ok[i]) == value[PERSIST_PREFIX_LEN:].startswith(avro_long(record.srid))
 
 
@@ -197,13 +207,10 @@ def test_avro_long_is_fastavros_at_every_varint_length_boundary() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(LONGS, max_size=300))
-def test_avro_longs_encodes_a_column_as_avro_long_does_each_value(values: list[int]) -> None:
-    import numpy as np
-
-    from broker.schemas import avro_longs
-
-    assert avro_longs(np.array(values, dtype=np.int64)) == [avro_long(v) for v in values]
+@given(st.lists(st.tuples(LONGS, LONGS), max_size=300))
+def test_avro_rows_encodes_each_row_as_avro_long_does_each_value(rows: list[tuple[int, int]]) -> None:
+    columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(2)]
+    assert avro_rows(*columns) == [avro_long(a) + avro_long(b) for a, b in rows]
 
 
 @settings(max_examples=100, deadline=None)

@@ -4,6 +4,7 @@ and values of another schema - so the acker can quarantine bad input instead of 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import fastavro
@@ -13,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import DecodeError
+from broker.headers import AUTO_TIMEOUT_MS
 from broker.schemas import (
+    PERSIST_PREFIX,
+    PERSIST_PREFIX_LEN,
     XOR_BATCH,
     XOR_BATCH_FULL,
     XOR_BATCH_WITH_TOUCHES,
@@ -133,6 +137,28 @@ def test_persisted_record_round_trip_property(
         headers=tuple(headers),
     )
     assert PersistedRecord.decode(record.encode()) == record
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    field=st.sampled_from(PERSIST_PREFIX.names or ()),
+    bit=st.integers(0, 7),
+    timeout_ms=st.sampled_from([30_000, AUTO_TIMEOUT_MS]),
+    partitioner=st.sampled_from(["kafka", "spark", "murmur2"]),
+)
+def test_a_persist_value_whose_prefix_says_other_than_its_record_is_refused(
+    field: str, bit: int, timeout_ms: int, partitioner: str
+) -> None:
+    """The acker registers a value and checks the rule's domain on its prefix alone; every
+    other reader - a replay first - decodes the record, the truth, and must refuse a prefix
+    that says otherwise in any field (the earlier decoder compared the srid and root only)."""
+    record = dataclasses.replace(RECORD, timeout_ms=timeout_ms, partitioner=partitioner)
+    value = record.encode()
+    row = np.frombuffer(value, PERSIST_PREFIX, 1).copy()
+    row[field] ^= 1 << bit  # one bit of one field
+    with pytest.raises(DecodeError, match=f"persist prefix and PersistedRecord differ: {field} "):
+        PersistedRecord.decode(row.tobytes() + value[PERSIST_PREFIX_LEN:])
+    assert PersistedRecord.decode(value) == record
 
 
 def test_xor_batch_round_trip() -> None:

@@ -13,10 +13,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 import broker.task
-from broker import ids
-from broker.headers import Tracking, tracking_headers
-from broker.schemas import avro_long
-from broker.sending import new_id_pair
+from broker.headers import tracking_headers
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 
@@ -125,11 +122,3 @@ def test_close_commits_what_was_handled(task: Task) -> None:
     task.handle_batch([Message(1, 2)])  # type: ignore[list-item]
     task.close()
     assert task._consumer.commits == [[("orders", 1, 3)]]  # type: ignore[attr-defined]
-
-
-def test_a_source_id_comes_with_both_of_its_encodings() -> None:
-    for _ in range(5000):
-        pair = new_id_pair()
-        for value, key, avro in ((pair.srid, pair.srid_b, pair.srid_avro), (pair.record_id, pair.record_b, pair.record_avro)):
-            assert value != 0 and key == ids.encode_id(value) and avro == avro_long(value)
-        assert Tracking.unpack(pair.tracking) == Tracking(pair.srid, pair.record_id, pair.srid, 1)

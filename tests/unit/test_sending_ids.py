@@ -1,0 +1,39 @@
+"""A source's ids (broker.sending): drawn in bulk with their encodings, never the same in two
+processes - a forked child that reused its parent's pool would send the same srids and
+record ids, and the same ids XORed twice cancel in the ledger."""
+
+from __future__ import annotations
+
+import os
+
+from broker import ids
+from broker.headers import Tracking
+from broker.schemas import avro_long
+from broker.sending import _ID_POOL, new_id_pair
+
+
+def test_a_source_id_comes_with_its_encodings() -> None:
+    for _ in range(5000):
+        srid, record_id, srid_key, ids_key, ids_avro = new_id_pair()
+        assert srid != 0 and record_id != 0
+        assert srid_key == ids.encode_id(srid) and ids_key == srid_key + ids.encode_id(record_id)
+        assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
+        assert Tracking.unpack(ids_key) == Tracking(srid, record_id, srid, 1)
+
+
+def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
+    new_id_pair()  # the pool is full now
+    pooled = {i for pair in _ID_POOL for i in pair[:2]}
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first ids, to the parent
+        try:
+            os.write(write, b"".join(ids.encode_id(i) for _ in range(3) for i in new_id_pair()[:2]))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        drawn = pipe.read()
+    os.waitpid(pid, 0)
+    child = {ids.decode_id(drawn[i : i + 8]) for i in range(0, len(drawn), 8)}
+    assert len(child) == 6 and not child & pooled
