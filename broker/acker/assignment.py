@@ -29,6 +29,7 @@ from broker.replay import Outgoing
 from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
+_ALL_OFFSETS = 2**63 - 1  # above every persist offset
 
 RESTORE_SLICE_S = 0.05
 """Changelog reading per loop iteration while partitions restore: the owned ones fold between."""
@@ -161,6 +162,12 @@ class Assignment:
         self._rebalanced = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         self.restores.cancel(lps)
+        # A hand-over logs every entry: the next owner then needs no ns.persist record of
+        # them (one deleted meanwhile would leave no trace), and this table is all in the
+        # changelog, to be kept warm.
+        for lp in lps:
+            if (st := self.states.get(lp)) is not None:
+                st.table.log_older(_ALL_OFFSETS)
         clean = True
         try:
             self.commit()
