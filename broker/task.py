@@ -594,13 +594,19 @@ class Task(RunsInBackground):
         """The handler's inputs of ``batch``, in order, as it takes them; their offsets to commit
         in ``offsets``. A superseded replay is acked here, as a leaf, without the handler."""
         serde, counters, markers, from_headers = self.config.serde, self.counters, self._markers, Tracking.from_headers
+        # A batch reads a partition in runs: its offset to commit is noted once per run.
+        run_topic, run_partition, last = None, -1, 0
         for msg in batch:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", msg.error())
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            offsets[(topic, partition)] = offset + 1
+            if partition != run_partition or topic != run_topic:
+                if run_topic is not None:
+                    offsets[(run_topic, run_partition)] = last + 1
+                run_topic, run_partition = topic, partition
+            last = offset
             headers = tuple(msg.headers() or ())
             tracking = from_headers(headers)
             if (
@@ -615,6 +621,8 @@ class Task(RunsInBackground):
                 continue
             counters.processed += 1
             yield _new_tuple(TaskRecord, (topic, partition, offset, msg.key(), msg.value(), headers, tracking, serde))
+        if run_topic is not None:
+            offsets[(run_topic, run_partition)] = last + 1
 
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path: one call per input; an exception fails that input.
