@@ -287,6 +287,19 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
         counters.acked += 1
 
 
+def _fail(exc: Exception, contexts: list[TaskContext]) -> None:
+    """User code raised: fail its inputs (replay), in one log line."""
+    if len(contexts) == 1:
+        r = contexts[0].record
+        log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
+    elif contexts:
+        r = contexts[0].record
+        log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
+                    len(contexts), r.topic, r.partition, r.offset, exc)
+    for ctx in contexts:
+        ctx.fail(f"exception: {type(exc).__name__}: {exc}")
+
+
 class Task(RunsInBackground):
     """A consume loop that acks every input with one XOR event.
 
@@ -591,10 +604,10 @@ class Task(RunsInBackground):
         return markers.wait_for(tracking.srid, left)
 
     def _records(self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int]) -> Iterator[TaskRecord]:
-        """The handler's inputs of ``batch``, in order, as it takes them; their offsets to commit
-        in ``offsets``. A superseded replay is acked here, as a leaf, without the handler."""
+        """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
+        acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
+        once per run of a partition in the batch."""
         serde, counters, markers, from_headers = self.config.serde, self.counters, self._markers, Tracking.from_headers
-        # A batch reads a partition in runs: its offset to commit is noted once per run.
         run_topic, run_partition, last = None, -1, 0
         for msg in batch:
             if msg.error():
@@ -625,9 +638,8 @@ class Task(RunsInBackground):
             offsets[(run_topic, run_partition)] = last + 1
 
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
-        """The per-record handler's path: one call per input; an exception fails that input.
-        Each input is settled at once: no input outlives its turn (kept for the batch, the
-        inputs would make the garbage collector scan them - ~1 us per input)."""
+        """The per-record handler's path. Each input is settled at once, not kept for the batch:
+        the garbage collector would scan what is kept (~1 us per input)."""
         handler, counters = self.handler, self.counters
         for record in records:
             ctx = TaskContext(self, record)
@@ -656,18 +668,9 @@ class Task(RunsInBackground):
         """User code raised: fail its inputs (replay). False with ``fail_on_exception`` off:
         the exception stops the task instead."""
         self.counters.errors += 1
-        if not self.config.fail_on_exception:
-            return False
-        if len(contexts) == 1:
-            r = contexts[0].record
-            log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
-        elif contexts:
-            r = contexts[0].record
-            log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
-                        len(contexts), r.topic, r.partition, r.offset, exc)
-        for ctx in contexts:
-            ctx.fail(f"exception: {type(exc).__name__}: {exc}")
-        return True
+        if self.config.fail_on_exception:
+            _fail(exc, contexts)
+        return self.config.fail_on_exception
 
     def close(self) -> None:
         if self._uncommitted:
