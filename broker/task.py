@@ -646,7 +646,7 @@ class Task(RunsInBackground):
             try:
                 handler(record, ctx)
             except Exception as exc:
-                if not self._failed_by(exc, [ctx]):
+                if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
                     raise
             _settle(ctx, events, counters)
 
