@@ -135,6 +135,8 @@ _IDS_ORIGIN = struct.Struct(">qqq")
 _IDS_ORIGIN_ATTEMPT = struct.Struct(">qqqI")
 _FIRST, _ORIGIN, _ATTEMPT = _IDS.size, _IDS_ORIGIN.size, _IDS_ORIGIN_ATTEMPT.size  # 16, 24, 28
 MAX_ATTEMPT = 2**31 - 1  # what Spark's int column holds
+# A NamedTuple's ``_make`` without its Python frame: a task decodes a Tracking per input.
+_new_tuple = tuple.__new__
 
 
 class Tracking(NamedTuple):
@@ -175,7 +177,7 @@ class Tracking(NamedTuple):
             return None
         if not srid or not record_id:
             return None
-        return cls(srid, record_id, origin, attempt)
+        return _new_tuple(cls, (srid, record_id, origin, attempt))
 
     def child(self, record_id: int) -> bytes:
         """The ``rb-t`` of a child of this record: its srid, origin and attempt, a new id."""
@@ -187,6 +189,9 @@ class Tracking(NamedTuple):
         the last one wins."""
         if not headers:
             return None
+        if len(headers) == 1:  # the usual: the lone rb-t of a record without user headers
+            key, packed = headers[0]
+            return cls.unpack(packed) if key == H_TRACKING else None
         packed = None
         for k, v in headers:
             if k == H_TRACKING:

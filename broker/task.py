@@ -15,8 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -46,6 +45,9 @@ from broker.task_acks import Events, TaskAcks
 from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
+
+# A NamedTuple's ``_make`` without its Python frame: a task builds a TaskRecord per input.
+_new_tuple = tuple.__new__
 
 # Commit errors that mean this member no longer owns what it read: not the task's fault.
 _LOST_MEMBERSHIP = frozenset(
@@ -267,23 +269,35 @@ class TaskCounters:
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
 
-def _settle(ctx: TaskContext, events: Events, counters: TaskCounters, partitions: int) -> None:
+def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
     """The input's event (``input.id ^ children``) or fail mark, in ``events``."""
-    counters.emitted += ctx.children
+    if ctx.children:
+        counters.emitted += ctx.children
     tracking = ctx.record.tracking
     if tracking is None:
         counters.untracked += 1
-        return
-    srids, xors, failed = events[ids.ledger_partition(tracking.srid, partitions)]
-    if ctx.failed is not None:
-        failed.append(tracking.srid)
+    elif ctx.failed is not None:
+        events.failed.append(tracking.srid)
         counters.failed += 1
     elif ctx._unacked:
         counters.unacked += 1
     else:
-        srids.append(tracking.srid)
-        xors.append(tracking.record_id ^ ctx.children_xor)
+        events.srids.append(tracking.srid)
+        events.xors.append(tracking.record_id ^ ctx.children_xor)
         counters.acked += 1
+
+
+def _fail(exc: Exception, contexts: list[TaskContext]) -> None:
+    """User code raised: fail its inputs (replay), in one log line."""
+    if len(contexts) == 1:
+        r = contexts[0].record
+        log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
+    elif contexts:
+        r = contexts[0].record
+        log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
+                    len(contexts), r.topic, r.partition, r.offset, exc)
+    for ctx in contexts:
+        ctx.fail(f"exception: {type(exc).__name__}: {exc}")
 
 
 class Task(RunsInBackground):
@@ -492,24 +506,16 @@ class Task(RunsInBackground):
         """Steps 1-3: run the handler on each input, send the batch's events (after its sink
         outputs are delivered). Returns the srids failed because a sink output of theirs
         could not be delivered; ``finish`` confirms the rest."""
-        events: Events = defaultdict(lambda: ([], [], []))
+        events = Events()
         offsets: dict[tuple[str, int], int] = {}
         if self._markers is not None:
             self._markers.poll()
         began = time.monotonic()
-        inputs: list[Message] = []
-        for msg in batch:
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error: %s", msg.error())
-                continue
-            offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
-            if self.batch_handler is None:
-                self._handle(msg, events)
-            else:
-                inputs.append(msg)
-        if inputs:
-            self._handle_all(inputs, events)
+        records = self._records(batch, events, offsets)
+        if self.batch_handler is None:
+            self._handle_each(records, events)
+        else:
+            self._handle_all(self.batch_handler, list(records), events)
         if self._markers is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
             self._note_slow(batch)
         undeliverable: set[int] = set()
@@ -597,68 +603,74 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _input(self, msg: Message, events: Events) -> tuple[TaskRecord, TaskContext] | None:
-        """The handler's input and context for ``msg``; None for a superseded replay (acked
-        here, as a leaf, without the handler)."""
-        headers = tuple(msg.headers() or ())
-        tracking = Tracking.from_headers(headers)
-        markers = self._markers
-        if (
-            tracking is not None and tracking.attempt > 1 and markers is not None
-            and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
-        ):
-            # Its original attempt completed after all: ack it as a leaf, do no work, emit
-            # nothing - the replay's tree completes, and no output is written twice.
-            srids, xors, _ = events[ids.ledger_partition(tracking.srid, self.ledger_partitions)]
-            srids.append(tracking.srid)
-            xors.append(tracking.record_id)
-            self.counters.skipped += 1
-            return None
-        record = TaskRecord(
-            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers, tracking,
-            self.config.serde,
-        )
-        self.counters.processed += 1
-        return record, TaskContext(self, record)
+    def _records(self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int]) -> Iterator[TaskRecord]:
+        """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
+        acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
+        once per run of a partition in the batch."""
+        serde, counters, markers, from_headers = self.config.serde, self.counters, self._markers, Tracking.from_headers
+        run_topic, run_partition, last = None, -1, 0
+        for msg in batch:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", msg.error())
+                continue
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if partition != run_partition or topic != run_topic:
+                if run_topic is not None:
+                    offsets[(run_topic, run_partition)] = last + 1
+                run_topic, run_partition = topic, partition
+            last = offset
+            headers = tuple(msg.headers() or ())
+            tracking = from_headers(headers)
+            if (
+                tracking is not None and tracking.attempt > 1 and markers is not None
+                and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
+            ):
+                # Its original attempt completed after all: ack it as a leaf, do no work, emit
+                # nothing - the replay's tree completes, and no output is written twice.
+                events.srids.append(tracking.srid)
+                events.xors.append(tracking.record_id)
+                counters.skipped += 1
+                continue
+            counters.processed += 1
+            yield _new_tuple(TaskRecord, (topic, partition, offset, msg.key(), msg.value(), headers, tracking, serde))
+        if run_topic is not None:
+            offsets[(run_topic, run_partition)] = last + 1
 
-    def _handle(self, msg: Message, events: Events) -> None:
-        if (handled := self._input(msg, events)) is not None:
-            record, ctx = handled
-            self._run(self.handler, record, ctx, [ctx], events)
+    def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
+        """The per-record handler's path. Each input is settled at once, not kept for the batch:
+        the garbage collector would scan what is kept (~1 us per input)."""
+        handler, counters = self.handler, self.counters
+        for record in records:
+            ctx = TaskContext(self, record)
+            try:
+                handler(record, ctx)
+            except Exception as exc:
+                if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
+                    raise
+            _settle(ctx, events, counters)
 
-    def _handle_all(self, msgs: list[Message], events: Events) -> None:
-        """The batch handler's path: every input of ``msgs`` to one call."""
-        inputs = [handled for msg in msgs if (handled := self._input(msg, events)) is not None]
-        if inputs:
-            contexts = [c for _, c in inputs]
-            self._run(self.batch_handler, [r for r, _ in inputs], contexts, contexts, events)
-
-    def _run(self, handler: Any, records: Any, arg: Any, contexts: list[TaskContext], events: Events) -> None:
-        """``handler(records, arg)``, then the event or fail mark of each of ``contexts``. An
-        exception fails the inputs not failed already - or, with ``fail_on_exception`` off,
-        stops the task."""
+    def _handle_all(self, batch_handler: BatchHandler, records: list[TaskRecord], events: Events) -> None:
+        """The batch handler's path: every input to one call; an exception fails every input
+        not failed already."""
+        if not records:
+            return
+        contexts = [TaskContext(self, r) for r in records]
         try:
-            handler(records, arg)
+            batch_handler(records, contexts)
         except Exception as exc:
-            if not self.config.fail_on_exception:
-                self.counters.errors += 1
+            if not self._failed_by(exc, [c for c in contexts if c.failed is None]):
                 raise
-            self._failed_by(exc, [c for c in contexts if c.failed is None])
         for ctx in contexts:
-            _settle(ctx, events, self.counters, self.ledger_partitions)
+            _settle(ctx, events, self.counters)
 
-    def _failed_by(self, exc: Exception, contexts: list[TaskContext]) -> None:
-        """User code raised: fail its inputs (replay)."""
+    def _failed_by(self, exc: Exception, contexts: list[TaskContext]) -> bool:
+        """User code raised: fail its inputs (replay). False with ``fail_on_exception`` off:
+        the exception stops the task instead."""
         self.counters.errors += 1
-        if len(contexts) == 1:
-            r = contexts[0].record
-            log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
-        elif contexts:
-            r = contexts[0].record
-            log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
-                        len(contexts), r.topic, r.partition, r.offset, exc)
-        for ctx in contexts:
-            ctx.fail(f"exception: {type(exc).__name__}: {exc}")
+        if self.config.fail_on_exception:
+            _fail(exc, contexts)
+        return self.config.fail_on_exception
 
     def close(self) -> None:
         if self._uncommitted:

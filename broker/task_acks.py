@@ -8,7 +8,6 @@ to deliver is sent again like any output.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -20,10 +19,37 @@ from broker.schemas import XorBatch
 
 log = logging.getLogger("broker.task")  # the task's own lines: a user filters them there
 
-# Per ledger partition: the srids and xors of the inputs acked, and the srids failed.
-Events = dict[int, tuple[list[int], list[int], list[int]]]
-
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+class Events:
+    """A batch's events until they are sent: the srids and xors of the inputs acked, and the
+    srids failed, in the order they were settled. Flat lists - two appends per input -
+    ``send`` splits them by ledger partition once per batch."""
+
+    __slots__ = ("failed", "srids", "xors")
+
+    def __init__(self) -> None:
+        self.srids: list[int] = []
+        self.xors: list[int] = []
+        self.failed: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.srids) + len(self.failed)
+
+
+def _by_partition(srids: np.ndarray, partitions: int, *columns: np.ndarray) -> dict[int, list[np.ndarray]]:
+    """``columns`` (aligned with ``srids``), split by the ledger partition of their srid
+    (``ids.ledger_partition``: srid mod P); each part in its original order."""
+    if not len(srids):
+        return {}
+    lps = srids % partitions
+    order = np.argsort(lps, kind="stable")
+    lps = lps[order]
+    columns = tuple(c[order] for c in columns)
+    starts = np.flatnonzero(np.concatenate(([True], lps[1:] != lps[:-1]))).tolist()
+    ends = [*starts[1:], len(lps)]
+    return {int(lps[b]): [c[b:e] for c in columns] for b, e in zip(starts, ends, strict=True)}
 
 
 class Counts(Protocol):
@@ -51,14 +77,17 @@ class TaskAcks:
 
     def send(self, events: Events) -> None:
         """One ``XorBatch`` per ledger partition with the batch's events and fail marks."""
-        for lp, (srids, xors, failed) in events.items():
-            value = XorBatch(
-                lp,
-                np.asarray(srids, dtype=np.int64),
-                np.asarray(xors, dtype=np.int64),
-                np.asarray(failed, dtype=np.int64),
-                self.name,
-            ).encode()
+        if not len(events):
+            return
+        partitions = self.ledger_partitions()
+        srids = np.array(events.srids, dtype=np.int64)
+        acked = _by_partition(srids, partitions, srids, np.array(events.xors, dtype=np.int64))
+        failed = np.array(events.failed, dtype=np.int64)
+        fails = _by_partition(failed, partitions, failed)
+        for lp in sorted(acked.keys() | fails.keys()):
+            lp_srids, lp_xors = acked.get(lp, (_EMPTY, _EMPTY))
+            lp_failed, = fails.get(lp, (_EMPTY,))
+            value = XorBatch(lp, lp_srids, lp_xors, lp_failed, self.name).encode()
             self.outputs.produce(self.acks, value=value, partition=lp)
 
     def touch(self, srid: int, deadline_ms: int) -> None:
@@ -95,20 +124,15 @@ class TaskAcks:
     def _fail_in_events(self, srids: set[int], events: Events) -> None:
         """Turn the events of ``srids`` not sent yet into fail marks: the acker must not fold
         an ack for an input whose output is missing."""
-        for srid in srids:
-            acked, xors, failed = events[ids.ledger_partition(srid, self.ledger_partitions())]
-            keep = [i for i, s in enumerate(acked) if s != srid]
-            self.counters.acked -= len(acked) - len(keep)
-            acked[:], xors[:] = [acked[i] for i in keep], [xors[i] for i in keep]
-            if srid not in failed:
-                failed.append(srid)
+        keep = [i for i, s in enumerate(events.srids) if s not in srids]
+        self.counters.acked -= len(events.srids) - len(keep)
+        events.srids[:], events.xors[:] = [events.srids[i] for i in keep], [events.xors[i] for i in keep]
+        events.failed += [s for s in srids if s not in events.failed]
 
     def _send_fail_marks(self, srids: set[int]) -> None:
-        by_lp: dict[int, list[int]] = defaultdict(list)
-        for srid in srids:
-            by_lp[ids.ledger_partition(srid, self.ledger_partitions())].append(srid)
-        for lp, failed in by_lp.items():
-            value = XorBatch(lp, _EMPTY, _EMPTY, np.asarray(failed, dtype=np.int64), self.name).encode()
+        failed = np.array(sorted(srids), dtype=np.int64)
+        for lp, (lp_failed,) in _by_partition(failed, self.ledger_partitions(), failed).items():
+            value = XorBatch(lp, _EMPTY, _EMPTY, lp_failed, self.name).encode()
             self.outputs.produce(self.acks, value=value, partition=lp)
         self.outputs.producer.flush()
         if marks_lost := self.outputs.take_failed():

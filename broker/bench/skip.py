@@ -1,6 +1,6 @@
 """The cost of skipping superseded replays on a task's hot path (docs/design.md §6).
 
-Per record, ``Task._handle`` (the handler a no-op, events kept in memory, no Kafka) with:
+Per record, ``Task._handle_each`` (the handler a no-op, events kept in memory, no Kafka) with:
 - ``off``: ``TaskConfig.skip_superseded=False`` (no markers);
 - ``empty``: markers read, none there - what every task pays when nothing is superseded;
 - ``100k``: 100 000 markers in memory.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from broker import ids
 from broker.headers import tracking_headers
 from broker.markers import SupersededMarkers
 from broker.task import Task, TaskConfig, TaskCounters
+from broker.task_acks import Events
 from broker.topics import Namespace
 
 
@@ -36,6 +36,9 @@ class _Msg:
 
     def headers(self) -> Sequence[tuple[str, bytes | None]]:
         return self._h
+
+    def error(self) -> None:
+        return None
 
     def topic(self) -> str:
         return "orders"
@@ -72,10 +75,9 @@ def _task(markers: SupersededMarkers | None) -> Task:
 def per_record_ns(task: Task, msgs: list[Any], rounds: int = 3) -> float:
     best = float("inf")
     for _ in range(rounds):
-        events: Any = defaultdict(lambda: ([], [], []))
+        events = Events()
         began = time.perf_counter()
-        for msg in msgs:
-            task._handle(msg, events)
+        task._handle_each(task._records(msgs, events, {}), events)
         best = min(best, time.perf_counter() - began)
     return best / len(msgs) * 1e9
 
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         attempt: [_Msg(tracking_headers(int(s), int(r), int(s), attempt)) for s, r in zip(srids, rids, strict=True)]
         for attempt in (1, 2)
     }
-    print(f"Task._handle per record ({args.records} records, handler a no-op, best of {args.rounds}):")
+    print(f"Task._handle_each per record ({args.records} records, handler a no-op, best of {args.rounds}):")
     configs = {"off": None, "empty": _markers(0), "100k": _markers(100_000)}
     best: dict[tuple[str, int], float] = {}
     for _ in range(args.rounds):  # interleaved: a loaded machine slows all of them alike

@@ -171,6 +171,34 @@ def test_tracking_parse_reads_tracking_headers(
     assert Tracking.from_headers(headers) == Tracking(srid, rid, origin, attempt)
 
 
+_T = tracking_headers(7, 9, 7, 1)[0]
+_T2 = tracking_headers(8, 10, 3, 2)[0]
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ([_T], Tracking(7, 9, 7, 1)),  # the usual: a lone rb-t
+        ((_T2,), Tracking(8, 10, 3, 2)),  # a tuple, as a task hands it on
+        ([("user", b"x")], None),
+        ([(H_TRACKING, None)], None),
+        ([(H_TRACKING, b"short")], None),
+        ([(H_TRACKING, bytes(16))], None),  # srid and record id 0
+        ([("user", b"x"), _T], Tracking(7, 9, 7, 1)),
+        ([_T, ("user", None)], Tracking(7, 9, 7, 1)),
+        ([_T, _T2], Tracking(8, 10, 3, 2)),  # repeated: the last wins
+        ([_T2, (H_TRACKING, b"bad")], None),  # even when it is malformed
+        ([(H_TRACKING, b"bad"), _T2], Tracking(8, 10, 3, 2)),
+    ],
+)
+def test_tracking_from_headers_one_or_several(
+    headers: list[tuple[str, bytes | None]], expected: Tracking | None
+) -> None:
+    got = Tracking.from_headers(headers)
+    assert got == expected == _reference_tracking(list(headers))
+    assert got is None or (type(got) is Tracking and got.origin == expected.origin)  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("origin", "attempt", "size"),
     [(7, 1, 16), (8, 1, 24), (7, 2, 28), (8, 5, 28)],  # srid 7: the origin is written only when not it

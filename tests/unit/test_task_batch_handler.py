@@ -28,13 +28,12 @@ def _task(monkeypatch: pytest.MonkeyPatch, **handlers: Any) -> tuple[Task, list[
     monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
     task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", config=TaskConfig(), **handlers)
     sent: list[Events] = []
-    monkeypatch.setattr(TaskAcks, "send", lambda _self, events: sent.append(dict(events)))
+    monkeypatch.setattr(TaskAcks, "send", lambda _self, events: sent.append(events))
     return task, sent
 
 
 def _by_srid(events: Events) -> tuple[dict[int, int], set[int]]:
-    acked = {s: x for srids, xors, _ in events.values() for s, x in zip(srids, xors, strict=True)}
-    return acked, {s for _, _, failed in events.values() for s in failed}
+    return dict(zip(events.srids, events.xors, strict=True)), set(events.failed)
 
 
 def _inputs() -> list[Any]:

@@ -99,6 +99,23 @@ def test_batches_are_handled_at_once_and_committed_together_at_finish(task: Task
     assert len(consumer.commits) == 1  # type: ignore[attr-defined]
 
 
+class OtherTopic(Message):
+    def topic(self) -> str:
+        return "other"
+
+
+def test_a_batch_commits_the_offset_after_the_last_input_of_each_partition_read_in_runs(task: Task) -> None:
+    # Partitions alternate within a batch; the same partition index of another topic is
+    # another partition.
+    batch = [Message(0, 5), Message(0, 6), OtherTopic(0, 3), Message(1, 9), Message(0, 7), OtherTopic(0, 4)]
+    task.handle_batch(batch)  # type: ignore[arg-type]
+    task.finish()
+    assert task._consumer.commits == [  # type: ignore[attr-defined]
+        [("orders", 0, 8), ("orders", 1, 10), ("other", 0, 5)]
+    ]
+    assert task.counters.processed == len(batch)
+
+
 def test_process_batch_still_delivers_and_commits_its_batch(task: Task) -> None:
     task.process_batch([Message(0, 3)])  # type: ignore[list-item]
     assert task._consumer.commits == [[("orders", 0, 4)]]  # type: ignore[attr-defined]
