@@ -111,7 +111,7 @@ class PendingData:
             if failed and srid_b in failed:
                 continue  # its data record is never produced
             try:
-                produce(topic, key=key, value=value, partition=partition, headers=headers)
+                produce(topic, value, key, partition, None, None, 0, headers)  # kafka_io.PRODUCE_ARGS
             except BufferError:
                 del entries[:i]
                 return False

@@ -156,8 +156,8 @@ def send_batch(
             )
             try:
                 try:
-                    produce(persist, key=srid_b, value=value_p, partition=srid % ledger_partitions,
-                            on_delivery=on_persist)
+                    # Positional (kafka_io.PRODUCE_ARGS): keywords cost a call 0.4 µs.
+                    produce(persist, value_p, srid_b, srid % ledger_partitions, on_persist)
                 except BufferError:  # the queue is full: wait for it like any produce
                     kafka_io.produce(producer, persist, key=srid_b, value=value_p,
                                      partition=srid % ledger_partitions, on_delivery=on_persist)

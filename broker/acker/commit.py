@@ -166,7 +166,7 @@ class Transactions:
             headers = None if outcome == OUTCOME_COMPLETED else [(H_OUTCOME, outcome)]
             for key in keys:
                 try:
-                    produce(persist, key=key, value=None, partition=lp, headers=headers)
+                    produce(persist, None, key, lp, None, None, 0, headers)  # kafka_io.PRODUCE_ARGS
                 except BufferError:
                     kafka_io.produce(producer, persist, key=key, value=None, partition=lp, headers=headers)
         alone_now: object = None  # the suspect subject being produced alone
@@ -191,7 +191,7 @@ class Transactions:
         for lp, keys, values in batch.changelog:
             for key, value in zip(keys, values or repeat(None, len(keys)), strict=True):
                 try:
-                    produce(ledger, key=key, value=value, partition=lp)
+                    produce(ledger, value, key, lp)
                 except BufferError:
                     kafka_io.produce(producer, ledger, key=key, value=value, partition=lp)
         if len(refusals.noted) > refused_before:

@@ -121,8 +121,9 @@ class ClusterProducer:
     def begin_transaction(self) -> None:
         self.pending, self.pending_offsets = [], []
 
-    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, partition: int = -1,
-                headers: list[tuple[str, bytes | None]] | None = None, **_: Any) -> None:
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
+                on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
+                headers: list[tuple[str, bytes | None]] | None = None) -> None:  # confluent-kafka's order (kafka_io.PRODUCE_ARGS)
         assert partition >= 0, "the acker names every partition"
         self.pending.append((topic, partition, key, value, headers))
 

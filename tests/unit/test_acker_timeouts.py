@@ -184,8 +184,9 @@ class FakeProducer:
     def begin_transaction(self) -> None:
         self.pending = []
 
-    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, partition: int = -1,
-                headers: list[tuple[str, bytes | None]] | None = None, **_: Any) -> None:
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
+                on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
+                headers: list[tuple[str, bytes | None]] | None = None) -> None:  # confluent-kafka's order (kafka_io.PRODUCE_ARGS)
         self.pending.append(Produced(topic, partition, key, value, dict(headers or ())))
 
     def send_offsets_to_transaction(self, positions: list[TopicPartition], *_: Any) -> None:

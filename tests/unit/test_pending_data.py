@@ -22,9 +22,9 @@ class Producer:
         self.data: list[bytes] = []
         self.reports: list[tuple[Any, Any]] = []
 
-    def produce(self, topic: str, **kwargs: Any) -> None:
-        self.data.append(kwargs["value"])
-        self.undelivered.append(kwargs["value"])
+    def produce(self, topic: str, value: bytes | None = None, *_: Any, **__: Any) -> None:
+        self.data.append(value)  # type: ignore[arg-type]
+        self.undelivered.append(value)
 
     def deliver(self, failed: Any = None) -> None:
         """Every record delivered; ``failed``: a (callback, message) reported failed."""

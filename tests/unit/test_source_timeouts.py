@@ -19,8 +19,10 @@ class KeepingProducer:
     def __init__(self) -> None:
         self.produced: list[dict[str, Any]] = []
 
-    def produce(self, topic: str, **kwargs: Any) -> None:
-        self.produced.append({"topic": topic, **kwargs})
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
+                on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
+                headers: list[tuple[str, bytes | None]] | None = None) -> None:
+        self.produced.append({"topic": topic, "value": value, "key": key, "partition": partition, "headers": headers})
 
     def poll(self, *_: Any) -> int:
         return 0
