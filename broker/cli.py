@@ -326,9 +326,12 @@ def acker_config(args: argparse.Namespace) -> Any:
 
 def _cmd_acker(args: argparse.Namespace) -> int:
     from broker.acker import Acker
+    from broker.background import tune_gc_for_service
 
     config = acker_config(args)
-    Acker(_settings(args), args.namespace, config).run(install_signals=True)
+    acker = Acker(_settings(args), args.namespace, config)
+    tune_gc_for_service()
+    acker.run(install_signals=True)
     return 0
 
 
@@ -364,9 +367,11 @@ def _cmd_task(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, commit_interval_ms=args.commit_interval_ms,
         fail_on_exception=not args.stop_on_exception, metrics_port=args.metrics_port,
     )
-    counters = Task(_settings(args), args.namespace, list(dict.fromkeys(inputs)), args.group, handler, config).run(
-        install_signals=True
-    )
+    from broker.background import tune_gc_for_service
+
+    task = Task(_settings(args), args.namespace, list(dict.fromkeys(inputs)), args.group, handler, config)
+    tune_gc_for_service()
+    counters = task.run(install_signals=True)
     log.info("task %s stopped: %s", args.group, counters)
     return 0
 
@@ -447,7 +452,11 @@ def _cmd_bridge(args: argparse.Namespace) -> int:
         session_timeout_ms=args.session_timeout_ms, timeout_ms=args.timeout_ms, max_attempts=args.max_attempts,
         partitioner=args.partitioner, exactly_once=not args.unsafe_commit, start=args.start,
     )
-    Bridge(_settings(args), args.namespace, config).run(install_signals=True)
+    from broker.background import tune_gc_for_service
+
+    bridge = Bridge(_settings(args), args.namespace, config)
+    tune_gc_for_service()
+    bridge.run(install_signals=True)
     return 0
 
 
