@@ -65,15 +65,17 @@ class Batch:
 
 def take_changes(
     states: Iterable[tuple[int, PartitionState]], ticker: Ticker, now_ms: int, batch: Batch,
-    positions: Mapping[tuple[str, int], int], persist: str, unlogged_commits: int,
+    positions: Mapping[tuple[str, int], int], persist: str, unlogged_commits: int | None,
 ) -> None:
     """Move each state's due tombstones and changelog delta (and dirty counters) into
     ``batch``; ``positions`` are the input positions the transaction commits (``persist``:
-    the persist topic's name), ``unlogged_commits`` how long an entry may stay unlogged."""
+    the persist topic's name), ``unlogged_commits`` how long an entry may stay unlogged
+    (None: an early commit, which does not count)."""
     for lp, st in states:
         # Where the committed persist input resumes (none known: 0, a floor never too high).
         position = positions.get((persist, lp), 0)
-        st.log_old_entries(position, unlogged_commits)
+        if unlogged_commits is not None:
+            st.log_old_entries(position, unlogged_commits)
         for srids, outcome in st.tombstones:
             batch.tombstones.append((lp, _keys(srids), outcome))
         st.tombstones = []

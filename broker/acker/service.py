@@ -78,6 +78,12 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
 
+EARLY_COMMIT = 0.25
+"""An acker whose poll waited for input commits waiting completions after this share of
+``commit_interval_ms`` (``Acker._commit_due``)."""
+IDLE_POLL_S = 0.001
+"""A poll that took this long found nothing fetched: the acker had caught up with its input."""
+
 
 class Acker(Assignment, Recovery, RunsInBackground):
     def __init__(
@@ -289,10 +295,13 @@ class Acker(Assignment, Recovery, RunsInBackground):
     # ------------------------------------------------------------------ folding
 
     def step(self) -> int:
-        """Poll once, fold what came, commit when the interval is due. Returns messages read."""
+        """Poll once, fold what came, commit when the interval is due - or, when the poll
+        waited for input, a quarter of it (``_commit_due``). Returns messages read."""
         # poll() returns as soon as one message is there; consume(n, timeout) would wait the
         # whole timeout unless n messages arrive, adding up to poll_timeout_ms to every event.
+        polled = time.monotonic()
         first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
+        idle = first is None or time.monotonic() - polled >= IDLE_POLL_S
         msgs: list[Message] = []
         if first is not None:
             msgs.append(first)
@@ -314,12 +323,28 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 return 0
             self._fold_messages(msgs)
         now = time.monotonic()
-        if (now - self._last_commit) * 1000 >= self.config.commit_interval_ms:
-            self.commit()
+        due = self._commit_due(now, idle)
+        if due is not None:
+            self.commit(interval=due)
             self.changelog.poll_standby()
         if now - self._last_stats >= self.config.stats_interval_ms / 1000:
             self._log_stats()
         return len(msgs)
+
+    def _commit_due(self, now: float, idle: bool) -> bool | None:
+        """Whether to commit now: True when ``commit_interval_ms`` has passed since the last
+        commit (an interval commit); False when a quarter of it has, the last poll waited
+        for input and completions wait for their tombstones (an early commit: an acker with
+        time to spare spends it on latency, one that is behind keeps to the interval); None
+        otherwise."""
+        since_ms = (now - self._last_commit) * 1000
+        if since_ms >= self.config.commit_interval_ms:
+            return True
+        if idle and since_ms >= self.config.commit_interval_ms * EARLY_COMMIT and any(
+            st.tombstones for st in self.states.values()
+        ):
+            return False
+        return None
 
     def _fold_messages(self, msgs: list[Message]) -> None:
         persist: dict[int, list[Message]] = defaultdict(list)
@@ -346,15 +371,17 @@ class Acker(Assignment, Recovery, RunsInBackground):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self) -> None:
+    def commit(self, *, interval: bool = True) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
-        (broker.acker.commit has the order and why); then the metrics' snapshot."""
+        (broker.acker.commit has the order and why); then the metrics' snapshot.
+        ``interval``: False for an early commit, which does not count towards
+        ``unlogged_commits`` (an entry stays unlogged for that many commit intervals)."""
         began = time.perf_counter()
-        if self._commit():
+        if self._commit(interval):
             self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self._publish_metrics()
 
-    def _commit(self) -> bool:
+    def _commit(self, interval: bool = True) -> bool:
         """``commit`` without the metrics. Returns whether a transaction was committed."""
         self._last_commit = time.monotonic()
         if not self.states:
@@ -388,7 +415,8 @@ class Acker(Assignment, Recovery, RunsInBackground):
             if smaller is not None:
                 self.states[lp].count("refused")
             batch.records.append(smaller or rec)
-        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist, self.config.unlogged_commits)
+        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist,
+                     self.config.unlogged_commits if interval else None)
         if not batch and not self._read:
             return False
         batch.positions = list(positions_of(self._positions))

@@ -1,0 +1,78 @@
+"""When the acker commits (``Acker._commit_due``): every ``commit_interval_ms``, and after a
+quarter of it when its poll waited for input and completions wait for their tombstones - an
+early commit, which does not count towards ``unlogged_commits``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from broker.acker.service import EARLY_COMMIT
+from broker.headers import OUTCOME_COMPLETED
+from broker.ledger.clock import ManualClock
+from tests.unit.test_acker_timeouts import (
+    NS,
+    R1,
+    R2,
+    S1,
+    S2,
+    T0,
+    FakeProducer,
+    acks_msg,
+    fake_kafka,
+    make_acker,
+    persist_msg,
+    persisted,
+    run_steps,
+)
+
+__all__ = ["fake_kafka"]  # the fixture, used by name
+
+INTERVAL_MS = 100
+
+
+@pytest.mark.parametrize(
+    ("since_ms", "idle", "waiting", "due"),
+    [
+        (INTERVAL_MS, False, False, True),  # the interval: always
+        (INTERVAL_MS, True, True, True),
+        (INTERVAL_MS * EARLY_COMMIT, True, True, False),  # early: idle, completions waiting
+        (INTERVAL_MS * EARLY_COMMIT, False, True, None),  # busy: keeps to the interval
+        (INTERVAL_MS * EARLY_COMMIT, True, False, None),  # nothing completed: nothing to hurry
+        (INTERVAL_MS * EARLY_COMMIT - 1, True, True, None),  # too soon
+    ],
+)
+def test_an_idle_acker_commits_completions_early_a_busy_one_keeps_to_the_interval(
+    fake_kafka: None, since_ms: float, idle: bool, waiting: bool, due: bool | None
+) -> None:
+    acker, consumer, _ = make_acker(ManualClock(T0))
+    acker.config = dataclasses.replace(acker.config, commit_interval_ms=INTERVAL_MS)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    run_steps(acker)  # owns partition 0, S1 registered and committed
+    if waiting:
+        acker.states[0].tombstones.append((np.array([S1]), OUTCOME_COMPLETED))
+    now = acker._last_commit + since_ms / 1000 + 1e-6  # (float seconds)
+    assert acker._commit_due(now, idle) is due
+
+
+def _logged(producer: FakeProducer, srid: int) -> bool:
+    return any(p.topic == NS.ledger and p.key == srid.to_bytes(8, "big") for p in producer.committed)
+
+
+def test_early_commits_do_not_count_towards_unlogged_commits(fake_kafka: None) -> None:
+    """An entry with nothing but its persist record stays out of the changelog for
+    ``unlogged_commits`` commit intervals, however many early commits come between them."""
+    acker, consumer, producer = make_acker(ManualClock(T0), unlogged_commits=6)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
+    run_steps(acker)  # two interval commits (a step's, interval 0, and the last one's)
+    consumer.batches.append([acks_msg(0, 0, [S2], [R2])])  # S2 completes
+    run_steps(acker)  # four
+    for _ in range(10):
+        acker.commit(interval=False)
+    acker.commit()
+    acker.commit()
+    assert not _logged(producer, S1)  # six interval commits: the early ones did not count
+    acker.commit()
+    assert _logged(producer, S1)  # registered six interval commits ago: logged
