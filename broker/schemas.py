@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import fastavro
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from broker.errors import DecodeError
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
@@ -372,15 +373,19 @@ def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
     n = len(values)
     lengths = np.fromiter(map(len, values), np.int64, n)
     starts = np.cumsum(lengths) - lengths
-    pad = PERSIST_PREFIX_LEN + 10
-    buf = np.frombuffer(b"".join(values) + bytes(pad), np.uint8)
+    width = PERSIST_PREFIX_LEN + 10  # the prefix and the body's first field, at most 10 bytes
+    buf = np.frombuffer(b"".join(values) + bytes(width), np.uint8)
     short = lengths < PERSIST_PREFIX_LEN
-    at = np.where(short, buf.size - pad, starts)  # a short value reads the zero padding
-    rows = buf[at[:, None] + np.arange(PERSIST_PREFIX_LEN)].view(PERSIST_PREFIX)[:, 0]
+    at = np.where(short, buf.size - width, starts)  # a short value reads the zero padding
+    # Every window of ``width`` bytes of the buffer (a view, no copy), of which the rows at
+    # ``at`` are gathered: one copy of ``width`` bytes per value, no index per byte (12x
+    # faster than indexing byte by byte, docs/benchmarks.md).
+    heads = as_strided(buf, shape=(buf.size - width + 1, width), strides=(1, 1), writeable=False)[at]
+    rows = heads[:, :PERSIST_PREFIX_LEN].copy().view(PERSIST_PREFIX)[:, 0]
     srids = rows["srid"].astype(np.int64)
     # The body's srid: its Avro varint (at most 10 bytes) compared with the prefix's.
     groups, used = _varint_groups(srids)
-    body = buf[np.minimum(at + PERSIST_PREFIX_LEN, buf.size - 10)[:, None] + np.arange(10)]
+    body = heads[:, PERSIST_PREFIX_LEN:]
     same = ((body == groups) | (np.arange(10) >= used[:, None])).all(axis=1)
     return PersistPrefixes(
         srids, rows["root_xor"].astype(np.int64), rows["deadline_ms"].astype(np.int64),
