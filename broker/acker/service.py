@@ -55,6 +55,7 @@ from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.background import RunsInBackground
+from broker.headers import OUTCOME_COMPLETED
 from broker.kafka_io import (
     consumer_group_protocol,
     delete_retention_ms,
@@ -334,14 +335,14 @@ class Acker(Assignment, Recovery, RunsInBackground):
     def _commit_due(self, now: float, idle: bool) -> bool | None:
         """Whether to commit now: True when ``commit_interval_ms`` has passed since the last
         commit (an interval commit); False when a quarter of it has, the last poll waited
-        for input and completions wait for their tombstones (an early commit: an acker with
+        for input and completed trees wait for their tombstones (an early commit: an acker with
         time to spare spends it on latency, one that is behind keeps to the interval); None
         otherwise."""
         since_ms = (now - self._last_commit) * 1000
         if since_ms >= self.config.commit_interval_ms:
             return True
         if idle and since_ms >= self.config.commit_interval_ms * EARLY_COMMIT and any(
-            st.tombstones for st in self.states.values()
+            outcome == OUTCOME_COMPLETED for st in self.states.values() for _, outcome in st.tombstones
         ):
             return False
         return None

@@ -1,5 +1,5 @@
 """When the acker commits (``Acker._commit_due``): every ``commit_interval_ms``, and after a
-quarter of it when its poll waited for input and completions wait for their tombstones - an
+quarter of it when its poll waited for input and completed trees wait for their tombstones - an
 early commit, which does not count towards ``unlogged_commits``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from broker.acker.service import EARLY_COMMIT
-from broker.headers import OUTCOME_COMPLETED
+from broker.headers import OUTCOME_COMPLETED, OUTCOME_REPLAY
 from broker.ledger.clock import ManualClock
 from tests.unit.test_acker_timeouts import (
     NS,
@@ -41,18 +41,20 @@ INTERVAL_MS = 100
         (INTERVAL_MS * EARLY_COMMIT, True, True, False),  # early: idle, completions waiting
         (INTERVAL_MS * EARLY_COMMIT, False, True, None),  # busy: keeps to the interval
         (INTERVAL_MS * EARLY_COMMIT, True, False, None),  # nothing completed: nothing to hurry
+        (INTERVAL_MS * EARLY_COMMIT, True, "replay", None),  # decisions keep to the interval
         (INTERVAL_MS * EARLY_COMMIT - 1, True, True, None),  # too soon
     ],
 )
 def test_an_idle_acker_commits_completions_early_a_busy_one_keeps_to_the_interval(
-    fake_kafka: None, since_ms: float, idle: bool, waiting: bool, due: bool | None
+    fake_kafka: None, since_ms: float, idle: bool, waiting: bool | str, due: bool | None
 ) -> None:
     acker, consumer, _ = make_acker(ManualClock(T0))
     acker.config = dataclasses.replace(acker.config, commit_interval_ms=INTERVAL_MS)
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
     run_steps(acker)  # owns partition 0, S1 registered and committed
     if waiting:
-        acker.states[0].tombstones.append((np.array([S1]), OUTCOME_COMPLETED))
+        outcome = OUTCOME_COMPLETED if waiting is True else OUTCOME_REPLAY
+        acker.states[0].tombstones.append((np.array([S1]), outcome))
     now = acker._last_commit + since_ms / 1000 + 1e-6  # (float seconds)
     assert acker._commit_due(now, idle) is due
 
