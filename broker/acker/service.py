@@ -79,7 +79,7 @@ from broker.topics import Namespace, check
 
 log = logging.getLogger("broker.acker")
 
-EARLY_COMMIT = 0.25
+EARLY_COMMIT = 0.5
 """An acker whose poll waited for input commits waiting completions after this share of
 ``commit_interval_ms`` (``Acker._commit_due``)."""
 IDLE_POLL_S = 0.001
@@ -297,7 +297,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
 
     def step(self) -> int:
         """Poll once, fold what came, commit when the interval is due - or, when the poll
-        waited for input, a quarter of it (``_commit_due``). Returns messages read."""
+        waited for input, half of it (``_commit_due``). Returns messages read."""
         # poll() returns as soon as one message is there; consume(n, timeout) would wait the
         # whole timeout unless n messages arrive, adding up to poll_timeout_ms to every event.
         polled = time.monotonic()
@@ -334,7 +334,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
 
     def _commit_due(self, now: float, idle: bool) -> bool | None:
         """Whether to commit now: True when ``commit_interval_ms`` has passed since the last
-        commit (an interval commit); False when a quarter of it has, the last poll waited
+        commit (an interval commit); False when half of it has, the last poll waited
         for input and completed trees wait for their tombstones (an early commit: an acker with
         time to spare spends it on latency, one that is behind keeps to the interval); None
         otherwise."""
