@@ -1,5 +1,5 @@
-"""When the acker commits (``Acker._commit_due``): every ``commit_interval_ms``, and after a
-quarter of it when its poll waited for input and completed trees wait for their tombstones - an
+"""When the acker commits (``Acker._commit_due``): every ``commit_interval_ms``, and after
+half of it when its poll waited for input and completed trees wait for their tombstones - an
 early commit, which does not count towards ``unlogged_commits``."""
 
 from __future__ import annotations
