@@ -47,10 +47,10 @@ Timeout = int | Literal["auto"]
 latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
 
 
-IdPair = tuple[int, int, bytes, bytes, bytes]
+IdPair = tuple[int, int, bytes, bytes, bytes, tuple[str, bytes]]
 """A first send's srid and record id, the srid's 8-byte key, both ids' keys one after the
-other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking) and
-the record's first Avro fields (``schemas.first_attempt_ids``)."""
+other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking),
+the record's first Avro fields (``schemas.first_attempt_ids``) and its tracking header."""
 
 # Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool,
 # the pairs zipped up in C): a send encodes none of its ids itself. list.pop is atomic
@@ -66,9 +66,10 @@ def _refill() -> None:
     srids, record_ids = fresh[0::2], fresh[1::2]
     keys = fresh.astype(">i8").tobytes()  # srid, record id, srid, ...: 16 bytes per pair
     at = range(0, 16 * _POOL_PAIRS, 16)
+    tracking = [keys[i : i + 16] for i in at]
     _ID_POOL.extend(zip(
-        srids.tolist(), record_ids.tolist(), [keys[i : i + 8] for i in at], [keys[i : i + 16] for i in at],
-        first_attempt_ids(srids, record_ids), strict=True,
+        srids.tolist(), record_ids.tolist(), [keys[i : i + 8] for i in at], tracking,
+        first_attempt_ids(srids, record_ids), [(H_TRACKING, t) for t in tracking], strict=True,
     ))
 
 
@@ -135,7 +136,7 @@ def send_batch(
     # record's last fields (one clock reading per batch), the partitioner of the topic.
     shared = first_attempts(int(time.time() * 1000), timeout_field(timeout), max_attempts, placements.partitioner(topic))
     results: list[SendResult] = []
-    waiting: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
+    waiting: list[Any] = []  # PendingData's entries, flat (broker.delivery.ENTRY_FIELDS)
     try:
         for record in records:
             key, value = record[0], record[1]
@@ -150,7 +151,7 @@ def send_batch(
             value_b = value if value is None or type(value) is bytes else serde.serialize(value)
             own = user_headers(headers) if headers else ()
             partition = key_hash_partition(topic, key_b)
-            srid, record_id, srid_b, ids_key, ids_avro = _ID_POOL.pop() if _ID_POOL else new_id_pair()
+            srid, record_id, srid_b, ids_key, ids_avro, tracking = _ID_POOL.pop() if _ID_POOL else new_id_pair()
             value_p = encode_first_persisted(
                 ids_key, ids_avro, placement(topic, partition), key_b, value_b, avro_headers(own), shared,
             )
@@ -167,11 +168,10 @@ def send_batch(
                     f"persist record not produced: {exc}; the {len(results)} records before it were sent",
                     failures=[failure], sent=results,
                 ) from exc
-            data_headers = [*own, (H_TRACKING, ids_key)]
             if transactional:
-                source._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
-            else:
-                waiting.append((srid_b, topic, key_b, value_b, partition, data_headers))
+                source._produce(topic, key=key_b, value=value_b, partition=partition, headers=[*own, tracking])
+            else:  # without headers of its own, its tracking header alone: no list kept per record
+                waiting += (srid_b, topic, key_b, value_b, partition, [*own, tracking] if own else tracking)
             if window is not None:
                 window.sent(srid, srid)
                 if transactional:

@@ -7,18 +7,19 @@ from __future__ import annotations
 import os
 
 from broker import ids
-from broker.headers import Tracking
+from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
 from broker.sending import _ID_POOL, new_id_pair
 
 
 def test_a_source_id_comes_with_its_encodings() -> None:
     for _ in range(5000):
-        srid, record_id, srid_key, ids_key, ids_avro = new_id_pair()
+        srid, record_id, srid_key, ids_key, ids_avro, tracking = new_id_pair()
         assert srid != 0 and record_id != 0
         assert srid_key == ids.encode_id(srid) and ids_key == srid_key + ids.encode_id(record_id)
         assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
         assert Tracking.unpack(ids_key) == Tracking(srid, record_id, srid, 1)
+        assert tracking == (H_TRACKING, ids_key)
 
 
 def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
