@@ -9,7 +9,7 @@ import os
 from broker import ids
 from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
-from broker.sending import _ID_POOL, new_id_pair
+from broker.sending import _ID_POOL, SendResult, first_results, new_id_pair
 
 
 def test_a_source_id_comes_with_its_encodings() -> None:
@@ -38,3 +38,13 @@ def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
     os.waitpid(pid, 0)
     child = {ids.decode_id(drawn[i : i + 8]) for i in range(0, len(drawn), 8)}
     assert len(child) == 6 and not child & pooled
+
+
+def test_results_built_in_bulk_are_the_send_results_of_first_attempts() -> None:
+    srids, record_ids, partitions = [5, -7, 2**62], [9, 11, -(2**63)], [0, 3, 1]
+    results = first_results(srids, record_ids, partitions)
+    expected = [SendResult(s, r, p, s) for s, r, p in zip(srids, record_ids, partitions, strict=True)]
+    assert results == expected and type(results) is list
+    assert all(type(r) is SendResult for r in results)
+    assert [(r.srid, r.record_id, r.key_hash_partition, r.origin) for r in results] == [tuple(e) for e in expected]
+    assert first_results([], [], []) == []
