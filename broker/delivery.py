@@ -116,7 +116,7 @@ class PendingData:
         failed = self._failed
         produce = self.producer.produce
         fields = iter(entries)
-        records = zip(fields, fields, fields, fields, fields, fields)  # ENTRY_FIELDS
+        records = zip(fields, fields, fields, fields, fields, fields, strict=True)  # ENTRY_FIELDS
         for i, (srid_b, topic, key, value, partition, headers) in enumerate(records):
             if failed and srid_b in failed:
                 continue  # its data record is never produced

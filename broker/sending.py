@@ -116,6 +116,8 @@ def first_results(srids: list[int], record_ids: list[int], partitions: list[int]
     return list(map(tuple.__new__, repeat(SendResult), zip(srids, record_ids, partitions, srids, strict=True)))
 
 
+_NO_HEADERS = avro_headers(())
+
 BatchRecord = tuple[Any, Any] | tuple[Any, Any, Headers | None]
 """A record of ``send_many``: ``(key, value)`` or ``(key, value, headers)``."""
 
@@ -132,13 +134,15 @@ def send_batch(
     placements = source._placements
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
-    placement = placements.placement
+    # Looked up per record without a call: the partitions of the keys seen, the placements.
+    known_keys, placed = placements.known_keys(topic), placements.placements(topic)
     producer = source._pending.producer
     produce = producer.produce
     persist, ledger_partitions = source.ns.persist, source.ledger_partitions
     on_persist = source._pending.on_persist
     window = source._backpressure.window
     transactional = source._transactional
+    bounded = source.config.max_pending is not None
     # What every record of the batch shares, encoded once: its prefix after the ids, the
     # record's last fields (one clock reading per batch), the partitioner of the topic.
     shared = first_attempts(int(time.time() * 1000), timeout_field(timeout), max_attempts, placements.partitioner(topic))
@@ -149,8 +153,7 @@ def send_batch(
     try:
         for record in records:
             key, value = record[0], record[1]
-            headers = record[2] if len(record) > 2 else None
-            if source.config.max_pending is not None:
+            if bounded:
                 # The records waiting for a slot may be this batch's own: theirs must be out.
                 source._pending.extend(waiting)
                 waiting = []
@@ -158,11 +161,13 @@ def send_batch(
                 window = source._backpressure.window
             key_b = key if key is None or type(key) is bytes else as_bytes(key)
             value_b = value if value is None or type(value) is bytes else serde.serialize(value)
-            own = user_headers(headers) if headers else ()
-            partition = key_hash_partition(topic, key_b)
+            own = user_headers(record[2]) if len(record) > 2 and record[2] else ()
+            partition = known_keys.get(key_b)  # type: ignore[arg-type]  # None: never known
+            if partition is None:
+                partition = key_hash_partition(topic, key_b)
             srid, record_id, srid_b, ids_key, ids_avro, tracking = _ID_POOL.pop() if _ID_POOL else new_id_pair()
             value_p = encode_first_persisted(
-                ids_key, ids_avro, placement(topic, partition), key_b, value_b, avro_headers(own), shared,
+                ids_key, ids_avro, placed[partition], key_b, value_b, avro_headers(own) if own else _NO_HEADERS, shared,
             )
             try:
                 try:
