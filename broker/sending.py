@@ -65,12 +65,12 @@ _POOL_PAIRS = 4096
 def _refill() -> None:
     fresh = ids.new_ids(2 * _POOL_PAIRS)
     srids, record_ids = fresh[0::2], fresh[1::2]
-    keys = fresh.astype(">i8").tobytes()  # srid, record id, srid, ...: 16 bytes per pair
-    at = range(0, 16 * _POOL_PAIRS, 16)
-    tracking = [keys[i : i + 16] for i in at]
+    # Big-endian keys, one bytes object per element of a void view (a bytes view, "S",
+    # would strip trailing zero bytes): srid, then srid and record id (16 bytes per pair).
+    tracking = fresh.astype(">i8").view("V16").tolist()
     _ID_POOL.extend(zip(
-        srids.tolist(), record_ids.tolist(), [keys[i : i + 8] for i in at], tracking,
-        first_attempt_ids(srids, record_ids), [(H_TRACKING, t) for t in tracking], strict=True,
+        srids.tolist(), record_ids.tolist(), srids.astype(">i8").view("V8").tolist(), tracking,
+        first_attempt_ids(srids, record_ids), zip(repeat(H_TRACKING), tracking), strict=True,
     ))
 
 
