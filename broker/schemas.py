@@ -108,6 +108,9 @@ def avro_long(n: int) -> bytes:
 # Thresholds of the zigzag value at which a varint needs one more byte: 2^7, 2^14, ... 2^63.
 _VARINT_STEPS = np.array([1 << (7 * i) for i in range(1, 10)], dtype=np.uint64)
 _SEVEN_BITS = np.arange(0, 70, 7, dtype=np.uint64)
+# By a varint's length: which of its ten bytes it uses, and their continuation bits.
+_USED = np.arange(10) < np.arange(11)[:, None]
+_CONTINUED = ((np.arange(10) < np.arange(11)[:, None] - 1) * 0x80).astype(np.uint8)
 
 
 def _varint_groups(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +120,7 @@ def _varint_groups(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         z = ((n << 1) ^ (n >> 63)).view(np.uint64)
     groups = ((z[:, None] >> _SEVEN_BITS) & np.uint64(0x7F)).astype(np.uint8)
     lengths = np.searchsorted(_VARINT_STEPS, z, side="right") + 1
-    groups |= ((np.arange(10) < (lengths[:, None] - 1)) * 0x80).astype(np.uint8)
+    groups |= _CONTINUED[lengths]
     return groups, lengths
 
 
@@ -128,7 +131,7 @@ def avro_rows(*columns: np.ndarray) -> list[bytes]:
     if table.shape[0] == 0:
         return []
     groups, lengths = _varint_groups(table.ravel())
-    buf = groups[np.arange(10) < lengths[:, None]].tobytes()  # row by row, field by field
+    buf = groups[_USED[lengths]].tobytes()  # row by row, field by field
     ends = np.cumsum(lengths.reshape(table.shape).sum(axis=1)).tolist()
     return [buf[i:j] for i, j in zip([0, *ends[:-1]], ends, strict=True)]
 
@@ -232,7 +235,7 @@ def first_attempt_ids(srids: np.ndarray, record_ids: np.ndarray) -> list[bytes]:
         return []
     groups, lengths = _varint_groups(np.stack([srids, record_ids], axis=1).astype(np.int64).ravel())
     groups, lengths = groups.reshape(n, 2, 10), lengths.reshape(n, 2)
-    used = np.arange(10) < lengths[:, :, None]
+    used = _USED[lengths]
     row = np.empty((n, 41), np.uint8)  # srid, srid, attempt 1, record id, record id: 10 + 10 + 1 + 10 + 10
     keep = np.empty((n, 41), bool)
     row[:, 0:10] = row[:, 10:20] = groups[:, 0]
