@@ -212,6 +212,8 @@ def avro_placement(topic: str, key_hash_partition: int, partitioner: str) -> byt
 
 
 _SMALL_LEN = len(_SMALL) >> 1  # lengths below this are one table lookup
+# A present key's or value's union branch and length, for the lengths below _SMALL_LEN.
+_PRESENT_LEN = tuple(_BRANCH_1 + _SMALL[n << 1] for n in range(_SMALL_LEN))
 
 
 def avro_headers(headers: tuple[tuple[str, bytes | None], ...] | list[tuple[str, bytes | None]]) -> bytes:
@@ -277,15 +279,14 @@ def encode_first_persisted(
         key_len, key = _NULL, b""
     else:
         n = len(key)
-        key_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
+        key_len = _PRESENT_LEN[n] if n < _SMALL_LEN else _BRANCH_1 + avro_long(n)
     if value is None:
         value_len, value = _NULL, b""
     else:
         n = len(value)
-        value_len = _BRANCH_1 + (_SMALL[n << 1] if n < _SMALL_LEN else avro_long(n))
-    return b"".join((
-        ids_key, shared.prefix_fields, ids_avro, placement, key_len, key, value_len, value, headers_avro, shared.tail,
-    ))
+        value_len = _PRESENT_LEN[n] if n < _SMALL_LEN else _BRANCH_1 + avro_long(n)
+    prefix_fields, tail = shared
+    return b"".join((ids_key, prefix_fields, ids_avro, placement, key_len, key, value_len, value, headers_avro, tail))
 
 
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
