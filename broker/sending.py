@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -53,33 +53,42 @@ IdPair = tuple[int, int, bytes, bytes, bytes, tuple[str, bytes]]
 other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking),
 the record's first Avro fields (``schemas.first_attempt_ids``) and its tracking header."""
 
-# Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool,
-# the pairs zipped up in C): a send encodes none of its ids itself. list.pop is atomic
-# (threads never share an entry); a forked child starts empty (it must not reuse its
-# parent's ids: the same ids in two processes would cancel in the ledger).
-_ID_POOL: list[IdPair] = []
-os.register_at_fork(after_in_child=_ID_POOL.clear)
+# Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool):
+# a send encodes none of its ids itself. The pool is a zip over the columns: a draw is one
+# ``next``, atomic (threads never share an entry), and the zip reuses its tuple once the
+# caller has unpacked it (nothing allocated per draw). A forked child starts empty (it must
+# not reuse its parent's ids: the same ids in two processes would cancel in the ledger).
+_ID_POOL: Iterator[IdPair] = iter(())
 _POOL_PAIRS = 4096
 
 
+def _empty_pool() -> None:
+    global _ID_POOL
+    _ID_POOL = iter(())
+
+
+os.register_at_fork(after_in_child=_empty_pool)
+
+
 def _refill() -> None:
+    global _ID_POOL
     fresh = ids.new_ids(2 * _POOL_PAIRS)
     srids, record_ids = fresh[0::2], fresh[1::2]
     # Big-endian keys, one bytes object per element of a void view (a bytes view, "S",
     # would strip trailing zero bytes): srid, then srid and record id (16 bytes per pair).
     tracking = fresh.astype(">i8").view("V16").tolist()
-    _ID_POOL.extend(zip(
+    _ID_POOL = zip(
         srids.tolist(), record_ids.tolist(), srids.astype(">i8").view("V8").tolist(), tracking,
         first_attempt_ids(srids, record_ids), zip(repeat(H_TRACKING), tracking), strict=True,
-    ))
+    )
 
 
 def new_id_pair() -> IdPair:
-    try:
-        return _ID_POOL.pop()
-    except IndexError:
+    pair = next(_ID_POOL, None)
+    while pair is None:  # (another thread may empty a fresh pool first)
         _refill()
-        return _ID_POOL.pop()
+        pair = next(_ID_POOL, None)
+    return pair
 
 
 _SHARED: dict[tuple[int, int, int, str], FirstAttempts] = {}
@@ -165,7 +174,7 @@ def send_batch(
             partition = known_keys.get(key_b)  # type: ignore[arg-type]  # None: never known
             if partition is None:
                 partition = key_hash_partition(topic, key_b)
-            srid, record_id, srid_b, ids_key, ids_avro, tracking = _ID_POOL.pop() if _ID_POOL else new_id_pair()
+            srid, record_id, srid_b, ids_key, ids_avro, tracking = next(_ID_POOL, None) or new_id_pair()
             value_p = encode_first_persisted(
                 ids_key, ids_avro, placed[partition], key_b, value_b, avro_headers(own) if own else _NO_HEADERS, shared,
             )

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from broker import ids
+from broker import ids, sending
 from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
-from broker.sending import _ID_POOL, SendResult, first_results, new_id_pair
+from broker.sending import SendResult, first_results, new_id_pair
 
 
 def test_a_source_id_comes_with_its_encodings() -> None:
@@ -24,7 +24,6 @@ def test_a_source_id_comes_with_its_encodings() -> None:
 
 def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
     new_id_pair()  # the pool is full now
-    pooled = {i for pair in _ID_POOL for i in pair[:2]}
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its first ids, to the parent
@@ -33,6 +32,7 @@ def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
         finally:
             os._exit(0)
     os.close(write)
+    pooled = {i for pair in sending._ID_POOL for i in pair[:2]}  # what the child would have drawn
     with os.fdopen(read, "rb") as pipe:
         drawn = pipe.read()
     os.waitpid(pid, 0)
