@@ -46,11 +46,10 @@ class SendFailure(NamedTuple):
 
 ENTRY_FIELDS = 6
 """``PendingData`` holds its data records flat, ``ENTRY_FIELDS`` items each: srid key, topic,
-key, value, partition and headers - the list to produce, or a record with only its tracking
-header the ``(H_TRACKING, ids)`` pair alone. A tuple of bytes and ints per record, or a
-list, would be one object per record for the garbage collector to count and to traverse
-while it waits; a flat list and a pair of str and bytes are not (the collector untracks
-such a pair)."""
+key, value, partition and headers - the list to produce or, for a record whose only header is
+its tracking header, that ``(H_TRACKING, ids)`` pair. A tuple or a list per record would be an
+object for the garbage collector to count and traverse while the record waits; the flat list
+and such a pair are not (the collector untracks a tuple of str and bytes)."""
 # Persist records go out in epochs, alternating between two producers: an epoch's data
 # records are released once its producer holds nothing undelivered - a question asked without
 # blocking (``len``), while the next epoch is sent with the other producer. An epoch lasts the
