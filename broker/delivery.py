@@ -44,7 +44,12 @@ class SendFailure(NamedTuple):
         return cls(record.srid, record.topic, record.key, record.value, error, record)
 
 
-_Entry = tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]
+ENTRY_FIELDS = 6
+"""``PendingData`` holds its data records flat, ``ENTRY_FIELDS`` items each: srid key, topic,
+key, value, partition and headers - the list to produce or, for a record whose only header is
+its tracking header, that ``(H_TRACKING, ids)`` pair. A tuple or a list per record would be an
+object for the garbage collector to count and traverse while the record waits; the flat list
+and such a pair are not (the collector untracks a tuple of str and bytes)."""
 # Persist records go out in epochs, alternating between two producers: an epoch's data
 # records are released once its producer holds nothing undelivered - a question asked without
 # blocking (``len``), while the next epoch is sent with the other producer. An epoch lasts the
@@ -77,43 +82,48 @@ class PendingData:
         self.epoch_s = EPOCH_S if epoch_s is None else epoch_s
         self.producer = producer
         self._other = producer if other is None else other  # (a Producer is falsy when empty)
-        self._open: list[_Entry] = []  # sent with ``producer``
-        self._closed: list[_Entry] = []  # sent with ``_other``: released once it is drained
+        self._open: list[Any] = []  # sent with ``producer`` (ENTRY_FIELDS items a record)
+        self._closed: list[Any] = []  # sent with ``_other``: released once it is drained
         self._failed: set[bytes] = set()  # srid keys of the failed persist records waiting
         self.failures: list[SendFailure] = []
         self.on_persist = _persist_callback(self._failed, self.failures)
         self.since = 0.0  # when the open epoch's first record was added (monotonic)
 
     def __len__(self) -> int:
-        return len(self._open) + len(self._closed)
+        return (len(self._open) + len(self._closed)) // ENTRY_FIELDS
 
     def use(self, producer: Producer) -> None:
         """A transactional source's new producer (after an abort)."""
         self.producer = self._other = producer
 
     def add(self, srid_b: bytes, topic: str, key: bytes | None, value: bytes | None, partition: int,
-            headers: list[Any]) -> None:
+            headers: list[Any] | tuple[str, bytes]) -> None:
+        """``headers``: the data record's, or its tracking header alone (``ENTRY_FIELDS``)."""
         if not self._open:
             self.since = time.monotonic()
-        self._open.append((srid_b, topic, key, value, partition, headers))
+        self._open += (srid_b, topic, key, value, partition, headers)
 
-    def extend(self, entries: list[_Entry]) -> None:
+    def extend(self, entries: list[Any]) -> None:
+        """Records as ``add`` takes them, one after the other in one flat list."""
         if entries and not self._open:
             self.since = time.monotonic()
         self._open += entries
 
-    def _release(self, entries: list[_Entry]) -> bool:
+    def _release(self, entries: list[Any]) -> bool:
         """Produce ``entries`` (all decided) with the open epoch's producer; False when the
         queue is full (the rest stays for the next call)."""
         failed = self._failed
         produce = self.producer.produce
-        for i, (srid_b, topic, key, value, partition, headers) in enumerate(entries):
+        fields = iter(entries)
+        records = zip(fields, fields, fields, fields, fields, fields, strict=True)  # ENTRY_FIELDS
+        for i, (srid_b, topic, key, value, partition, headers) in enumerate(records):
             if failed and srid_b in failed:
                 continue  # its data record is never produced
             try:
-                produce(topic, value, key, partition, None, None, 0, headers)  # kafka_io.PRODUCE_ARGS
+                produce(topic, value, key, partition, None, None, 0,  # kafka_io.PRODUCE_ARGS
+                        headers if type(headers) is list else [headers])
             except BufferError:
-                del entries[:i]
+                del entries[: i * ENTRY_FIELDS]
                 return False
         entries.clear()
         return True
@@ -124,7 +134,7 @@ class PendingData:
             other = self._other
             other.poll(0)  # serves its failure reports: they count in len() until served
             if len(other):
-                if len(self._open) < MAX_EPOCH:
+                if len(self._open) < MAX_EPOCH * ENTRY_FIELDS:
                     return
                 other.flush(_FLUSH_S)
                 if len(other):

@@ -33,7 +33,7 @@ class Placements:
         self.partitions: dict[str, int] = {}
         self._keys: dict[str, dict[bytes, int]] = {}  # topic -> key -> partition
         # topic -> partition -> its persist records' encoded topic, partition and partitioner
-        self._encoded: dict[str, list[bytes | None]] = {}
+        self._encoded: dict[str, list[bytes]] = {}
 
     def data_partitions(self, topic: str) -> int:
         """The partition count of ``topic``; it and its replay topic must exist with the same
@@ -57,29 +57,38 @@ class Placements:
     def key_hash_partition(self, topic: str, key: bytes | None) -> int:
         if key is None:
             return random.randrange(self.data_partitions(topic))
-        known = self._keys.get(topic)
-        if known is None:
-            known = self._keys[topic] = {}
-        else:
-            cached = known.get(key)
-            if cached is not None:
-                return cached
+        known = self.known_keys(topic)
+        cached = known.get(key)
+        if cached is not None:
+            return cached
         n = self.data_partitions(topic)
         partition = get_partitioner(self.partitioner(topic)).partition(key, n)
         if len(known) >= MAX_KEYS:
-            known.clear()
+            known.clear()  # in place: a batch's ``known_keys`` stays this topic's
         known[key] = partition
         return partition
 
     def placement(self, topic: str, partition: int) -> bytes:
         """The persist record's topic, key-hash partition and partitioner fields, encoded."""
+        return self.placements(topic)[partition]
+
+    def placements(self, topic: str) -> list[bytes]:
+        """``placement`` of each partition of ``topic``, by partition (encoded at first use)."""
         encoded = self._encoded.get(topic)
         if encoded is None:
-            encoded = self._encoded[topic] = [None] * self.data_partitions(topic)
-        placement = encoded[partition]
-        if placement is None:
-            placement = encoded[partition] = avro_placement(topic, partition, self.partitioner(topic))
-        return placement
+            partitioner = self.partitioner(topic)
+            encoded = self._encoded[topic] = [
+                avro_placement(topic, p, partitioner) for p in range(self.data_partitions(topic))
+            ]
+        return encoded
+
+    def known_keys(self, topic: str) -> dict[bytes, int]:
+        """The keys of ``topic`` whose partition ``key_hash_partition`` knows (key -> partition):
+        a batch looks them up without a call, and calls it for the others."""
+        known = self._keys.get(topic)
+        if known is None:
+            known = self._keys[topic] = {}
+        return known
 
     def partitioner(self, topic: str) -> str:
         """The name of ``topic``'s partitioner (broker.partitioning)."""

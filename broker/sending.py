@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import repeat
 from typing import Any, Literal, NamedTuple, Protocol
 
 from confluent_kafka import KafkaException, Producer
@@ -47,37 +48,47 @@ Timeout = int | Literal["auto"]
 latency it sees for the topic (docs/design.md §6, *Adaptive timeouts*)."""
 
 
-IdPair = tuple[int, int, bytes, bytes, bytes]
+IdPair = tuple[int, int, bytes, bytes, bytes, tuple[str, bytes]]
 """A first send's srid and record id, the srid's 8-byte key, both ids' keys one after the
-other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking) and
-the record's first Avro fields (``schemas.first_attempt_ids``)."""
+other (the persist value's first 16 bytes, and a first attempt's ``rb-t``: its tracking),
+the record's first Avro fields (``schemas.first_attempt_ids``) and its tracking header."""
 
-# Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool,
-# the pairs zipped up in C): a send encodes none of its ids itself. list.pop is atomic
-# (threads never share an entry); a forked child starts empty (it must not reuse its
-# parent's ids: the same ids in two processes would cancel in the ledger).
-_ID_POOL: list[IdPair] = []
-os.register_at_fork(after_in_child=_ID_POOL.clear)
+# Fresh ids drawn in bulk, two per send, with all their encodings (numpy for a whole pool):
+# a send encodes none of its ids itself. The pool is a zip over the columns: a draw is one
+# ``next``, atomic (threads never share an entry), and the zip reuses its tuple once the
+# caller has unpacked it (nothing allocated per draw). A forked child starts empty (it must
+# not reuse its parent's ids: the same ids in two processes would cancel in the ledger).
+_ID_POOL: Iterator[IdPair] = iter(())
 _POOL_PAIRS = 4096
 
 
+def _empty_pool() -> None:
+    global _ID_POOL
+    _ID_POOL = iter(())
+
+
+os.register_at_fork(after_in_child=_empty_pool)
+
+
 def _refill() -> None:
+    global _ID_POOL
     fresh = ids.new_ids(2 * _POOL_PAIRS)
     srids, record_ids = fresh[0::2], fresh[1::2]
-    keys = fresh.astype(">i8").tobytes()  # srid, record id, srid, ...: 16 bytes per pair
-    at = range(0, 16 * _POOL_PAIRS, 16)
-    _ID_POOL.extend(zip(
-        srids.tolist(), record_ids.tolist(), [keys[i : i + 8] for i in at], [keys[i : i + 16] for i in at],
-        first_attempt_ids(srids, record_ids), strict=True,
-    ))
+    # Big-endian keys, one bytes object per element of a void view (a bytes view, "S",
+    # would strip trailing zero bytes): srid, then srid and record id (16 bytes per pair).
+    tracking = fresh.astype(">i8").view("V16").tolist()
+    _ID_POOL = zip(
+        srids.tolist(), record_ids.tolist(), srids.astype(">i8").view("V8").tolist(), tracking,
+        first_attempt_ids(srids, record_ids), zip(repeat(H_TRACKING), tracking), strict=True,
+    )
 
 
 def new_id_pair() -> IdPair:
-    try:
-        return _ID_POOL.pop()
-    except IndexError:
+    pair = next(_ID_POOL, None)
+    while pair is None:  # (another thread may empty a fresh pool first)
         _refill()
-        return _ID_POOL.pop()
+        pair = next(_ID_POOL, None)
+    return pair
 
 
 _SHARED: dict[tuple[int, int, int, str], FirstAttempts] = {}
@@ -108,6 +119,14 @@ class SendResult(NamedTuple):
     origin: int
 
 
+def first_results(srids: list[int], record_ids: list[int], partitions: list[int]) -> list[SendResult]:
+    """The ``SendResult`` of each first attempt (origin = srid), built in bulk: no Python call
+    per record."""
+    return list(map(tuple.__new__, repeat(SendResult), zip(srids, record_ids, partitions, srids, strict=True)))
+
+
+_NO_HEADERS = avro_headers(())
+
 BatchRecord = tuple[Any, Any] | tuple[Any, Any, Headers | None]
 """A record of ``send_many``: ``(key, value)`` or ``(key, value, headers)``."""
 
@@ -124,23 +143,26 @@ def send_batch(
     placements = source._placements
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
-    placement = placements.placement
+    # Looked up per record without a call: the partitions of the keys seen, the placements.
+    known_keys, placed = placements.known_keys(topic), placements.placements(topic)
     producer = source._pending.producer
     produce = producer.produce
     persist, ledger_partitions = source.ns.persist, source.ledger_partitions
     on_persist = source._pending.on_persist
     window = source._backpressure.window
     transactional = source._transactional
+    bounded = source.config.max_pending is not None
     # What every record of the batch shares, encoded once: its prefix after the ids, the
     # record's last fields (one clock reading per batch), the partitioner of the topic.
     shared = first_attempts(int(time.time() * 1000), timeout_field(timeout), max_attempts, placements.partitioner(topic))
-    results: list[SendResult] = []
-    waiting: list[tuple[bytes, str, bytes | None, bytes | None, int, list[Any]]] = []
+    srids: list[int] = []  # the results, as columns (``first_results``)
+    record_ids: list[int] = []
+    partitions: list[int] = []
+    waiting: list[Any] = []  # PendingData's entries, flat (broker.delivery.ENTRY_FIELDS)
     try:
         for record in records:
             key, value = record[0], record[1]
-            headers = record[2] if len(record) > 2 else None
-            if source.config.max_pending is not None:
+            if bounded:
                 # The records waiting for a slot may be this batch's own: theirs must be out.
                 source._pending.extend(waiting)
                 waiting = []
@@ -148,11 +170,13 @@ def send_batch(
                 window = source._backpressure.window
             key_b = key if key is None or type(key) is bytes else as_bytes(key)
             value_b = value if value is None or type(value) is bytes else serde.serialize(value)
-            own = user_headers(headers) if headers else ()
-            partition = key_hash_partition(topic, key_b)
-            srid, record_id, srid_b, ids_key, ids_avro = _ID_POOL.pop() if _ID_POOL else new_id_pair()
+            own = user_headers(record[2]) if len(record) > 2 and record[2] else ()
+            partition = known_keys.get(key_b)  # type: ignore[arg-type]  # None: never known
+            if partition is None:
+                partition = key_hash_partition(topic, key_b)
+            srid, record_id, srid_b, ids_key, ids_avro, tracking = next(_ID_POOL, None) or new_id_pair()
             value_p = encode_first_persisted(
-                ids_key, ids_avro, placement(topic, partition), key_b, value_b, avro_headers(own), shared,
+                ids_key, ids_avro, placed[partition], key_b, value_b, avro_headers(own) if own else _NO_HEADERS, shared,
             )
             try:
                 try:
@@ -164,23 +188,24 @@ def send_batch(
             except KafkaException as exc:
                 failure = SendFailure.of(value_p, exc.args[0])
                 raise DeliveryError(
-                    f"persist record not produced: {exc}; the {len(results)} records before it were sent",
-                    failures=[failure], sent=results,
+                    f"persist record not produced: {exc}; the {len(srids)} records before it were sent",
+                    failures=[failure], sent=first_results(srids, record_ids, partitions),
                 ) from exc
-            data_headers = [*own, (H_TRACKING, ids_key)]
             if transactional:
-                source._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
-            else:
-                waiting.append((srid_b, topic, key_b, value_b, partition, data_headers))
+                source._produce(topic, key=key_b, value=value_b, partition=partition, headers=[*own, tracking])
+            else:  # without headers of its own, its tracking header alone: no list kept per record
+                waiting += (srid_b, topic, key_b, value_b, partition, [*own, tracking] if own else tracking)
             if window is not None:
                 window.sent(srid, srid)
                 if transactional:
                     source._transaction_srids.append(srid)
-            results.append(SendResult(srid, record_id, partition, srid))
+            srids.append(srid)
+            record_ids.append(record_id)
+            partitions.append(partition)
     finally:
         source._pending.extend(waiting)
-        source.sent += len(results)
+        source.sent += len(srids)
         if transactional:
-            source._in_transaction_sent += len(results)
-    return results
+            source._in_transaction_sent += len(srids)
+    return first_results(srids, record_ids, partitions)
 

@@ -284,7 +284,7 @@ class Source:
         if self.config.max_pending is not None:
             self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
-        srid, record_id, srid_b, tracking, ids_avro = new_id_pair()
+        srid, record_id, srid_b, tracking, ids_avro, _ = new_id_pair()
         created_ms = int(time.time() * 1000)
         if timeout_ms:
             _check_timeout(timeout_ms)  # the config's was checked when the Source was built

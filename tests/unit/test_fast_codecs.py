@@ -241,6 +241,15 @@ def test_avro_rows_encodes_each_row_as_avro_long_does_each_value(rows: list[tupl
     assert avro_rows(*columns) == [avro_long(a) + avro_long(b) for a, b in rows]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(LONGS, LONGS), max_size=300))
+def test_first_attempt_ids_are_the_avro_of_srid_origin_attempt_root_xor_record_id(rows: list[tuple[int, int]]) -> None:
+    srids, record_ids = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(2))
+    assert first_attempt_ids(srids, record_ids) == [
+        avro_long(s) + avro_long(s) + avro_long(1) + avro_long(r) + avro_long(r) for s, r in rows
+    ]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(LONGS, st.integers(0, 255), st.integers(0, 2**62), st.integers(0, 2**50)), max_size=100))
 def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple[int, int, int, int]]) -> None:

@@ -121,3 +121,26 @@ def test_drain_waits_for_every_epoch_and_delivers_their_data() -> None:
     b.flush = lambda _t=0: b.deliver() or 0  # type: ignore[method-assign]
     assert pending.drain(1.0) == 0
     assert sorted(a.data + b.data) == [b"data-1", b"data-2", b"data-3"] and len(pending) == 0
+
+
+def test_a_record_with_only_its_tracking_header_is_produced_with_that_header_alone() -> None:
+    produced: list[tuple[Any, ...]] = []
+
+    class Recording(Producer):
+        def produce(self, topic: str, value: bytes | None = None, *args: Any, **__: Any) -> None:
+            super().produce(topic, value)
+            produced.append((topic, value, *args))
+
+    a, b = Recording(), Recording()
+    pending = PendingData(a, b)  # type: ignore[arg-type]
+    tracking = ("rb-t", b"\x01" * 16)
+    pending.add(b"k1", "t", b"k", b"v1", 2, tracking)
+    pending.extend([b"k2", "t", b"k", b"v2", 3, [("h", b"x"), tracking]])
+    assert len(pending) == 2
+    pending.settle()
+    pending.settle()  # a is drained: the epoch's data records go out with b
+    assert produced == [
+        ("t", b"v1", b"k", 2, None, None, 0, [tracking]),
+        ("t", b"v2", b"k", 3, None, None, 0, [("h", b"x"), tracking]),
+    ]
+    assert len(pending) == 0

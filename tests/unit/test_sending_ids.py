@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import os
 
-from broker import ids
-from broker.headers import Tracking
+from broker import ids, sending
+from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
-from broker.sending import _ID_POOL, new_id_pair
+from broker.sending import SendResult, first_results, new_id_pair
 
 
 def test_a_source_id_comes_with_its_encodings() -> None:
     for _ in range(5000):
-        srid, record_id, srid_key, ids_key, ids_avro = new_id_pair()
+        srid, record_id, srid_key, ids_key, ids_avro, tracking = new_id_pair()
         assert srid != 0 and record_id != 0
         assert srid_key == ids.encode_id(srid) and ids_key == srid_key + ids.encode_id(record_id)
         assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
         assert Tracking.unpack(ids_key) == Tracking(srid, record_id, srid, 1)
+        assert tracking == (H_TRACKING, ids_key)
 
 
 def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
     new_id_pair()  # the pool is full now
-    pooled = {i for pair in _ID_POOL for i in pair[:2]}
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its first ids, to the parent
@@ -32,8 +32,19 @@ def test_a_forked_child_draws_none_of_its_parents_pooled_ids() -> None:
         finally:
             os._exit(0)
     os.close(write)
+    pooled = {i for pair in sending._ID_POOL for i in pair[:2]}  # what the child would have drawn
     with os.fdopen(read, "rb") as pipe:
         drawn = pipe.read()
     os.waitpid(pid, 0)
     child = {ids.decode_id(drawn[i : i + 8]) for i in range(0, len(drawn), 8)}
     assert len(child) == 6 and not child & pooled
+
+
+def test_results_built_in_bulk_are_the_send_results_of_first_attempts() -> None:
+    srids, record_ids, partitions = [5, -7, 2**62], [9, 11, -(2**63)], [0, 3, 1]
+    results = first_results(srids, record_ids, partitions)
+    expected = [SendResult(s, r, p, s) for s, r, p in zip(srids, record_ids, partitions, strict=True)]
+    assert results == expected and type(results) is list
+    assert all(type(r) is SendResult for r in results)
+    assert [(r.srid, r.record_id, r.key_hash_partition, r.origin) for r in results] == [tuple(e) for e in expected]
+    assert first_results([], [], []) == []

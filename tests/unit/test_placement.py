@@ -1,0 +1,42 @@
+"""A source's placements (broker.placement): the persist record's placement fields encoded per
+partition, and the known key partitions a batch looks up without a call."""
+
+from __future__ import annotations
+
+import pytest
+
+import broker.placement
+from broker.partitioning import get_partitioner
+from broker.placement import Placements
+from broker.schemas import avro_placement
+from broker.settings import KafkaSettings
+from broker.topics import Namespace
+
+
+def _placements() -> Placements:
+    placements = Placements(KafkaSettings("fake:9092"), Namespace("unit"), {"b": "murmur2_random"})
+    placements.partitions.update({"a": 4, "b": 3})  # as if checked on the cluster
+    return placements
+
+
+def test_each_partitions_placement_is_encoded_once_with_the_topics_partitioner() -> None:
+    placements = _placements()
+    for topic, n in (("a", 4), ("b", 3)):
+        encoded = placements.placements(topic)
+        assert encoded == [avro_placement(topic, p, placements.partitioner(topic)) for p in range(n)]
+        assert placements.placements(topic) is encoded
+        assert [placements.placement(topic, p) for p in range(n)] == encoded
+
+
+def test_known_keys_are_the_partitions_key_hash_partition_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.placement, "MAX_KEYS", 3)
+    placements = _placements()
+    known = placements.known_keys("a")
+    assert known == {}
+    keys = [b"k%d" % i for i in range(3)]
+    partitions = [placements.key_hash_partition("a", k) for k in keys]
+    assert partitions == [get_partitioner("kafka").partition(k, 4) for k in keys]
+    assert known == dict(zip(keys, partitions, strict=True)) and placements.known_keys("a") is known
+    placements.key_hash_partition("a", b"k3")  # over MAX_KEYS: forgotten in place
+    assert placements.known_keys("a") is known and known == {b"k3": get_partitioner("kafka").partition(b"k3", 4)}
+    assert placements.key_hash_partition("a", None) in range(4) and None not in known
