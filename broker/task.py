@@ -34,6 +34,7 @@ from broker.headers import (
     as_bytes,
     child_path_header,
     path_of,
+    tracking_of,
     user_headers,
 )
 from broker.ids import encode_id
@@ -607,7 +608,7 @@ class Task(RunsInBackground):
         """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
         acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
         once per run of a partition in the batch."""
-        serde, counters, markers, from_headers = self.config.serde, self.counters, self._markers, Tracking.from_headers
+        serde, counters, markers = self.config.serde, self.counters, self._markers
         run_topic, run_partition, last = None, -1, 0
         for msg in batch:
             if msg.error():
@@ -621,7 +622,7 @@ class Task(RunsInBackground):
                 run_topic, run_partition = topic, partition
             last = offset
             headers = tuple(msg.headers() or ())
-            tracking = from_headers(headers)
+            tracking = tracking_of(headers)
             if (
                 tracking is not None and tracking.attempt > 1 and markers is not None
                 and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
