@@ -506,19 +506,21 @@ class Task(RunsInBackground):
     def handle_batch(self, batch: list[Message]) -> set[int]:
         """Steps 1-3: run the handler on each input, send the batch's events (after its sink
         outputs are delivered). Returns the srids failed because a sink output of theirs
-        could not be delivered; ``finish`` confirms the rest."""
+        could not be delivered; ``finish`` confirms the rest. Empties ``batch`` (``_records``)."""
         events = Events()
         offsets: dict[tuple[str, int], int] = {}
+        origins: list[int] | None = None
         if self._markers is not None:
             self._markers.poll()
+            origins = []
         began = time.monotonic()
-        records = self._records(batch, events, offsets)
+        records = self._records(batch, events, offsets, origins)
         if self.batch_handler is None:
             self._handle_each(records, events)
         else:
             self._handle_all(self.batch_handler, list(records), events)
-        if self._markers is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
-            self._note_slow(batch)
+        if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
+            self._note_slow(origins)
         undeliverable: set[int] = set()
         if self._outputs_pending:
             # Sink outputs first: an input is acked only after its outputs are delivered - one
@@ -575,15 +577,13 @@ class Task(RunsInBackground):
         self.counters.retried_batches += 1
         return self._acks.fail_undeliverable(self._outputs.redeliver(), events)
 
-    def _note_slow(self, batch: list[Message]) -> None:
-        """The inputs of a batch that took long: a replay of one of them read soon after may
-        be superseded by the ack this batch just sent (``_superseded``). The wait for their
-        markers is one window of ``superseded_wait_ms`` from now, shared by all of them: a slow
-        batch whose originals do not complete (their trees go on downstream) stalls the task
-        that long once, not once per replay."""
-        self._slow_origins = {
-            t.origin for t in (None if m.error() else Tracking.from_headers(m.headers()) for m in batch) if t is not None
-        }
+    def _note_slow(self, origins: list[int]) -> None:
+        """The inputs of a batch that took long (``origins``: theirs): a replay of one of them
+        read soon after may be superseded by the ack this batch just sent (``_superseded``).
+        The wait for their markers is one window of ``superseded_wait_ms`` from now, shared by
+        all of them: a slow batch whose originals do not complete (their trees go on
+        downstream) stalls the task that long once, not once per replay."""
+        self._slow_origins = set(origins)
         self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
 
     def _superseded(self, tracking: Tracking) -> bool:
@@ -604,13 +604,24 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _records(self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int]) -> Iterator[TaskRecord]:
+    def _records(
+        self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int], origins: list[int] | None = None
+    ) -> Iterator[TaskRecord]:
         """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
         acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
-        once per run of a partition in the batch."""
+        once per run of a partition in the batch; the origins of the tracked inputs to
+        ``origins`` (if given: for ``_note_slow``).
+
+        ``batch`` is emptied as it is read: each message is let go once its input is built.
+        Kept to the batch's end, the messages (tracked by the garbage collector, with their
+        header lists) outlive the young collections the batch sets off and reach the oldest
+        generation, whose full collections walk the whole heap."""
         serde, counters, markers = self.config.serde, self.counters, self._markers
         run_topic, run_partition, last = None, -1, 0
-        for msg in batch:
+        batch.reverse()
+        take = batch.pop
+        while batch:
+            msg = take()
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", msg.error())
@@ -623,6 +634,8 @@ class Task(RunsInBackground):
             last = offset
             headers = tuple(msg.headers() or ())
             tracking = tracking_of(headers)
+            if tracking is not None and origins is not None:
+                origins.append(tracking.origin)
             if (
                 tracking is not None and tracking.attempt > 1 and markers is not None
                 and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
