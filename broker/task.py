@@ -654,15 +654,26 @@ class Task(RunsInBackground):
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
         the garbage collector would scan what is kept (~1 us per input)."""
-        handler, counters = self.handler, self.counters
-        for record in records:
-            ctx = TaskContext(self, record)
-            try:
-                handler(record, ctx)
-            except Exception as exc:
-                if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
-                    raise
-            _settle(ctx, events, counters)
+        handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
+        acked = 0
+        try:
+            for record in records:
+                ctx = TaskContext(self, record)
+                try:
+                    handler(record, ctx)
+                except Exception as exc:
+                    if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
+                        raise
+                tracking = record.tracking
+                if tracking is not None and ctx.failed is None and not ctx.children and not ctx._unacked:
+                    # The usual input, a leaf acked: _settle's event without its call.
+                    srids.append(tracking.srid)
+                    xors.append(tracking.record_id)
+                    acked += 1
+                else:
+                    _settle(ctx, events, counters)
+        finally:
+            counters.acked += acked
 
     def _handle_all(self, batch_handler: BatchHandler, records: list[TaskRecord], events: Events) -> None:
         """The batch handler's path: every input to one call; an exception fails every input
