@@ -646,7 +646,6 @@ class Task(RunsInBackground):
                 events.xors.append(tracking.record_id)
                 counters.skipped += 1
                 continue
-            counters.processed += 1
             yield _new_tuple(TaskRecord, (topic, partition, offset, msg.key(), msg.value(), headers, tracking, serde))
         if run_topic is not None:
             offsets[(run_topic, run_partition)] = last + 1
@@ -655,9 +654,10 @@ class Task(RunsInBackground):
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
         the garbage collector would scan what is kept (~1 us per input)."""
         handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
-        acked = 0
+        acked = processed = 0
         try:
             for record in records:
+                processed += 1
                 ctx = TaskContext(self, record)
                 try:
                     handler(record, ctx)
@@ -673,6 +673,7 @@ class Task(RunsInBackground):
                 else:
                     _settle(ctx, events, counters)
         finally:
+            counters.processed += processed
             counters.acked += acked
 
     def _handle_all(self, batch_handler: BatchHandler, records: list[TaskRecord], events: Events) -> None:
@@ -680,6 +681,7 @@ class Task(RunsInBackground):
         not failed already."""
         if not records:
             return
+        self.counters.processed += len(records)
         contexts = [TaskContext(self, r) for r in records]
         try:
             batch_handler(records, contexts)
