@@ -183,6 +183,7 @@ class TaskContext:
 
 
 Handler = Callable[[TaskRecord, TaskContext], None]
+Offsets = dict[tuple[str, int], int]  # the offset to commit per (topic, partition)
 BatchHandler = Callable[[list[TaskRecord], list[TaskContext]], None]
 """A handler of a poll batch at once: ``contexts[i]`` is ``records[i]``'s, with the handler's
 semantics per input (emit, output, fail, touch; returning acks every input not failed). An
@@ -374,7 +375,7 @@ class Task(RunsInBackground):
         )
         self._outputs_pending = False
         # Input offsets handled but not committed yet, and when the next commit is due
-        self._uncommitted: dict[tuple[str, int], int] = {}
+        self._uncommitted: Offsets = {}
         self._commit_due = 0.0
         # Data topics read together with their replay topic: these must stay co-partitioned.
         self._pairs = [t for t in self.topics if replay_topic(t) in self.topics]
@@ -448,7 +449,6 @@ class Task(RunsInBackground):
         for tp in gone:
             self._uncommitted.pop(tp, None)
 
-
     def stop(self) -> None:
         self._stop.set()
 
@@ -508,7 +508,7 @@ class Task(RunsInBackground):
         outputs are delivered). Returns the srids failed because a sink output of theirs
         could not be delivered; ``finish`` confirms the rest. Empties ``batch`` (``_records``)."""
         events = Events()
-        offsets: dict[tuple[str, int], int] = {}
+        offsets: Offsets = {}
         origins: list[int] | None = None
         if self._markers is not None:
             self._markers.poll()
@@ -520,7 +520,8 @@ class Task(RunsInBackground):
         else:
             self._handle_all(self.batch_handler, list(records), events)
         if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
-            self._note_slow(origins)
+            self._slow_origins = set(origins)  # their replays may be superseded (_superseded)
+            self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
         undeliverable: set[int] = set()
         if self._outputs_pending:
             # Sink outputs first: an input is acked only after its outputs are delivered - one
@@ -542,7 +543,7 @@ class Task(RunsInBackground):
             self._commit(offsets)
         return undeliverable
 
-    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _commit(self, offsets: Offsets) -> None:
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
@@ -577,18 +578,11 @@ class Task(RunsInBackground):
         self.counters.retried_batches += 1
         return self._acks.fail_undeliverable(self._outputs.redeliver(), events)
 
-    def _note_slow(self, origins: list[int]) -> None:
-        """The inputs of a batch that took long (``origins``: theirs): a replay of one of them
-        read soon after may be superseded by the ack this batch just sent (``_superseded``).
-        The wait for their markers is one window of ``superseded_wait_ms`` from now, shared by
-        all of them: a slow batch whose originals do not complete (their trees go on
-        downstream) stalls the task that long once, not once per replay."""
-        self._slow_origins = set(origins)
-        self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
-
     def _superseded(self, tracking: Tracking) -> bool:
-        """Whether this replay is marked superseded; for a replay of a slow batch's input,
-        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_ms``)."""
+        """Whether this replay is marked superseded; for a replay of a slow batch's input
+        (``TaskConfig.slow_batch_ms``), after waiting for the marker within the batch's window:
+        ``superseded_wait_ms`` from its end, shared by its inputs (a slow batch whose originals
+        do not complete stalls the task that long once, not once per replay)."""
         markers = self._markers
         assert markers is not None
         if tracking.srid in markers.srids:
@@ -604,22 +598,15 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _records(
-        self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int], origins: list[int] | None = None
-    ) -> Iterator[TaskRecord]:
+    def _records(self, batch: list[Message], events: Events, offsets: Offsets, origins: list[int] | None = None) -> Iterator[TaskRecord]:
         """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
         acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
-        once per run of a partition in the batch; the origins of the tracked inputs to
-        ``origins`` (if given: for ``_note_slow``).
-
-        ``batch`` is emptied as it is read: each message is let go once its input is built.
-        Kept to the batch's end, the messages (tracked by the garbage collector, with their
-        header lists) outlive the young collections the batch sets off and reach the oldest
-        generation, whose full collections walk the whole heap."""
+        once per run of a partition; the tracked inputs' origins to ``origins`` (for a slow batch).
+        Empties ``batch``, letting go of each message once read: kept to the batch's end, its
+        messages (GC-tracked, with their header lists) reach the oldest generation."""
         serde, counters, markers = self.config.serde, self.counters, self._markers
-        run_topic, run_partition, last = None, -1, 0
+        run_topic, run_partition, last, take = None, -1, 0, batch.pop
         batch.reverse()
-        take = batch.pop
         while batch:
             msg = take()
             if msg.error():
@@ -652,7 +639,8 @@ class Task(RunsInBackground):
 
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
-        the garbage collector would scan what is kept (~1 us per input)."""
+        the garbage collector would scan what is kept (~1 us per input); the usual input, a
+        leaf acked, without a call of ``_settle``."""
         handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
         acked = processed = 0
         try:
@@ -666,7 +654,6 @@ class Task(RunsInBackground):
                         raise
                 tracking = record.tracking
                 if tracking is not None and ctx.failed is None and not ctx.children and not ctx._unacked:
-                    # The usual input, a leaf acked: _settle's event without its call.
                     srids.append(tracking.srid)
                     xors.append(tracking.record_id)
                     acked += 1
