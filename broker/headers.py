@@ -156,44 +156,56 @@ class Tracking(NamedTuple):
             return _IDS_ORIGIN.pack(srid, record_id, origin)
         return _IDS.pack(srid, record_id)
 
-    @classmethod
-    def unpack(cls, value: bytes | None) -> Tracking | None:
+    @staticmethod
+    def unpack(value: bytes | None) -> Tracking | None:
         """None when ``value`` is no valid ``rb-t``: not 16, 24 or 28 bytes, a srid or record
         id of 0 (the XOR identity, never an id) or an attempt out of 1 to ``MAX_ATTEMPT``."""
-        if not value:
-            return None
-        size = len(value)
-        if size == _FIRST:
-            srid, record_id = _IDS.unpack(value)
-            origin, attempt = srid, 1
-        elif size == _ORIGIN:
-            srid, record_id, origin = _IDS_ORIGIN.unpack(value)
-            attempt = 1
-        elif size == _ATTEMPT:
-            srid, record_id, origin, attempt = _IDS_ORIGIN_ATTEMPT.unpack(value)
-            if not 0 < attempt <= MAX_ATTEMPT:
-                return None
-        else:
-            return None
-        if not srid or not record_id:
-            return None
-        return _new_tuple(cls, (srid, record_id, origin, attempt))
+        return unpack_tracking(value)
 
     def child(self, record_id: int) -> bytes:
         """The ``rb-t`` of a child of this record: its srid, origin and attempt, a new id."""
         return self.pack(self.srid, record_id, self.origin, self.attempt)
 
-    @classmethod
-    def from_headers(cls, headers: Headers | None) -> Tracking | None:
+    @staticmethod
+    def from_headers(headers: Headers | None) -> Tracking | None:
         """None when the record is not tracked (no or malformed ``rb-t``). A repeated header:
         the last one wins."""
-        if not headers:
+        return tracking_of(headers)
+
+
+# The decoders as module functions: a task calls them once per input, and a classmethod's
+# call costs a bound method and a frame more.
+def unpack_tracking(value: bytes | None) -> Tracking | None:
+    """``Tracking.unpack``."""
+    if not value:
+        return None
+    size = len(value)
+    if size == _FIRST:  # the usual: a first attempt's record
+        srid, record_id = _IDS.unpack(value)
+        return _new_tuple(Tracking, (srid, record_id, srid, 1)) if srid and record_id else None
+    if size == _ORIGIN:
+        srid, record_id, origin = _IDS_ORIGIN.unpack(value)
+        attempt = 1
+    elif size == _ATTEMPT:
+        srid, record_id, origin, attempt = _IDS_ORIGIN_ATTEMPT.unpack(value)
+        if not 0 < attempt <= MAX_ATTEMPT:
             return None
-        if len(headers) == 1:  # the usual: the lone rb-t of a record without user headers
-            key, packed = headers[0]
-            return cls.unpack(packed) if key == H_TRACKING else None
-        packed = None
-        for k, v in headers:
-            if k == H_TRACKING:
-                packed = v
-        return cls.unpack(packed)
+    else:
+        return None
+    if not srid or not record_id:
+        return None
+    return _new_tuple(Tracking, (srid, record_id, origin, attempt))
+
+
+def tracking_of(headers: Headers | None) -> Tracking | None:
+    """``Tracking.from_headers``."""
+    if not headers:
+        return None
+    if len(headers) == 1:  # the usual: the lone rb-t of a record without user headers
+        key, packed = headers[0]
+        return unpack_tracking(packed) if key == H_TRACKING else None
+    packed = None
+    for k, v in headers:
+        if k == H_TRACKING:
+            packed = v
+    return unpack_tracking(packed)

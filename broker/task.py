@@ -34,6 +34,7 @@ from broker.headers import (
     as_bytes,
     child_path_header,
     path_of,
+    tracking_of,
     user_headers,
 )
 from broker.ids import encode_id
@@ -182,6 +183,7 @@ class TaskContext:
 
 
 Handler = Callable[[TaskRecord, TaskContext], None]
+Offsets = dict[tuple[str, int], int]  # the offset to commit per (topic, partition)
 BatchHandler = Callable[[list[TaskRecord], list[TaskContext]], None]
 """A handler of a poll batch at once: ``contexts[i]`` is ``records[i]``'s, with the handler's
 semantics per input (emit, output, fail, touch; returning acks every input not failed). An
@@ -373,7 +375,7 @@ class Task(RunsInBackground):
         )
         self._outputs_pending = False
         # Input offsets handled but not committed yet, and when the next commit is due
-        self._uncommitted: dict[tuple[str, int], int] = {}
+        self._uncommitted: Offsets = {}
         self._commit_due = 0.0
         # Data topics read together with their replay topic: these must stay co-partitioned.
         self._pairs = [t for t in self.topics if replay_topic(t) in self.topics]
@@ -447,7 +449,6 @@ class Task(RunsInBackground):
         for tp in gone:
             self._uncommitted.pop(tp, None)
 
-
     def stop(self) -> None:
         self._stop.set()
 
@@ -505,19 +506,22 @@ class Task(RunsInBackground):
     def handle_batch(self, batch: list[Message]) -> set[int]:
         """Steps 1-3: run the handler on each input, send the batch's events (after its sink
         outputs are delivered). Returns the srids failed because a sink output of theirs
-        could not be delivered; ``finish`` confirms the rest."""
+        could not be delivered; ``finish`` confirms the rest. Empties ``batch`` (``_records``)."""
         events = Events()
-        offsets: dict[tuple[str, int], int] = {}
+        offsets: Offsets = {}
+        origins: list[int] | None = None
         if self._markers is not None:
             self._markers.poll()
+            origins = []
         began = time.monotonic()
-        records = self._records(batch, events, offsets)
+        records = self._records(batch, events, offsets, origins)
         if self.batch_handler is None:
             self._handle_each(records, events)
         else:
             self._handle_all(self.batch_handler, list(records), events)
-        if self._markers is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
-            self._note_slow(batch)
+        if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
+            self._slow_origins = set(origins)  # their replays may be superseded (_superseded)
+            self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
         undeliverable: set[int] = set()
         if self._outputs_pending:
             # Sink outputs first: an input is acked only after its outputs are delivered - one
@@ -539,7 +543,7 @@ class Task(RunsInBackground):
             self._commit(offsets)
         return undeliverable
 
-    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _commit(self, offsets: Offsets) -> None:
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
@@ -574,20 +578,11 @@ class Task(RunsInBackground):
         self.counters.retried_batches += 1
         return self._acks.fail_undeliverable(self._outputs.redeliver(), events)
 
-    def _note_slow(self, batch: list[Message]) -> None:
-        """The inputs of a batch that took long: a replay of one of them read soon after may
-        be superseded by the ack this batch just sent (``_superseded``). The wait for their
-        markers is one window of ``superseded_wait_ms`` from now, shared by all of them: a slow
-        batch whose originals do not complete (their trees go on downstream) stalls the task
-        that long once, not once per replay."""
-        self._slow_origins = {
-            t.origin for t in (None if m.error() else Tracking.from_headers(m.headers()) for m in batch) if t is not None
-        }
-        self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
-
     def _superseded(self, tracking: Tracking) -> bool:
-        """Whether this replay is marked superseded; for a replay of a slow batch's input,
-        after waiting (within the batch's window) for the marker (``TaskConfig.slow_batch_ms``)."""
+        """Whether this replay is marked superseded; for a replay of a slow batch's input
+        (``TaskConfig.slow_batch_ms``), after waiting for the marker within the batch's window:
+        ``superseded_wait_ms`` from its end, shared by its inputs (a slow batch whose originals
+        do not complete stalls the task that long once, not once per replay)."""
         markers = self._markers
         assert markers is not None
         if tracking.srid in markers.srids:
@@ -603,13 +598,17 @@ class Task(RunsInBackground):
         self._producer.flush()  # the late ack of the original must be out for the acker to see it
         return markers.wait_for(tracking.srid, left)
 
-    def _records(self, batch: list[Message], events: Events, offsets: dict[tuple[str, int], int]) -> Iterator[TaskRecord]:
+    def _records(self, batch: list[Message], events: Events, offsets: Offsets, origins: list[int] | None = None) -> Iterator[TaskRecord]:
         """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
         acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
-        once per run of a partition in the batch."""
-        serde, counters, markers, from_headers = self.config.serde, self.counters, self._markers, Tracking.from_headers
-        run_topic, run_partition, last = None, -1, 0
-        for msg in batch:
+        once per run of a partition; the tracked inputs' origins to ``origins`` (for a slow batch).
+        Empties ``batch``, letting go of each message once read: kept to the batch's end, its
+        messages (GC-tracked, with their header lists) reach the oldest generation."""
+        serde, counters, markers = self.config.serde, self.counters, self._markers
+        run_topic, run_partition, last, take = None, -1, 0, batch.pop
+        batch.reverse()
+        while batch:
+            msg = take()
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", msg.error())
@@ -621,7 +620,9 @@ class Task(RunsInBackground):
                 run_topic, run_partition = topic, partition
             last = offset
             headers = tuple(msg.headers() or ())
-            tracking = from_headers(headers)
+            tracking = tracking_of(headers)
+            if tracking is not None and origins is not None:
+                origins.append(tracking.origin)
             if (
                 tracking is not None and tracking.attempt > 1 and markers is not None
                 and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
@@ -632,29 +633,42 @@ class Task(RunsInBackground):
                 events.xors.append(tracking.record_id)
                 counters.skipped += 1
                 continue
-            counters.processed += 1
             yield _new_tuple(TaskRecord, (topic, partition, offset, msg.key(), msg.value(), headers, tracking, serde))
         if run_topic is not None:
             offsets[(run_topic, run_partition)] = last + 1
 
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
-        the garbage collector would scan what is kept (~1 us per input)."""
-        handler, counters = self.handler, self.counters
-        for record in records:
-            ctx = TaskContext(self, record)
-            try:
-                handler(record, ctx)
-            except Exception as exc:
-                if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
-                    raise
-            _settle(ctx, events, counters)
+        the garbage collector would scan what is kept (~1 us per input); the usual input, a
+        leaf acked, without a call of ``_settle``."""
+        handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
+        acked = processed = 0
+        try:
+            for record in records:
+                processed += 1
+                ctx = TaskContext(self, record)
+                try:
+                    handler(record, ctx)
+                except Exception as exc:
+                    if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
+                        raise
+                tracking = record.tracking
+                if tracking is not None and ctx.failed is None and not ctx.children and not ctx._unacked:
+                    srids.append(tracking.srid)
+                    xors.append(tracking.record_id)
+                    acked += 1
+                else:
+                    _settle(ctx, events, counters)
+        finally:
+            counters.processed += processed
+            counters.acked += acked
 
     def _handle_all(self, batch_handler: BatchHandler, records: list[TaskRecord], events: Events) -> None:
         """The batch handler's path: every input to one call; an exception fails every input
         not failed already."""
         if not records:
             return
+        self.counters.processed += len(records)
         contexts = [TaskContext(self, r) for r in records]
         try:
             batch_handler(records, contexts)
