@@ -12,21 +12,8 @@ import pytest
 from broker.acker.service import EARLY_COMMIT
 from broker.headers import OUTCOME_COMPLETED, OUTCOME_REPLAY
 from broker.ledger.clock import ManualClock
-from tests.unit.test_acker_timeouts import (
-    NS,
-    R1,
-    R2,
-    S1,
-    S2,
-    T0,
-    FakeProducer,
-    acks_msg,
-    fake_kafka,
-    make_acker,
-    persist_msg,
-    persisted,
-    run_steps,
-)
+from tests.unit import test_acker_timeouts as world
+from tests.unit.test_acker_timeouts import fake_kafka
 
 __all__ = ["fake_kafka"]  # the fixture, used by name
 
@@ -48,33 +35,33 @@ INTERVAL_MS = 100
 def test_an_idle_acker_commits_completions_early_a_busy_one_keeps_to_the_interval(
     fake_kafka: None, since_ms: float, idle: bool, waiting: bool | str, due: bool | None
 ) -> None:
-    acker, consumer, _ = make_acker(ManualClock(T0))
+    acker, consumer, _ = world.make_acker(ManualClock(world.T0))
     acker.config = dataclasses.replace(acker.config, commit_interval_ms=INTERVAL_MS)
-    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
-    run_steps(acker)  # owns partition 0, S1 registered and committed
+    consumer.batches.append([world.persist_msg(world.persisted(world.S1, world.R1, world.T0))])
+    world.run_steps(acker)  # owns partition 0, S1 registered and committed
     if waiting:
         outcome = OUTCOME_COMPLETED if waiting is True else OUTCOME_REPLAY
-        acker.states[0].tombstones.append((np.array([S1]), outcome))
+        acker.states[0].tombstones.append((np.array([world.S1]), outcome))
     now = acker._last_commit + since_ms / 1000 + 1e-6  # (float seconds)
     assert acker._commit_due(now, idle) is due
 
 
-def _logged(producer: FakeProducer, srid: int) -> bool:
-    return any(p.topic == NS.ledger and p.key == srid.to_bytes(8, "big") for p in producer.committed)
+def _logged(producer: world.FakeProducer, srid: int) -> bool:
+    return any(p.topic == world.NS.ledger and p.key == srid.to_bytes(8, "big") for p in producer.committed)
 
 
 def test_early_commits_do_not_count_towards_unlogged_commits(fake_kafka: None) -> None:
     """An entry with nothing but its persist record stays out of the changelog for
     ``unlogged_commits`` commit intervals, however many early commits come between them."""
-    acker, consumer, producer = make_acker(ManualClock(T0), unlogged_commits=6)
-    consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
-    run_steps(acker)  # two interval commits (a step's, interval 0, and the last one's)
-    consumer.batches.append([acks_msg(0, 0, [S2], [R2])])  # S2 completes
-    run_steps(acker)  # four
+    acker, consumer, producer = world.make_acker(ManualClock(world.T0), unlogged_commits=6)
+    consumer.batches.append([world.persist_msg(world.persisted(world.S1, world.R1, world.T0)), world.persist_msg(world.persisted(world.S2, world.R2, world.T0), 1)])
+    world.run_steps(acker)  # two interval commits (a step's, interval 0, and the last one's)
+    consumer.batches.append([world.acks_msg(0, 0, [world.S2], [world.R2])])  # world.S2 completes
+    world.run_steps(acker)  # four
     for _ in range(10):
         acker.commit(interval=False)
     acker.commit()
     acker.commit()
-    assert not _logged(producer, S1)  # six interval commits: the early ones did not count
+    assert not _logged(producer, world.S1)  # six interval commits: the early ones did not count
     acker.commit()
-    assert _logged(producer, S1)  # registered six interval commits ago: logged
+    assert _logged(producer, world.S1)  # registered six interval commits ago: logged
