@@ -56,7 +56,7 @@ def test_early_commits_do_not_count_towards_unlogged_commits(fake_kafka: None) -
     acker, consumer, producer = world.make_acker(ManualClock(world.T0), unlogged_commits=6)
     consumer.batches.append([world.persist_msg(world.persisted(world.S1, world.R1, world.T0)), world.persist_msg(world.persisted(world.S2, world.R2, world.T0), 1)])
     world.run_steps(acker)  # two interval commits (a step's, interval 0, and the last one's)
-    consumer.batches.append([world.acks_msg(0, 0, [world.S2], [world.R2])])  # world.S2 completes
+    consumer.batches.append([world.acks_msg(0, 0, [world.S2], [world.R2])])  # S2 completes
     world.run_steps(acker)  # four
     for _ in range(10):
         acker.commit(interval=False)
