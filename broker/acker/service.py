@@ -26,6 +26,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from enum import Enum
 
 from confluent_kafka import (
     Consumer,
@@ -84,6 +85,13 @@ EARLY_COMMIT = 0.5
 ``commit_interval_ms`` (``Acker._commit_due``)."""
 IDLE_POLL_S = 0.001
 """A poll that took this long found nothing fetched: the acker had caught up with its input."""
+
+
+class Due(Enum):
+    """Why a commit is due (``Acker._commit_due``)."""
+
+    INTERVAL = "interval"  # ``commit_interval_ms`` has passed
+    EARLY = "early"  # completions wait and the acker has time: does not count towards ``unlogged_commits``
 
 
 class Acker(Assignment, Recovery, RunsInBackground):
@@ -326,25 +334,24 @@ class Acker(Assignment, Recovery, RunsInBackground):
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
-            self.commit(interval=due)
+            self.commit(interval=due is Due.INTERVAL)
             self.changelog.poll_standby()
         if now - self._last_stats >= self.config.stats_interval_ms / 1000:
             self._log_stats()
         return len(msgs)
 
-    def _commit_due(self, now: float, idle: bool) -> bool | None:
-        """Whether to commit now: True when ``commit_interval_ms`` has passed since the last
-        commit (an interval commit); False when half of it has, the last poll waited
-        for input and completed trees wait for their tombstones (an early commit: an acker with
-        time to spare spends it on latency, one that is behind keeps to the interval); None
-        otherwise."""
+    def _commit_due(self, now: float, idle: bool) -> Due | None:
+        """Whether to commit now: ``INTERVAL`` when ``commit_interval_ms`` has passed since the
+        last commit; ``EARLY`` when half of it has, the last poll waited for input and completed
+        trees wait for their tombstones (an acker with time to spare spends it on latency, one
+        that is behind keeps to the interval); None otherwise."""
         since_ms = (now - self._last_commit) * 1000
         if since_ms >= self.config.commit_interval_ms:
-            return True
+            return Due.INTERVAL
         if idle and since_ms >= self.config.commit_interval_ms * EARLY_COMMIT and any(
             outcome == OUTCOME_COMPLETED for st in self.states.values() for _, outcome in st.tombstones
         ):
-            return False
+            return Due.EARLY
         return None
 
     def _fold_messages(self, msgs: list[Message]) -> None:

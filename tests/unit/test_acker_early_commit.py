@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from broker.acker.service import EARLY_COMMIT
+from broker.acker.service import EARLY_COMMIT, Due
 from broker.headers import OUTCOME_COMPLETED, OUTCOME_REPLAY
 from broker.ledger.clock import ManualClock
 from tests.unit import test_acker_timeouts as world
@@ -23,9 +23,9 @@ INTERVAL_MS = 100
 @pytest.mark.parametrize(
     ("since_ms", "idle", "waiting", "due"),
     [
-        (INTERVAL_MS, False, False, True),  # the interval: always
-        (INTERVAL_MS, True, True, True),
-        (INTERVAL_MS * EARLY_COMMIT, True, True, False),  # early: idle, completions waiting
+        (INTERVAL_MS, False, False, Due.INTERVAL),  # the interval: always
+        (INTERVAL_MS, True, True, Due.INTERVAL),
+        (INTERVAL_MS * EARLY_COMMIT, True, True, Due.EARLY),  # early: idle, completions waiting
         (INTERVAL_MS * EARLY_COMMIT, False, True, None),  # busy: keeps to the interval
         (INTERVAL_MS * EARLY_COMMIT, True, False, None),  # nothing completed: nothing to hurry
         (INTERVAL_MS * EARLY_COMMIT, True, "replay", None),  # decisions keep to the interval
@@ -33,7 +33,7 @@ INTERVAL_MS = 100
     ],
 )
 def test_an_idle_acker_commits_completions_early_a_busy_one_keeps_to_the_interval(
-    fake_kafka: None, since_ms: float, idle: bool, waiting: bool | str, due: bool | None
+    fake_kafka: None, since_ms: float, idle: bool, waiting: bool | str, due: Due | None
 ) -> None:
     acker, consumer, _ = world.make_acker(ManualClock(world.T0))
     acker.config = dataclasses.replace(acker.config, commit_interval_ms=INTERVAL_MS)
