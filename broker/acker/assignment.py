@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from broker.acker.changelog import Changelog
 from broker.acker.commit import Transactions
 from broker.acker.lag import ExpiryGate
+from broker.acker.reading import ReadingOrder
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
@@ -48,6 +49,7 @@ class Assignment:
     changelog: Changelog
     restores: Restores
     expiry: ExpiryGate
+    reading: ReadingOrder
     transactions: Transactions
     _consumer: Consumer
     _incremental: bool
@@ -213,6 +215,7 @@ class Assignment:
         self._read -= lps
         self._to_resume = [tp for tp in self._to_resume if tp.partition not in lps]
         self.expiry.forget(lps)
+        self.reading.forget(lps)
         # Outputs not committed yet go with the partition: its next owner re-derives them
         # from the changelog and the inputs after the committed offsets (quarantines too).
         self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]

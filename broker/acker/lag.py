@@ -44,7 +44,10 @@ offset the application gets. What librdkafka 2.x does with them (probed on Kafka
   the current assignment is proven - the position is known, or the cached watermarks moved
   since the assignment. An idle partition proves neither: while it has entries due, it gets
   a real watermark query (one round trip), ``refresh_ms`` after they fell due and at most
-  every ``refresh_ms``.
+  every ``refresh_ms``;
+- a paused partition is not fetched, so its cached value stands still: a paused input takes
+  no samples, and once resumed it is unproven again until a fetch comes back (a message is
+  delivered, or the watermarks move), as after an assignment (broker.acker.reading pauses).
 
 Limits. A cached watermark is as old as the last fetch response - normally under
 ``fetch.wait.max.ms`` plus a round trip, an ack appended that close before a deadline can
@@ -80,6 +83,8 @@ class _Input:
     start: int  # the offset assigned or sought (OFFSET_BEGINNING: the log start)
     snapshot: tuple[int, int]  # the cached watermarks then - maybe from an earlier assignment
     proven: bool = False  # a fetch of this assignment came back: the cached values are ours
+    paused: bool = False  # not fetched (broker.acker.reading): its cached watermark stands still
+    resumed_at: int | None = None  # the position when it was resumed, until a fetch proves it
     samples: deque[tuple[int, int]] = field(default_factory=deque)  # (ms, high), unreached
     read_ms: int | None = None  # every message appended before this time has been read
     queried_ms: int | None = None  # the last real watermark query (rate limit)
@@ -137,6 +142,21 @@ class ExpiryGate:
                 start = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 self.inputs[(tp.topic, tp.partition)] = _Input(start, self._cached(tp))
 
+    def paused(self, tp: TopicPartition) -> None:
+        """``tp`` is not fetched any more: no samples of it until it is resumed and fetched."""
+        inp = self.inputs.get((tp.topic, tp.partition))
+        if inp is not None:
+            inp.paused = True
+
+    def resumed(self, tp: TopicPartition) -> None:
+        """``tp`` is fetched again: its cached watermark is as old as the pause until a fetch
+        comes back (a message is delivered, or the watermarks move) - as after an assignment."""
+        inp = self.inputs.get((tp.topic, tp.partition))
+        if inp is not None:
+            inp.paused, inp.proven = False, False
+            inp.snapshot = self._cached(tp)
+            inp.resumed_at = self._position(tp.topic, tp.partition)
+
     def forget(self, lps: Iterable[int]) -> None:
         lps = set(lps)
         self.inputs = {k: v for k, v in self.inputs.items() if k[1] not in lps}
@@ -187,9 +207,9 @@ class ExpiryGate:
             inp = self.inputs[key]
             low, high = self._cached(TopicPartition(*key))
             position = positions.get(key, -1)
-            if not inp.proven and (position >= 0 or (low, high) != inp.snapshot):
+            if not inp.proven and ((position >= 0 and position != inp.resumed_at) or (low, high) != inp.snapshot):
                 inp.proven = True
-            if inp.proven and high >= 0:
+            if inp.proven and not inp.paused and high >= 0:
                 inp.sample(now_ms, high)
             self._advance(inp, position, low if inp.proven else -1, high if inp.proven else -1)
 

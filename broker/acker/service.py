@@ -51,6 +51,7 @@ from broker.acker.membership import (
     classic,
 )
 from broker.acker.payloads import PayloadCache, PersistFetcher
+from broker.acker.reading import ReadingOrder
 from broker.acker.recovery import REJOIN_BACKOFF_S, Recovery
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
@@ -175,6 +176,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
             ns, self._producer, self._consumer, self.refusals, exactly_once=self.config.exactly_once
         )
         self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
+        self.reading = ReadingOrder(ns, self.expiry)
         # Its own registry (tests run many ackers in one process); served from start() when
         # config.metrics_port is set.
         self.metrics = AckerMetrics(self.clock.now_ms)
@@ -331,6 +333,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 self._rejoin(fatal)
                 return 0
             self._fold_messages(msgs)
+        if self.states:
+            # Not the partitions whose inputs a restore paused and still has to seek.
+            self.reading.apply(self._consumer, self.states.keys() - {tp.partition for tp in self._to_resume})
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -369,6 +374,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
+        self.reading.admit(self._consumer, persist, acks)
         self._read.update(persist, acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
@@ -484,9 +490,10 @@ class Acker(Assignment, Recovery, RunsInBackground):
         c = self.counters()
         adaptive = self.adaptive.summary(self.clock.now_ms())
         log.info(
-            "acker %s partitions=%s %s%s",
+            "acker %s partitions=%s %s%s%s",
             self.config.instance_id,
             sorted(self.states),
             " ".join(f"{k}={v}" for k, v in c.items()),
+            f" acks_paused={self.reading.pauses}" if self.reading.pauses else "",
             f" adaptive {adaptive}" if adaptive else "",
         )

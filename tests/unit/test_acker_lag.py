@@ -186,3 +186,39 @@ def test_samples_are_bounded_and_thinning_only_delays() -> None:
     assert inp.read_ms is not None and inp.read_ms <= T0 + 5 * MAX_SAMPLES
     inp.reach(10 * MAX_SAMPLES + 9, 0)
     assert inp.read_ms == T0 + 10 * MAX_SAMPLES - 1 and not inp.samples
+
+
+def test_a_paused_input_takes_no_samples_and_a_resumed_one_waits_for_a_fetch() -> None:
+    """A paused partition is not fetched, so its cached watermark stands still while records
+    are appended: a sample of it would claim them read. Resumed, it is unproven until a fetch
+    comes back (broker.acker.reading pauses ``ns.acks[i]``)."""
+    consumer = ScriptedConsumer()
+    gate = gate_with(consumer)
+    acks = TopicPartition(NS.acks, 0)
+    consumer.set(0, high=10, position=10)
+    assert gate.ticks({0: empty_state({})}, TICKER, T0) == {0: tick(T0)}
+    gate.paused(acks)
+    # persist is fetched and read on; acks are appended (offsets 10..14) but not fetched
+    consumer.cached[(NS.persist, 0)] = (0, 20)
+    consumer.positions[(NS.persist, 0)] = 20
+    assert gate.ticks({0: empty_state({})}, TICKER, T0 + 1_000) == {0: tick(T0)}
+    gate.resumed(acks)
+    assert gate.ticks({0: empty_state({})}, TICKER, T0 + 2_000) == {0: tick(T0)}  # the cache is the pause's
+    consumer.cached[(NS.acks, 0)] = (0, 15)  # the first fetch after the resume came back
+    consumer.positions[(NS.acks, 0)] = 15
+    assert gate.ticks({0: empty_state({})}, TICKER, T0 + 3_000) == {0: tick(T0 + 3_000)}
+
+
+def test_a_resumed_input_with_nothing_new_is_proven_by_a_watermark_query() -> None:
+    consumer = ScriptedConsumer()
+    gate = gate_with(consumer, refresh_ms=500)
+    acks = TopicPartition(NS.acks, 0)
+    consumer.set(0, high=10, position=10)
+    gate.ticks({0: empty_state({})}, TICKER, T0)
+    gate.paused(acks)
+    gate.resumed(acks)
+    consumer.fresh[(NS.acks, 0)] = (0, 10)  # nothing was appended meanwhile
+    st = state_with_due_entry(T0 + 100)
+    assert gate.ticks({0: st}, TICKER, T0 + 1_000) == {0: tick(T0)}  # one interval to prove itself
+    assert gate.ticks({0: st}, TICKER, T0 + 1_600) == {0: tick(T0 + 1_600)}
+    assert consumer.queries == 1
