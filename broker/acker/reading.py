@@ -12,8 +12,8 @@ So, per owned ledger partition, at every poll:
 | unread persist records          | event newer than the last persist record read | the event           |
 |---------------------------------|-----------------------------------------------|---------------------|
 | no (position = high watermark)  | -                                             | folded              |
-| yes                             | no                                            | folded              |
-| yes                             | yes                                           | read again later    |
+| yes, or persist not fetched yet | no                                            | folded              |
+| yes, or persist not fetched yet | yes                                           | read again later    |
 
 "Read again later": the poll's ack batch is cut at that event, ``ns.acks[i]`` is sought back to
 it and paused until persist is read as far (in create time) or to its end (a seek that fails
@@ -48,7 +48,10 @@ class ReadingOrder:
         self.pauses = 0  # times an acks partition was paused (logged with the counters)
         self.held = 0  # ack messages read again later
 
-    def admit(self, consumer: Consumer, persist: Mapping[int, list[Message]], acks: dict[int, list[Message]]) -> None:
+    def admit(
+        self, consumer: Consumer, persist: Mapping[int, list[Message]], acks: dict[int, list[Message]],
+        positions: Mapping[tuple[str, int], int],
+    ) -> None:
         """Note the persist records read, and cut each ack batch at its first event newer
         than them while ``ns.persist[lp]`` has unread records: the rest is read again later
         (sought back to, and paused by ``apply``). A seek that fails keeps the whole batch."""
@@ -59,7 +62,7 @@ class ReadingOrder:
         for lp, batch in list(acks.items()):
             limit = self.persist_ms.get(lp, -1)
             cut = next((i for i, msg in enumerate(batch) if msg.timestamp()[1] > limit), None)
-            if cut is None or not self._unread(consumer, lp):
+            if cut is None or not self._unread(consumer, lp, positions):
                 self.acks_ms[lp] = max(self.acks_ms.get(lp, -1), batch[-1].timestamp()[1])
                 continue
             try:
@@ -74,10 +77,11 @@ class ReadingOrder:
             else:
                 del acks[lp]
 
-    def apply(self, consumer: Consumer, lps: Iterable[int]) -> None:
-        """Pause or resume ``ns.acks[lp]`` of the installed partitions ``lps`` by the table."""
+    def apply(self, consumer: Consumer, lps: Iterable[int], positions: Mapping[tuple[str, int], int]) -> None:
+        """Pause or resume ``ns.acks[lp]`` of the installed partitions ``lps`` by the table
+        (``positions``: the acker's input positions, the offsets assigned until read on)."""
         for lp in lps:
-            ahead = self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1) and self._unread(consumer, lp)
+            ahead = self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1) and self._unread(consumer, lp, positions)
             if ahead == (lp in self.paused):
                 continue
             tp = TopicPartition(self.ns.acks, lp)
@@ -93,17 +97,23 @@ class ReadingOrder:
                 self.paused.discard(lp)
                 self.gate.resumed(tp)
 
-    def _unread(self, consumer: Consumer, lp: int) -> bool:
-        """Whether ``ns.persist[lp]`` has records the last fetch saw and the acker did not read.
-        The consumer's position steps over transaction markers (the acker's own commits end
-        the log with one); it is unknown until a message came after the assignment."""
+    def _unread(self, consumer: Consumer, lp: int, positions: Mapping[tuple[str, int], int]) -> bool:
+        """Whether ``ns.persist[lp]`` may have records the acker did not read: the last fetch
+        saw more, or no fetch came back since the assignment. The consumer's position steps
+        over transaction markers (a partition read to its end, the acker's own commit marker
+        last, has position = high watermark) but is unknown until a message or a marker came
+        after the assignment: then the offset assigned (in ``positions``) stands in for it."""
         tp = TopicPartition(self.ns.persist, lp)
         try:
             position = consumer.position([tp])[0].offset
             _, high = consumer.get_watermark_offsets(tp, cached=True)
         except KafkaException:
             return False
-        return position >= 0 and int(high) > position
+        if high < 0:
+            return True  # nothing fetched yet
+        if position < 0:
+            position = positions.get((self.ns.persist, lp), high)
+        return int(high) > position
 
     def forget(self, lps: Iterable[int]) -> None:
         """Partitions revoked, lost or rewound: their inputs are paused and resumed by the

@@ -335,7 +335,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
             self._fold_messages(msgs)
         if self.states:
             # Not the partitions whose inputs a restore paused and still has to seek.
-            self.reading.apply(self._consumer, self.states.keys() - {tp.partition for tp in self._to_resume})
+            self.reading.apply(
+                self._consumer, self.states.keys() - {tp.partition for tp in self._to_resume}, self._positions
+            )
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -374,7 +376,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
-        self.reading.admit(self._consumer, persist, acks)
+        self.reading.admit(self._consumer, persist, acks, self._positions)
         self._read.update(persist, acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
