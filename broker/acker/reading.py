@@ -56,19 +56,17 @@ class ReadingOrder:
         than them while ``ns.persist[lp]`` has unread records: the rest is read again later
         (sought back to, and paused by ``apply``). A seek that fails keeps the whole batch."""
         for lp, batch in persist.items():
-            ms = batch[-1].timestamp()[1]
-            if ms > 0:  # 0 / -1: not available
-                self.persist_ms[lp] = ms
+            self._note(self.persist_ms, lp, batch[-1])
         for lp, batch in list(acks.items()):
-            limit = self.persist_ms.get(lp, -1)
+            limit = max(self.persist_ms.get(lp, 0), 0)  # create times of 0 / -1: not available
             cut = next((i for i, msg in enumerate(batch) if msg.timestamp()[1] > limit), None)
             if cut is None or not self._unread(consumer, lp, positions):
-                self.acks_ms[lp] = max(self.acks_ms.get(lp, -1), batch[-1].timestamp()[1])
+                self._note(self.acks_ms, lp, batch[-1])
                 continue
             try:
                 consumer.seek(TopicPartition(self.ns.acks, lp, batch[cut].offset()))
             except KafkaException:
-                self.acks_ms[lp] = max(self.acks_ms.get(lp, -1), batch[-1].timestamp()[1])
+                self._note(self.acks_ms, lp, batch[-1])
                 continue
             self.acks_ms[lp] = batch[cut].timestamp()[1]
             self.held += len(batch) - cut
@@ -76,6 +74,12 @@ class ReadingOrder:
                 acks[lp] = batch[:cut]
             else:
                 del acks[lp]
+
+    @staticmethod
+    def _note(seen: dict[int, int], lp: int, msg: Message) -> None:
+        ms = msg.timestamp()[1]
+        if ms > 0:  # 0 / -1: not available
+            seen[lp] = ms
 
     def apply(self, consumer: Consumer, lps: Iterable[int], positions: Mapping[tuple[str, int], int]) -> None:
         """Pause or resume ``ns.acks[lp]`` of the installed partitions ``lps`` by the table

@@ -333,11 +333,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 self._rejoin(fatal)
                 return 0
             self._fold_messages(msgs)
-        if self.states:
-            # Not the partitions whose inputs a restore paused and still has to seek.
-            self.reading.apply(
-                self._consumer, self.states.keys() - {tp.partition for tp in self._to_resume}, self._positions
-            )
+        if self.states:  # not the partitions whose inputs a restore paused and has yet to seek
+            seeking = {tp.partition for tp in self._to_resume}
+            self.reading.apply(self._consumer, self.states.keys() - seeking, self._positions)
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -389,9 +387,8 @@ class Acker(Assignment, Recovery, RunsInBackground):
 
     def commit(self, *, interval: bool = True) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
-        (broker.acker.commit has the order and why); then the metrics' snapshot.
-        ``interval``: False for an early commit, which does not count towards
-        ``unlogged_commits`` (an entry stays unlogged for that many commit intervals)."""
+        (broker.acker.commit has the order and why); then the metrics' snapshot. ``interval``:
+        False for an early commit, which does not count towards ``unlogged_commits``."""
         began = time.perf_counter()
         if self._commit(interval):
             self.metrics.commit_seconds.observe(time.perf_counter() - began)
@@ -485,6 +482,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
             "expiry_held": self.expiry.held,
             "rejoins": self.rejoins,
             "fenced_by_timeout": self.fenced_by_timeout,
+            "acks_paused": self.reading.pauses,  # ns.acks read ahead of ns.persist (broker.acker.reading)
         }
 
     def _log_stats(self) -> None:
@@ -492,10 +490,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
         c = self.counters()
         adaptive = self.adaptive.summary(self.clock.now_ms())
         log.info(
-            "acker %s partitions=%s %s%s%s",
+            "acker %s partitions=%s %s%s",
             self.config.instance_id,
             sorted(self.states),
             " ".join(f"{k}={v}" for k, v in c.items()),
-            f" acks_paused={self.reading.pauses}" if self.reading.pauses else "",
             f" adaptive {adaptive}" if adaptive else "",
         )
