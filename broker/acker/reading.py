@@ -9,20 +9,20 @@ but keeps up with ``ns.acks`` read nearly every event first, and the changelog w
 kept it behind: in the bench's throughput run, 1.0-1.4 changelog records per completed record.
 So, per owned ledger partition, at every poll:
 
-| unread persist records          | event newer than the last persist record read | the event           |
-|---------------------------------|-----------------------------------------------|---------------------|
-| no (position = high watermark)  | -                                             | folded              |
-| yes, or persist not fetched yet | no                                            | folded              |
-| yes, or persist not fetched yet | yes                                           | read again later    |
+| ``BEHIND`` unread persist records | event newer than the last persist record read | the event        |
+|-----------------------------------|-----------------------------------------------|------------------|
+| no (fewer)                        | -                                             | folded           |
+| yes, or persist not fetched yet   | no                                            | folded           |
+| yes, or persist not fetched yet   | yes                                           | read again later |
 
 "Read again later": the poll's ack batch is cut at that event, ``ns.acks[i]`` is sought back to
-it and paused until persist is read as far (in create time) or to its end (a seek that fails
+it and paused until persist is read as far (in create time) or nearly to its end (a seek that fails
 keeps the whole batch). Only what is fetched changes. What is folded, committed and decided
 does not: a paused input is an input read less far, and the lag gate holds expiry for it as for
 any backlog - it takes no samples of a paused input, whose cached watermark is not fetched
 (broker.acker.lag). Times are the records' create times: a persist record's from its source's
 clock, an event's from its task's. A task clock ahead of the sources' holds events until persist
-is read to its end, never for good; one behind only holds less. An open transaction on
+is read nearly to its end, never for good; one behind only holds less. An open transaction on
 ``ns.persist[i]`` counts as unread records until it ends.
 """
 
@@ -35,13 +35,19 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from broker.acker.lag import ExpiryGate
 from broker.topics import Namespace
 
+BEHIND = 5_000
+"""Unread persist records of a partition from which its events wait: an acker that keeps up
+sees a few hundred now and then (a fetch response read in two polls), and holding its events
+for them would cost each a fetch round trip."""
+
 
 class ReadingOrder:
     """Pauses ``ns.acks[i]`` while it is read ahead of ``ns.persist[i]`` (the table above)."""
 
-    def __init__(self, ns: Namespace, gate: ExpiryGate) -> None:
+    def __init__(self, ns: Namespace, gate: ExpiryGate, behind: int = BEHIND) -> None:
         self.ns = ns
         self.gate = gate
+        self.behind = behind
         self.persist_ms: dict[int, int] = {}  # lp -> create time of the last persist record read
         self.acks_ms: dict[int, int] = {}  # lp -> create time of the last event read, or the first held
         self.paused: set[int] = set()
@@ -60,7 +66,7 @@ class ReadingOrder:
         for lp, batch in list(acks.items()):
             limit = max(self.persist_ms.get(lp, 0), 0)  # create times of 0 / -1: not available
             cut = next((i for i, msg in enumerate(batch) if msg.timestamp()[1] > limit), None)
-            if cut is None or not self._unread(consumer, lp, positions):
+            if cut is None or not self._behind(consumer, lp, positions):
                 self._note(self.acks_ms, lp, batch[-1])
                 continue
             try:
@@ -85,7 +91,7 @@ class ReadingOrder:
         """Pause or resume ``ns.acks[lp]`` of the installed partitions ``lps`` by the table
         (``positions``: the acker's input positions, the offsets assigned until read on)."""
         for lp in lps:
-            ahead = self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1) and self._unread(consumer, lp, positions)
+            ahead = self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1) and self._behind(consumer, lp, positions)
             if ahead == (lp in self.paused):
                 continue
             tp = TopicPartition(self.ns.acks, lp)
@@ -101,9 +107,9 @@ class ReadingOrder:
                 self.paused.discard(lp)
                 self.gate.resumed(tp)
 
-    def _unread(self, consumer: Consumer, lp: int, positions: Mapping[tuple[str, int], int]) -> bool:
-        """Whether ``ns.persist[lp]`` may have records the acker did not read: the last fetch
-        saw more, or no fetch came back since the assignment. The consumer's position steps
+    def _behind(self, consumer: Consumer, lp: int, positions: Mapping[tuple[str, int], int]) -> bool:
+        """Whether ``ns.persist[lp]`` may be ``behind`` records or more behind: by the last
+        fetch, or no fetch came back since the assignment. The consumer's position steps
         over transaction markers (a partition read to its end, the acker's own commit marker
         last, has position = high watermark) but is unknown until a message or a marker came
         after the assignment: then the offset assigned (in ``positions``) stands in for it."""
@@ -117,7 +123,7 @@ class ReadingOrder:
             return True  # nothing fetched yet
         if position < 0:
             position = positions.get((self.ns.persist, lp), high)
-        return int(high) > position
+        return int(high) - position >= self.behind
 
     def forget(self, lps: Iterable[int]) -> None:
         """Partitions revoked, lost or rewound: their inputs are paused and resumed by the

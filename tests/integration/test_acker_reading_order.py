@@ -61,6 +61,7 @@ def test_acks_read_ahead_of_persist_are_paused_and_every_record_completes(bootst
     source.close()
 
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    acker.reading.behind = 1_000  # of the test's 3 000 records a partition (the default is 5 000)
     errors: list[BaseException] = []
 
     def run() -> None:

@@ -1,6 +1,6 @@
-"""The acker's reading order (broker.acker.reading): ``ns.acks[i]`` is paused while the events
-read are newer than the persist records read and ``ns.persist[i]`` has unread records - its
-table, then the transitions, against a consumer whose position and watermarks are scripted."""
+"""The acker's reading order (broker.acker.reading): events newer than the persist records read
+wait while ``ns.persist[i]`` is ``behind`` (here 5) records or more behind - its table, then the
+transitions, against a consumer whose position and watermarks are scripted."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class Gate:
 
 def make() -> tuple[ReadingOrder, Consumer, Gate]:
     gate = Gate()
-    return ReadingOrder(NS, gate), Consumer(), gate  # type: ignore[arg-type]
+    return ReadingOrder(NS, gate, behind=5), Consumer(), gate  # type: ignore[arg-type]
 
 
 def read(order: ReadingOrder, consumer: Consumer, lp: int, *, persist_ms: int | None = None,
@@ -88,12 +88,13 @@ def read(order: ReadingOrder, consumer: Consumer, lp: int, *, persist_ms: int | 
     ("position", "high", "persist_ms", "acks_ms", "paused"),
     [
         (10, 10, 100, 200, False),  # persist read to its end: acks are never held back
+        (6, 10, 100, 200, False),  # fewer than ``behind`` unread: as good as read
         (5, 10, 200, 100, False),  # events older than the persist records read
         (5, 10, 200, 200, False),  # as old
         (5, 10, 100, 200, True),  # unread persist records, newer events: paused
         (OFFSET_INVALID, OFFSET_INVALID, 100, 200, True),  # no fetch of persist since the assignment
         (OFFSET_INVALID, 10, 100, 200, False),  # fetched, nothing after the offset assigned
-        (OFFSET_INVALID, 12, 100, 200, True),  # fetched, records after the offset assigned
+        (OFFSET_INVALID, 15, 100, 200, True),  # fetched, records after the offset assigned
         (5, 10, None, 200, True),  # events read, no persist record yet, persist unread
         (5, 10, 100, None, False),  # no event read yet
     ],

@@ -103,7 +103,7 @@ class ReadingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.kafka = Kafka()
-        self.order = ReadingOrder(NS, Gate())  # type: ignore[arg-type]
+        self.order = ReadingOrder(NS, Gate(), behind=1)  # type: ignore[arg-type]
         self.now = 1_000
         self.folded: dict[int, list[int]] = {lp: [] for lp in range(P)}
         self.persist_read_ms: dict[int, int] = {}
