@@ -239,6 +239,16 @@ class TableBase:
         (O(capacity): ~0.6 ms for 2M slots), once per commit interval.
         """
         t = self.hashtable
+        tombstones = np.empty(0, np.int64)
+        if self._left_logged:
+            gone = np.unique(np.concatenate(self._left_logged))
+            self._left_logged.clear()
+            found = t.lookup(gone)
+            tombstones = gone[found < 0]
+            # Back in the table (registered again, an event after an orphan left): its
+            # changelog record is the old entry's, so the new one is logged over it.
+            back = found[found >= 0]
+            t.flags[back] |= DIRTY
         slots = t.flagged(DIRTY)
         f = t.flags[slots]
         upserts = Entries(
@@ -249,11 +259,6 @@ class TableBase:
             deadlines=t.deadline[slots],
         )
         t.flags[slots] = (f & _NOT_DIRTY) | LOGGED
-        tombstones = np.empty(0, np.int64)
-        if self._left_logged:
-            gone = np.unique(np.concatenate(self._left_logged))
-            self._left_logged.clear()
-            tombstones = gone[t.lookup(gone) < 0]
         return ChangelogDelta(upserts, tombstones)
 
     def restore(

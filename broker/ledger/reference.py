@@ -238,6 +238,8 @@ class ReferenceLedger:
         return Expired(_removed(timed_out), _removed(orphans))
 
     def take_dirty(self) -> ChangelogDelta:
+        for srid in self._left_logged & self.entries_by_srid.keys():
+            self.entries_by_srid[srid].dirty = True  # back: logged over the old entry's record
         dirty = [(s, e) for s, e in self.entries_by_srid.items() if e.dirty]
         for _, entry in dirty:
             entry.dirty = False
