@@ -59,8 +59,8 @@ class ReadingOrder:
         positions: Mapping[tuple[str, int], int],
     ) -> None:
         """Note the persist records read, and cut each ack batch at its first event newer
-        than them while ``ns.persist[lp]`` has unread records: the rest is read again later
-        (sought back to, and paused by ``apply``). A seek that fails keeps the whole batch."""
+        than them while ``ns.persist[lp]`` is ``behind``: the rest is read again later (sought
+        back to here, paused by ``apply``). A seek that fails keeps the whole batch."""
         for lp, batch in persist.items():
             self._note(self.persist_ms, lp, batch[-1])
         for lp, batch in list(acks.items()):

@@ -284,3 +284,37 @@ class Services:
         for thread in self.threads:
             thread.join(60)
         self.tail.close()
+
+
+def outcomes_under(settings: KafkaSettings, ns: topics.Namespace, acker: Any, origins: set[int], *,
+                   limit_s: float = 90.0, settle_s: float = 0.5) -> dict[int, list[str]]:
+    """Run ``acker`` (an ``Acker``) in a thread until every origin has an outcome in
+    ``ns.persist`` and ``settle_s`` more (a false timeout's outcome would come by then); the
+    outcomes per origin, as the broker holds them."""
+    from broker.completions import OutcomeTail
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            acker.run()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    tail = OutcomeTail(settings, ns)
+    try:
+        deadline = time.monotonic() + limit_s
+        while not origins <= tail.log.outcomes.keys():
+            assert not errors, f"the acker died: {errors[0]!r}"
+            assert time.monotonic() < deadline, "not every record has an outcome"
+            tail.poll(0.2)
+        time.sleep(settle_s)
+        tail.poll(0.5)
+    finally:
+        acker.stop()
+        thread.join(60)
+        tail.close()
+    assert not errors, f"the acker died: {errors[0]!r}"
+    return {o: [e[1] for e in tail.log.outcomes[o]] for o in origins}

@@ -5,7 +5,6 @@ timed out and replayed although its tree completed."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -14,11 +13,11 @@ from confluent_kafka import Producer
 
 from broker import kafka_io, topics
 from broker.acker import Acker, AckerConfig
-from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
+from tests.integration.ground_truth import outcomes_under
 
 pytestmark = pytest.mark.integration
 
@@ -62,31 +61,7 @@ def test_acks_waiting_in_a_backlog_past_the_timeout_complete_and_nothing_is_repl
     time.sleep(TIMEOUT_MS / 1000 + 0.5)
 
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            acker.run()
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    tail = OutcomeTail(settings, ns)
-    origins = {r.origin for r in sent}
-    try:
-        deadline = time.monotonic() + 90
-        while not origins <= tail.log.outcomes.keys():
-            assert not errors, f"the acker died: {errors[0]!r}"
-            assert time.monotonic() < deadline, "not every record has an outcome"
-            tail.poll(0.2)
-        tail.poll(0.5)
-    finally:
-        acker.stop()
-        thread.join(60)
-        tail.close()
-    assert not errors, f"the acker died: {errors[0]!r}"
-    outcomes = {o: [e[1] for e in tail.log.outcomes[o]] for o in origins}
+    outcomes = outcomes_under(settings, ns, acker, {r.origin for r in sent})
     replayed = sorted(o for o, seen in outcomes.items() if seen != ["completed"])
     print(f"backlog: {len(replayed)} of {RECORDS} completed records were replayed; counters {acker.counters()}")
     assert not replayed, f"{len(replayed)} completed records were timed out and replayed"

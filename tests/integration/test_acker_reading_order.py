@@ -11,20 +11,17 @@ record, no replay, and the changelog's records."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from broker import kafka_io, topics
 from broker.acker import Acker, AckerConfig
-from broker.completions import OutcomeTail
 from broker.dev.testing import unique_name
 from broker.schemas import LedgerEntry, XorBatch
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
+from tests.integration.ground_truth import outcomes_under
 
 pytestmark = pytest.mark.integration
 
@@ -60,50 +57,25 @@ def test_acks_read_ahead_of_persist_are_paused_and_every_record_completes(bootst
     source.flush()
     source.close()
 
+    # The records' acks, a small batch per partition at a time, before the acker starts: its
+    # first fetches bring all of them, and little of persist.
+    producer = Producer(settings.producer_config(defaults={"linger.ms": 2}))
+    none = np.empty(0, np.int64)
+    by_lp = [[r for r in sent if r.srid % P == lp] for lp in range(P)]
+    for start in range(0, max(map(len, by_lp)), ACKS_PER_BATCH):
+        for lp, mine in enumerate(by_lp):
+            chunk = mine[start : start + ACKS_PER_BATCH]
+            if chunk:
+                batch = XorBatch(lp, np.array([r.srid for r in chunk], np.int64),
+                                 np.array([r.record_id for r in chunk], np.int64), none, "task")
+                kafka_io.produce(producer, ns.acks, value=batch.encode(), partition=lp)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
     acker.reading.behind = 1_000  # of the test's 3 000 records a partition (the default is 5 000)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            acker.run()
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-
-    def task() -> None:
-        """The records' acks, a small batch per partition at a time."""
-        producer = Producer(settings.producer_config(defaults={"linger.ms": 2}))
-        none = np.empty(0, np.int64)
-        by_lp = [[r for r in sent if r.srid % P == lp] for lp in range(P)]
-        for start in range(0, max(map(len, by_lp)), ACKS_PER_BATCH):
-            for lp, mine in enumerate(by_lp):
-                chunk = mine[start : start + ACKS_PER_BATCH]
-                if chunk:
-                    batch = XorBatch(lp, np.array([r.srid for r in chunk], np.int64),
-                                     np.array([r.record_id for r in chunk], np.int64), none, "task")
-                    kafka_io.produce(producer, ns.acks, value=batch.encode(), partition=lp)
-            producer.poll(0)
-        assert producer.flush(30) == 0
-
-    task()  # before the acker starts: its first fetches bring all of them, and little persist
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    tail = OutcomeTail(settings, ns)
-    origins = {r.origin for r in sent}
-    try:
-        deadline = time.monotonic() + 120
-        while not origins <= tail.log.outcomes.keys():
-            assert not errors, f"the acker died: {errors[0]!r}"
-            assert time.monotonic() < deadline, "not every record has an outcome"
-            tail.poll(0.2)
-        time.sleep(TIMEOUT_MS / 1000)  # a false timeout would have its outcome by now
-        tail.poll(0.5)
-    finally:
-        acker.stop()
-        thread.join(60)
-        tail.close()
-    assert not errors, f"the acker died: {errors[0]!r}"
-    outcomes = {o: [e[1] for e in tail.log.outcomes[o]] for o in origins}
+    # (a false timeout would have its outcome within the timeout after the last completion)
+    outcomes = outcomes_under(settings, ns, acker, {r.origin for r in sent}, limit_s=120, settle_s=TIMEOUT_MS / 1000)
     not_completed = sorted(o for o, seen in outcomes.items() if seen != ["completed"])
     orphans = _orphans_logged(settings, ns)
     print(f"reading order: acks paused {acker.reading.pauses} times; {orphans} of {RECORDS} entries logged "
