@@ -66,12 +66,7 @@ class ReadingOrder:
         for lp, batch in list(acks.items()):
             limit = max(self.persist_ms.get(lp, 0), 0)  # create times of 0 / -1: not available
             cut = next((i for i, msg in enumerate(batch) if msg.timestamp()[1] > limit), None)
-            if cut is None or not self._behind(consumer, lp, positions):
-                self._note(self.acks_ms, lp, batch[-1])
-                continue
-            try:
-                consumer.seek(TopicPartition(self.ns.acks, lp, batch[cut].offset()))
-            except KafkaException:
+            if cut is None or not self._behind(consumer, lp, positions) or not self._seek(consumer, lp, batch[cut]):
                 self._note(self.acks_ms, lp, batch[-1])
                 continue
             self.acks_ms[lp] = batch[cut].timestamp()[1]
@@ -80,6 +75,14 @@ class ReadingOrder:
                 acks[lp] = batch[:cut]
             else:
                 del acks[lp]
+
+    def _seek(self, consumer: Consumer, lp: int, msg: Message) -> bool:
+        """Seek ``ns.acks[lp]`` back to ``msg``; False if the consumer refused."""
+        try:
+            consumer.seek(TopicPartition(self.ns.acks, lp, msg.offset()))
+        except KafkaException:
+            return False
+        return True
 
     @staticmethod
     def _note(seen: dict[int, int], lp: int, msg: Message) -> None:

@@ -333,9 +333,8 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 self._rejoin(fatal)
                 return 0
             self._fold_messages(msgs)
-        if self.states:  # not the partitions whose inputs a restore paused and has yet to seek
-            seeking = {tp.partition for tp in self._to_resume}
-            self.reading.apply(self._consumer, self.states.keys() - seeking, self._positions)
+        seeking = {tp.partition for tp in self._to_resume}  # paused by a restore, not sought yet
+        self.reading.apply(self._consumer, self.states.keys() - seeking, self._positions)
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
