@@ -130,7 +130,7 @@ def _run(
 
     task_settings = roles.get("task", settings)
     task_a = Task(task_settings, ns, [orders, topics.replay_topic(orders)], f"{ns.name}.fan-out", fan_out)
-    task_b = Task(task_settings, ns, [enriched], f"{ns.name}.leaf", leaf)
+    task_b = Task(task_settings, ns, [enriched, topics.replay_topic(enriched)], f"{ns.name}.leaf", leaf)
     threads = [threading.Thread(target=t.run, daemon=True) for t in (task_a, task_b)]
     for thread in threads:
         thread.start()
