@@ -3,6 +3,7 @@ from the acker's exactly-once counters in the changelog, the DLQ by reading it."
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -15,9 +16,12 @@ from broker.dev.faults import skip_ack
 pytestmark = pytest.mark.integration
 
 
-def test_status_after_a_demo_run_matches_the_demo(bootstrap: str) -> None:
-    summary = run_demo(bootstrap, 1500, fail_rate=0.1, timeout_ms=10_000, partitions=3)
+def test_status_after_a_demo_run_matches_the_demo(bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="broker.task"):
+        summary = run_demo(bootstrap, 1500, fail_rate=0.1, timeout_ms=10_000, partitions=3)
     assert summary["lost"] == 0 and summary["completed"] == 1500
+    # The demo's tasks read each data topic with its replay topic, as the README asks.
+    assert not [r.getMessage() for r in caplog.records if "without" in r.getMessage()]
     out = subprocess.run(
         [sys.executable, "-m", "broker.cli", "status", "--bootstrap", bootstrap,
          "--namespace", summary["namespace"], "--json"],
