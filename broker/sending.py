@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -141,6 +141,8 @@ def send_batch(
     ``DeliveryError`` names it in ``failures`` and holds the results of the records sent before
     it in ``sent``; the records after it were not sent."""
     placements = source._placements
+    batch: Sequence[BatchRecord] = records if isinstance(records, list | tuple) else list(records)
+    placements.learn(topic, batch)  # new keys hashed together, not one by one
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
     # Looked up per record without a call: the partitions of the keys seen, the placements.
@@ -160,7 +162,7 @@ def send_batch(
     partitions: list[int] = []
     waiting: list[Any] = []  # PendingData's entries, flat (broker.delivery.ENTRY_FIELDS)
     try:
-        for record in records:
+        for record in batch:
             key, value = record[0], record[1]
             if bounded:
                 # The records waiting for a slot may be this batch's own: theirs must be out.

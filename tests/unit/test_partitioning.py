@@ -419,3 +419,37 @@ def test_partition_keys_one_index_per_key() -> None:
     assert partition_keys("kafka", 3, []) == []
     with pytest.raises(ConfigurationError):
         partition_keys("crc32", 3, keys)
+
+
+# --------------------------------------------------------------------------------------------
+# A batch of keys at once (Source.send_many)
+# --------------------------------------------------------------------------------------------
+
+# Lengths around the block and tail boundaries, and past MAX_BATCH_KEY (hashed one by one).
+BATCH_KEYS = st.lists(
+    st.one_of(KEY_BYTES, st.sampled_from([0, 1, 2, 3, 4, 5, 8, 127, 128, 129]).flatmap(
+        lambda n: st.binary(min_size=n, max_size=n))),
+    max_size=80,
+)
+
+
+@given(BATCH_KEYS, PARTITION_COUNTS)
+def test_a_batch_of_keys_gets_each_key_s_kafka_partition(keys: list[bytes], n: int) -> None:
+    assert KafkaPartitioner().partition_many(keys, n) == [kafka_partition(k, n) for k in keys]
+
+
+@given(BATCH_KEYS, PARTITION_COUNTS)
+def test_a_batch_of_keys_gets_each_key_s_spark_partition(keys: list[bytes], n: int) -> None:
+    assert SparkPartitioner().partition_many(keys, n) == [spark_partition(k, n) for k in keys]
+
+
+@given(st.lists(st.binary(min_size=18, max_size=18), min_size=1, max_size=40), PARTITION_COUNTS)
+def test_a_batch_of_equal_length_keys_matches_the_java_transliteration(keys: list[bytes], n: int) -> None:
+    # Equal lengths: every key has every block, nothing is masked (the batch's fast path).
+    assert KafkaPartitioner().partition_many(keys, n) == [(java_murmur2(k) & 0x7FFFFFFF) % n for k in keys]
+
+
+@pytest.mark.parametrize("partitioner", PARTITIONERS)
+def test_a_batch_needs_a_positive_partition_count(partitioner: str) -> None:
+    with pytest.raises(ValueError, match="num_partitions"):
+        get_partitioner(partitioner).partition_many([b"k"], 0)

@@ -40,3 +40,30 @@ def test_known_keys_are_the_partitions_key_hash_partition_computed(monkeypatch: 
     placements.key_hash_partition("a", b"k3")  # over MAX_KEYS: forgotten in place
     assert placements.known_keys("a") is known and known == {b"k3": get_partitioner("kafka").partition(b"k3", 4)}
     assert placements.key_hash_partition("a", None) in range(4) and None not in known
+
+
+def test_a_batch_learns_its_new_keys_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    placements = _placements()
+    kafka = get_partitioner("kafka")
+    calls: list[int] = []
+    partition_many = type(kafka).partition_many
+    monkeypatch.setattr(type(kafka), "partition_many",
+                        lambda self, keys, n: calls.append(len(keys)) or partition_many(self, keys, n))
+    few = [(b"f%d" % i, b"v") for i in range(broker.placement.BATCH_KEYS - 1)]
+    placements.learn("a", few)  # too few to hash together: key_hash_partition does them
+    assert placements.known_keys("a") == {} and calls == []
+    records = [(b"k%d" % (i % 50), b"v") for i in range(200)] + [("text", b"v"), (None, b"v")]
+    placements.learn("a", records)
+    assert calls == [51]  # each new key once; the str key as UTF-8; no None
+    expected = {k: kafka.partition(k, 4) for k in [b"k%d" % i for i in range(50)] + [b"text"]}
+    assert placements.known_keys("a") == expected
+    placements.learn("a", records)  # nothing new
+    assert calls == [51]
+
+
+def test_a_batch_over_max_keys_forgets_the_old_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.placement, "MAX_KEYS", 60)
+    placements = _placements()
+    placements.learn("a", [(b"old%d" % i, b"v") for i in range(40)])
+    placements.learn("a", [(b"new%d" % i, b"v") for i in range(40)])
+    assert placements.known_keys("a") == {b"new%d" % i: get_partitioner("kafka").partition(b"new%d" % i, 4) for i in range(40)}
