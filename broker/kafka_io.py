@@ -16,6 +16,7 @@ for these errors (it only flags errors of its own retry machinery), so the codes
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -151,34 +152,48 @@ def retrying(
         attempt += 1
 
 
-def read_to_end(settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0) -> list[Message]:
+def read_to_end(
+    settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0, *, settled: bool = False
+) -> list[Message]:
     """Every committed message of ``topic`` (partitions ``0 .. partitions-1``), in offset
     order per partition; ``read_partitions`` reads a chosen few."""
-    return read_partitions(settings, topic, range(partitions), timeout_s)
+    return read_partitions(settings, topic, range(partitions), timeout_s, settled=settled)
 
 
 def read_partitions(
-    settings: KafkaSettings, topic: str, partitions: Iterable[int], timeout_s: float = 120.0
+    settings: KafkaSettings, topic: str, partitions: Iterable[int], timeout_s: float = 120.0, *, settled: bool = False
 ) -> list[Message]:
     """Every committed message of the given partitions of ``topic``, in offset order per
     partition.
 
+    Reads to the last stable offset: a transaction committed just before may still be
+    invisible there (its markers are written after the commit returns), and a partition whose
+    stable offset is still its low watermark is not read at all. ``settled`` reads on until
+    each partition's end (its high watermark) as the read began - every transaction written
+    before it decided - for a caller that knows none is left open (else it waits
+    ``timeout_s``): the ground truth of a test.
+
     Starts at each partition's low watermark, not OFFSET_BEGINNING (which costs an extra
     offset lookup, ~0.5 s), with short fetch waits and polls: a ``consume`` waits its whole
     timeout unless its batch fills."""
-    consumer = Consumer(
-        settings.consumer_config(
-            None,
-            defaults={"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10},
-        )
+    config = settings.consumer_config(
+        None, defaults={"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10}
     )
+    consumer = Consumer(config)
+    # A read_committed consumer's high watermark is the last stable offset.
+    ends_of = Consumer({**config, "isolation.level": "read_uncommitted"}) if settled else consumer
     out: list[Message] = []
     try:
         starts = []
+        ends: dict[int, int] = {}
         for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            low, high = retrying(functools.partial(ends_of.get_watermark_offsets, TopicPartition(topic, p), timeout=30),
+                                 f"the watermarks of {topic}[{p}]")
             if high > low:
                 starts.append(TopicPartition(topic, p, low))
+                ends[p] = high if settled else 0
+        if ends_of is not consumer:
+            ends_of.close()
         consumer.assign(starts)
         eof: set[int] = set()
         deadline = time.monotonic() + timeout_s
@@ -190,7 +205,8 @@ def read_partitions(
                 if err is None:
                     out.append(msg)
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition() or 0)
+                    if (msg.offset() or 0) >= ends[msg.partition() or 0]:
+                        eof.add(msg.partition() or 0)
                 else:
                     raise KafkaException(err)
     finally:

@@ -92,8 +92,9 @@ def test_transactional_batches_commit_or_abort_together(bootstrap: str) -> None:
         for i in range(50):
             source.send(data, f"a{i}", b"aborted")
         raise RuntimeError("boom")
-    persisted = read_to_end(settings, ns.persist, 3)  # read_committed
-    published = read_to_end(settings, data, 5)
+    # Settled: right after the commit its markers may not be written yet (read_committed).
+    persisted = read_to_end(settings, ns.persist, 3, settled=True)
+    published = read_to_end(settings, data, 5, settled=True)
     assert len(persisted) == len(published) == 50
     assert {m.value() for m in published} == {b"committed"}
 
@@ -273,7 +274,7 @@ def test_send_many_in_a_transaction_commits_or_aborts_with_it(bootstrap: str) ->
     with pytest.raises(RuntimeError, match="boom"), source.transaction():
         source.send_many(data, [(f"a{i}", b"aborted") for i in range(50)])
         raise RuntimeError("boom")
-    persisted = read_to_end(settings, ns.persist, 3)
-    published = read_to_end(settings, data, 5)
+    persisted = read_to_end(settings, ns.persist, 3, settled=True)
+    published = read_to_end(settings, data, 5, settled=True)
     assert len(persisted) == len(published) == 50
     assert {m.value() for m in published} == {b"committed"}
