@@ -74,6 +74,13 @@ def _specs() -> list[Spec]:
             Spec(f"fold.{s}.table_bytes_per_entry", "B", f"LedgerTable bytes per pending entry at {s}", ("<=", 48.0)),
             Spec(f"fold.{s}.dict_bytes_per_entry", "B", f"dict fold bytes per pending entry at {s}"),
         ]
+    for name in ("kafka", "spark"):
+        specs += [
+            Spec(f"keys.{name}_batch_us_per_key", "µs", f"{name} partition of 256 new keys hashed together "
+                 "(Source.send_many), per key"),
+            Spec(f"keys.{name}_one_us_per_key", "µs", f"{name} partition of the same keys one at a time, per key"),
+            Spec(f"keys.{name}_one_vs_batch", "x", "one at a time / together (how much cheaper a batch is)"),
+        ]
     specs += [
         Spec("latency.load_rps", "records/s", "offered load: 50 % of the measured pipeline throughput"),
         Spec("latency.pipeline_p50_ms", "ms", "persist -> completed tombstone visible (read_committed), p50"),

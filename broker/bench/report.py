@@ -40,6 +40,9 @@ def _rows() -> list[Row]:
         s = size_label(n)
         rows.append((f"bytes per pending entry, {s}", f"fold.{s}.table_bytes_per_entry", "plain dict fold",
                      f"fold.{s}.dict_bytes_per_entry", None))
+    for name in ("kafka", "spark"):
+        rows.append((f"{name} key partition µs, 256 new keys together", f"keys.{name}_batch_us_per_key",
+                     "one at a time", f"keys.{name}_one_us_per_key", f"keys.{name}_one_vs_batch"))
     rows += [
         ("completion latency p50 ms (50 % load)", "latency.pipeline_p50_ms", "raw produce -> consume p50",
          "latency.raw_p50_ms", None),

@@ -225,7 +225,8 @@ def _delete_topics(env: Env) -> None:
 
 def _section_keys(section: str) -> list[str]:
     # The latency runs measure the cost and check the count; the throughput runs the CPU.
-    prefixes = {"latency": {section, "cost", "check"}, "throughput": {section, "cpu"}}.get(section, {section})
+    prefixes = {"latency": {section, "cost", "check"}, "throughput": {section, "cpu"}, "fold": {section, "keys"}}.get(
+        section, {section})
     return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
 
@@ -288,10 +289,12 @@ def run(options: Options) -> dict[str, Any]:
 
     # 1. fold needs no Kafka: run it before the broker is busy
     def fold(update: Any) -> None:
+        from broker.bench import keys
         from broker.bench.fold import measure
 
         series["fold"] = measure(figures, quick=plan.quick, progress=update)
         details["fold"] = {k: v for k, v in series["fold"].items()}
+        keys.measure(figures, quick=plan.quick)
 
     guarded("fold", fold)
 
