@@ -63,10 +63,15 @@ def test_spark_partitioner_is_selectable_per_topic(bootstrap: str) -> None:
     ns, data = _namespace(settings, data_partitions=7)
     source = Source(settings, ns, SourceConfig(partitioners={data: "spark"}))
     results = {f"k{i}": source.send(data, f"k{i}", b"v") for i in range(100)}
+    # A batch of new keys, str and bytes, hashed together
+    batch = [(f"b{i}" if i % 2 else b"b%d" % i, b"v") for i in range(100)]
+    results.update(zip([k if type(k) is str else k.decode() for k, _ in batch], source.send_many(data, batch), strict=True))
     source.close()
     for key, result in results.items():
         assert result.key_hash_partition == spark_partition(key, 7)
-    for msg in read_to_end(settings, data, 7):
+    published = read_to_end(settings, data, 7)
+    assert len(published) == 200
+    for msg in published:
         assert msg.partition() == spark_partition(msg.key().decode(), 7)
 
 
@@ -201,7 +206,8 @@ def test_send_many_persists_then_publishes_each_record_like_send(bootstrap: str)
     settings = KafkaSettings(bootstrap)
     ns, data = _namespace(settings)
     with Source(settings, ns) as source:
-        batch = [(f"key-{i % 13}", f"value-{i}", [("trace", b"%d" % i)] if i % 2 else None) for i in range(300)]
+        # 113 keys: the first batch's are new and hashed together (Placements.learn), then repeat
+        batch = [(f"key-{i % 113}", f"value-{i}", [("trace", b"%d" % i)] if i % 2 else None) for i in range(300)]
         results = source.send_many(data, batch[:100]) + source.send_many(data, batch[100:])
         assert source.sent == 300
     assert len({r.srid for r in results}) == 300 and all(r.origin == r.srid for r in results)
