@@ -325,7 +325,9 @@ class Bridge(RunsInBackground):
             left = until - time.monotonic()
             if left <= 0:
                 break
-            for msg in self._take(limit - n, min(left, self.config.poll_timeout_ms / 1000)):
+            msgs = self._take(limit - n, min(left, self.config.poll_timeout_ms / 1000))
+            self.source.prepare_keys(self.target, [m.key() for m in msgs if m.error() is None])
+            for msg in msgs:
                 n += self._bridge(msg)
         return n
 

@@ -7,7 +7,7 @@ key-hash partition, partitioner - encoded once per partition.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from broker.errors import ConfigurationError
@@ -72,12 +72,12 @@ class Placements:
         known[key] = partition
         return partition
 
-    def learn(self, topic: str, records: Sequence[Sequence[Any]]) -> None:
-        """Hash the keys of ``records`` (``(key, ...)``) not known yet together, when there
-        are ``BATCH_KEYS`` or more: ``key_hash_partition`` then finds each of them known."""
+    def learn(self, topic: str, keys: Iterable[Any]) -> None:
+        """Hash the ``keys`` not known yet together, when there are ``BATCH_KEYS`` or more:
+        ``key_hash_partition`` then finds each of them known."""
         known = self.known_keys(topic)
         # None and str keys too; a key of another type is left to the send, which refuses it
-        missing: list[Any] = [r[0] for r in records if r[0] not in known]
+        missing: list[Any] = [k for k in keys if k not in known]
         if len(missing) < BATCH_KEYS:
             return
         encoded = {k if type(k) is bytes else k.encode() for k in missing if type(k) in (bytes, str)}

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Literal, NamedTuple, Protocol
 
 from confluent_kafka import KafkaException, Producer
@@ -142,7 +143,7 @@ def send_batch(
     it in ``sent``; the records after it were not sent."""
     placements = source._placements
     batch: Sequence[BatchRecord] = records if isinstance(records, list | tuple) else list(records)
-    placements.learn(topic, batch)  # new keys hashed together, not one by one
+    placements.learn(topic, map(itemgetter(0), batch))  # new keys hashed together, not one by one
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
     # Looked up per record without a call: the partitions of the keys seen, the placements.

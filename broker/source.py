@@ -197,6 +197,12 @@ class Source:
         """The partition of ``topic`` that ``key`` goes to (random without a key)."""
         return self._placements.key_hash_partition(topic, key)
 
+    def prepare_keys(self, topic: str, keys: Iterable[bytes | str | None]) -> None:
+        """Hash the new ones of ``keys`` together (from 32 of them), for ``send``s of their
+        records to ``topic`` that follow: a key alone costs 1.6-2.5 µs, in a batch ~0.4
+        (``send_many`` does this itself)."""
+        self._placements.learn(topic, keys)
+
     def send(
         self,
         topic: str,
