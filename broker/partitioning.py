@@ -23,7 +23,7 @@ value in :class:`SparkInt` or :class:`SparkFloat` to hash it as an int / float c
 Everything here is pure. The hash loops are hand-inlined because the source calls them once
 per record; all arithmetic is on unsigned 32-bit values, converted to a signed Java int last.
 ``partition_many`` hashes a batch of byte keys at once (numpy, one pass per 4-byte block over
-all the keys): ``Source.send_many`` with keys that do not repeat pays ~0.2 us a key instead of
+all the keys): ``Source.send_many`` with keys that do not repeat pays ~0.4 µs a key instead of
 1.6-2.5 (docs/benchmarks.md).
 """
 
@@ -440,37 +440,33 @@ def _hash_bytes_many(keys: list[bytes], seed: int) -> np.ndarray:
     return h1 ^ (h1 >> 16)
 
 
-def _many(keys: list[bytes], hash_many: Any, one: Any) -> np.ndarray:
+def _batch_hashes(
+    keys: list[bytes], num_partitions: int, hash_many: Callable[[list[bytes]], np.ndarray], one: Callable[[bytes], int]
+) -> np.ndarray:
     """Unsigned 32-bit hashes of ``keys``: the short ones in one batch, the long ones alone."""
-    if all(len(k) <= MAX_BATCH_KEY for k in keys):
-        return hash_many(keys)
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    long = [i for i, k in enumerate(keys) if len(k) > MAX_BATCH_KEY]
+    if not long:
+        return hash_many(keys) if keys else np.empty(0, np.uint32)
     out = np.empty(len(keys), np.uint32)
-    short = [i for i, k in enumerate(keys) if len(k) <= MAX_BATCH_KEY]
-    if short:
+    if short := [i for i, k in enumerate(keys) if len(k) <= MAX_BATCH_KEY]:
         out[short] = hash_many([keys[i] for i in short])
-    for i, k in enumerate(keys):
-        if len(k) > MAX_BATCH_KEY:
-            out[i] = one(k)
+    for i in long:
+        out[i] = one(keys[i])
     return out
 
 
 def kafka_partitions(keys: list[bytes], num_partitions: int) -> list[int]:
     """``kafka_partition`` of each key, in one batch."""
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if not keys:
-        return []
-    h = _many(keys, _murmur2_u32_many, _murmur2_u32)
+    h = _batch_hashes(keys, num_partitions, _murmur2_u32_many, _murmur2_u32)
     return ((h & _U32(0x7FFFFFFF)) % num_partitions).tolist()
 
 
 def spark_partitions(keys: list[bytes], num_partitions: int) -> list[int]:
     """``spark_partition`` of each key as one binary column, in one batch."""
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if not keys:
-        return []
-    h = _many(keys, lambda ks: _hash_bytes_many(ks, SPARK_SEED), lambda k: _hash_bytes(k, SPARK_SEED))
+    h = _batch_hashes(keys, num_partitions, lambda ks: _hash_bytes_many(ks, SPARK_SEED),
+                      lambda k: _hash_bytes(k, SPARK_SEED))
     signed = h.astype(np.int64) - ((h >> 31).astype(np.int64) << 32)
     return (signed % num_partitions).tolist()
 

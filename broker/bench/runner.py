@@ -225,8 +225,9 @@ def _delete_topics(env: Env) -> None:
 
 def _section_keys(section: str) -> list[str]:
     # The latency runs measure the cost and check the count; the throughput runs the CPU.
-    prefixes = {"latency": {section, "cost", "check"}, "throughput": {section, "cpu"}, "fold": {section, "keys"}}.get(
-        section, {section})
+    # The fold section also measures the key partitions (bench.keys), Kafka-free too.
+    extra = {"latency": {"cost", "check"}, "throughput": {"cpu"}, "fold": {"keys"}}.get(section, set())
+    prefixes = {section, *extra}
     return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
 
