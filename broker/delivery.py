@@ -74,7 +74,9 @@ class PendingData:
     then produces their data records, in send order, leaving out those whose persist record
     failed. ``producer`` is the producer of the open epoch (persist records go there)."""
 
-    __slots__ = ("_closed", "_failed", "_open", "_other", "epoch_s", "failures", "on_persist", "producer", "since")
+    __slots__ = (
+        "_closed", "_failed", "_open", "_other", "epoch_s", "failures", "floor_ms", "on_persist", "producer", "since",
+    )
 
     def __init__(self, producer: Producer, other: Producer | None = None, epoch_s: float | None = None) -> None:
         """``other``: the second producer epochs alternate with (a transactional source has
@@ -88,6 +90,19 @@ class PendingData:
         self.failures: list[SendFailure] = []
         self.on_persist = _persist_callback(self._failed, self.failures)
         self.since = 0.0  # when the open epoch's first record was added (monotonic)
+        self.floor_ms = 0  # the least created_ms of the next record sent (``created_ms``)
+
+    def created_ms(self) -> int:
+        """The ``created_ms`` of a record sent now (wall clock), kept in send order: never less
+        than the last one's, and greater than every record's persisted with the other
+        producer. Within one producer a partition keeps its records in send order, so the
+        persist records of one ledger partition are in send order by ``(created_ms, persist
+        offset)`` - the order the acker decides a key's failures in (docs/design.md §6)."""
+        ms = int(time.time() * 1000)
+        if ms < self.floor_ms:
+            ms = self.floor_ms
+        self.floor_ms = ms
+        return ms
 
     def __len__(self) -> int:
         return (len(self._open) + len(self._closed)) // ENTRY_FIELDS
@@ -144,6 +159,7 @@ class PendingData:
         if self._open and time.monotonic() - self.since >= self.epoch_s:
             self._closed, self._open = self._open, []
             self.producer, self._other = self._other, self.producer
+            self.floor_ms += 1
         if not self._open and not self._closed:
             self._failed.clear()
 

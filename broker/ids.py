@@ -52,6 +52,30 @@ def decode_id(data: bytes) -> int:
     return int(_I64.unpack(data)[0])
 
 
+def in_partition(srid: int, partition: int, partitions: int) -> int:
+    """A random id ``srid`` moved into ``partition``: ``result mod partitions == partition``.
+
+    Every attempt of an origin lives in one ledger partition (docs/design.md §2): a keyed
+    record's first attempt in its key's, each replay in its original's. Half of ``srid``'s
+    range keeps the sum inside int64; 62 random bits remain, and 0 becomes ``partitions``.
+    """
+    base = srid >> 1
+    return base - base % partitions + partition or partitions
+
+
+def in_partitions(srids: np.ndarray, partition: int, partitions: int) -> np.ndarray:
+    """``in_partition`` of each of ``srids`` (numpy, same values)."""
+    base = srids >> 1
+    out = base - base % partitions + partition
+    out[out == 0] = partitions
+    return out
+
+
+def new_id_in(partition: int, partitions: int) -> int:
+    """One random non-zero int64 ``srid`` with ``srid mod partitions == partition``."""
+    return in_partition(new_id(), partition, partitions)
+
+
 def ledger_partition(srid: int, partitions: int) -> int:
     """Which partition of persist / acks / ledger owns ``srid``: ``srid mod P`` (non-negative)."""
     return srid % partitions

@@ -28,7 +28,7 @@ class Placements:
     """A source's data topics as far as used: their partition counts, their keys' partitions
     and their encoded placements, each looked up once."""
 
-    __slots__ = ("_encoded", "_keys", "ns", "partitioners", "partitions", "settings")
+    __slots__ = ("_encoded", "_keys", "_ledger", "ns", "partitioners", "partitions", "settings")
 
     def __init__(self, settings: KafkaSettings, ns: Namespace, partitioners: Mapping[str, str]) -> None:
         self.settings = settings
@@ -36,6 +36,8 @@ class Placements:
         self.partitioners = partitioners  # data topic -> partitioner name; unlisted: "kafka"
         self.partitions: dict[str, int] = {}
         self._keys: dict[str, dict[bytes, int]] = {}  # topic -> key -> partition
+        # topic -> key -> ledger partition, for a topic whose partition count is not P's
+        self._ledger: dict[str, dict[bytes, int]] = {}
         # topic -> partition -> its persist records' encoded topic, partition and partitioner
         self._encoded: dict[str, list[bytes]] = {}
 
@@ -72,9 +74,35 @@ class Placements:
         known[key] = partition
         return partition
 
-    def learn(self, topic: str, keys: Iterable[Any]) -> None:
+    def ledger_partition(self, topic: str, key: bytes, ledger_partitions: int, partition: int) -> int:
+        """The ledger partition of ``key``'s records (``partition``: its key-hash partition):
+        the partition the key would have, by ``topic``'s partitioner, in a topic of
+        ``ledger_partitions`` - its key-hash partition itself when the data topic has as many.
+        So every record of a key, each attempt of it included, is decided by one acker, in one
+        table (docs/design.md §6); the keys spread over the ledger partitions as evenly as
+        over a topic's partitions."""
+        if self.data_partitions(topic) == ledger_partitions:
+            return partition
+        known = self.known_ledger(topic)
+        cached = known.get(key)
+        if cached is None:
+            if len(known) >= MAX_KEYS:
+                known.clear()
+            cached = known[key] = get_partitioner(self.partitioner(topic)).partition(key, ledger_partitions)
+        return cached
+
+    def known_ledger(self, topic: str) -> dict[bytes, int]:
+        """The keys of ``topic`` whose ledger partition ``ledger_partition`` knows, when it is
+        not their key-hash partition (key -> ledger partition)."""
+        known = self._ledger.get(topic)
+        if known is None:
+            known = self._ledger[topic] = {}
+        return known
+
+    def learn(self, topic: str, keys: Iterable[Any], ledger_partitions: int | None = None) -> None:
         """Hash the ``keys`` not known yet together, when there are ``BATCH_KEYS`` or more:
-        ``key_hash_partition`` then finds each of them known."""
+        ``key_hash_partition`` then finds each of them known (and ``ledger_partition`` too,
+        given ``ledger_partitions``)."""
         known = self.known_keys(topic)
         # None and str keys too; a key of another type is left to the send, which refuses it
         missing: list[Any] = [k for k in keys if k not in known]
@@ -86,8 +114,13 @@ class Placements:
             return
         if len(known) + len(fresh) > MAX_KEYS:
             known.clear()
-        partitions = get_partitioner(self.partitioner(topic)).partition_many(fresh, self.data_partitions(topic))
-        known.update(zip(fresh, partitions, strict=True))
+        partitioner, n = get_partitioner(self.partitioner(topic)), self.data_partitions(topic)
+        known.update(zip(fresh, partitioner.partition_many(fresh, n), strict=True))
+        if ledger_partitions is not None and ledger_partitions != n:
+            ledger = self.known_ledger(topic)
+            if len(ledger) + len(fresh) > MAX_KEYS:
+                ledger.clear()
+            ledger.update(zip(fresh, partitioner.partition_many(fresh, ledger_partitions), strict=True))
 
     def placement(self, topic: str, partition: int) -> bytes:
         """The persist record's topic, key-hash partition and partitioner fields, encoded."""

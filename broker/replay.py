@@ -98,7 +98,8 @@ def decide(
         return Decision("dlq", (dlq_record(ns, record, history, why),))
     if refused is not None:
         return Decision("dlq", (dlq_record(ns, record, history, f"{reason}; cannot replay: {refused}"),))
-    srid, record_id = ids.new_id(), ids.new_id()
+    # The replay lives in its original's ledger partition, like every attempt of an origin.
+    srid, record_id = ids.new_id_in(ids.ledger_partition(record.srid, ledger_partitions), ledger_partitions), ids.new_id()
     again = replace(
         record,
         srid=srid,

@@ -7,12 +7,12 @@ partitioner, the delivery bookkeeping) is done once per batch.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple, Protocol
 
+import numpy as np
 from confluent_kafka import KafkaException, Producer
 
 from broker import ids, kafka_io
@@ -61,34 +61,65 @@ the record's first Avro fields (``schemas.first_attempt_ids``) and its tracking 
 # not reuse its parent's ids: the same ids in two processes would cancel in the ledger).
 _ID_POOL: Iterator[IdPair] = iter(())
 _POOL_PAIRS = 4096
+# A keyed record's srid is drawn in its key's ledger partition (``ids.in_partitions``): one
+# pool per (P, ledger partition), refilled in bulk like the other, smaller as P grows so that
+# all of them together hold about ``_RESIDUE_PAIRS`` pairs.
+_RESIDUE_POOLS: dict[int, list[Iterator[IdPair]]] = {}
+_RESIDUE_PAIRS = 65_536
 
 
 def _empty_pool() -> None:
     global _ID_POOL
     _ID_POOL = iter(())
+    _RESIDUE_POOLS.clear()
 
 
 os.register_at_fork(after_in_child=_empty_pool)
 
 
-def _refill() -> None:
-    global _ID_POOL
-    fresh = ids.new_ids(2 * _POOL_PAIRS)
-    srids, record_ids = fresh[0::2], fresh[1::2]
+def _pairs(srids: np.ndarray, record_ids: np.ndarray) -> Iterator[IdPair]:
     # Big-endian keys, one bytes object per element of a void view (a bytes view, "S",
     # would strip trailing zero bytes): srid, then srid and record id (16 bytes per pair).
-    tracking = fresh.astype(">i8").view("V16").tolist()
-    _ID_POOL = zip(
+    tracking = np.stack([srids, record_ids], axis=1).astype(">i8").view("V16").ravel().tolist()
+    return zip(
         srids.tolist(), record_ids.tolist(), srids.astype(">i8").view("V8").tolist(), tracking,
         first_attempt_ids(srids, record_ids), zip(repeat(H_TRACKING), tracking), strict=True,
     )
 
 
+def _refill() -> None:
+    global _ID_POOL
+    fresh = ids.new_ids(2 * _POOL_PAIRS)
+    _ID_POOL = _pairs(fresh[0::2], fresh[1::2])
+
+
 def new_id_pair() -> IdPair:
+    """A fresh srid in any ledger partition (a keyless record's) and a record id."""
     pair = next(_ID_POOL, None)
     while pair is None:  # (another thread may empty a fresh pool first)
         _refill()
         pair = next(_ID_POOL, None)
+    return pair
+
+
+def residue_pools(partitions: int) -> list[Iterator[IdPair]]:
+    """The pools of ``new_id_pair_in`` for ``partitions`` ledger partitions, by partition: a
+    batch looks them up once."""
+    pools = _RESIDUE_POOLS.get(partitions)
+    if pools is None:
+        pools = _RESIDUE_POOLS[partitions] = [iter(()) for _ in range(partitions)]
+    return pools
+
+
+def new_id_pair_in(pools: list[Iterator[IdPair]], partition: int) -> IdPair:
+    """A fresh srid in ledger ``partition`` (``srid mod P``; ``pools`` from
+    ``residue_pools(P)``) and a record id."""
+    pair = next(pools[partition], None)
+    while pair is None:
+        n = max(16, min(_POOL_PAIRS, _RESIDUE_PAIRS // len(pools)))
+        fresh = ids.new_ids(2 * n)
+        pools[partition] = _pairs(ids.in_partitions(fresh[0::2], partition, len(pools)), fresh[1::2])
+        pair = next(pools[partition], None)
     return pair
 
 
@@ -143,21 +174,26 @@ def send_batch(
     it in ``sent``; the records after it were not sent."""
     placements = source._placements
     batch: Sequence[BatchRecord] = records if isinstance(records, list | tuple) else list(records)
-    placements.learn(topic, map(itemgetter(0), batch))  # new keys hashed together, not one by one
+    persist, ledger_partitions = source.ns.persist, source.ledger_partitions
+    # New keys hashed together, not one by one (their ledger partitions too).
+    placements.learn(topic, map(itemgetter(0), batch), ledger_partitions)
     serde = source.config.serde
     key_hash_partition = placements.key_hash_partition
     # Looked up per record without a call: the partitions of the keys seen, the placements.
     known_keys, placed = placements.known_keys(topic), placements.placements(topic)
     producer = source._pending.producer
     produce = producer.produce
-    persist, ledger_partitions = source.ns.persist, source.ledger_partitions
+    # A keyed record's srid is drawn in its key's ledger partition: the key-hash partition
+    # when the counts agree, else looked up (placement.Placements.ledger_partition).
+    same = placements.data_partitions(topic) == ledger_partitions
+    known_ledger, pools = placements.known_ledger(topic), residue_pools(ledger_partitions)
     on_persist = source._pending.on_persist
     window = source._backpressure.window
     transactional = source._transactional
     bounded = source.config.max_pending is not None
     # What every record of the batch shares, encoded once: its prefix after the ids, the
     # record's last fields (one clock reading per batch), the partitioner of the topic.
-    shared = first_attempts(int(time.time() * 1000), timeout_field(timeout), max_attempts, placements.partitioner(topic))
+    shared = first_attempts(source._pending.created_ms(), timeout_field(timeout), max_attempts, placements.partitioner(topic))
     srids: list[int] = []  # the results, as columns (``first_results``)
     record_ids: list[int] = []
     partitions: list[int] = []
@@ -177,7 +213,14 @@ def send_batch(
             partition = known_keys.get(key_b)  # type: ignore[arg-type]  # None: never known
             if partition is None:
                 partition = key_hash_partition(topic, key_b)
-            srid, record_id, srid_b, ids_key, ids_avro, tracking = next(_ID_POOL, None) or new_id_pair()
+            if key_b is None:
+                srid, record_id, srid_b, ids_key, ids_avro, tracking = next(_ID_POOL, None) or new_id_pair()
+            else:
+                lp = partition if same else known_ledger.get(key_b)
+                if lp is None:
+                    lp = placements.ledger_partition(topic, key_b, ledger_partitions, partition)
+                srid, record_id, srid_b, ids_key, ids_avro, tracking = (
+                    next(pools[lp], None) or new_id_pair_in(pools, lp))
             value_p = encode_first_persisted(
                 ids_key, ids_avro, placed[partition], key_b, value_b, avro_headers(own) if own else _NO_HEADERS, shared,
             )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
@@ -31,6 +30,8 @@ from broker.sending import (
     Timeout,
     first_attempts,
     new_id_pair,
+    new_id_pair_in,
+    residue_pools,
     send_batch,
     timeout_field,
 )
@@ -201,7 +202,7 @@ class Source:
         """Hash the new ones of ``keys`` together (``placement.BATCH_KEYS`` or more), for the
         ``send``s of their records to ``topic`` that follow: a key alone costs 1.6-2.5 µs, in a
         batch ~0.4 (``send_many`` does this itself)."""
-        self._placements.learn(topic, keys)
+        self._placements.learn(topic, keys, self.ledger_partitions)
 
     def send(
         self,
@@ -290,8 +291,18 @@ class Source:
         if self.config.max_pending is not None:
             self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
-        srid, record_id, srid_b, tracking, ids_avro, _ = new_id_pair()
-        created_ms = int(time.time() * 1000)
+        # Every attempt of an origin lives in one ledger partition: a first attempt's is its
+        # key's (any for a keyless record), a resend's its origin's (docs/design.md §6).
+        P = self.ledger_partitions
+        if origin is not None:
+            lp: int | None = origin % P
+        elif key_b is not None:
+            lp = self._placements.ledger_partition(topic, key_b, P, partition)
+        else:
+            lp = None
+        srid, record_id, srid_b, tracking, ids_avro, _ = (
+            new_id_pair() if lp is None else new_id_pair_in(residue_pools(P), lp))
+        created_ms = self._pending.created_ms()
         if timeout_ms:
             _check_timeout(timeout_ms)  # the config's was checked when the Source was built
         # The persist value, encoded straight from its fields: its prefix lets the acker
@@ -314,7 +325,7 @@ class Source:
             )
         try:
             kafka_io.produce(
-                self._pending.producer, self.ns.persist, key=srid_b, value=value, partition=srid % self.ledger_partitions,
+                self._pending.producer, self.ns.persist, key=srid_b, value=value, partition=srid % P,
                 on_delivery=self._pending.on_persist,
             )
         except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent

@@ -106,8 +106,13 @@ class Ticker:
 
     @classmethod
     def starting_at(cls, clock: Clock, tick_ms: int = DEFAULT_TICK_MS) -> Ticker:
-        """A ticker whose tick 0 is the clock's current time."""
-        return cls(tick_ms=tick_ms, epoch_ms=clock.now_ms())
+        """A ticker whose tick 0 holds the clock's current time, on a multiple of ``tick_ms``:
+        every process's ticks then start on the same milliseconds, so a deadline that went
+        through another owner's ticks (the changelog carries ``ms_of`` a tick) comes back as
+        the same tick, and deadlines keep their order across owners - a key's records that
+        time out together are replayed in the order they were sent (docs/design.md §6)."""
+        now = clock.now_ms()
+        return cls(tick_ms=tick_ms, epoch_ms=now - now % tick_ms)
 
     def tick_of(self, ms: int) -> int:
         """The tick of a deadline at ``ms``, rounded UP so that it never expires early."""

@@ -144,3 +144,23 @@ def test_a_record_with_only_its_tracking_header_is_produced_with_that_header_alo
         ("t", b"v2", b"k", 3, None, None, 0, [("h", b"x"), tracking]),
     ]
     assert len(pending) == 0
+
+
+def test_created_ms_keeps_send_order_across_the_two_producers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within one producer a partition keeps its records in send order; across the switch the
+    created time must say it: a record sent after the switch in the same millisecond - or
+    after the clock stepped back - is created later than every record before it."""
+    now = [1_000.0]
+    monkeypatch.setattr(broker.delivery.time, "time", lambda: now[0])
+    a, b = Producer(), Producer()
+    pending = PendingData(a, b)  # type: ignore[arg-type]
+    created = [pending.created_ms(), pending.created_ms()]
+    _send(pending, 1)
+    pending.settle()  # a switch of producers within the same millisecond
+    assert pending.producer is b
+    created.append(pending.created_ms())
+    now[0] = 999.0  # the wall clock steps back
+    created.append(pending.created_ms())
+    now[0] = 1_002.0
+    created.append(pending.created_ms())
+    assert created == [1_000_000, 1_000_000, 1_000_001, 1_000_001, 1_002_000]

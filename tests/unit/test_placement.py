@@ -67,3 +67,27 @@ def test_a_batch_over_max_keys_forgets_the_old_ones(monkeypatch: pytest.MonkeyPa
     placements.learn("a", [b"old%d" % i for i in range(40)])
     placements.learn("a", [b"new%d" % i for i in range(40)])
     assert placements.known_keys("a") == {b"new%d" % i: get_partitioner("kafka").partition(b"new%d" % i, 4) for i in range(40)}
+
+
+def test_a_keys_ledger_partition_is_its_partition_in_a_topic_of_p_partitions() -> None:
+    placements = _placements()  # "a" has 4 partitions
+    kafka = get_partitioner("kafka")
+    keys = [b"k%d" % i for i in range(200)]
+    # as many ledger partitions as the topic has: the key-hash partition itself
+    assert [placements.ledger_partition("a", k, 4, kafka.partition(k, 4)) for k in keys] == [
+        kafka.partition(k, 4) for k in keys]
+    assert placements.known_ledger("a") == {}
+    # another count: the key's partition among P, spread over all P (not only the topic's 4)
+    got = [placements.ledger_partition("a", k, 16, kafka.partition(k, 4)) for k in keys]
+    assert got == [kafka.partition(k, 16) for k in keys] and set(got) == set(range(16))
+    assert placements.known_ledger("a") == dict(zip(keys, got, strict=True))
+
+
+def test_a_batch_learns_its_new_keys_ledger_partitions_too() -> None:
+    placements = _placements()
+    keys = [b"n%d" % i for i in range(64)]
+    placements.learn("a", keys, 16)
+    kafka = get_partitioner("kafka")
+    assert placements.known_ledger("a") == {k: kafka.partition(k, 16) for k in keys}
+    placements.learn("a", [b"m%d" % i for i in range(64)], 4)  # the same count: nothing to learn
+    assert len(placements.known_ledger("a")) == 64

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from broker import ids, sending
 from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
@@ -48,3 +50,32 @@ def test_results_built_in_bulk_are_the_send_results_of_first_attempts() -> None:
     assert all(type(r) is SendResult for r in results)
     assert [(r.srid, r.record_id, r.key_hash_partition, r.origin) for r in results] == [tuple(e) for e in expected]
     assert first_results([], [], []) == []
+
+
+def test_ids_moved_into_a_partition_keep_their_partition_and_range() -> None:
+    edges = [1, -1, 2**63 - 1, -(2**63), 2**62, -(2**62) - 1, 12345, -987654321]
+    for P in (1, 2, 7, 16, 1000, 2**31 - 1):
+        for partition in {0, 1 % P, P - 1, P // 2}:
+            moved = [ids.in_partition(x, partition, P) for x in edges]
+            assert all(m % P == partition and m != 0 and -(2**63) <= m < 2**63 for m in moved)
+            bulk = ids.in_partitions(np.array(edges, np.int64), partition, P)
+            assert bulk.tolist() == moved
+    # 0 is never an id: it stays in its partition as P itself
+    assert ids.in_partition(0, 0, 8) == 8 and ids.in_partitions(np.zeros(2, np.int64), 0, 8).tolist() == [8, 8]
+    drawn = {ids.new_id_in(3, 8) for _ in range(1000)}
+    assert len(drawn) == 1000 and {d % 8 for d in drawn} == {3}
+
+
+def test_a_keyed_source_id_is_drawn_in_its_ledger_partition_with_its_encodings() -> None:
+    pools = sending.residue_pools(5)
+    assert sending.residue_pools(5) is pools and len(pools) == 5
+    seen = set()
+    for i in range(3000):
+        partition = i % 5
+        srid, record_id, srid_key, ids_key, ids_avro, tracking = sending.new_id_pair_in(pools, partition)
+        assert srid % 5 == partition and srid != 0 and record_id != 0
+        assert srid_key == ids.encode_id(srid) and ids_key == srid_key + ids.encode_id(record_id)
+        assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
+        assert tracking == (H_TRACKING, ids_key)
+        seen.add(srid)
+    assert len(seen) == 3000
