@@ -13,9 +13,9 @@ Mechanism: watermark samples. At every commit the gate notes, per owned input pa
 (``ns.persist[i]`` and ``ns.acks[i]``), ``(now, high watermark)``: every message appended
 before ``now`` lies below that offset. Once the consumer's position reaches a sample's offset
 (less ``slack``), every event appended before the sample's time has been folded, and that
-time becomes the partition's *read-up-to* time. Entries expire when their deadline is at or
-before the smallest read-up-to time of the owned partitions' inputs (one tick for all, so that a
-key's timeouts, spread over ledger partitions, keep their created order):
+time becomes the partition's *read-up-to* time. A partition's entries expire when their deadline
+is at or before the read-up-to time of its two inputs (each partition on its own: every attempt
+of a key's records lives in one ledger partition):
 
 - caught up: this commit's own sample is reached at once, read-up-to = now - expiry is
   exactly what it was without the gate;
@@ -164,11 +164,10 @@ class ExpiryGate:
     # ------------------------------------------------------------------ expiry
 
     def ticks(self, states: Mapping[int, PartitionState], ticker: Ticker, now_ms: int) -> dict[int, int | None]:
-        """The expiry tick of the owned ledger partitions (None: expire nothing yet): one tick
-        for all of them, the earliest read-up-to time of their inputs. A key's records are
-        spread over ledger partitions by srid; deciding them at one tick keeps their timeouts
-        in created order across partitions (a lagging partition holds back the others'
-        timeouts - later, never earlier)."""
+        """The expiry tick of each owned ledger partition (None: expire nothing yet): the
+        read-up-to time of its inputs. Every attempt of a key's records lives in one ledger
+        partition (docs/design.md §6), so each partition's own tick keeps a key's timeouts in
+        the order they were sent, and a lagging partition holds back only its own."""
         self._observe(now_ms)
         now_tick = ticker.current_tick(now_ms)
         due = {lp: st.table.due(now_tick) for lp, st in states.items()}
@@ -178,15 +177,14 @@ class ExpiryGate:
             if any(due.values()) and (read_ms is None or read_ms < now_ms) and self._query_unproven(lp, now_ms):
                 read_ms = self._read_ms(lp)
             read[lp] = read_ms
-        known = [ms for ms in read.values() if ms is not None]
-        common = None if len(known) < len(read) else ticker.current_tick(min([now_ms, *known]))
-        held = sum(due[lp] - (0 if common is None else st.table.due(common)) for lp, st in states.items())
+        ticks = {lp: None if ms is None else ticker.current_tick(min(now_ms, ms)) for lp, ms in read.items()}
+        held = sum(due[lp] - (0 if ticks[lp] is None else st.table.due(ticks[lp] or 0)) for lp, st in states.items())
         if held:
             self.holds += 1
             behind = min(read, key=lambda lp: read[lp] or -1)  # the partition read least far
             self._log_held(behind, held, read[behind], now_ms)
         self.held = held
-        return dict.fromkeys(states, common)
+        return ticks
 
     def _read_ms(self, lp: int) -> int | None:
         times = [self.inputs[(t, lp)].read_ms if (t, lp) in self.inputs else None for t in (self.ns.persist, self.ns.acks)]

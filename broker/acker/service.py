@@ -403,7 +403,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         now_ms = self.clock.now_ms()
         # Every decision that ends a record - expiry, orphans, deferred and held decisions -
         # only as far as the partition's inputs have been read: a backlog of acks is no
-        # timeout. One tick for all owned partitions: a key's timeouts keep their created order.
+        # timeout. Each partition at its own tick: a key's records all live in one.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
         collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)
@@ -411,8 +411,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
         decided: list[Decided] = []
         self.decider.decide(self.states, decided, expiry_ticks)
         # Failures come out of the table in srid / slot order. Produce the replays in the
-        # order the originals were persisted instead, so the failures of one key decided in
-        # one commit keep the key's order on <topic>.replay.
+        # order the originals were sent instead - (created_ms, persist offset) within a ledger
+        # partition, which holds all of a key's records - so the failures of one key decided
+        # in one commit keep the key's order on <topic>.replay.
         decided.sort(key=lambda d: (d[0], d[1]))
         for _, _, lp, records in decided:
             out.extend((lp, rec) for rec in records)

@@ -18,6 +18,7 @@ partitions.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -135,7 +136,7 @@ def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, acke
             dropped = [seq for origin, seq in sent[key] if draw(origin) < DROP]
             assert {p for p, _ in replayed[key]} == {partition_of[key]}, f"replays of {key!r} left their partition"
             order = [seq for _, seq in replayed[key]]
-            inversions = sum(a > b for a, b in zip(order, order[1:], strict=False))
+            inversions = sum(a > b for a, b in itertools.pairwise(order))
             if order != dropped:
                 i = next(i for i, (a, b) in enumerate(zip(order, dropped, strict=False)) if a != b)
                 persisted = _persisted(settings, ns)

@@ -190,25 +190,26 @@ def test_a_fail_mark_wins_over_the_clock() -> None:
     assert table.take_failed().srids.tolist() == [S1]
 
 
-def test_timeouts_of_one_key_replay_in_created_order_while_one_partition_lags(fake_kafka: None) -> None:  # noqa: F811
-    """Order kept: two records of one key, ``a`` then ``b`` 5 ms later, in two ledger partitions,
-    both dropped. When their deadlines pass, ``a``'s partition is behind on a backlog of acks
-    and ``b``'s is caught up. ``b`` must not be replayed before ``a``: both are decided at
-    the tick every owned partition has been read to, in created order."""
+def test_a_lagging_partition_holds_back_its_own_timeouts_only_and_keeps_a_keys_order(fake_kafka: None) -> None:  # noqa: F811
+    """Two records of one key, ``a`` then ``b`` 5 ms later, live in one ledger partition (every
+    attempt of a key's records does); ``c``, another key's, in another. All are dropped. When
+    their deadlines pass, the key's partition is behind on a backlog of acks and ``c``'s is
+    caught up: ``c`` is replayed at once, ``a`` and ``b`` once their partition is read that
+    far - ``a`` first."""
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
-    a = next(s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 0)
-    b = next(s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 1)
-    first = persisted(a, a ^ 0x77, created_ms=T0, timeout_ms=1_000, max_attempts=3)
-    second = persisted(b, b ^ 0x77, created_ms=T0 + 5, timeout_ms=1_000, max_attempts=3)
-    consumer.batches.append([persist_msg(first)])
-    consumer.batches.append([persist_msg(second)])
+    a, b = [s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 0][:2]
+    c = next(s for s in range(10**6, 10**6 + 10) if ids.ledger_partition(s, FakeConsumer.partitions) == 1)
+    consumer.batches.append([
+        persist_msg(persisted(a, a ^ 0x77, created_ms=T0, timeout_ms=1_000, max_attempts=3), offset=0),
+        persist_msg(persisted(b, b ^ 0x77, created_ms=T0 + 5, timeout_ms=1_000, max_attempts=3), offset=1),
+    ])
+    consumer.batches.append([persist_msg(persisted(c, c ^ 0x77, created_ms=T0 + 5, timeout_ms=1_000, max_attempts=3))])
     run_steps(acker, 2)
     others = [s for s in range(2 * 10**6, 2 * 10**6 + 400) if ids.ledger_partition(s, FakeConsumer.partitions) == 0]
-    for i, srid in enumerate(others[:30]):  # a backlog on a's partition: one batch per poll
+    for i, srid in enumerate(others[:30]):  # a backlog on the key's partition: one batch per poll
         consumer.batches.append([acks_msg(0, i, [srid], [srid ^ 7])])
-    clock.advance(1_200)  # both deadlines passed
+    clock.advance(1_200)  # every deadline passed
     run_steps(acker, 40)
     order = [r.origin for r in replays(producer)]
-    assert sorted(order) == sorted([a, b])
-    assert order == [a, b], "b's replay went out before a's"
+    assert order == [c, a, b], "a lagging partition held back another's timeouts, or b went out before a"

@@ -80,19 +80,22 @@ def test_replay_is_a_new_attempt_of_the_same_origin() -> None:
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 4, 7, 16, 64])
-def test_new_srid_is_persisted_in_its_own_ledger_partition(P: int) -> None:
-    seen = set()
-    for _ in range(2000):
-        decision = decide(NS, FIRST, "failed", NOW, P)
-        persist = decision.records[0]
-        assert decision.new_srid is not None
-        assert persist.topic == NS.persist
-        assert persist.key == ids.encode_id(decision.new_srid)
-        assert persist.partition == decision.new_srid % P
-        assert 0 <= persist.partition < P
-        assert PersistedRecord.decode(persist.value).srid == decision.new_srid
-        seen.add(persist.partition)
-    assert seen == set(range(P))  # new srids are random: every partition is reached
+def test_a_replay_lives_in_its_originals_ledger_partition(P: int) -> None:
+    """Every attempt of an origin lives in one ledger partition (docs/design.md §6): the
+    replay's new srid is random within its original's, whichever that is."""
+    for original in {FIRST.srid, FIRST.srid + 1, -FIRST.srid, 1, -(2**63), 2**63 - 1}:
+        record = dataclasses.replace(FIRST, srid=original)
+        srids = set()
+        for _ in range(200):
+            decision = decide(NS, record, "failed", NOW, P)
+            persist = decision.records[0]
+            assert decision.new_srid is not None and decision.new_srid != 0
+            assert persist.topic == NS.persist
+            assert persist.key == ids.encode_id(decision.new_srid)
+            assert persist.partition == decision.new_srid % P == original % P
+            assert PersistedRecord.decode(persist.value).srid == decision.new_srid
+            srids.add(decision.new_srid)
+        assert len(srids) == 200  # random within the partition
 
 
 def test_replayed_data_record_goes_to_the_replay_topic_at_the_key_hash_partition() -> None:
