@@ -82,6 +82,11 @@ def _specs() -> list[Spec]:
             Spec(f"keys.{name}_one_vs_batch", "x", "one at a time / together (how much cheaper a batch is)"),
         ]
     specs += [
+        Spec(f"keys.zipf{s:g}_p{p}_max_vs_mean", "x",
+             f"records of the busiest of {p} ledger partitions / the mean, keys Zipf s={s:g} (10 000 keys)")
+        for p in (16, 1000) for s in (0.0, 0.8, 1.1)
+    ]
+    specs += [
         Spec("latency.load_rps", "records/s", "offered load: 50 % of the measured pipeline throughput"),
         Spec("latency.pipeline_p50_ms", "ms", "persist -> completed tombstone visible (read_committed), p50"),
         Spec("latency.pipeline_p99_ms", "ms", "persist -> completed tombstone visible (read_committed), p99"),

@@ -43,3 +43,32 @@ def measure(figures: Figures, *, quick: bool) -> None:
                     _us_per_key(functools.partial(_one_by_one, partitioner.partition), seconds),
                     key_bytes=len(KEYS[0]))
         figures.ratio(f"keys.{name}_one_vs_batch", f"keys.{name}_one_us_per_key", f"keys.{name}_batch_us_per_key")
+    measure_skew(figures)
+
+
+ZIPF_S = (0.0, 0.8, 1.1)  # uniform, mild, hot keys
+ZIPF_KEYS = 10_000  # distinct keys
+ZIPF_RECORDS = 200_000
+
+
+def ledger_skew(partitions: int, s: float, seed: int = 7) -> float:
+    """Records per ledger partition, the busiest against the mean, for ``ZIPF_RECORDS``
+    records whose keys follow a Zipf law of exponent ``s`` over ``ZIPF_KEYS`` keys: every
+    record of a key lives in the key's ledger partition (docs/design.md §6), so a hot key
+    is a hot partition - and so a hot acker."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, ZIPF_KEYS + 1) ** s
+    counts = rng.multinomial(ZIPF_RECORDS, weights / weights.sum())
+    keys = [b"customer-%d" % i for i in range(ZIPF_KEYS)]
+    lps = np.array(get_partitioner("kafka").partition_many(keys, partitions))
+    per_partition = np.bincount(lps, weights=counts, minlength=partitions)
+    return float(per_partition.max() / per_partition.mean())
+
+
+def measure_skew(figures: Figures) -> None:
+    for partitions in (16, 1000):
+        for s in ZIPF_S:
+            figures.set(f"keys.zipf{s:g}_p{partitions}_max_vs_mean", ledger_skew(partitions, s),
+                        keys=ZIPF_KEYS, records=ZIPF_RECORDS)
