@@ -23,7 +23,10 @@ The names a pipeline is written with are exported here (``__all__``) and importe
 use, so ``import broker`` stays light (a Spark executor importing ``broker.ids`` loads no
 Kafka client)::
 
-    from broker import Acker, KafkaSettings, Source, Task
+    from broker import App, JsonSerde, TaskContext, TaskRecord
+
+``App`` (``app``) declares a pipeline and runs its roles; ``Source``, ``Task`` and ``Acker``
+are the lower-level API it builds on.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from broker.acker.config import AckerConfig
     from broker.acker.service import Acker
+    from broker.app import App, Topic
     from broker.bridge import Bridge, BridgeConfig
     from broker.errors import (
         BackpressureTimeout,
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Acker": "broker.acker.service",
     "AckerConfig": "broker.acker.config",
+    "App": "broker.app",
     "AvroSerde": "broker.serde",
     "BackpressureTimeout": "broker.errors",
     "Bridge": "broker.bridge",
@@ -77,12 +82,14 @@ _EXPORTS = {
     "TaskConfig": "broker.task",
     "TaskContext": "broker.task",
     "TaskRecord": "broker.task",
+    "Topic": "broker.app",
     "TopologyError": "broker.errors",
 }
 
 __all__ = [
     "Acker",
     "AckerConfig",
+    "App",
     "AvroSerde",
     "BackpressureTimeout",
     "Bridge",
@@ -105,6 +112,7 @@ __all__ = [
     "TaskConfig",
     "TaskContext",
     "TaskRecord",
+    "Topic",
     "TopologyError",
     "__version__",
 ]

@@ -52,7 +52,7 @@ def in_background(name: str, run: Callable[[], object], stop: Callable[[], None]
 class RunsInBackground:
     """``run_in_background()`` for a service with ``run()`` and ``stop()``: its loop on a
     thread of this process while a ``with`` block runs, then a clean stop - for development
-    and tests. What makes the service refuse to start (``_check_before_run``) raises at once,
+    and tests. What makes the service refuse to start (``check_before_run``) raises at once,
     in the caller."""
 
     def run(self) -> object:
@@ -61,12 +61,12 @@ class RunsInBackground:
     def stop(self) -> None:
         raise NotImplementedError
 
-    def _check_before_run(self) -> None:
+    def check_before_run(self) -> None:
         """Raise if the service could not start (topics missing, ...)."""
 
     @contextlib.contextmanager
     def run_in_background(self) -> Iterator[Self]:
-        self._check_before_run()
+        self.check_before_run()
         with in_background(type(self).__name__.lower(), self.run, self.stop):
             yield self
 

@@ -214,7 +214,7 @@ class Bridge(RunsInBackground):
             )
         self.source.data_partitions(self.target)  # its replay topic, same partition count
 
-    def _check_before_run(self) -> None:
+    def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
 
     def start(self) -> None:

@@ -335,24 +335,53 @@ def _cmd_acker(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_handler(spec: str) -> Any:
-    """``MODULE:FUNCTION`` -> the task handler it names (``handler(record, ctx)``), imported
-    as ``python -m`` would (the working directory is on the path)."""
+def load_object(spec: str, flag: str, example: str) -> Any:
+    """``MODULE:NAME`` -> the object it names, imported as ``python -m`` would (the working
+    directory is on the path)."""
     import importlib
 
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        raise ConfigurationError(f"--handler {spec!r}: expected MODULE:FUNCTION, e.g. myjob.handlers:enrich")
+        raise ConfigurationError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. {example}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         found = importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigurationError(f"--handler {spec!r}: cannot import {module}: {exc}") from exc
-    handler = getattr(found, name, None)
+        raise ConfigurationError(f"{flag} {spec!r}: cannot import {module}: {exc}") from exc
+    value = getattr(found, name, None)
+    if value is None:
+        raise ConfigurationError(f"{flag} {spec!r}: {module} has no {name}")
+    return value
+
+
+def load_handler(spec: str) -> Any:
+    """``MODULE:FUNCTION`` -> the task handler it names (``handler(record, ctx)``)."""
+    handler = load_object(spec, "--handler", "myjob.handlers:enrich")
     if not callable(handler):
-        raise ConfigurationError(f"--handler {spec!r}: {module} has no function {name}")
+        raise ConfigurationError(f"--handler {spec!r}: not a function")
     return handler
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from broker.app import App
+    from broker.background import tune_gc_for_service
+
+    if args.bootstrap:  # read by the app's settings when first needed
+        os.environ["KAFKA_BOOTSTRAP_SERVERS"] = args.bootstrap
+    app = load_object(args.app, "APP", "shop.pipeline:app")
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{args.app} is a {type(app).__name__}, not an App")
+    if args.list:
+        print("\n".join(app.roles))
+        return 0
+    for role in args.role or ():
+        app.service(role)  # an unknown role: one line that lists the app's roles
+    if args.role and len(args.role) == 1:
+        tune_gc_for_service()  # a service process: one loop
+    log.info("running %s of %s (namespace %s)", ", ".join(args.role or app.roles), args.app, app.ns.name)
+    app.run(args.role)
+    return 0
 
 
 def _cmd_task(args: argparse.Namespace) -> int:
@@ -792,6 +821,22 @@ def _task_parser(sub: Any) -> None:
     tk.set_defaults(func=_cmd_task)
 
 
+def _run_parser(sub: Any) -> None:
+    rn = _parser(
+        sub, "run",
+        "run roles of an App (broker.App): each --role in this process (default: all of them), "
+        "until SIGTERM or Ctrl-C; in production one role per process",
+    )
+    rn.add_argument("app", metavar="MODULE:APP", help="the app, e.g. shop.pipeline:app (imported from the "
+                    "working directory or the installed packages)")
+    rn.add_argument("--role", action="append", metavar="ROLE",
+                    help="acker or task:NAME (repeatable; --list shows them)")
+    rn.add_argument("--list", action="store_true", help="print the app's roles and exit")
+    rn.add_argument("--bootstrap", metavar="HOST:PORT",
+                    help="Kafka bootstrap servers (default: the app's, else $KAFKA_BOOTSTRAP_SERVERS)")
+    rn.set_defaults(func=_cmd_run)
+
+
 def _operate_parsers(sub: Any) -> None:
     st = _parser(sub, "status", "pending, completed, replayed, DLQ of a namespace")
     _cluster(st)
@@ -897,6 +942,7 @@ def build_parser() -> argparse.ArgumentParser:
     _topics_parsers(sub)
     _acker_parser(sub)
     _task_parser(sub)
+    _run_parser(sub)
     _bridge_parser(sub)
     _operate_parsers(sub)
 

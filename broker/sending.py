@@ -177,7 +177,7 @@ def send_batch(
     persist, ledger_partitions = source.ns.persist, source.ledger_partitions
     # New keys hashed together, not one by one (their ledger partitions too).
     placements.learn(topic, map(itemgetter(0), batch), ledger_partitions)
-    serde = source.config.serde
+    serde = source.config.serdes.get(topic, source.config.serde)
     key_hash_partition = placements.key_hash_partition
     # Looked up per record without a call: the partitions of the keys seen, the placements.
     known_keys, placed = placements.known_keys(topic), placements.placements(topic)

@@ -56,8 +56,10 @@ class SourceConfig:
     max_pending: int | None = None
     max_pending_timeout_ms: int = 30_000
     # How send() turns a value that is not bytes into bytes (broker.serde): the default sends
-    # str as UTF-8; JsonSerde(), AvroSerde("schema.avsc") serialize objects.
+    # str as UTF-8; JsonSerde(), AvroSerde("schema.avsc") serialize objects. ``serdes``: data
+    # topic -> its own serde, over ``serde`` (an App's topics with a serde of their own).
     serde: Serde = BYTES
+    serdes: Mapping[str, Serde] = field(default_factory=dict)
 
 
 def _check_timeout(timeout: object) -> None:
@@ -194,6 +196,10 @@ class Source:
         if self._pending.failures and not self._transactional:
             self._raise_failures()
 
+    def serde(self, topic: str) -> Serde:
+        """The serde of ``topic``'s values: its own (``SourceConfig.serdes``), else the source's."""
+        return self.config.serdes.get(topic, self.config.serde)
+
     def key_hash_partition(self, topic: str, key: bytes | None) -> int:
         """The partition of ``topic`` that ``key`` goes to (random without a key)."""
         return self._placements.key_hash_partition(topic, key)
@@ -219,7 +225,7 @@ class Source:
         ``SourceConfig.serde``."""
         self._before_send()
         key_b = key if key is None or type(key) is bytes else as_bytes(key)
-        value_b = value if value is None or type(value) is bytes else self.config.serde.serialize(value)
+        value_b = value if value is None or type(value) is bytes else self.serde(topic).serialize(value)
         return self._send_first_attempt(
             topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
             None, (), timeout_ms, max_attempts,

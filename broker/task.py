@@ -135,7 +135,7 @@ class TaskContext:
             user.append((H_TRACKING, tracking.child(child_id)))
             # rb-path: its emit index, the same child on every attempt, different per sibling.
             user.append(child_path_header(self.record.headers, self.children))
-        self._task._produce(topic, **_record(key, value, user, partition, self.record.serde))
+        self._task._produce(topic, **_record(key, value, user, partition, self._task.serde(topic)))
         self.children += 1
         return child_id
 
@@ -159,7 +159,7 @@ class TaskContext:
             user += [(H_ORIGIN, encode_id(tracking.origin)), (H_PATH, path_of(self.record.headers).encode())]
         self._task._produce(
             topic, srid=None if tracking is None else tracking.srid,
-            **_record(key, value, user, partition, self.record.serde),
+            **_record(key, value, user, partition, self._task.serde(topic)),
         )
         self._task._outputs_pending = True
         self._task.counters.sink_outputs += 1
@@ -227,8 +227,10 @@ class TaskConfig:
     # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
     # port, see Task.metrics_server.port); None: no HTTP server.
     metrics_port: int | None = None
-    # Values of the inputs (TaskRecord.decoded()) and of ctx.emit / ctx.output (broker.serde).
+    # Values of the inputs (TaskRecord.decoded()) and of ctx.emit / ctx.output (broker.serde);
+    # ``serdes``: topic -> its own serde, over ``serde`` (an App's topics with their own).
     serde: Serde = BYTES
+    serdes: Mapping[str, Serde] = field(default_factory=dict)
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
@@ -401,6 +403,10 @@ class Task(RunsInBackground):
     def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
         self._outputs.produce(topic, srid, **kwargs)
 
+    def serde(self, topic: str) -> Serde:
+        """The serde of ``topic``'s values: its own (``TaskConfig.serdes``), else the task's."""
+        return self.config.serdes.get(topic, self.config.serde)
+
     def check_topics(self) -> None:
         """Refuse a data topic read with a replay topic of another partition count (replay
         index i would be another key range than data index i, and range could not pair them);
@@ -493,7 +499,7 @@ class Task(RunsInBackground):
             self.close()
         return self.counters
 
-    def _check_before_run(self) -> None:
+    def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
 
     def process_batch(self, batch: list[Message]) -> set[int]:
@@ -605,6 +611,7 @@ class Task(RunsInBackground):
         Empties ``batch``, letting go of each message once read: kept to the batch's end, its
         messages (GC-tracked, with their header lists) reach the oldest generation."""
         serde, counters, markers = self.config.serde, self.counters, self._markers
+        default, serdes = serde, self.config.serdes
         run_topic, run_partition, last, take = None, -1, 0, batch.pop
         batch.reverse()
         while batch:
@@ -618,6 +625,8 @@ class Task(RunsInBackground):
                 if run_topic is not None:
                     offsets[(run_topic, run_partition)] = last + 1
                 run_topic, run_partition = topic, partition
+                if serdes:
+                    serde = serdes.get(topic, default)
             last = offset
             headers = tuple(msg.headers() or ())
             tracking = tracking_of(headers)

@@ -278,7 +278,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         finally:
             self.close()
 
-    def _check_before_run(self) -> None:
+    def check_before_run(self) -> None:
         self.start()  # run_in_background(): a namespace that is not usable raises at once
 
     def _subscribe(self) -> None:

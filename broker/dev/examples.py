@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Collection, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,13 +53,20 @@ def namespace(args: argparse.Namespace, name: str, data_topics: Mapping[str, int
             delete(settings, layout(ns, partitions, topics))
 
 
-def wait_for_outcomes(tail: OutcomeTail, records: int, timeout_s: float = 120.0) -> None:
-    """Until every record has an outcome (completed or dead-lettered), at most ``timeout_s``."""
+def wait_for_outcomes(tail: OutcomeTail, records: int | Collection[int], timeout_s: float = 120.0) -> None:
+    """Until every record has an outcome (completed or dead-lettered), at most ``timeout_s``:
+    ``records`` of the namespace's, or each of these origins."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         tail.poll(0.2)
-        if len(set(tail.log.completed_origins()) | tail.log.dlq_origins()) >= records:
+        ended = set(tail.log.completed_origins()) | tail.log.dlq_origins()
+        if len(ended) >= records if isinstance(records, int) else ended.issuperset(records):
             return
+
+
+def drop_namespace(settings: KafkaSettings, ns: Namespace, partitions: int, data_topics: Iterable[str]) -> None:
+    """Delete the namespace's topics and ``data_topics`` with their replay topics."""
+    delete(settings, layout(ns, partitions, dict.fromkeys(data_topics, 1)))
 
 
 def report(tail: OutcomeTail, sent: Mapping[Any, int], written: Set[Any], *, records: int | None = None) -> int:

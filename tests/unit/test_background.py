@@ -14,7 +14,7 @@ class _Service(RunsInBackground):
         self._stop = threading.Event()
         self.fail_check, self.crash, self.ran = fail_check, crash, threading.Event()
 
-    def _check_before_run(self) -> None:
+    def check_before_run(self) -> None:
         if self.fail_check:
             raise ValueError("no such topic")
 

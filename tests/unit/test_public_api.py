@@ -35,7 +35,7 @@ def test_every_error_a_user_can_catch_is_exported() -> None:
 def test_nothing_internal_is_exported() -> None:
     for name in broker.__all__:
         if name != "__version__":
-            assert getattr(broker, name).__module__.split(".")[1] in {"source", "task", "acker", "settings",
+            assert getattr(broker, name).__module__.split(".")[1] in {"app", "source", "task", "acker", "settings",
                                                                       "topics", "errors", "serde", "bridge", "sending"}
     with pytest.raises(AttributeError):
         _ = broker.PartitionState  # type: ignore[attr-defined]
