@@ -375,6 +375,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(app.roles))
         return 0
+    if args.setup:
+        print(f"namespace {app.ns.name}: ok, {app.setup()} ledger partitions")
+        return 0
     for role in args.role or ():
         app.service(role)  # an unknown role: one line that lists the app's roles
     if args.role and len(args.role) == 1:
@@ -832,6 +835,8 @@ def _run_parser(sub: Any) -> None:
     rn.add_argument("--role", action="append", metavar="ROLE",
                     help="acker or task:NAME (repeatable; --list shows them)")
     rn.add_argument("--list", action="store_true", help="print the app's roles and exit")
+    rn.add_argument("--setup", action="store_true",
+                    help="create the app's topics that are missing, check the layout and exit")
     rn.add_argument("--bootstrap", metavar="HOST:PORT",
                     help="Kafka bootstrap servers (default: the app's, else $KAFKA_BOOTSTRAP_SERVERS)")
     rn.set_defaults(func=_cmd_run)
