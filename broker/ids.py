@@ -63,8 +63,9 @@ def in_partition(srid: int, partition: int, partitions: int) -> int:
     return base - base % partitions + partition or partitions
 
 
-def in_partitions(srids: np.ndarray, partition: int, partitions: int) -> np.ndarray:
-    """``in_partition`` of each of ``srids`` (numpy, same values)."""
+def in_partitions(srids: np.ndarray, partition: int | np.ndarray, partitions: int) -> np.ndarray:
+    """``in_partition`` of each of ``srids`` (numpy, same values); ``partition`` one for all, or
+    one each."""
     base = srids >> 1
     out = base - base % partitions + partition
     out[out == 0] = partitions

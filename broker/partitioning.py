@@ -457,18 +457,26 @@ def _batch_hashes(
     return out
 
 
+def _kafka_hashes(keys: list[bytes], num_partitions: int) -> np.ndarray:
+    """The non-negative murmur2 hashes ``kafka_partition`` takes modulo the count."""
+    return _batch_hashes(keys, num_partitions, _murmur2_u32_many, _murmur2_u32) & _U32(0x7FFFFFFF)
+
+
+def _spark_hashes(keys: list[bytes], num_partitions: int) -> np.ndarray:
+    """The signed Murmur3 hashes ``spark_partition`` takes ``pmod`` the count."""
+    h = _batch_hashes(keys, num_partitions, lambda ks: _hash_bytes_many(ks, SPARK_SEED),
+                      lambda k: _hash_bytes(k, SPARK_SEED))
+    return h.astype(np.int64) - ((h >> 31).astype(np.int64) << 32)
+
+
 def kafka_partitions(keys: list[bytes], num_partitions: int) -> list[int]:
     """``kafka_partition`` of each key, in one batch."""
-    h = _batch_hashes(keys, num_partitions, _murmur2_u32_many, _murmur2_u32)
-    return ((h & _U32(0x7FFFFFFF)) % num_partitions).tolist()
+    return (_kafka_hashes(keys, num_partitions) % num_partitions).tolist()
 
 
 def spark_partitions(keys: list[bytes], num_partitions: int) -> list[int]:
     """``spark_partition`` of each key as one binary column, in one batch."""
-    h = _batch_hashes(keys, num_partitions, lambda ks: _hash_bytes_many(ks, SPARK_SEED),
-                      lambda k: _hash_bytes(k, SPARK_SEED))
-    signed = h.astype(np.int64) - ((h >> 31).astype(np.int64) << 32)
-    return (signed % num_partitions).tolist()
+    return (_spark_hashes(keys, num_partitions) % num_partitions).tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,6 +496,10 @@ class Partitioner(Protocol):
         """``partition`` of each byte key, in one batch."""
         ...
 
+    def partition_many_by(self, keys: list[bytes], counts: tuple[int, ...]) -> list[list[int]]:
+        """``partition_many`` for each of ``counts``, the keys hashed once."""
+        ...
+
 
 class KafkaPartitioner:
     """The Java client's keyed-record partitioner. ``str`` keys are hashed as UTF-8."""
@@ -503,6 +515,10 @@ class KafkaPartitioner:
     def partition_many(self, keys: list[bytes], num_partitions: int) -> list[int]:
         return kafka_partitions(keys, num_partitions)
 
+    def partition_many_by(self, keys: list[bytes], counts: tuple[int, ...]) -> list[list[int]]:
+        h = _kafka_hashes(keys, min(counts))
+        return [(h % n).tolist() for n in counts]
+
 
 class SparkPartitioner:
     """Spark SQL ``HashPartitioning``: a key is one column's value or a tuple of columns."""
@@ -514,6 +530,10 @@ class SparkPartitioner:
 
     def partition_many(self, keys: list[bytes], num_partitions: int) -> list[int]:
         return spark_partitions(keys, num_partitions)
+
+    def partition_many_by(self, keys: list[bytes], counts: tuple[int, ...]) -> list[list[int]]:
+        h = _spark_hashes(keys, min(counts))
+        return [(h % n).tolist() for n in counts]
 
 
 _REGISTRY: Final[dict[str, Partitioner]] = {

@@ -115,12 +115,15 @@ class Placements:
         if len(known) + len(fresh) > MAX_KEYS:
             known.clear()
         partitioner, n = get_partitioner(self.partitioner(topic)), self.data_partitions(topic)
-        known.update(zip(fresh, partitioner.partition_many(fresh, n), strict=True))
-        if ledger_partitions is not None and ledger_partitions != n:
-            ledger = self.known_ledger(topic)
-            if len(ledger) + len(fresh) > MAX_KEYS:
-                ledger.clear()
-            ledger.update(zip(fresh, partitioner.partition_many(fresh, ledger_partitions), strict=True))
+        if ledger_partitions is None or ledger_partitions == n:
+            known.update(zip(fresh, partitioner.partition_many(fresh, n), strict=True))
+            return
+        partitions, lps = partitioner.partition_many_by(fresh, (n, ledger_partitions))  # hashed once
+        known.update(zip(fresh, partitions, strict=True))
+        ledger = self.known_ledger(topic)
+        if len(ledger) + len(fresh) > MAX_KEYS:
+            ledger.clear()
+        ledger.update(zip(fresh, lps, strict=True))
 
     def placement(self, topic: str, partition: int) -> bytes:
         """The persist record's topic, key-hash partition and partitioner fields, encoded."""

@@ -102,6 +102,28 @@ def new_id_pair() -> IdPair:
     return pair
 
 
+BATCH_IDS = 64
+"""From this many records, a batch's ids are drawn together (``draw_pairs``) when P is over
+``POOLED_PARTITIONS``: one numpy pass has a fixed cost of ~100 µs."""
+POOLED_PARTITIONS = 64
+"""Up to this P, ids come from a pool per ledger partition (``new_id_pair_in``), each refilled
+with at least 1 024 pairs: as cheap per id as one pool."""
+
+
+def draw_pairs(ledger_partitions: list[int], partitions: int) -> Iterator[IdPair]:
+    """A fresh id pair per record, its srid in ``ledger_partitions[i]`` of ``partitions``
+    (-1: any), in order."""
+    n = len(ledger_partitions)
+    if n < BATCH_IDS or partitions <= POOLED_PARTITIONS:
+        pools = residue_pools(partitions)
+        return iter([(next(pools[lp], None) or new_id_pair_in(pools, lp)) if lp >= 0 else new_id_pair()
+                     for lp in ledger_partitions])
+    fresh = ids.new_ids(2 * n)
+    srids, wanted = fresh[0::2], np.array(ledger_partitions, np.int64)
+    srids = np.where(wanted < 0, srids, ids.in_partitions(srids, wanted, partitions))
+    return _pairs(srids, fresh[1::2])
+
+
 def residue_pools(partitions: int) -> list[Iterator[IdPair]]:
     """The pools of ``new_id_pair_in`` for ``partitions`` ledger partitions, by partition: a
     batch looks them up once."""
@@ -183,10 +205,22 @@ def send_batch(
     known_keys, placed = placements.known_keys(topic), placements.placements(topic)
     producer = source._pending.producer
     produce = producer.produce
-    # A keyed record's srid is drawn in its key's ledger partition: the key-hash partition
-    # when the counts agree, else looked up (placement.Placements.ledger_partition).
-    same = placements.data_partitions(topic) == ledger_partitions
-    known_ledger, pools = placements.known_ledger(topic), residue_pools(ledger_partitions)
+    # Each record's key-hash partition, and its srid drawn in its key's ledger partition (the
+    # key-hash partition when the counts agree, else placement.Placements.ledger_partition):
+    # the batch's ids are drawn together (draw_pairs), whatever P is.
+    keys_b = [k if k is None or type(k) is bytes else as_bytes(k) for k in map(itemgetter(0), batch)]
+    parts: list[Any] = list(map(known_keys.get, keys_b))  # type: ignore[arg-type]  # None: never known
+    if None in parts:
+        parts = [key_hash_partition(topic, k) if p is None else p for k, p in zip(keys_b, parts, strict=True)]
+    if placements.data_partitions(topic) == ledger_partitions:
+        lps = parts  # a keyless record's random partition is as good as any
+    else:
+        get_lp = placements.known_ledger(topic).get
+        lps = [-1 if k is None else get_lp(k) for k in keys_b]
+        if None in lps:
+            lps = [lp if lp is not None or k is None else placements.ledger_partition(topic, k, ledger_partitions, p)
+                   for k, p, lp in zip(keys_b, parts, lps, strict=True)]
+    pairs = draw_pairs(lps, ledger_partitions)
     on_persist = source._pending.on_persist
     window = source._backpressure.window
     transactional = source._transactional
@@ -199,28 +233,17 @@ def send_batch(
     partitions: list[int] = []
     waiting: list[Any] = []  # PendingData's entries, flat (broker.delivery.ENTRY_FIELDS)
     try:
-        for record in batch:
-            key, value = record[0], record[1]
+        for record, key_b, partition, pair in zip(batch, keys_b, parts, pairs, strict=True):
+            value = record[1]
             if bounded:
                 # The records waiting for a slot may be this batch's own: theirs must be out.
                 source._pending.extend(waiting)
                 waiting = []
                 source._backpressure.await_slot(len(source._transaction_srids))
                 window = source._backpressure.window
-            key_b = key if key is None or type(key) is bytes else as_bytes(key)
             value_b = value if value is None or type(value) is bytes else serde.serialize(value)
             own = user_headers(record[2]) if len(record) > 2 and record[2] else ()
-            partition = known_keys.get(key_b)  # type: ignore[arg-type]  # None: never known
-            if partition is None:
-                partition = key_hash_partition(topic, key_b)
-            if key_b is None:
-                srid, record_id, srid_b, ids_key, ids_avro, tracking = next(_ID_POOL, None) or new_id_pair()
-            else:
-                lp = partition if same else known_ledger.get(key_b)
-                if lp is None:
-                    lp = placements.ledger_partition(topic, key_b, ledger_partitions, partition)
-                srid, record_id, srid_b, ids_key, ids_avro, tracking = (
-                    next(pools[lp], None) or new_id_pair_in(pools, lp))
+            srid, record_id, srid_b, ids_key, ids_avro, tracking = pair
             value_p = encode_first_persisted(
                 ids_key, ids_avro, placed[partition], key_b, value_b, avro_headers(own) if own else _NO_HEADERS, shared,
             )

@@ -443,6 +443,14 @@ def test_a_batch_of_keys_gets_each_key_s_spark_partition(keys: list[bytes], n: i
     assert SparkPartitioner().partition_many(keys, n) == [spark_partition(k, n) for k in keys]
 
 
+@given(BATCH_KEYS, PARTITION_COUNTS, PARTITION_COUNTS)
+def test_keys_hashed_once_for_two_counts_get_their_partition_in_each(keys: list[bytes], n: int, p: int) -> None:
+    """A key's data partition and its ledger partition from one hash (Placements.learn)."""
+    for partitioner in (KafkaPartitioner(), SparkPartitioner()):
+        assert partitioner.partition_many_by(keys, (n, p)) == [
+            partitioner.partition_many(keys, n), partitioner.partition_many(keys, p)]
+
+
 @given(st.lists(st.binary(min_size=18, max_size=18), min_size=1, max_size=40), PARTITION_COUNTS)
 def test_a_batch_of_equal_length_keys_matches_the_java_transliteration(keys: list[bytes], n: int) -> None:
     # Equal lengths: every key has every block, nothing is masked (the batch's fast path).

@@ -79,3 +79,18 @@ def test_a_keyed_source_id_is_drawn_in_its_ledger_partition_with_its_encodings()
         assert tracking == (H_TRACKING, ids_key)
         seen.add(srid)
     assert len(seen) == 3000
+
+
+def test_a_batchs_ids_are_drawn_in_each_records_ledger_partition() -> None:
+    """``draw_pairs``: per record from the pools (few records, or a small P), or the whole
+    batch in one numpy pass (a large P); either way each srid in its record's partition (-1:
+    any), with its encodings."""
+    for P, n in ((4, 10), (4, 500), (1000, 10), (1000, 500)):
+        wanted = [(-1 if i % 7 == 0 else (i * 31) % P) for i in range(n)]
+        pairs = list(sending.draw_pairs(wanted, P))
+        assert len(pairs) == n and len({p[0] for p in pairs}) == n
+        for lp, (srid, record_id, srid_key, ids_key, ids_avro, tracking) in zip(wanted, pairs, strict=True):
+            assert lp < 0 or srid % P == lp
+            assert srid != 0 and record_id != 0 and srid_key == ids.encode_id(srid)
+            assert ids_key == srid_key + ids.encode_id(record_id) and tracking == (H_TRACKING, ids_key)
+            assert ids_avro == avro_long(srid) * 2 + avro_long(1) + avro_long(record_id) * 2
