@@ -144,7 +144,8 @@ class Ingest:
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
         auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
-        result = st.table.register(srids, roots, offsets, self.ticker.ticks_of(deadline_ms))
+        # An adaptive deadline is the acker's, not the persist record's: logged (``given``).
+        result = st.table.register(srids, roots, offsets, self.ticker.ticks_of(deadline_ms), auto_mask)
         dup = int(result.duplicates.sum())
         if not again:
             st.count("registered", len(msgs) - dup)

@@ -118,19 +118,21 @@ class ReferenceLedger:
         root_xors: np.ndarray,
         offsets: np.ndarray,
         deadlines: np.ndarray,
+        given: np.ndarray | None = None,
     ) -> Registered:
         duplicates = np.zeros(len(srids), dtype=bool)
         touched: dict[int, None] = {}
+        gave = [False] * len(srids) if given is None else np.asarray(given, dtype=bool).tolist()
         rows = zip(
-            srids.tolist(), root_xors.tolist(), offsets.tolist(), deadlines.tolist(), strict=True
+            srids.tolist(), root_xors.tolist(), offsets.tolist(), deadlines.tolist(), gave, strict=True
         )
-        for i, (srid, root, offset, deadline) in enumerate(rows):
+        for i, (srid, root, offset, deadline, acker_deadline) in enumerate(rows):
             if srid == 0:
                 raise ValueError("srid 0 is not a valid id")
             entry = self.entries_by_srid.get(srid)
             new = entry is None
-            if entry is None:  # its persist record is all of it: not dirty
-                entry = self.entries_by_srid[srid] = RefEntry(dirty=False)
+            if entry is None:  # its persist record is all of it (unless the acker gave its deadline)
+                entry = self.entries_by_srid[srid] = RefEntry(dirty=acker_deadline)
             if entry.registered and self.reject_duplicate_roots:
                 duplicates[i] = True
                 continue

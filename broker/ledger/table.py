@@ -133,6 +133,7 @@ class LedgerTable(Waiting):
         root_xors: np.ndarray,
         offsets: np.ndarray,
         deadlines: np.ndarray,
+        given: np.ndarray | None = None,
     ) -> Registered:
         """Fold persist records: XOR in ``root_xors``, set REGISTERED, offset and deadline.
 
@@ -150,13 +151,18 @@ class LedgerTable(Waiting):
         spurious replay, not a loss. Transactional folding keeps both cases from happening.
 
         An entry already marked FAILED stays failed: it goes to ``take_failed``, not here.
+
+        ``given`` masks the deadlines the acker gave (adaptive, docs/design.md §6) instead of
+        reading them from the persist record: such an entry is more than its persist record,
+        so it is a change from the start - the changelog carries its deadline, and a restore
+        gives back that one, not a new estimate.
         """
         s = _i64(srids)
         roots = _i64(root_xors)
         offs = _i64(offsets)
         dls = np.asarray(deadlines).reshape(-1)
-        if not s.size == roots.size == offs.size == dls.size:
-            raise ValueError("register needs srids, root_xors, offsets, deadlines of one length")
+        if not s.size == roots.size == offs.size == dls.size or (given is not None and np.size(given) != s.size):
+            raise ValueError("register needs srids, root_xors, offsets, deadlines (and given) of one length")
         duplicates = np.zeros(s.size, dtype=bool)
         if s.size == 0:
             return Registered(_empty_removed(), duplicates)
@@ -171,6 +177,8 @@ class LedgerTable(Waiting):
         # One that had events or marks before is a change.
         changed = np.ones(u.size, dtype=bool)
         changed[new] = False
+        if given is not None:
+            changed |= np.asarray(given, dtype=bool).reshape(-1)[src]
         f = t.flags[pos]
         again = (f & (REGISTERED | WATCH)) != 0  # a watched srid was registered before its replay
         duplicates[src[again]] = True
