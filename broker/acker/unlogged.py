@@ -1,8 +1,8 @@
 """Restoring the entries the changelog leaves out, from ``ns.persist`` (docs/design.md §5).
 
 The changelog holds what ``ns.persist`` does not: an entry whose persist record is all of it
-(registered, no event, mark, touch or decision yet) has no changelog record, and none when it
-leaves. The counters record of each transaction carries the partition's *restore floor*, at
+(registered with the record's deadline, no event, mark, touch or decision yet) has no
+changelog record, and none when it leaves. The counters record of each transaction carries the partition's *restore floor*, at
 or below the persist offset of every such entry (broker.acker.commit.restore_floor). After
 its changelog is read, a partition being restored (a takeover, a rewind, a warm or standby
 state taken) gets them back in two passes over ``ns.persist[lp]``:
@@ -13,7 +13,8 @@ state taken) gets them back in two passes over ``ns.persist[lp]``:
    committed persist offset and dropping a srid at its tombstone (it left: completed,
    replayed, dead-lettered);
 2. register what is left and not in the table already, through ``Ingest.register`` (the
-   same deadlines and adaptive timeouts as any registration), counting nothing again: the
+   deadlines of the records: an entry with an adaptive deadline is logged, never left out,
+   so it comes back from the changelog), counting nothing again: the
    restored counters hold them, and a bad record was quarantined when it was first read.
 
 Records at and after the committed offset are the main consumer's, as ever. The main

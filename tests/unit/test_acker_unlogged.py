@@ -12,14 +12,17 @@ offset too high (a wrong ``restore_floor``) must make the restore scenarios fail
 from __future__ import annotations
 
 import itertools
+import time
 from collections import defaultdict
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 import broker.acker.commit
+import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.headers import AUTO_TIMEOUT_MS, outcome_of
@@ -213,7 +216,7 @@ def test_entries_registered_and_completed_in_the_next_interval_never_touch_the_c
 def test_an_entry_changed_or_left_out_too_long_is_logged_and_the_floor_moves_past_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    world = World(monkeypatch)
+    world = World(monkeypatch, unlogged_ms=TIMEOUT_MS // 2)  # logged before they time out
     changed, quiet, young = world.send(3)
     child = 77
     world.event([changed], [world.roots[changed] ^ child])  # its persist record is not all of it now
@@ -221,9 +224,11 @@ def test_an_entry_changed_or_left_out_too_long_is_logged_and_the_floor_moves_pas
     assert world.entry_records([changed, quiet, young]) == [(changed, False)]
     assert world.floors()[-1] == 1  # the quiet one's offset
     world.event([changed], [child])  # the tree completes
-    world.run(world.config.unlogged_commits - 3)  # (run(n) commits n + 1 times: 10 so far)
+    world.clock.advance(world.config.unlogged_ms - 1)
+    world.run(10)
     assert world.entry_records([changed, quiet, young]) == [(changed, False), (changed, True)]
-    world.run(1)  # registered unlogged_commits commits ago: logged now, and the floor moves on
+    world.clock.advance(1)
+    world.run(1)  # registered unlogged_ms ago: logged now, and the floor moves on
     assert world.entry_records([quiet, young]) == [(quiet, False), (young, False)]
     assert world.floors()[-1] == world.cluster.high(NS.persist, 0)  # none left out: the committed offset
     world.ack([quiet, young])
@@ -281,3 +286,29 @@ def test_a_takeover_by_an_acker_with_a_warm_estimate_keeps_an_adaptive_deadline(
     world.run()
     assert world.outcomes().get(x) == ["replay"]
 
+
+def test_early_commits_do_not_keep_an_entry_out_of_the_changelog_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completions trickle in, one every 60 ms, so every commit is early (``Acker._commit_due``
+    on the acker's clock); a slow tree X is still logged within its bound, so the restore floor
+    moves past it and deleting the first records of ``ns.persist`` loses nothing."""
+    world = World(monkeypatch, commit_interval_ms=100)
+    world.acker = world.new_acker()
+    clock = SimpleNamespace(monotonic=lambda: world.clock.now_ms() / 1000, perf_counter=time.perf_counter)
+    monkeypatch.setattr(broker.acker.service, "time", clock)
+    (x,) = world.send(1, timeout_ms=60_000)
+    world.run(1)
+    commits = world.acker.commits
+    for _ in range(100):  # 6 s
+        world.clock.advance(60)
+        quick = world.send(1)
+        world.ack(quick)
+        world.acker.step()  # reads them: 60 ms since the last commit, no interval commit
+        world.acker.step()  # waits for input with a completion waiting: an early commit
+    assert world.acker.commits - commits == 100
+    world.cluster.delete_records(NS.persist, 0, 50)  # a retention policy on ns.persist
+    world.acker = world.new_acker()  # kill -9: a new owner restores the partition
+    world.run(1)
+    world.ack([x])
+    world.run()
+    world.drain()
+    assert world.outcomes().get(x) == ["completed"]

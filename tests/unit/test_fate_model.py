@@ -77,14 +77,14 @@ class FateMachine(RuleBasedStateMachine):
         fail_hold_ms=st.sampled_from([0, 150]),
         # How long an entry with nothing but its persist record stays out of the changelog:
         # logged at once, the default, or never for its age (every restore reads ns.persist).
-        unlogged_commits=st.sampled_from([0, 10, 10**6]),
+        unlogged_ms=st.sampled_from([0, 1_000, 10**9]),
     )
-    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_commits: int) -> None:
+    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_ms: int) -> None:
         self.config = AckerConfig(
             commit_interval_ms=0, instance_id="model", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
             watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
             max_fetches_per_commit=fetches, payload_retry_ms=200, payload_retry_max_ms=1_000,
-            unlogged_commits=unlogged_commits,
+            unlogged_ms=unlogged_ms,
         )
         self.acker = self._new_acker()
 
