@@ -174,7 +174,7 @@ class LedgerTable(Waiting):
         pos, new = t.find_or_insert(u, _INT32_MAX, 0)
         # An entry new to the table is not DIRTY: it is its persist record (srid, root, offset,
         # deadline), which ns.persist keeps - the changelog need not (broker.ledger.entries).
-        # One that had events or marks before is a change.
+        # One that had events or marks before, or whose deadline the acker gave, is a change.
         changed = np.ones(u.size, dtype=bool)
         changed[new] = False
         if given is not None:
