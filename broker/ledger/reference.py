@@ -29,6 +29,8 @@ from broker.ledger.table import (
     Removed,
 )
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 
 @dataclass
 class RefEntry:
@@ -119,6 +121,7 @@ class ReferenceLedger:
         offsets: np.ndarray,
         deadlines: np.ndarray,
         given: np.ndarray | None = None,
+        orphan_ttl: int | None = None,
     ) -> Registered:
         duplicates = np.zeros(len(srids), dtype=bool)
         touched: dict[int, None] = {}
@@ -139,6 +142,8 @@ class ReferenceLedger:
             entry.value ^= root
             entry.registered = True
             entry.offset = offset
+            if orphan_ttl is not None and not new:  # waited unregistered: keeps its touches
+                deadline = max(deadline, entry.deadline - orphan_ttl)
             entry.deadline = deadline
             entry.dirty = entry.dirty or not new
             touched[srid] = None
@@ -150,18 +155,24 @@ class ReferenceLedger:
                 done.append((srid, entry.offset))
         return Registered(_removed(done), duplicates)
 
-    def touch(self, srids: np.ndarray, deadlines: np.ndarray) -> int:
+    def touch(self, srids: np.ndarray, deadlines: np.ndarray, orphan_ttl: int = 0) -> int:
         latest: dict[int, int] = {}
         for srid, deadline in zip(srids.tolist(), deadlines.tolist(), strict=True):
             latest[srid] = max(latest.get(srid, deadline), deadline)
         applied = 0
         for srid, deadline in latest.items():
+            if srid == 0:
+                continue
             entry = self.entries_by_srid.get(srid)
-            if entry is None or not entry.registered or entry.failed or entry.deferred:
+            fresh = entry is None
+            if entry is None:  # kept for its persist record, as an event would be
+                entry = self.entries_by_srid[srid] = RefEntry()
+            if entry.failed or entry.deferred:
                 continue
             applied += 1
-            if deadline > entry.deadline:
-                entry.deadline = deadline
+            target = deadline if entry.registered else min(deadline + orphan_ttl, _INT32_MAX - 1)
+            if fresh or target > entry.deadline:
+                entry.deadline = target
                 entry.dirty = True
         return applied
 

@@ -255,9 +255,10 @@ fold_op = st.tuples(st.just("fold"), st.lists(st.tuples(srid_st, xor_st), max_si
 register_op = st.tuples(
     st.just("register"),
     st.lists(st.tuples(srid_st, xor_st, st.integers(0, 99), tick_st, st.booleans()), max_size=6),
+    st.one_of(st.none(), st.integers(0, 5)),  # orphan_ttl: touches before the persist record kept
 )
 fail_op = st.tuples(st.just("mark_failed"), st.lists(srid_st, max_size=3), tick_st)
-touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0, 40)), max_size=4))
+touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0, 40)), max_size=4), st.integers(0, 5))
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
@@ -307,14 +308,14 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
         return _removed(ledger.fold(s, x, op[2]))
     if name == "register":
         s, x, o, d, g = _columns(op[1], [np.int64, np.int64, np.int64, np.int32, np.bool_])
-        completed, duplicates = ledger.register(s, x, o, d, g)
+        completed, duplicates = ledger.register(s, x, o, d, g, op[2] if len(op) > 2 else None)
         return _removed(completed), duplicates.tolist()
     if name == "mark_failed":
         ledger.mark_failed(np.array(op[1], dtype=np.int64), op[2])
         return None
     if name == "touch":
         s, d = _columns(op[1], [np.int64, np.int64])
-        return ledger.touch(s, d)
+        return ledger.touch(s, d, op[2])
     if name == "take_failed":
         return _removed(ledger.take_failed())
     if name == "expire":
