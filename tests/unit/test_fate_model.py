@@ -160,9 +160,10 @@ class FateMachine(RuleBasedStateMachine):
                 a.acked_ms = self.clock.now_ms()
                 batch = XorBatch(lp, np.array([srid], np.int64), np.array([self.roots[srid]], np.int64), _NONE)
             elif what == "touch":
-                # The rule's deadline stays the first one: a touch read before its srid's persist
-                # record (the acker reads ns.acks and ns.persist apart) creates nothing (design
-                # §6), so a replay after the first deadline is right either way; the fate is not.
+                # The model keeps the first deadline: whether the acker has read the touch when
+                # that deadline passes depends on its backlogs (a touch read before the srid's
+                # persist record is kept, design §6), so a replay after it is right either way;
+                # the fate is not.
                 touched = a.deadline_ms + 2 * (a.deadline_ms - self.created[srid])
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array([srid], np.int64),
                                  touched_deadlines=np.array([touched], np.int64))
