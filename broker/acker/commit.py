@@ -15,9 +15,9 @@ In this order (docs/design.md §5):
    partition's counters with its pending figures (count, oldest offset and registration
    time), so ``replaybroker status`` reads one record per partition, and its restore floor.
    The changelog holds what ``ns.persist`` does not: an entry whose persist record is all of
-   it (registered, nothing else yet) is left out for ``AckerConfig.unlogged_commits``
-   commits, and needs no tombstone when it leaves unlogged; a restore reads it back from
-   ``ns.persist`` from the floor (broker.acker.unlogged);
+   it (registered with the record's deadline, nothing else yet) is left out for at most
+   ``AckerConfig.unlogged_ms`` of the acker's clock, and needs no tombstone when it leaves
+   unlogged; a restore reads it back from ``ns.persist`` from the floor (broker.acker.unlogged);
 4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
    those where nothing new was read, then the commit. The group coordinator checks these
    offsets against the member's generation: an acker that lost its partitions (it stalled,
@@ -65,17 +65,16 @@ class Batch:
 
 def take_changes(
     states: Iterable[tuple[int, PartitionState]], ticker: Ticker, now_ms: int, batch: Batch,
-    positions: Mapping[tuple[str, int], int], persist: str, unlogged_commits: int | None,
+    positions: Mapping[tuple[str, int], int], persist: str, unlogged_ms: int,
 ) -> None:
     """Move each state's due tombstones and changelog delta (and dirty counters) into
     ``batch``; ``positions`` are the input positions the transaction commits (``persist``:
-    the persist topic's name), ``unlogged_commits`` how long an entry may stay unlogged
-    (None: an early commit, which does not count)."""
+    the persist topic's name), ``unlogged_ms`` how long (on the clock of ``now_ms``) an
+    entry may stay unlogged."""
     for lp, st in states:
         # Where the committed persist input resumes (none known: 0, a floor never too high).
         position = positions.get((persist, lp), 0)
-        if unlogged_commits is not None:
-            st.log_old_entries(position, unlogged_commits)
+        st.log_old_entries(now_ms, position, unlogged_ms)
         for srids, outcome in st.tombstones:
             batch.tombstones.append((lp, _keys(srids), outcome))
         st.tombstones = []

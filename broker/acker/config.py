@@ -23,12 +23,13 @@ def default_instance_id() -> str:
 @dataclass(frozen=True)
 class AckerConfig:
     commit_interval_ms: int = 100
-    # A pending entry that had no event, mark or touch yet is left out of the changelog (its
-    # persist record holds all of it; a restore reads ns.persist from the restore floor,
-    # docs/design.md §5) for this many commits, then logged: most trees complete within a
-    # few commit intervals and never touch the changelog, while the floor stays at most
-    # about this many intervals of persist records behind (1 s at the defaults).
-    unlogged_commits: int = 10
+    # A pending entry that had no event, mark or touch yet and the deadline of its persist
+    # record is left out of the changelog (its persist record holds all of it; a restore
+    # reads ns.persist from the restore floor, docs/design.md §5) for at most this long on
+    # the acker's clock, then logged by the next commit, early or not: most trees complete
+    # within it and never touch the changelog, while the floor stays at most this long
+    # (and a commit interval) behind.
+    unlogged_ms: int = 1_000
     orphan_ttl_ms: int = 60_000
     # After a timeout is replayed, the acker keeps the expired entry's XOR value (a WATCH
     # entry, in the changelog) this long, so that late events of the original attempt can

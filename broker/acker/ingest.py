@@ -52,6 +52,9 @@ class Ingest:
         self.clock = clock
         self.ticker = ticker
         self.orphan_ttl_ms = orphan_ttl_ms
+        # The same wait in ticks (rounded up): a touch read before its persist record keeps
+        # the unregistered entry this long past the touched deadline (LedgerTable.touch).
+        self.orphan_ttl_ticks = -(-orphan_ttl_ms // ticker.tick_ms)
         self.cache = cache
         # Quarantine records go here with their ledger partition; the commit produces them
         # in its transaction, or drops them when the partition is revoked or lost first.
@@ -144,7 +147,10 @@ class Ingest:
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
         auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
-        result = st.table.register(srids, roots, offsets, self.ticker.ticks_of(deadline_ms))
+        # An adaptive deadline is the acker's, not the persist record's: logged (``given``).
+        result = st.table.register(
+            srids, roots, offsets, self.ticker.ticks_of(deadline_ms), auto_mask, orphan_ttl=self.orphan_ttl_ticks
+        )
         dup = int(result.duplicates.sum())
         if not again:
             st.count("registered", len(msgs) - dup)
@@ -252,6 +258,16 @@ class Ingest:
             if xb.failed.size:
                 failed.append(xb.failed)
         orphan_tick = self.orphan_tick()
+        if touched:
+            # A touch pushes the deadline of a pending entry, or of one whose persist record
+            # is still to come (kept for its registration, LedgerTable.touch); one for a
+            # failed or decided entry is ignored - and counted. Before the events: a task
+            # sends an input's touches with its event, which may complete the tree.
+            t = np.concatenate(touched)
+            deadlines = np.clip(np.concatenate(touched_deadlines), 0, 2**62)  # no overflow in ticks
+            applied = st.table.touch(t, self.ticker.ticks_of(deadlines), self.orphan_ttl_ticks)
+            st.count("touched", applied)
+            st.count("touches_ignored", int(t.size) - applied)
         if srids:
             s = np.concatenate(srids)
             if s.size:
@@ -270,14 +286,6 @@ class Ingest:
             if m.size:
                 st.count("superseded_marks", int(m.size))
                 st.table.mark_superseded(m, orphan_tick)
-        if touched:
-            # A touch pushes a pending entry's deadline; one for an entry that is gone
-            # (completed, decided) or not registered yet is ignored - and counted.
-            t = np.concatenate(touched)
-            deadlines = np.clip(np.concatenate(touched_deadlines), 0, 2**62)  # no overflow in ticks
-            applied = st.table.touch(t, self.ticker.ticks_of(deadlines))
-            st.count("touched", applied)
-            st.count("touches_ignored", int(t.size) - applied)
 
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray

@@ -92,7 +92,7 @@ class Due(Enum):
     """Why a commit is due (``Acker._commit_due``)."""
 
     INTERVAL = "interval"  # ``commit_interval_ms`` has passed
-    EARLY = "early"  # completions wait and the acker has time: does not count towards ``unlogged_commits``
+    EARLY = "early"  # completions wait and the acker has time
 
 
 class Acker(Assignment, Recovery, RunsInBackground):
@@ -338,7 +338,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
-            self.commit(interval=due is Due.INTERVAL)
+            self.commit()
             self.changelog.poll_standby()
         if now - self._last_stats >= self.config.stats_interval_ms / 1000:
             self._log_stats()
@@ -384,16 +384,15 @@ class Acker(Assignment, Recovery, RunsInBackground):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, *, interval: bool = True) -> None:
+    def commit(self) -> None:
         """One transaction: expiry decisions, tombstones, replays/DLQ, changelog, offsets
-        (broker.acker.commit has the order and why); then the metrics' snapshot. ``interval``:
-        False for an early commit, which does not count towards ``unlogged_commits``."""
+        (broker.acker.commit has the order and why); then the metrics' snapshot."""
         began = time.perf_counter()
-        if self._commit(interval):
+        if self._commit():
             self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self._publish_metrics()
 
-    def _commit(self, interval: bool = True) -> bool:
+    def _commit(self) -> bool:
         """``commit`` without the metrics. Returns whether a transaction was committed."""
         self._last_commit = time.monotonic()
         if not self.states:
@@ -429,7 +428,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 self.states[lp].count("refused")
             batch.records.append(smaller or rec)
         take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist,
-                     self.config.unlogged_commits if interval else None)
+                     self.config.unlogged_ms)
         if not batch and not self._read:
             return False
         batch.positions = list(positions_of(self._positions))

@@ -120,21 +120,28 @@ class PartitionState:
     # The restore floor of the last counters record written or read (None: none known): a
     # lower bound of the table's floor now, which only moves up (broker.acker.commit).
     floor: int | None = None
-    # The persist position at each of the last commits: the entries registered before the
-    # oldest one have waited long enough unlogged (``log_old_entries``).
-    commit_positions: deque[int] = field(default_factory=deque)
+    # (acker's clock ms, persist position) of the commits of the last ``unlogged_ms``: the
+    # entries registered below the position of one that old have waited long enough
+    # unlogged (``log_old_entries``).
+    commit_positions: deque[tuple[int, int]] = field(default_factory=deque)
     _timed_out_checked: int = 1024
 
-    def log_old_entries(self, position: int, commits: int) -> None:
-        """A commit with the persist input at ``position``: the entries left out of the
-        changelog (docs/design.md §5) that were registered ``commits`` commits ago or earlier
-        are logged by this one, so that the restore floor stays that recent. A scan of the
-        table only when the floor may be that old."""
-        self.commit_positions.append(position)
-        if len(self.commit_positions) > commits:
-            bound = self.commit_positions.popleft()
-            if self.floor is None or self.floor < bound:
-                self.table.log_older(bound)
+    def log_old_entries(self, now_ms: int, position: int, unlogged_ms: int) -> None:
+        """A commit at ``now_ms`` (the acker's clock) with the persist input at ``position``:
+        the entries left out of the changelog (docs/design.md §5) that were registered
+        ``unlogged_ms`` ago or earlier - below the position of a commit that old - are logged
+        by this one, whatever kind of commit it is (interval or early), so the restore floor
+        stays that recent in time. A scan of the table only when the floor may be that old."""
+        positions = self.commit_positions
+        if positions and positions[-1][0] == now_ms:
+            positions[-1] = (now_ms, max(positions[-1][1], position))  # one per clock value
+        else:
+            positions.append((now_ms, position))
+        bound = None
+        while positions and positions[0][0] <= now_ms - unlogged_ms:
+            bound = positions.popleft()[1]
+        if bound is not None and (self.floor is None or self.floor < bound):
+            self.table.log_older(bound)
 
     def summarize(self) -> None:
         """Compute the pending figures the next counters record carries (O(capacity))."""

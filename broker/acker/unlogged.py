@@ -1,9 +1,10 @@
 """Restoring the entries the changelog leaves out, from ``ns.persist`` (docs/design.md §5).
 
 The changelog holds what ``ns.persist`` does not: an entry whose persist record is all of it
-(registered, no event, mark, touch or decision yet) has no changelog record, and none when it
-leaves. The counters record of each transaction carries the partition's *restore floor*, at
-or below the persist offset of every such entry (broker.acker.commit.restore_floor). After
+(registered with the record's deadline, no event, mark, touch or decision yet) has no
+changelog record, and none when it leaves. The counters record of each transaction carries
+the partition's *restore floor*, at or below the persist offset of every such entry
+(broker.acker.commit.restore_floor). After
 its changelog is read, a partition being restored (a takeover, a rewind, a warm or standby
 state taken) gets them back in two passes over ``ns.persist[lp]``:
 
@@ -12,9 +13,10 @@ state taken) gets them back in two passes over ``ns.persist[lp]``:
    behind those offsets wrote is in it), keeping the first record of each srid below the
    committed persist offset and dropping a srid at its tombstone (it left: completed,
    replayed, dead-lettered);
-2. register what is left and not in the table already, through ``Ingest.register`` (the
-   same deadlines and adaptive timeouts as any registration), counting nothing again: the
-   restored counters hold them, and a bad record was quarantined when it was first read.
+2. register what is left and not in the table already, through ``Ingest.register`` (with
+   the records' deadlines: an entry with an adaptive deadline is logged, never left out, so
+   it comes back from the changelog), counting nothing again: the restored counters hold
+   them, and a bad record was quarantined when it was first read.
 
 Records at and after the committed offset are the main consumer's, as ever. The main
 consumer is not sought back to the floor instead: the lag gate moves on with the records

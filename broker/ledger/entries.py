@@ -6,14 +6,15 @@ that wait).
 Changelog (docs/design.md §5)
 -----------------------------
 The changelog holds what ``ns.persist`` does not. Every change sets DIRTY, except the
-registration of a srid new to the table: that entry is its persist record (srid, root,
-offset, deadline), so it stays unlogged until something else changes it (an event, a mark,
-a touch, a decision) or the service logs it for its age (``log_older``). ``take_dirty``
-returns the entries still alive with DIRTY set (they become LOGGED) and the srids that left
-the table while LOGGED and are not in it now (tombstones). An entry never LOGGED - born and
-removed between two calls, or unlogged to its end - never touches the changelog. This is
-the only mechanism for changelog tombstones: the results of ``fold`` / ``register`` /
-``expire`` / ``take_failed`` do not repeat it.
+registration of a srid new to the table with its record's deadline: that entry is its
+persist record (srid, root, offset, deadline), so it stays unlogged until something else
+changes it (an event, a mark, a touch, a decision) or the service logs it for its age
+(``log_older``); one whose deadline the acker gave (adaptive, ``register``'s ``given``) is
+a change at once. ``take_dirty`` returns the entries still alive with DIRTY set (they become
+LOGGED) and the srids that left the table while LOGGED and are not in it now (tombstones).
+An entry never LOGGED - born and removed between two calls, or unlogged to its end - never
+touches the changelog. This is the only mechanism for changelog tombstones: the results of
+``fold`` / ``register`` / ``expire`` / ``take_failed`` do not repeat it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ from broker.ledger.table import (
     Removed,
 )
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
 
 @dataclass
 class RefEntry:
@@ -118,25 +120,30 @@ class ReferenceLedger:
         root_xors: np.ndarray,
         offsets: np.ndarray,
         deadlines: np.ndarray,
+        given: np.ndarray | None = None,
+        orphan_ttl: int | None = None,
     ) -> Registered:
         duplicates = np.zeros(len(srids), dtype=bool)
         touched: dict[int, None] = {}
+        gave = [False] * len(srids) if given is None else np.asarray(given, dtype=bool).tolist()
         rows = zip(
-            srids.tolist(), root_xors.tolist(), offsets.tolist(), deadlines.tolist(), strict=True
+            srids.tolist(), root_xors.tolist(), offsets.tolist(), deadlines.tolist(), gave, strict=True
         )
-        for i, (srid, root, offset, deadline) in enumerate(rows):
+        for i, (srid, root, offset, deadline, acker_deadline) in enumerate(rows):
             if srid == 0:
                 raise ValueError("srid 0 is not a valid id")
             entry = self.entries_by_srid.get(srid)
             new = entry is None
-            if entry is None:  # its persist record is all of it: not dirty
-                entry = self.entries_by_srid[srid] = RefEntry(dirty=False)
+            if entry is None:  # its persist record is all of it (unless the acker gave its deadline)
+                entry = self.entries_by_srid[srid] = RefEntry(dirty=acker_deadline)
             if entry.registered and self.reject_duplicate_roots:
                 duplicates[i] = True
                 continue
             entry.value ^= root
             entry.registered = True
             entry.offset = offset
+            if orphan_ttl is not None and not new:  # waited unregistered: keeps its touches
+                deadline = max(deadline, entry.deadline - orphan_ttl)
             entry.deadline = deadline
             entry.dirty = entry.dirty or not new
             touched[srid] = None
@@ -148,18 +155,24 @@ class ReferenceLedger:
                 done.append((srid, entry.offset))
         return Registered(_removed(done), duplicates)
 
-    def touch(self, srids: np.ndarray, deadlines: np.ndarray) -> int:
+    def touch(self, srids: np.ndarray, deadlines: np.ndarray, orphan_ttl: int = 0) -> int:
         latest: dict[int, int] = {}
         for srid, deadline in zip(srids.tolist(), deadlines.tolist(), strict=True):
             latest[srid] = max(latest.get(srid, deadline), deadline)
         applied = 0
         for srid, deadline in latest.items():
+            if srid == 0:
+                continue
             entry = self.entries_by_srid.get(srid)
-            if entry is None or not entry.registered or entry.failed or entry.deferred:
+            fresh = entry is None
+            if entry is None:  # kept for its persist record, as an event would be
+                entry = self.entries_by_srid[srid] = RefEntry()
+            if entry.failed or entry.deferred:
                 continue
             applied += 1
-            if deadline > entry.deadline:
-                entry.deadline = deadline
+            target = deadline if entry.registered else min(deadline + orphan_ttl, _INT32_MAX - 1)
+            if fresh or target > entry.deadline:
+                entry.deadline = target
                 entry.dirty = True
         return applied
 

@@ -133,6 +133,8 @@ class LedgerTable(Waiting):
         root_xors: np.ndarray,
         offsets: np.ndarray,
         deadlines: np.ndarray,
+        given: np.ndarray | None = None,
+        orphan_ttl: int | None = None,
     ) -> Registered:
         """Fold persist records: XOR in ``root_xors``, set REGISTERED, offset and deadline.
 
@@ -150,13 +152,24 @@ class LedgerTable(Waiting):
         spurious replay, not a loss. Transactional folding keeps both cases from happening.
 
         An entry already marked FAILED stays failed: it goes to ``take_failed``, not here.
+
+        ``given`` masks the deadlines the acker gave (adaptive, docs/design.md §6) instead of
+        reading them from the persist record: such an entry is more than its persist record,
+        so it is a change from the start - the changelog carries its deadline, and a restore
+        gives back that one, not a new estimate.
+
+        ``orphan_ttl`` (ticks, as ``touch`` was given it): an entry that waited unregistered
+        keeps what a touch gave it - its deadline is at least its orphan deadline less
+        ``orphan_ttl``, which is the latest touched deadline, or no later than its first event
+        (its orphan deadline was that event's tick + ``orphan_ttl``). None: the record's
+        deadline alone.
         """
         s = _i64(srids)
         roots = _i64(root_xors)
         offs = _i64(offsets)
         dls = np.asarray(deadlines).reshape(-1)
-        if not s.size == roots.size == offs.size == dls.size:
-            raise ValueError("register needs srids, root_xors, offsets, deadlines of one length")
+        if not s.size == roots.size == offs.size == dls.size or (given is not None and np.size(given) != s.size):
+            raise ValueError("register needs srids, root_xors, offsets, deadlines (and given) of one length")
         duplicates = np.zeros(s.size, dtype=bool)
         if s.size == 0:
             return Registered(_empty_removed(), duplicates)
@@ -168,9 +181,12 @@ class LedgerTable(Waiting):
         pos, new = t.find_or_insert(u, _INT32_MAX, 0)
         # An entry new to the table is not DIRTY: it is its persist record (srid, root, offset,
         # deadline), which ns.persist keeps - the changelog need not (broker.ledger.entries).
-        # One that had events or marks before is a change.
-        changed = np.ones(u.size, dtype=bool)
-        changed[new] = False
+        # One that had events or marks before, or whose deadline the acker gave, is a change.
+        existed = np.ones(u.size, dtype=bool)
+        existed[new] = False
+        changed = existed.copy()
+        if given is not None:
+            changed |= np.asarray(given, dtype=bool).reshape(-1)[src]
         f = t.flags[pos]
         again = (f & (REGISTERED | WATCH)) != 0  # a watched srid was registered before its replay
         duplicates[src[again]] = True
@@ -179,6 +195,10 @@ class LedgerTable(Waiting):
         i = src[fresh]
         u = u[fresh]
         new_dl = np.clip(dls[i], _INT32_MIN, _INT32_MAX).astype(np.int32)
+        if orphan_ttl is not None:
+            waited = existed[fresh]  # unregistered before: events, marks or touches came first
+            touched = t.deadline[p].astype(np.int64) - orphan_ttl
+            new_dl = np.where(waited & (touched > new_dl), touched, new_dl).astype(np.int32)
         value = t.value[p] ^ roots[i]
         t.value[p] = value
         nf = f[fresh] | REGISTERED | np.where(changed[fresh], DIRTY, 0).astype(np.uint8)
@@ -244,15 +264,17 @@ class LedgerTable(Waiting):
         n, self._late_completed = self._late_completed, 0
         return n
 
-    def touch(self, srids: np.ndarray, deadlines: np.ndarray) -> int:
+    def touch(self, srids: np.ndarray, deadlines: np.ndarray, orphan_ttl: int = 0) -> int:
         """Push deadlines forward (``ctx.touch``, Storm's ``resetTimeout``): each registered,
         pending entry of ``srids[i]`` gets ``max(deadline, deadlines[i])`` (ticks; a srid
-        repeated in the batch: its latest deadline). Returns how many were applied; the others
-        are ignored: unknown srids (completed, decided, never seen - a touch creates no entry),
-        unregistered entries (their persist record sets the deadline) and failed or deferred
-        ones (already decided). A touch never shortens a deadline, never changes ``value`` and
-        so never completes a tree. A deadline that moved is DIRTY: the changelog carries it,
-        so a restored acker keeps it."""
+        repeated in the batch: its latest deadline). A touch read before the srid's persist
+        record is kept, like an event: the srid's unregistered entry (made by the touch if it
+        is unknown) waits for its persist record until ``orphan_ttl`` past the touched
+        deadline, and ``register`` gives it at least the touched deadline. Returns how many
+        were applied; the others are ignored: failed or deferred entries (already decided)
+        and watches (no attempt any more). A touch never shortens a deadline, never changes
+        ``value`` and so never completes a tree. A deadline that moved is DIRTY: the
+        changelog carries it, so a restored acker keeps it."""
         s = _i64(srids)
         d = _i64(deadlines)
         if s.shape != d.shape:
@@ -264,18 +286,23 @@ class LedgerTable(Waiting):
         last = np.append(s[1:] != s[:-1], True)
         u, ud = s[last], np.clip(d[last], _INT32_MIN, _INT32_MAX - 1)
         u, ud = u[u != 0], ud[u != 0]  # 0 is never a srid
+        if u.size == 0:
+            return 0
         t = self.hashtable
-        pos = t.lookup(u)
-        found = pos >= 0
-        pos, ud = pos[found], ud[found]
+        pos, fresh = t.find_or_insert(u, _INT32_MAX, DIRTY)  # an unknown srid: unregistered, as an event makes it
         f = t.flags[pos]
-        pending = (f & _STATE) == REGISTERED
-        pos, ud, f = pos[pending], ud[pending], f[pending]
-        later = ud > t.deadline[pos]
+        state = f & _STATE
+        pending = state == REGISTERED
+        applies = pending | (state == 0)  # registered and pending, or unregistered and not failed
+        target = np.where(pending, ud, np.minimum(ud + orphan_ttl, _INT32_MAX - 1))
+        later = applies & (target > t.deadline[pos])
+        later[fresh] = True
         moved = pos[later]
-        t.deadline[moved] = ud[later].astype(t.deadline.dtype)
+        t.deadline[moved] = target[later].astype(t.deadline.dtype)
         t.flags[moved] = f[later] | DIRTY
-        return int(pending.sum())
+        if moved.size:
+            self._min_deadline = min(self._min_deadline, int(target[later].min()))
+        return int(applies.sum())
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.

@@ -69,7 +69,7 @@ def test_survivor_takes_over_partitions_of_a_killed_acker(bootstrap: str, tmp_pa
         _wait(lambda: all(_assignments(p) and len(_assignments(p)[-1][0]) == 2 for p in logs.values()),
               60, "two ackers sharing four partitions")
         # Pending entries: no task runs yet, so every record stays registered - in the changelog
-        # once it waited unlogged_commits commits, before that only in ns.persist.
+        # once it waited unlogged_ms (1 s), before that only in ns.persist.
         source = Source(settings, ns, SourceConfig(timeout_ms=600_000))
         sent = {source.send(data, f"k{i}", b"v").origin for i in range(3000)}
         source.close()

@@ -58,9 +58,9 @@ class Running:
         self.revoked = 0
         commit, revoke, lost = acker.commit, acker._on_revoke, acker._on_lost
 
-        def timed_commit(*, interval: bool = True) -> None:
+        def timed_commit() -> None:
             started = time.monotonic()
-            commit(interval=interval)
+            commit()
             self.commit_seconds.append(time.monotonic() - started)
 
         def on_revoke(*args: object) -> None:

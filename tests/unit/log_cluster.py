@@ -68,6 +68,7 @@ class Cluster:
     partitions: int = 2
     max_batch: int = 4
     logs: dict[Key, list[Message]] = field(default_factory=lambda: defaultdict(list))
+    starts: dict[Key, int] = field(default_factory=dict)  # log start offsets moved by delete_records
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (group, topic, p) -> offset
     fail_commits: int = 0  # the next commits that fail (abortable), then succeed
     producers: list[ClusterProducer] = field(default_factory=list)
@@ -81,6 +82,13 @@ class Cluster:
 
     def high(self, topic: str, partition: int) -> int:
         return len(self.logs[(topic, partition)])
+
+    def low(self, topic: str, partition: int) -> int:
+        return self.starts.get((topic, partition), 0)
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """DeleteRecords (or retention): the log now starts at ``before``; offsets stay."""
+        self.starts[(topic, partition)] = max(self.low(topic, partition), before)
 
     def records(self, topic: str) -> list[Message]:
         return [m for (t, _), log in sorted(self.logs.items()) if t == topic for m in log]
@@ -208,7 +216,8 @@ class ClusterConsumer:
 
     def _move(self, tp: TopicPartition) -> None:
         key = (tp.topic, tp.partition)
-        self.positions[key] = 0 if tp.offset in (OFFSET_BEGINNING, OFFSET_INVALID) or tp.offset < 0 else tp.offset
+        offset = 0 if tp.offset in (OFFSET_BEGINNING, OFFSET_INVALID) or tp.offset < 0 else tp.offset
+        self.positions[key] = max(offset, self.cluster.low(*key))  # below the log start: from the start
         self.delivered.pop(key, None)
         self.eof_sent.discard(key)
 
@@ -233,6 +242,7 @@ class ClusterConsumer:
             if key in self.paused:
                 continue
             log = self.cluster.logs[key]
+            self.positions[key] = max(self.positions[key], self.cluster.low(*key))
             while len(out) < limit and self.positions[key] < len(log):
                 out.append(log[self.positions[key]])
                 self.positions[key] += 1
@@ -257,7 +267,7 @@ class ClusterConsumer:
                               cached: bool = False) -> tuple[int, int]:
         if cached and not self.fetched:
             return (OFFSET_INVALID, OFFSET_INVALID)
-        return (0, self.cluster.high(tp.topic, tp.partition))
+        return (self.cluster.low(tp.topic, tp.partition), self.cluster.high(tp.topic, tp.partition))
 
     def offsets_for_times(self, tps: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
         return tps

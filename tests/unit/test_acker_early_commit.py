@@ -1,6 +1,6 @@
 """When the acker commits (``Acker._commit_due``): every ``commit_interval_ms``, and after
 half of it when its poll waited for input and completed trees wait for their tombstones - an
-early commit, which does not count towards ``unlogged_commits``."""
+early commit. How long an entry stays out of the changelog does not depend on which."""
 
 from __future__ import annotations
 
@@ -50,18 +50,20 @@ def _logged(producer: world.FakeProducer, srid: int) -> bool:
     return any(p.topic == world.NS.ledger and p.key == srid.to_bytes(8, "big") for p in producer.committed)
 
 
-def test_early_commits_do_not_count_towards_unlogged_commits(fake_kafka: None) -> None:
+def test_an_entry_is_left_out_of_the_changelog_for_unlogged_ms_however_many_commits(fake_kafka: None) -> None:
     """An entry with nothing but its persist record stays out of the changelog for
-    ``unlogged_commits`` commit intervals, however many early commits come between them."""
-    acker, consumer, producer = world.make_acker(ManualClock(world.T0), unlogged_commits=6)
+    ``unlogged_ms`` of the acker's clock, however many commits come between; then the next
+    commit logs it."""
+    clock = ManualClock(world.T0)
+    acker, consumer, producer = world.make_acker(clock, unlogged_ms=600)
     consumer.batches.append([world.persist_msg(world.persisted(world.S1, world.R1, world.T0)), world.persist_msg(world.persisted(world.S2, world.R2, world.T0), 1)])
-    world.run_steps(acker)  # two interval commits (a step's, interval 0, and the last one's)
+    world.run_steps(acker)
     consumer.batches.append([world.acks_msg(0, 0, [world.S2], [world.R2])])  # S2 completes
-    world.run_steps(acker)  # four
+    world.run_steps(acker)
     for _ in range(10):
-        acker.commit(interval=False)
+        clock.advance(50)
+        acker.commit()
+    assert not _logged(producer, world.S1)  # 500 ms, 10 commits
+    clock.advance(100)
     acker.commit()
-    acker.commit()
-    assert not _logged(producer, world.S1)  # six interval commits: the early ones did not count
-    acker.commit()
-    assert _logged(producer, world.S1)  # registered six interval commits ago: logged
+    assert _logged(producer, world.S1)  # registered 600 ms ago: logged

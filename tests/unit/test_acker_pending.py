@@ -98,7 +98,7 @@ def test_a_restored_partition_keeps_the_pending_figures_of_its_changelog(fake_ka
     """A new owner reads the oldest entry's registration time back from the counters record
     (it is not in the entries), and publishes it again with its own next decision."""
     clock = ManualClock(T0)
-    first, consumer, producer = make_acker(clock, unlogged_commits=0)  # every entry in the changelog
+    first, consumer, producer = make_acker(clock, unlogged_ms=0)  # every entry in the changelog
     consumer.batches.append([persist_msg(persisted(S1, R1, T0)), persist_msg(persisted(S2, R2, T0), 1)])
     run_steps(first)
     latest: dict[bytes, bytes | None] = {}

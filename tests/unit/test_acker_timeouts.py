@@ -391,11 +391,11 @@ NS = Namespace("unit")
 
 
 def make_acker(
-    clock: ManualClock, fail_hold_ms: int = 0, unlogged_commits: int = 10
+    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000
 ) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
         commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
-        fail_hold_ms=fail_hold_ms, unlogged_commits=unlogged_commits,
+        fail_hold_ms=fail_hold_ms, unlogged_ms=unlogged_ms,
     )
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
     consumer = FakeConsumer.last

@@ -12,16 +12,20 @@ offset too high (a wrong ``restore_floor``) must make the restore scenarios fail
 from __future__ import annotations
 
 import itertools
+import time
 from collections import defaultdict
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 import broker.acker.commit
+import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
-from broker.headers import outcome_of
+from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.schemas import COUNTERS_KEY, LedgerCounters, PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
@@ -38,14 +42,14 @@ class World:
     """One ledger partition, the records a source sent to it, the acks tasks wrote, and the
     acker serving it (replaced by a new instance on a takeover)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **config: Any) -> None:
         self.cluster = Cluster(partitions=1, max_batch=100)
         self.cluster.install(monkeypatch)
         self.clock = ManualClock(T0)
-        self.config = AckerConfig(
-            commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0,
-            orphan_ttl_ms=60_000,
-        )
+        self.config = AckerConfig(**{
+            "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "fail_hold_ms": 0,
+            "orphan_ttl_ms": 60_000, **config,
+        })
         self.acker = self.new_acker()
         self.roots: dict[int, int] = {}
         self._seq = itertools.count(1)
@@ -53,7 +57,8 @@ class World:
     def new_acker(self) -> Acker:
         return Acker(KafkaSettings("unit:9092"), NS, self.config, clock=self.clock)
 
-    def send(self, n: int) -> list[int]:
+    def send(self, n: int, timeout_ms: int = TIMEOUT_MS) -> list[int]:
+        """``n`` source records with ``timeout_ms`` (``AUTO_TIMEOUT_MS``: adaptive)."""
         srids = []
         for _ in range(n):
             k = next(self._seq)
@@ -61,7 +66,7 @@ class World:
             record = PersistedRecord(
                 srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
                 key_hash_partition=0, key=b"k%d" % k, value=b"v%d" % k, created_ms=self.clock.now_ms(),
-                timeout_ms=TIMEOUT_MS, max_attempts=3,
+                timeout_ms=timeout_ms, max_attempts=3,
             )
             self.cluster.append(NS.persist, 0, ids.encode_id(srid), record.encode())
             self.roots[srid] = root
@@ -211,7 +216,7 @@ def test_entries_registered_and_completed_in_the_next_interval_never_touch_the_c
 def test_an_entry_changed_or_left_out_too_long_is_logged_and_the_floor_moves_past_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    world = World(monkeypatch)
+    world = World(monkeypatch, unlogged_ms=TIMEOUT_MS // 2)  # logged before they time out
     changed, quiet, young = world.send(3)
     child = 77
     world.event([changed], [world.roots[changed] ^ child])  # its persist record is not all of it now
@@ -219,11 +224,91 @@ def test_an_entry_changed_or_left_out_too_long_is_logged_and_the_floor_moves_pas
     assert world.entry_records([changed, quiet, young]) == [(changed, False)]
     assert world.floors()[-1] == 1  # the quiet one's offset
     world.event([changed], [child])  # the tree completes
-    world.run(world.config.unlogged_commits - 3)  # (run(n) commits n + 1 times: 10 so far)
+    world.clock.advance(world.config.unlogged_ms - 1)
+    world.run(10)
     assert world.entry_records([changed, quiet, young]) == [(changed, False), (changed, True)]
-    world.run(1)  # registered unlogged_commits commits ago: logged now, and the floor moves on
+    world.clock.advance(1)
+    world.run(1)  # registered unlogged_ms ago: logged now, and the floor moves on
     assert world.entry_records([quiet, young]) == [(quiet, False), (young, False)]
     assert world.floors()[-1] == world.cluster.high(NS.persist, 0)  # none left out: the committed offset
     world.ack([quiet, young])
     world.run()
     assert world.entry_records([quiet, young])[2:] == [(quiet, True), (young, True)]
+
+
+# --------------------------------------------------------------------------- the rule's edges
+
+ADAPTIVE = {"adaptive_initial_ms": 60_000, "adaptive_floor_ms": 1_000, "adaptive_min_samples": 100}
+
+
+def learn_the_floor(world: World) -> None:
+    """100 quick completions: the estimate of ``orders`` falls to its 1 s floor."""
+    quick = world.send(100, AUTO_TIMEOUT_MS)
+    world.run(1)
+    world.clock.advance(10)
+    world.ack(quick)
+    world.run(1)
+    assert world.acker.adaptive.timeout_ms(0, world.clock.now_ms()) == 1_000
+
+
+def test_a_rewind_gives_an_adaptive_entry_back_the_deadline_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An auto entry's deadline is the acker's, not its persist record's: the persist record
+    is not all of it, so a rewind must not give it a new (shorter) one from the estimate."""
+    world = World(monkeypatch, **ADAPTIVE)
+    (x,) = world.send(1, AUTO_TIMEOUT_MS)
+    world.run(1)  # X registered while the estimate is cold: T0 + 60 s
+    learn_the_floor(world)
+    (y,) = world.send(1)
+    world.ack([y])
+    world.cluster.fail_commits = 1  # the commit of Y's completion fails: the partition is rewound
+    world.run(2)
+    world.clock.advance(2_100)
+    world.run()
+    assert world.outcomes().get(x) is None  # not replayed 2.1 s after registration: its deadline is T0 + 60 s
+    world.clock.advance(60_000 - 2_100 - 10)
+    world.run()
+    assert world.outcomes().get(x) == ["replay"]
+
+
+def test_a_takeover_by_an_acker_with_a_warm_estimate_keeps_an_adaptive_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch, **ADAPTIVE)
+    (x,) = world.send(1, AUTO_TIMEOUT_MS)
+    world.run(1)  # X: T0 + 60 s, from the cold estimate
+    world.acker = world.new_acker()  # kill -9; the new owner learned a 10 ms latency elsewhere
+    tid = world.acker.adaptive.topic_id(b"orders")
+    world.acker.adaptive.observe(np.full(100, tid, np.int32), np.full(100, 10), world.clock.now_ms())
+    assert world.acker.adaptive.timeout_ms(tid, world.clock.now_ms()) == 1_000
+    world.run(1)
+    world.clock.advance(2_100)
+    world.run()
+    assert world.outcomes().get(x) is None
+    world.clock.advance(60_000)
+    world.run()
+    assert world.outcomes().get(x) == ["replay"]
+
+
+def test_early_commits_do_not_keep_an_entry_out_of_the_changelog_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completions trickle in, one every 60 ms, so every commit is early (``Acker._commit_due``
+    on the acker's clock); a slow tree X is still logged within its bound, so the restore floor
+    moves past it and deleting the first records of ``ns.persist`` loses nothing."""
+    world = World(monkeypatch, commit_interval_ms=100)
+    world.acker = world.new_acker()
+    clock = SimpleNamespace(monotonic=lambda: world.clock.now_ms() / 1000, perf_counter=time.perf_counter)
+    monkeypatch.setattr(broker.acker.service, "time", clock)
+    (x,) = world.send(1, timeout_ms=60_000)
+    world.run(1)
+    commits = world.acker.commits
+    for _ in range(100):  # 6 s
+        world.clock.advance(60)
+        quick = world.send(1)
+        world.ack(quick)
+        world.acker.step()  # reads them: 60 ms since the last commit, no interval commit
+        world.acker.step()  # waits for input with a completion waiting: an early commit
+    assert world.acker.commits - commits == 100
+    world.cluster.delete_records(NS.persist, 0, 50)  # a retention policy on ns.persist
+    world.acker = world.new_acker()  # kill -9: a new owner restores the partition
+    world.run(1)
+    world.ack([x])
+    world.run()
+    world.drain()
+    assert world.outcomes().get(x) == ["completed"]

@@ -77,14 +77,14 @@ class FateMachine(RuleBasedStateMachine):
         fail_hold_ms=st.sampled_from([0, 150]),
         # How long an entry with nothing but its persist record stays out of the changelog:
         # logged at once, the default, or never for its age (every restore reads ns.persist).
-        unlogged_commits=st.sampled_from([0, 10, 10**6]),
+        unlogged_ms=st.sampled_from([0, 1_000, 10**9]),
     )
-    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_commits: int) -> None:
+    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_ms: int) -> None:
         self.config = AckerConfig(
             commit_interval_ms=0, instance_id="model", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
             watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
             max_fetches_per_commit=fetches, payload_retry_ms=200, payload_retry_max_ms=1_000,
-            unlogged_commits=unlogged_commits,
+            unlogged_ms=unlogged_ms,
         )
         self.acker = self._new_acker()
 
@@ -160,9 +160,10 @@ class FateMachine(RuleBasedStateMachine):
                 a.acked_ms = self.clock.now_ms()
                 batch = XorBatch(lp, np.array([srid], np.int64), np.array([self.roots[srid]], np.int64), _NONE)
             elif what == "touch":
-                # The rule's deadline stays the first one: a touch read before its srid's persist
-                # record (the acker reads ns.acks and ns.persist apart) creates nothing (design
-                # §6), so a replay after the first deadline is right either way; the fate is not.
+                # The model keeps the first deadline: whether the acker has read the touch when
+                # that deadline passes depends on its backlogs (a touch read before the srid's
+                # persist record is kept, design §6), so a replay after it is right either way;
+                # the fate is not.
                 touched = a.deadline_ms + 2 * (a.deadline_ms - self.created[srid])
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array([srid], np.int64),
                                  touched_deadlines=np.array([touched], np.int64))

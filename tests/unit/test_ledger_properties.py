@@ -254,10 +254,11 @@ tick_st = st.integers(0, 30)
 fold_op = st.tuples(st.just("fold"), st.lists(st.tuples(srid_st, xor_st), max_size=12), tick_st)
 register_op = st.tuples(
     st.just("register"),
-    st.lists(st.tuples(srid_st, xor_st, st.integers(0, 99), tick_st), max_size=6),
+    st.lists(st.tuples(srid_st, xor_st, st.integers(0, 99), tick_st, st.booleans()), max_size=6),
+    st.one_of(st.none(), st.integers(0, 5)),  # orphan_ttl: touches before the persist record kept
 )
 fail_op = st.tuples(st.just("mark_failed"), st.lists(srid_st, max_size=3), tick_st)
-touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0, 40)), max_size=4))
+touch_op = st.tuples(st.just("touch"), st.lists(st.tuples(srid_st, st.integers(0, 40)), max_size=4), st.integers(0, 5))
 restore_op = st.tuples(
     st.just("restore"),
     st.lists(
@@ -306,15 +307,15 @@ def _run_op(ledger: LedgerTable | ReferenceLedger, op: tuple[Any, ...]) -> Any:
         s, x = _columns(op[1], [np.int64, np.int64])
         return _removed(ledger.fold(s, x, op[2]))
     if name == "register":
-        s, x, o, d = _columns(op[1], [np.int64, np.int64, np.int64, np.int32])
-        completed, duplicates = ledger.register(s, x, o, d)
+        s, x, o, d, g = _columns(op[1], [np.int64, np.int64, np.int64, np.int32, np.bool_])
+        completed, duplicates = ledger.register(s, x, o, d, g, op[2] if len(op) > 2 else None)
         return _removed(completed), duplicates.tolist()
     if name == "mark_failed":
         ledger.mark_failed(np.array(op[1], dtype=np.int64), op[2])
         return None
     if name == "touch":
         s, d = _columns(op[1], [np.int64, np.int64])
-        return ledger.touch(s, d)
+        return ledger.touch(s, d, op[2])
     if name == "take_failed":
         return _removed(ledger.take_failed())
     if name == "expire":
@@ -386,7 +387,7 @@ def test_table_matches_dict_reference(ops: list[tuple[Any, ...]], capacity: int)
 @given(ops=st.lists(live_ops, max_size=80), capacity=st.sampled_from([8, 20, 64]))
 # A logged orphan expires and its srid is registered in the same interval: neither a tombstone
 # nor an upsert went out, and a replay XORed the new root into the old orphan's record.
-@example(ops=[("fold", [(5, 1)], 0), ("take_dirty",), ("expire", 0), ("register", [(5, 1, 0, 0)])], capacity=8)
+@example(ops=[("fold", [(5, 1)], 0), ("take_dirty",), ("expire", 0), ("register", [(5, 1, 0, 0, False)])], capacity=8)
 def test_changelog_replay_reproduces_live_table(ops: list[tuple[Any, ...]], capacity: int) -> None:
     table = LedgerTable(capacity)
     replica = LedgerTable(8)
@@ -470,7 +471,8 @@ def test_table_matches_reference_at_scale() -> None:
         if kind == "fold":
             op = ("fold", list(zip(srids.tolist(), xors.tolist(), strict=True)), int(ticks[0]))
         elif kind == "register":
-            rows = zip(srids.tolist(), xors.tolist(), range(n), ticks.tolist(), strict=True)
+            given = (ticks % 2 == 0).tolist()  # adaptive deadlines, which the acker gave
+            rows = zip(srids.tolist(), xors.tolist(), range(n), ticks.tolist(), given, strict=True)
             op = ("register", list(rows))
         elif kind == "mark_failed":
             op = ("mark_failed", srids[: n // 20].tolist(), int(ticks[0]))

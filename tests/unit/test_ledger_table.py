@@ -213,6 +213,17 @@ def test_entry_fields_and_flags() -> None:
     assert DURABLE_FLAGS == REGISTERED | FAILED | DEFERRED | WATCH | SUPERSEDED
 
 
+def test_an_entry_whose_deadline_the_acker_gave_is_a_change_from_its_registration() -> None:
+    """An adaptive deadline is not in the persist record: the changelog must carry it."""
+    table = LedgerTable()
+    table.register(np.array([S1, S2]), np.array([A, A]), np.array([3, 4]), np.array([99, 99], np.int32),
+                   np.array([True, False]))
+    assert table.get(S1).dirty and not table.get(S2).dirty  # type: ignore[union-attr]
+    up = table.take_dirty().upserts
+    assert (up.srids.tolist(), up.deadlines.tolist()) == ([S1], [99])
+    assert table.unlogged_floor() == 4  # only S2 is left to ns.persist
+
+
 def test_srid_zero_is_rejected() -> None:
     table = LedgerTable()
     with pytest.raises(ValueError, match="srid 0"):

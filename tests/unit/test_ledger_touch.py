@@ -1,6 +1,7 @@
 """``LedgerTable.touch``: a deadline extension moves a pending entry's deadline forward and
-nothing else - never shortens it, never changes the XOR value, never completes, creates no
-entry - and the changelog carries the new deadline so a restored table keeps it."""
+nothing else - never shortens it, never changes the XOR value, never completes - a touch read
+before the srid's persist record is kept for its registration, and the changelog carries the
+new deadline so a restored table keeps it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ S2 = S1 + 4
 S3 = S1 + 8
 A = 0x2B7E_1516_28AE_D2A6
 B = 0x3243_F6A8_885A_308D
+TTL = 600  # ticks an unregistered entry waits for its persist record
 
 
 def arr(*v: int) -> np.ndarray:
@@ -54,14 +56,31 @@ def test_a_touch_cannot_complete_a_tree() -> None:
     assert done.srids.tolist() == [S1]
 
 
-def test_touches_of_unknown_unregistered_failed_or_deferred_entries_are_ignored() -> None:
+def test_touches_of_failed_deferred_or_watched_entries_are_ignored() -> None:
     t = registered(S1, S2)
-    t.fold(arr(S3), arr(B), 60)  # S3: an event before its persist record (unregistered)
     t.mark_failed(arr(S2), 60)
-    assert t.touch(arr(S3, S2, 0, 12345), arr(900, 900, 900, 900)) == 0
-    assert t.get(S3).deadline == 60  # type: ignore[union-attr]
+    assert t.touch(arr(S2, 0), arr(900, 900), TTL) == 0
     assert t.get(S2).deadline == 100  # type: ignore[union-attr]
-    assert 12345 not in t and len(t) == 3
+    assert len(t) == 2
+
+
+def test_a_touch_before_the_persist_record_is_kept_for_its_registration() -> None:
+    t = LedgerTable()
+    t.fold(arr(S3), arr(B), 60 + TTL)  # S3: an event at tick 60, before its persist record
+    assert t.touch(arr(S3, S2), arr(900, 300), TTL) == 2  # S2: nothing known of it yet
+    # Each waits for its persist record TTL past its touched deadline (an orphan after that).
+    assert (t.get(S3).deadline, t.get(S2).deadline) == (900 + TTL, 300 + TTL)  # type: ignore[union-attr]
+    assert not t.get(S2).registered and t.get(S2).dirty  # type: ignore[union-attr]
+    t.register(arr(S1, S2, S3), arr(A, A, A), arr(0, 1, 2), arr(100, 500, 100), orphan_ttl=TTL)
+    # The later of the record's deadline and the touched one.
+    assert [t.get(s).deadline for s in (S1, S2, S3)] == [100, 500, 900]  # type: ignore[union-attr]
+
+
+def test_an_event_before_the_persist_record_leaves_the_record_its_deadline() -> None:
+    t = LedgerTable()
+    t.fold(arr(S3), arr(B), 60 + TTL)  # an orphan deadline is no touch
+    t.register(arr(S3), arr(A), arr(0), arr(100), orphan_ttl=TTL)
+    assert t.get(S3).deadline == 100  # type: ignore[union-attr]
 
 
 def test_the_latest_deadline_of_a_srid_wins_within_a_batch() -> None:
