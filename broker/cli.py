@@ -335,14 +335,14 @@ def _cmd_acker(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_object(spec: str, flag: str, example: str) -> Any:
+def load_object(spec: str, flag: str, example: str, noun: str = "object", accept: Callable[[Any], bool] = bool) -> Any:
     """``MODULE:NAME`` -> the object it names, imported as ``python -m`` would (the working
     directory is on the path)."""
     import importlib
 
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        raise ConfigurationError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. {example}")
+        raise ConfigurationError(f"{flag} {spec!r}: expected MODULE:{noun.upper()}, e.g. {example}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -350,17 +350,14 @@ def load_object(spec: str, flag: str, example: str) -> Any:
     except ImportError as exc:
         raise ConfigurationError(f"{flag} {spec!r}: cannot import {module}: {exc}") from exc
     value = getattr(found, name, None)
-    if value is None:
-        raise ConfigurationError(f"{flag} {spec!r}: {module} has no {name}")
+    if value is None or not accept(value):
+        raise ConfigurationError(f"{flag} {spec!r}: {module} has no {noun} {name}")
     return value
 
 
 def load_handler(spec: str) -> Any:
     """``MODULE:FUNCTION`` -> the task handler it names (``handler(record, ctx)``)."""
-    handler = load_object(spec, "--handler", "myjob.handlers:enrich")
-    if not callable(handler):
-        raise ConfigurationError(f"--handler {spec!r}: not a function")
-    return handler
+    return load_object(spec, "--handler", "myjob.handlers:enrich", "function", callable)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -369,9 +366,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.bootstrap:  # read by the app's settings when first needed
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = args.bootstrap
-    app = load_object(args.app, "APP", "shop.pipeline:app")
-    if not isinstance(app, App):
-        raise ConfigurationError(f"{args.app} is a {type(app).__name__}, not an App")
+    app = load_object(args.app, "APP", "shop.pipeline:app", "app", lambda value: isinstance(value, App))
     if args.list:
         print("\n".join(app.roles))
         return 0
