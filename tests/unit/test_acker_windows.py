@@ -1,0 +1,132 @@
+"""The windows of the fate rule at their edges (docs/design.md §6): the real ``Acker`` on a
+stepped clock over the in-memory Kafka of tests/unit/log_cluster.py, which hands the acker's
+own outputs (its replays' persist records, its superseded marks) back to it as input and
+lets a new instance take over from the changelog and the committed offsets.
+
+Ground truth is what the acker wrote to the logs: persist tombstones with their
+``rb-outcome``, ``ns.dlq`` records, ``ns.superseded`` markers - never its counters.
+
+1. A dead letter at the edge of a window: X (max 2 attempts) times out and is replayed as Z,
+   X is watched; Z fails explicitly and its dead letter is held to the end of X's watch. X's
+   tree completes just before that end, and the acker reads the completion only after it (one
+   slow poll, or a backlog on ``ns.acks``). The completion wins: Z is settled as completed, in
+   the same commit as its marker, and nothing is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from broker import ids
+from broker.acker import Acker, AckerConfig
+from broker.headers import outcome_of
+from broker.ledger.clock import ManualClock
+from broker.schemas import PersistedRecord, XorBatch
+from broker.settings import KafkaSettings
+from broker.topics import Namespace
+from tests.unit.log_cluster import Cluster
+
+NS = Namespace("windows")
+T0 = 1_700_000_000_000
+WATCH_MS = 20_000
+X, ROOT, CHILD = 0x1F3A_5C7E_9B2D_4E62, 0x3243_F6A8_885A_308D, 0x1319_8A2E_0370_7344
+_NONE = np.array([], np.int64)
+
+
+class World:
+    """One ledger partition (P=1: every srid, the replays' too, lives in it), a stepped clock,
+    and the acker instance that owns the partition now."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.cluster = Cluster(partitions=1)
+        self.cluster.install(monkeypatch)
+        self.clock = ManualClock(T0)
+        self.config = AckerConfig(
+            commit_interval_ms=0, instance_id="windows", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
+            watch_ms=WATCH_MS, fail_hold_ms=0,
+        )
+        self.acker = self.new_acker()
+
+    def new_acker(self) -> Acker:
+        """kill -9 and a new instance: it restores from the changelog and the committed offsets."""
+        return Acker(KafkaSettings("windows:9092"), NS, self.config, clock=self.clock)
+
+    def step(self, n: int = 1) -> None:
+        count = itertools.count(1)
+        self.acker.run(until=lambda _: next(count) >= n)
+
+    def send(self, srid: int, root: int, *, max_attempts: int, timeout_ms: int = 1_000) -> None:
+        record = PersistedRecord(
+            srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
+            key_hash_partition=3, key=b"customer-7", value=b"order 1", created_ms=self.clock.now_ms(),
+            timeout_ms=timeout_ms, max_attempts=max_attempts,
+        )
+        self.cluster.append(NS.persist, 0, ids.encode_id(srid), record.encode())
+
+    def ack(self, srid: int, xor: int) -> None:
+        self.cluster.append(NS.acks, 0, None, XorBatch(0, np.array([srid]), np.array([xor]), _NONE).encode())
+
+    def fail(self, srid: int) -> None:
+        self.cluster.append(NS.acks, 0, None, XorBatch(0, _NONE, _NONE, np.array([srid])).encode())
+
+    def replays(self) -> list[PersistedRecord]:
+        return [PersistedRecord.decode(m.value()) for m in self.cluster.records(NS.persist)
+                if m.value() is not None and PersistedRecord.decode(m.value()).attempt > 1]
+
+    def outcomes(self) -> dict[int, str]:
+        """srid -> the outcome of its persist tombstone."""
+        return {ids.decode_id(m.key() or b""): outcome_of(m.headers()).decode()
+                for m in self.cluster.records(NS.persist) if m.value() is None}
+
+    def dead_letters(self) -> list[int]:
+        """The origins of the records in ``ns.dlq``."""
+        return [ids.decode_id(dict(m.headers() or ()).get("rb-origin") or b"") for m in self.cluster.records(NS.dlq)]
+
+    def markers(self) -> dict[int, int]:
+        """replay srid -> original srid, from ``ns.superseded``."""
+        return {ids.decode_id(m.key() or b""): ids.decode_id(m.value() or b"")
+                for m in self.cluster.records(NS.superseded)}
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    yield World(monkeypatch)
+
+
+@pytest.mark.parametrize("backlog", [0, 10], ids=["slow-poll", "acks-backlog"])
+@pytest.mark.parametrize("lead_ms", [50, 2_000])
+def test_a_completion_read_after_the_window_ends_wins_over_the_held_dead_letter(
+    world: World, lead_ms: int, backlog: int
+) -> None:
+    world.send(X, ROOT, max_attempts=2)
+    world.ack(X, ROOT ^ CHILD)  # the task worked on the root and emitted CHILD: not acked yet
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(2)  # X timed out: replayed as Z, X watched until at_ms + watch_ms
+    (z,) = world.replays()
+    assert world.outcomes() == {X: "replay"}
+    watch_end = z.history[-1].at_ms + WATCH_MS
+
+    world.step(2)  # Z's persist record read
+    world.fail(z.srid)  # the last attempt fails: its dead letter is held to X's watch end
+    world.step(2)
+    assert world.outcomes() == {X: "replay"} and not world.dead_letters()
+
+    world.clock.advance(watch_end - lead_ms - world.clock.now_ms())
+    for other in range(backlog):  # events of other trees, written before X's completion
+        world.ack(2 * 10**6 + other, 7)
+    world.ack(X, CHILD)  # X's tree completes inside its window
+    world.clock.advance(lead_ms + 150)  # ... and the acker reads it only after the window's end
+    world.step(backlog // world.cluster.max_batch + 3)
+
+    assert world.markers() == {z.srid: X}
+    assert not world.dead_letters(), "Z dead-lettered though X completed inside its window"
+    assert world.outcomes() == {X: "replay", z.srid: "completed"}
+
+    world.clock.advance(3 * WATCH_MS)  # nothing else happens, ever
+    world.step(3)
+    assert not world.dead_letters() and world.outcomes() == {X: "replay", z.srid: "completed"}
