@@ -310,16 +310,18 @@ class Decider:
         The rule (docs/design.md §6): a record is dead-lettered only when none of its attempts
         can still complete. An attempt that timed out can, for ``watch_ms`` after its timeout:
 
-        - this one, if it timed out (at ``timed_out_ms``, as this owner saw it): its entry
-          waits DEFERRED with its value, so its late events complete it (``LedgerTable.fold``,
-          counted ``completed_late``);
+        - this one, if it timed out (at ``timed_out_ms``: kept in its changelog entry while
+          it waits, so a new owner continues the window): its entry waits DEFERRED with its
+          value, so its late events complete it (``LedgerTable.fold``, counted
+          ``completed_late``);
         - every earlier one that timed out (``history``): it is watched, and its late
           completion sends a superseded mark down the chain of replays - through failed
           attempts too - that settles this one (``LedgerTable.mark_superseded``).
 
         The hold is the latest of those windows; the lag gate then takes the entry only once
-        the acker has read its partition that far (``decide``'s ``ticks``). An explicitly
-        failed attempt cannot complete, so it adds no window of its own."""
+        the acker has read its partition that far (``decide``'s ``ticks``), and the late
+        completions read by then have been applied (broker.acker.superseding.hand_on). An
+        explicitly failed attempt cannot complete, so it adds no window of its own."""
         if record.attempt < record.max_attempts:
             return None
         watch_ms = self.config.watch_for_ms

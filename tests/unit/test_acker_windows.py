@@ -11,6 +11,9 @@ Ground truth is what the acker wrote to the logs: persist tombstones with their
    tree completes just before that end, and the acker reads the completion only after it (one
    slow poll, or a backlog on ``ns.acks``). The completion wins: Z is settled as completed, in
    the same commit as its marker, and nothing is dead-lettered.
+2. A takeover continues a held window: a last attempt times out and its dead letter is held
+   for ``watch_ms``; a new instance takes over meanwhile. The dead letter comes at the end of
+   the window the first owner opened, not one window later.
 """
 
 from __future__ import annotations
@@ -130,3 +133,25 @@ def test_a_completion_read_after_the_window_ends_wins_over_the_held_dead_letter(
     world.clock.advance(3 * WATCH_MS)  # nothing else happens, ever
     world.step(3)
     assert not world.dead_letters() and world.outcomes() == {X: "replay", z.srid: "completed"}
+def test_a_takeover_continues_a_held_window_instead_of_restarting_it(world: World) -> None:
+    s = 0x2B7E_1516_28AE_D2A8
+    world.send(s, ROOT, max_attempts=1)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(2)  # timed out, the last attempt: its dead letter is held for watch_ms
+    timed_out_ms = world.clock.now_ms()
+    assert not world.outcomes() and not world.dead_letters()
+
+    world.clock.advance(5_000)
+    world.acker = world.new_acker()  # the first owner is gone; the next one restores
+    world.step(3)
+    assert not world.outcomes() and not world.dead_letters()
+
+    window_end = timed_out_ms + WATCH_MS
+    world.clock.advance(window_end - 500 - world.clock.now_ms())
+    world.step(3)
+    assert not world.dead_letters(), "dead-lettered before its window ended"
+    world.clock.advance(1_000)  # past the window's end (and its tick)
+    world.step(3)
+    assert world.dead_letters() == [s], "the new owner restarted the window"
+    assert world.outcomes() == {s: "dlq"}
