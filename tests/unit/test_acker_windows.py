@@ -155,3 +155,31 @@ def test_a_takeover_continues_a_held_window_instead_of_restarting_it(world: Worl
     world.step(3)
     assert world.dead_letters() == [s], "the new owner restarted the window"
     assert world.outcomes() == {s: "dlq"}
+
+
+def test_a_failed_last_attempt_read_after_the_window_ends_waits_for_what_was_written_before(world: World) -> None:
+    """The same chain, but Z's fail mark too is read only after X's window has ended, and
+    X's completion (written inside the window) lies behind a backlog after it. The window's
+    end counts at the read-up-to tick, not the clock's: Z is held until the acker has read
+    that far, and X's completion settles it."""
+    world.send(X, ROOT, max_attempts=2)
+    world.ack(X, ROOT ^ CHILD)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(2)
+    (z,) = world.replays()
+    watch_end = z.history[-1].at_ms + WATCH_MS
+    world.step(2)  # Z's persist record read
+
+    world.clock.advance(watch_end - 3_000 - world.clock.now_ms())
+    world.fail(z.srid)  # the last attempt fails inside the window ...
+    for other in range(10):
+        world.ack(2 * 10**6 + other, 7)
+    world.clock.advance(2_950)
+    world.ack(X, CHILD)  # ... X's tree completes 50 ms before its end ...
+    world.clock.advance(200)  # ... and the acker reads all of it after the end, a few at a time
+    world.step(10 // world.cluster.max_batch + 3)
+
+    assert not world.dead_letters(), "Z dead-lettered before the acker had read up to the window's end"
+    assert world.markers() == {z.srid: X}
+    assert world.outcomes() == {X: "replay", z.srid: "completed"}
