@@ -78,7 +78,8 @@ def collect_failures(
     Fail marks are released in windows: once the oldest held mark (over all ledger
     partitions) is ``fail_hold_ms`` old, every held mark is decided in this commit, so the
     marks of one task batch - spread over ledger partitions - are decided together. They are
-    facts, not the absence of an ack: the lag does not hold them back.
+    facts, not the absence of an ack: the lag does not hold them back (a last attempt's dead
+    letter still waits for its windows, judged at the gate's tick: ``Decider._dlq_hold``).
 
     A timed-out auto entry is a latency sample for ``adaptive`` (censored: at least its
     timeout): when a slow-down outruns the estimate, the timeouts themselves raise it
