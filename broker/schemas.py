@@ -46,7 +46,13 @@ XOR_BATCH = fastavro.parse_schema(
     {**_XOR_BATCH_JSON,
      "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _TOUCH_FIELDS + _SUPERSEDED_FIELDS]}
 )
+# LedgerEntry as schemas/ledger_entry.avsc has it, and without ``timed_out_ms``: how every
+# entry that is no deferred timeout is written (and every entry written before the field).
 LEDGER_ENTRY = _load("ledger_entry")
+_LEDGER_ENTRY_JSON = json.loads(resources.files("schemas").joinpath("ledger_entry.avsc").read_text())
+LEDGER_ENTRY_V1 = fastavro.parse_schema(
+    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] != "timed_out_ms"]}
+)
 
 
 def _encode(schema: Any, datum: dict[str, Any]) -> bytes:
@@ -291,14 +297,20 @@ def encode_first_persisted(
 
 
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
-                          deadlines_ms: np.ndarray) -> list[bytes]:
-    """``encode_ledger_entry`` of whole columns (numpy varints, one slice per entry)."""
-    return avro_rows(values, flags, persist_offsets, deadlines_ms)
+                          deadlines_ms: np.ndarray, timed_out_ms: np.ndarray | None = None) -> list[bytes]:
+    """``encode_ledger_entry`` of whole columns (numpy varints, one slice per entry); the
+    few entries with a ``timed_out_ms`` >= 0 get it appended."""
+    rows = avro_rows(values, flags, persist_offsets, deadlines_ms)
+    if timed_out_ms is not None:
+        for i in np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist():
+            rows[i] += avro_long(int(timed_out_ms[i]))
+    return rows
 
 
-def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int) -> bytes:
+def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1) -> bytes:
     """A ``LedgerEntry`` value (bytes as fastavro's), without the dataclass."""
-    return avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
+    out = avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
+    return out if timed_out_ms < 0 else out + avro_long(timed_out_ms)
 
 
 def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
@@ -617,30 +629,42 @@ class XorBatch:
 
 @dataclass(frozen=True)
 class LedgerEntry:
+    """One srid's changelog record. ``timed_out_ms`` (-1: none) is kept only for a deferred
+    timeout - when it timed out, so that a new owner continues its window (docs/design.md
+    §6) - and written only then: every other entry has the shorter encoding."""
+
     value: int
     flags: int
     persist_offset: int
     deadline_ms: int
+    timed_out_ms: int = -1
 
     def encode(self) -> bytes:
-        return encode_ledger_entry(self.value, self.flags, self.persist_offset, self.deadline_ms)
+        return encode_ledger_entry(self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms)
 
     def encode_with_fastavro(self) -> bytes:
         """The reference encoding (tests compare ``encode`` with it)."""
-        return _encode(
-            LEDGER_ENTRY,
-            {
-                "value": self.value,
-                "flags": self.flags,
-                "persist_offset": self.persist_offset,
-                "deadline_ms": self.deadline_ms,
-            },
-        )
+        datum = {
+            "value": self.value,
+            "flags": self.flags,
+            "persist_offset": self.persist_offset,
+            "deadline_ms": self.deadline_ms,
+        }
+        if self.timed_out_ms < 0:
+            return _encode(LEDGER_ENTRY_V1, datum)
+        return _encode(LEDGER_ENTRY, {**datum, "timed_out_ms": self.timed_out_ms})
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:
-        d = _decode(LEDGER_ENTRY, data, "LedgerEntry")
-        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"])
+        # Most records end after ``deadline_ms``: read them so first; bytes left over can only
+        # be ``timed_out_ms``.
+        try:
+            d = _decode(LEDGER_ENTRY_V1, data, "LedgerEntry")
+        except DecodeError as exc:
+            if "trailing bytes" not in str(exc):
+                raise
+            d = _decode(LEDGER_ENTRY, data, "LedgerEntry")
+        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1))
 
 
 # --------------------------------------------------------------------------- LedgerCounters

@@ -299,12 +299,24 @@ class Changelog:
             st.auto_runs = AutoRegistrations()
         gone = [k for k, v in latest.items() if v is None and len(k) == 8]
         if gone:
-            st.table.remove(np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64))
+            srids = np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64)
+            st.table.remove(srids)
+            if st.timed_out_at:
+                for srid in srids.tolist():
+                    st.timed_out_at.pop(srid, None)
         live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
+            srids = np.frombuffer(b"".join(k for k, _ in live), dtype=">i8").astype(np.int64)
+            # A deferred timeout's windows run from when it timed out, as its first owner saw
+            # it (broker.acker.decisions): a new owner continues them.
+            for srid, e in zip(srids.tolist(), entries, strict=True):
+                if e.timed_out_ms >= 0:
+                    st.timed_out_at[srid] = e.timed_out_ms
+                elif st.timed_out_at:
+                    st.timed_out_at.pop(srid, None)
             st.table.restore(
-                np.frombuffer(b"".join(k for k, _ in live), dtype=">i8").astype(np.int64),
+                srids,
                 np.array([e.value for e in entries], dtype=np.int64),
                 np.array([e.flags for e in entries], dtype=np.int64),
                 np.array([e.persist_offset for e in entries], dtype=np.int64),

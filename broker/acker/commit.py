@@ -10,7 +10,8 @@ In this order (docs/design.md §5):
    after the rewind; a record to a topic or partition that does not exist (any more) is
    refused before it is produced - it would fail every attempt;
 3. changelog: upserts for entries that changed and are alive - failures whose decision was
-   deferred (payload not readable yet) included, so they wait durably - tombstones for
+   deferred (payload not readable yet, or a held dead letter) included, so they wait durably,
+   a timeout with the time it timed out - tombstones for
    entries that left (entries born and gone inside one interval never touch it), and the
    partition's counters with its pending figures (count, oldest offset and registration
    time), so ``replaybroker status`` reads one record per partition, and its restore floor.
@@ -44,6 +45,7 @@ from broker.acker.refusals import Refusals
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
 from broker.ledger.clock import Ticker
+from broker.ledger.entries import DEFERRED, FAILED, Entries
 from broker.replay import Outgoing
 from broker.schemas import COUNTERS_KEY, LedgerCounters, encode_ledger_entries
 from broker.topics import Namespace
@@ -84,7 +86,9 @@ def take_changes(
         if len(up):
             # Values encoded column-wise (numpy varints: fastavro's bytes without a dict or
             # big-int arithmetic per entry).
-            values = encode_ledger_entries(up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines))
+            values = encode_ledger_entries(
+                up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines), timed_out_column(st, up)
+            )
             batch.changelog.append((lp, _keys(up.srids), values))
         if len(delta.tombstones):
             batch.changelog.append((lp, _keys(delta.tombstones), None))
@@ -99,6 +103,21 @@ def take_changes(
             )
             batch.changelog.append((lp, [COUNTERS_KEY], [record.encode()]))
             st.counters_dirty = False
+
+
+def timed_out_column(st: PartitionState, up: Entries) -> np.ndarray | None:
+    """When each deferred timeout among ``up`` timed out (-1 for every other entry; None:
+    there is none): its changelog record carries it, so that a new owner continues the
+    windows that run from it (docs/design.md §6) instead of starting them again."""
+    if not st.timed_out_at:
+        return None
+    waiting = np.flatnonzero((up.flags & (DEFERRED | FAILED)) == DEFERRED)
+    if not waiting.size:
+        return None
+    column = np.full(len(up), -1, np.int64)
+    for i, srid in zip(waiting.tolist(), up.srids[waiting].tolist(), strict=True):
+        column[i] = st.timed_out_at.get(srid, -1)
+    return column
 
 
 def restore_floor(st: PartitionState, position: int) -> int:

@@ -78,7 +78,8 @@ def collect_failures(
     Fail marks are released in windows: once the oldest held mark (over all ledger
     partitions) is ``fail_hold_ms`` old, every held mark is decided in this commit, so the
     marks of one task batch - spread over ledger partitions - are decided together. They are
-    facts, not the absence of an ack: the lag does not hold them back.
+    facts, not the absence of an ack: the lag does not hold them back (a last attempt's dead
+    letter still waits for its windows, judged at the gate's tick: ``Decider._dlq_hold``).
 
     A timed-out auto entry is a latency sample for ``adaptive`` (censored: at least its
     timeout): when a slow-down outruns the estimate, the timeouts themselves raise it
@@ -256,7 +257,7 @@ class Decider:
                 continue
             st.count("payload_fetches", int(r.fetched))
             timed_out_ms = st.timed_out_at.setdefault(r.srid, now_ms) if r.reason == "timeout" else None
-            hold = self._dlq_hold(r.record, timed_out_ms, now_ms, now_tick)
+            hold = self._dlq_hold(r.record, timed_out_ms, ticks.get(r.lp))
             if hold is not None:
                 self.cache.put(r.srid, r.payload)
                 st.count("dlq_held")
@@ -304,22 +305,28 @@ class Decider:
                 st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
                                self.ticker.tick_of(now_ms + watch_ms), np.array(failed, bool))
 
-    def _dlq_hold(self, record: PersistedRecord, timed_out_ms: int | None, now_ms: int, now_tick: int) -> int | None:
+    def _dlq_hold(self, record: PersistedRecord, timed_out_ms: int | None, read_tick: int | None) -> int | None:
         """The tick until which the dead letter of ``record`` waits, or None: not held.
 
         The rule (docs/design.md §6): a record is dead-lettered only when none of its attempts
         can still complete. An attempt that timed out can, for ``watch_ms`` after its timeout:
 
-        - this one, if it timed out (at ``timed_out_ms``, as this owner saw it): its entry
-          waits DEFERRED with its value, so its late events complete it (``LedgerTable.fold``,
-          counted ``completed_late``);
+        - this one, if it timed out (at ``timed_out_ms``: kept in its changelog entry while
+          it waits, so a new owner continues the window): its entry waits DEFERRED with its
+          value, so its late events complete it (``LedgerTable.fold``, counted
+          ``completed_late``);
         - every earlier one that timed out (``history``): it is watched, and its late
           completion sends a superseded mark down the chain of replays - through failed
           attempts too - that settles this one (``LedgerTable.mark_superseded``).
 
-        The hold is the latest of those windows; the lag gate then takes the entry only once
-        the acker has read its partition that far (``decide``'s ``ticks``). An explicitly
-        failed attempt cannot complete, so it adds no window of its own."""
+        The hold is the latest of those windows. A window has ended only once the acker has
+        read its partition's inputs past its end - ``read_tick``, the lag gate's tick
+        (broker.acker.lag; None: not known yet) - not once the clock has passed it: a failure
+        read late must not be dead-lettered ahead of a completion written inside the window
+        and not read yet. The gate takes the held entry at that tick (``decide``'s ``ticks``),
+        after the late completions read by then have been applied
+        (broker.acker.superseding.hand_on). An explicitly failed attempt cannot complete, so
+        it adds no window of its own."""
         if record.attempt < record.max_attempts:
             return None
         watch_ms = self.config.watch_for_ms
@@ -331,7 +338,7 @@ class Decider:
         if not ends:
             return None
         tick = self.ticker.tick_of(max(ends) + watch_ms)
-        return tick if tick > now_tick else None
+        return tick if read_tick is None or tick > read_tick else None
 
     def _quotas(self, need: Mapping[int, int]) -> dict[int, int]:
         """Payload reads per partition in this commit: all that are needed when they fit in

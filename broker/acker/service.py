@@ -404,6 +404,9 @@ class Acker(Assignment, Recovery, RunsInBackground):
         # only as far as the partition's inputs have been read: a backlog of acks is no
         # timeout. Each partition at its own tick: a key's records all live in one.
         expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
+        # Late completions folded in this step first: a completion read in the same step as
+        # the end of a window wins over the dead letter it holds (broker.acker.superseding).
+        late = superseding.hand_on(self.states, self.P, self.ingest.orphan_tick())
         collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)
         self._outgoing.clear()
@@ -416,9 +419,11 @@ class Acker(Assignment, Recovery, RunsInBackground):
         decided.sort(key=lambda d: (d[0], d[1]))
         for _, _, lp, records in decided:
             out.extend((lp, rec) for rec in records)
-        # Late completions of watched replays: markers and superseded marks; superseded
-        # replays that timed out or failed: settled.
-        out.extend(superseding.take(self.states.items(), self.ns, self.P, self.markers, self.decider.cache))
+        # Late completions of watched replays (with the watches this commit made that were
+        # complete at once): markers and superseded marks; superseded replays that timed out
+        # or failed: settled.
+        late += superseding.hand_on(self.states, self.P, self.ingest.orphan_tick())
+        out.extend(superseding.take(self.states.items(), late, self.ns, self.P, self.markers, self.decider.cache))
         # Every failure is decided now or deferred in its table (an unreadable payload):
         # nothing makes the commit wait.
         batch = Batch()

@@ -101,9 +101,10 @@ class PartitionState:
     # srid -> XOR value of the entries that timed out in this commit, until their decision:
     # a replayed one is watched with it (LedgerTable.watch).
     expired_values: dict[int, int] = field(default_factory=dict)
-    # srid -> when this owner saw it time out, until its decision: a last attempt's own
-    # window runs from there (broker.acker.decisions). In memory only: a new owner starts the
-    # window again when it decides the entry (later, never earlier).
+    # srid -> when it timed out, until its decision: a last attempt's own window runs from
+    # there (broker.acker.decisions). Durable while it waits: the changelog record of a
+    # deferred timeout carries it (broker.acker.commit) and a restore brings it back, so a new
+    # owner continues the window instead of starting it again.
     timed_out_at: dict[int, int] = field(default_factory=dict)
     # (srid, value, replay srid, failed) decided in this commit, to be watched.
     watches: list[tuple[int, int, int, bool]] = field(default_factory=list)

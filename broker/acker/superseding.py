@@ -20,12 +20,21 @@ writes:
    ``superseded_unknown``.
 
 Either way the origin ends once: ``s`` has outcome ``replay`` and ``s'`` ``completed``.
+
+A completion read in a step wins over a dead letter decided in the same step
+(``hand_on``): before the commit decides anything, the late completions its folds found are
+marked on the replays this acker owns - at once, in the tables, so the same transaction's
+changelog carries them - and handed on down a chain. Only a replay owned elsewhere gets the
+mark through ``ns.acks``. Without this, a completion read just after the end of the window
+that holds the replay's dead letter would write the dead letter and the marker in one commit:
+the mark would go out through ``ns.acks`` after the window it was meant to close.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,32 +50,75 @@ PRODUCER = "acker"
 """``XorBatch.producer`` of the acker's own superseded marks."""
 
 
+@dataclass(frozen=True)
+class LateCompletion:
+    """A watched attempt ``original`` (of ledger partition ``lp``) whose tree completed late:
+    its replay ``replay`` is superseded."""
+
+    lp: int
+    original: int
+    replay: int
+
+
+def hand_on(
+    states: Mapping[int, PartitionState], partitions: int, orphan_tick: int,
+) -> list[LateCompletion]:
+    """Mark the replays of every late completion found since the last commit as superseded
+    where this acker owns them, and return the late completions (for ``take``).
+
+    Called before the commit decides anything: a held dead letter of a replay whose original
+    completed in this step is settled, not decided (docs/design.md §6, the fate rule: a
+    decision that ends an attempt waits until everything that could change it has been
+    read and applied). A mark that reaches a replay which was itself replayed (a WATCH) is
+    handed on to the next one, round after round, to the end of the chain."""
+    late: list[LateCompletion] = []
+    while True:
+        owned: dict[int, list[int]] = defaultdict(list)
+        for lp, st in states.items():
+            found = st.table.take_superseded()
+            if not len(found):
+                continue
+            st.count("superseded", len(found))
+            for original, replay in zip(found.srids.tolist(), found.offsets.tolist(), strict=True):
+                late.append(LateCompletion(lp, original, replay))
+                target = ids.ledger_partition(replay, partitions)
+                if target in states:
+                    owned[target].append(replay)
+        if not owned:
+            return late
+        for target, replays in owned.items():
+            st = states[target]
+            st.count("superseded_marks", len(replays))
+            st.table.mark_superseded(np.array(replays, np.int64), orphan_tick)
+
+
 def take(
-    states: Iterable[tuple[int, PartitionState]], ns: Namespace, partitions: int, markers: bool, cache: PayloadCache,
+    states: Iterable[tuple[int, PartitionState]], late: Iterable[LateCompletion], ns: Namespace, partitions: int,
+    markers: bool, cache: PayloadCache,
 ) -> list[tuple[int, Outgoing]]:
-    """The outputs of every state's late completions (marker, superseded mark), and the
-    settled superseded replays moved to the state's tombstones. ``markers``: whether
-    ``ns.superseded`` exists (a namespace created before it has no task-side skip)."""
+    """The outputs of the late completions (``hand_on``'s): a marker each, and a superseded
+    mark for each replay owned elsewhere; and the settled superseded replays moved to their
+    state's tombstones. ``markers``: whether ``ns.superseded`` exists (a namespace created
+    before it has no task-side skip)."""
     out: list[tuple[int, Outgoing]] = []
     empty = np.empty(0, np.int64)
+    owned: set[int] = set()
     for lp, st in states:
+        owned.add(lp)
         settled = st.table.take_settled()
         if len(settled):
             srids = settled.srids.tolist()
             st.count("superseded_settled", len(srids))
             st.tombstones.append((settled.srids, OUTCOME_COMPLETED))
             cache.discard_many(srids)
-        late = st.table.take_superseded()
-        if not len(late):
-            continue
-        st.count("superseded", len(late))
-        by_lp: dict[int, list[int]] = defaultdict(list)
-        for original, replay in zip(late.srids.tolist(), late.offsets.tolist(), strict=True):
-            target = ids.ledger_partition(replay, partitions)
-            by_lp[target].append(replay)
-            if markers:
-                out.append((lp, Outgoing(ns.superseded, target, ids.encode_id(replay), ids.encode_id(original))))
-        for target, replays in sorted(by_lp.items()):
-            mark = XorBatch(target, empty, empty, empty, PRODUCER, superseded=np.array(replays, np.int64))
-            out.append((lp, Outgoing(ns.acks, target, None, mark.encode())))
+    elsewhere: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for c in late:
+        target = ids.ledger_partition(c.replay, partitions)
+        if markers:
+            out.append((c.lp, Outgoing(ns.superseded, target, ids.encode_id(c.replay), ids.encode_id(c.original))))
+        if target not in owned:
+            elsewhere[(c.lp, target)].append(c.replay)
+    for (lp, target), replays in sorted(elsewhere.items()):
+        mark = XorBatch(target, empty, empty, empty, PRODUCER, superseded=np.array(replays, np.int64))
+        out.append((lp, Outgoing(ns.acks, target, None, mark.encode())))
     return out

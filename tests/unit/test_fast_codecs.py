@@ -84,9 +84,9 @@ def test_a_first_attempt_from_encoded_parts_is_fastavros(record: PersistedRecord
 
 
 @settings(max_examples=500, deadline=None)
-@given(LONGS, INTS, LONGS, LONGS)
-def test_ledger_entry_encoding_is_fastavros(value: int, flags: int, offset: int, deadline: int) -> None:
-    entry = LedgerEntry(value, flags, offset, deadline)
+@given(LONGS, INTS, LONGS, LONGS, st.one_of(st.just(-1), st.integers(0, 2**62)))
+def test_ledger_entry_encoding_is_fastavros(value: int, flags: int, offset: int, deadline: int, timed_out: int) -> None:
+    entry = LedgerEntry(value, flags, offset, deadline, timed_out)
     assert entry.encode() == entry.encode_with_fastavro()
     assert LedgerEntry.decode(entry.encode()) == entry
 
@@ -251,17 +251,27 @@ def test_first_attempt_ids_are_the_avro_of_srid_origin_attempt_root_xor_record_i
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(LONGS, st.integers(0, 255), st.integers(0, 2**62), st.integers(0, 2**50)), max_size=100))
-def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple[int, int, int, int]]) -> None:
+@given(st.lists(st.tuples(LONGS, st.integers(0, 255), st.integers(0, 2**62), st.integers(0, 2**50),
+                          st.one_of(st.just(-1), st.integers(0, 2**50))), max_size=100))
+def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple[int, int, int, int, int]]) -> None:
+    """A deferred timeout's ``timed_out_ms`` is appended; every other entry keeps the shorter
+    encoding (the one written before the field existed)."""
     import numpy as np
 
-    from broker.schemas import LEDGER_ENTRY, encode_ledger_entries
+    from broker.schemas import LEDGER_ENTRY, LEDGER_ENTRY_V1, encode_ledger_entries
 
-    columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(4)]
+    columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(5)]
     expected = []
-    for value, flags, offset, deadline in rows:
+    for value, flags, offset, deadline, timed_out in rows:
         buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, LEDGER_ENTRY, {"value": value, "flags": flags, "persist_offset": offset,
-                                                       "deadline_ms": deadline})
+        datum = {"value": value, "flags": flags, "persist_offset": offset, "deadline_ms": deadline}
+        if timed_out < 0:
+            fastavro.schemaless_writer(buf, LEDGER_ENTRY_V1, datum)
+        else:
+            fastavro.schemaless_writer(buf, LEDGER_ENTRY, {**datum, "timed_out_ms": timed_out})
         expected.append(buf.getvalue())
     assert encode_ledger_entries(*columns) == expected
+    assert encode_ledger_entries(*columns[:4]) == [
+        LedgerEntry(*r[:4]).encode_with_fastavro() for r in rows  # without the column: none appended
+    ]
+    assert [LedgerEntry.decode(b) for b in expected] == [LedgerEntry(*r) for r in rows]

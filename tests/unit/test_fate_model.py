@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 import os
 import random
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -269,3 +271,37 @@ TestFateRule.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+
+
+def test_a_fail_mark_read_after_the_window_waits_for_the_completion_behind_it() -> None:
+    """A run hypothesis found (kept: its database is not): records of max 2 attempts whose
+    first attempt completes late inside its window (``late_edge``) and whose last fails. The
+    acker sleeps through the window; then it reads the fail mark first, the late completion
+    behind a backlog. The window's end counts at the read-up-to tick, so the completion
+    settles the last attempt instead of a dead letter."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_commits=0, fail_hold_ms=150)
+    for _ in range(2):
+        for _ in range(5):
+            then(machine.advance, ms=50)
+        then(machine.step, n=1)
+    for _ in range(4):
+        then(machine.advance, ms=50)
+    then(machine.send, max_attempts=2, n=3, script=("late_edge", "fail", "ack"), timeout_ms=1_000)
+    then(machine.send, max_attempts=1, n=1, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.advance, ms=8_000)
+    then(machine.step, n=4)
+    then(machine.step, n=1)
+    then(machine.advance, ms=50)
+    then(machine.send, max_attempts=3, n=2, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.advance, ms=50)
+    then(machine.step, n=3)
+    then(machine.send, max_attempts=1, n=4, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.advance, ms=25_000)
+    then(machine.advance, ms=50)
+    machine.teardown()  # drains: every record has the fate the model gives it

@@ -246,6 +246,9 @@ def test_ledger_entry_round_trip() -> None:
     assert LedgerEntry.decode(ENTRY.encode()) == ENTRY
     other = LedgerEntry(value=I64_MAX, flags=0, persist_offset=2**40, deadline_ms=0)
     assert LedgerEntry.decode(other.encode()) == other
+    held = LedgerEntry(value=5, flags=0x11, persist_offset=3, deadline_ms=1_700_000_090_000, timed_out_ms=1_700_000_030_000)
+    assert LedgerEntry.decode(held.encode()) == held
+    assert len(held.encode()) > len(LedgerEntry(5, 0x11, 3, 1_700_000_090_000).encode())  # appended only when kept
 
 
 def test_counters_round_trip() -> None:
@@ -313,7 +316,8 @@ DECODERS = {
 ENCODED = {
     "PersistedRecord": RECORD.encode(),
     "XorBatch": BATCH.encode(),
-    "LedgerEntry": ENTRY.encode(),
+    # With every field: what follows a record written without its last field is that field.
+    "LedgerEntry": LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7).encode(),
     "LedgerCounters": encode_counters(COUNTERS, 1),
 }
 
@@ -359,7 +363,12 @@ def test_random_bytes_never_escape_as_another_exception(schema: str) -> None:
 @pytest.mark.parametrize("schema", DECODERS)
 def test_every_truncation_is_a_decode_error(schema: str) -> None:
     data = ENCODED[schema]
+    # cut before an appended field: a record written without it (or before it existed)
+    shorter = {"LedgerEntry": len(ENTRY.encode())}
     for n in range(1, len(data)):
+        if n == shorter.get(schema):
+            assert DECODERS[schema](data[:n]) == ENTRY
+            continue
         with pytest.raises(DecodeError):
             DECODERS[schema](data[:n])
 

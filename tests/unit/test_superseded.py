@@ -200,21 +200,18 @@ def test_the_acker_marks_the_replay_of_a_late_original_and_settles_it(markers_to
     assert [(m.partition, m.key, m.value) for m in marker] == [
         (ids.ledger_partition(replay.srid, FakeConsumer.partitions), ids.encode_id(replay.srid), ids.encode_id(S))
     ]
-    marks = [XorBatch.decode(p.value) for p in producer.committed if p.topic == NS.acks]
-    assert [m.superseded.tolist() for m in marks] == [[replay.srid]]
-    assert acker.counters()["superseded"] == 1 and acker.counters()["completed"] == 0
+    # This acker owns the replay's partition too: it marks the replay in the same commit (the
+    # changelog carries it), no mark goes through ns.acks (superseding.hand_on).
+    assert not [p for p in producer.committed if p.topic == NS.acks]
+    c = acker.counters()
+    assert (c["superseded"], c["superseded_marks"], c["completed"]) == (1, 1, 0)
     assert outcomes(producer) == {S: b"replay"}  # the original left once, as replayed
 
-    # The replay's owner folds the mark (and the persist record), and nobody acks the replay:
-    # at its deadline it is settled as completed - not replayed again, not dead-lettered.
+    # The replay's persist record is read after the mark, and nobody acks the replay: at its
+    # deadline it is settled as completed - not replayed again, not dead-lettered.
     rlp = ids.ledger_partition(replay.srid, FakeConsumer.partitions)
-    mark = next(p for p in producer.committed if p.topic == NS.acks)
-    consumer.batches.append([
-        FakeMessage(NS.persist, rlp, 5, ids.encode_id(replay.srid), replay.encode()),
-        FakeMessage(NS.acks, rlp, 5, None, mark.value),
-    ])
+    consumer.batches.append([FakeMessage(NS.persist, rlp, 5, ids.encode_id(replay.srid), replay.encode())])
     run_steps(acker, 2)
-    assert acker.counters()["superseded_marks"] == 1
     clock.advance(1_200 + replay.timeout_ms)
     run_steps(acker, 2)
     assert outcomes(producer) == {S: b"replay", replay.srid: b"completed"}
@@ -233,9 +230,35 @@ def test_without_the_markers_topic_the_replay_is_still_marked_for_its_acker(fake
     consumer.batches.append([acks_msg(lp, 1, [S], [ROOT])])
     run_steps(acker, 2)
     assert not [p for p in producer.committed if p.topic == NS.superseded]
-    assert [p for p in producer.committed if p.topic == NS.acks]
-    assert acker.counters()["superseded"] == 1
+    c = acker.counters()
+    assert (c["superseded"], c["superseded_marks"]) == (1, 1)  # marked on its owner: this acker
     assert "tasks cannot skip superseded replays" in caplog.text
+
+
+def test_a_replay_owned_elsewhere_gets_its_mark_through_the_acks_topic() -> None:
+    """``hand_on`` marks the replays this acker owns at once; for one of a partition it does
+    not own, ``take`` writes the marker and a mark to ``ns.acks`` of the replay's partition."""
+    from broker.acker import superseding
+    from broker.acker.payloads import PayloadCache
+    from broker.acker.state import empty_state
+
+    mine, theirs = 0x10, 0x21  # replay srids of ledger partitions 0 (owned) and 1 (not owned)
+    st = empty_state({})
+    st.table.register(a(S, S2), a(ROOT, ROOT), a(1, 2), a(10, 10))
+    st.table.register(a(mine), a(CHILD), a(3), a(500))
+    st.table.expire(10)
+    st.table.watch(a(S, S2), a(ROOT, ROOT), a(mine, theirs), 500)
+    st.table.fold(a(S, S2), a(ROOT, ROOT), ORPHAN_TICK)  # both originals complete late
+    late = superseding.hand_on({0: st}, 2, ORPHAN_TICK)
+    assert sorted((c.original, c.replay) for c in late) == [(S, mine), (S2, theirs)]
+    entry = st.table.get(mine)
+    assert entry is not None and entry.superseded
+    out = superseding.take([(0, st)], late, NS, 2, True, PayloadCache(0))
+    assert sorted((o.topic, o.partition, o.key) for _, o in out if o.topic == NS.superseded) == [
+        (NS.superseded, 0, ids.encode_id(mine)), (NS.superseded, 1, ids.encode_id(theirs))
+    ]
+    marks = [(o.partition, XorBatch.decode(o.value).superseded.tolist()) for _, o in out if o.topic == NS.acks]
+    assert marks == [(1, [theirs])]
 
 
 def a_last_attempt_that_timed_out_while_its_original_is_watched(
@@ -272,12 +295,8 @@ def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_comple
 
     lp = ids.ledger_partition(S, FakeConsumer.partitions)
     consumer.batches.append([acks_msg(lp, 1, [S], [CHILD])])  # the original completes late
-    run_steps(acker, 2)
-    mark = next(p for p in producer.committed if p.topic == NS.acks)
-    rlp = ids.ledger_partition(replay.srid, FakeConsumer.partitions)
-    consumer.batches.append([FakeMessage(NS.acks, rlp, 6, None, mark.value)])
-    run_steps(acker, 2)
-    # Settled at the mark, not at the end of the hold.
+    run_steps(acker)
+    # Settled at the mark - in the commit that read the completion - not at the end of the hold.
     assert outcomes(producer) == {S: b"replay", replay.srid: b"completed"}
     clock.advance(120_000)
     run_steps(acker, 2)
