@@ -285,7 +285,7 @@ def test_a_fail_mark_read_after_the_window_waits_for_the_completion_behind_it() 
         rule(**kwargs)
         machine.follows_the_rule()
 
-    then(machine.start, cache=0, fetches=1, unlogged_commits=0, fail_hold_ms=150)
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=150)
     for _ in range(2):
         for _ in range(5):
             then(machine.advance, ms=50)
