@@ -305,3 +305,42 @@ def test_a_fail_mark_read_after_the_window_waits_for_the_completion_behind_it() 
     then(machine.advance, ms=25_000)
     then(machine.advance, ms=50)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_late_completion_among_failed_commits_settles_the_last_attempt() -> None:
+    """A run hypothesis found (kept: its database is not): records of 3 attempts - failed, late
+    inside its window, failed - on a ledger partition behind a backlog, through many failed
+    commits. Attempt 2"s tree completed inside its window; the last attempt must not be
+    dead-lettered."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0)
+    then(machine.backlog, lp=1, n=20)
+    then(machine.send, max_attempts=3, n=4, script=("fail", "late_edge", "fail"), timeout_ms=1_000)
+    then(machine.advance, ms=50)
+    then(machine.commit_fails)
+    then(machine.step, n=2)
+    then(machine.step, n=4)
+    then(machine.send, max_attempts=3, n=1, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.step, n=1)
+    then(machine.step, n=5)
+    then(machine.advance, ms=8_000)
+    then(machine.step, n=1)
+    then(machine.backlog, lp=1, n=5)
+    then(machine.send, max_attempts=3, n=1, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.commit_fails)
+    then(machine.commit_fails)
+    then(machine.advance, ms=25_000)
+    then(machine.step, n=1)
+    then(machine.step, n=2)
+    then(machine.commit_fails)
+    then(machine.commit_fails)
+    then(machine.commit_fails)
+    then(machine.send, max_attempts=1, n=2, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.step, n=2)
+    then(machine.step, n=2)
+    machine.teardown()  # drains: every record has the fate the model gives it
