@@ -207,6 +207,8 @@ def add_run(sub: Any) -> None:
     rn.add_argument("--role", action="append", metavar="ROLE",
                     help="acker or task:NAME (repeatable; --list shows them)")
     rn.add_argument("--list", action="store_true", help="print the app's roles and exit")
+    rn.add_argument("--setup", action="store_true",
+                    help="create the app's topics that are missing, check the layout and exit")
     rn.add_argument("--bootstrap", metavar="HOST:PORT",
                     help="Kafka bootstrap servers (default: the app's, else $KAFKA_BOOTSTRAP_SERVERS)")
     rn.set_defaults(func=run_app)
@@ -223,6 +225,9 @@ def run_app(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"{args.app} is a {type(app).__name__}, not an App")
     if args.list:
         print("\n".join(app.roles))
+        return 0
+    if args.setup:
+        print(f"namespace {app.ns.name}: ok, {app.setup()} ledger partitions")
         return 0
     for role in args.role or ():
         app.service(role)  # an unknown role: one line that lists the app's roles

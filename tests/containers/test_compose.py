@@ -2,9 +2,9 @@
 killed, and the topics show every record completed exactly once; Prometheus scrapes the
 services and answers the shipped dashboard's queries.
 
-Ground truth comes from the topics, not from the services: the first attempts in ``orders``
+Ground truth comes from the topics, not from the services: the first attempts in ``demo.orders``
 (what the source sent), the persist tombstones and their ``rb-outcome`` (what was decided),
-the sink topic ``orders-enriched`` (what the task wrote).
+the sink topic ``demo.orders-enriched`` (what the task wrote).
 """
 
 from __future__ import annotations
@@ -128,14 +128,14 @@ def test_acker_killed_mid_run_loses_nothing_and_completes_nothing_twice(stack: S
     assert not stack.state("acker-1")["Running"], "the killed acker came back: nothing was taken over"
     assert stack.state("acker-2")["Running"], stack.logs()
 
-    # What the source sent: one first attempt per record in `orders`.
+    # What the source sent: one first attempt per record in `demo.orders`.
     first = {}
-    for msg in read_to_end(settings, "orders", PARTITIONS):
+    for msg in read_to_end(settings, f"{NAMESPACE}.orders", PARTITIONS):
         n = json.loads(msg.value())["n"]
         assert n not in first, f"record {n} sent twice"
         first[n] = _origin_of(msg)[1]
     assert sorted(first) == list(range(RECORDS))
-    origin_of = {srid: origin for msg in read_to_end(settings, "orders.replay", PARTITIONS)
+    origin_of = {srid: origin for msg in read_to_end(settings, f"{NAMESPACE}.orders.replay", PARTITIONS)
                  for srid, origin in [_origin_of(msg)]}
     origin_of.update({origin: origin for origin in first.values()})
 
@@ -157,7 +157,7 @@ def test_acker_killed_mid_run_loses_nothing_and_completes_nothing_twice(stack: S
     assert not [srid for srid, o in outcomes.items() if "dlq" in o], "a dead letter"
 
     # What the task wrote: every record reached the sink.
-    written = {json.loads(m.value())["n"] for m in read_to_end(settings, "orders-enriched", PARTITIONS)}
+    written = {json.loads(m.value())["n"] for m in read_to_end(settings, f"{NAMESPACE}.orders-enriched", PARTITIONS)}
     assert written == set(range(RECORDS))
 
     # And what `replaybroker status` says agrees.
