@@ -24,6 +24,7 @@ from broker.cli.args import (
     PORT,
     POSITIVE,
     TopHelp,
+    command,
     data_topic,
     fraction,
     global_options,
@@ -80,7 +81,10 @@ stage (services: SIGTERM stops them cleanly); `status`, `trace` and `dlq` show w
 the records. Global options (-v) go before or after the command."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command. ``only``: the one command ``main`` parses - a service's
+    options are then built for that command alone (the others keep their name and help), as
+    they import the service's module, which takes seconds on a small machine."""
     from broker import __version__
 
     parser = argparse.ArgumentParser(prog="replaybroker", description=DESCRIPTION, formatter_class=TopHelp,
@@ -94,10 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     development.add_spark(sub)
     development.add_setup(sub)
     topics.add_topics(sub)
-    services.add_acker(sub)
-    services.add_task(sub)
+
+    def service(name: str) -> None:
+        add, help = services.SERVICES[name]
+        if only is None or only == name:
+            add(sub)
+        else:
+            command(sub, name, help)
+
+    service("acker")
+    service("task")
     services.add_run(sub)
-    services.add_bridge(sub)
+    service("bridge")
     inspection.add_status(sub)
     inspection.add_trace(sub)
     inspection.add_dlq(sub)
@@ -113,8 +125,15 @@ _CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
 }
 
 
+def _command_in(argv: list[str]) -> str:
+    """The command of a command line: its first argument that is not an option (the global
+    options before it take no value); "" if there is none."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_in(argv)).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,6 +1,8 @@
 """The services: ``acker``, ``task``, ``run`` (an App's roles) and ``bridge`` - each runs
 until SIGTERM. Their tunables are options of the config dataclass they fill
-(``AckerConfig``, ``TaskConfig``, ``BridgeConfig``), with that field's default."""
+(``AckerConfig``, ``TaskConfig``, ``BridgeConfig``), with that field's default. Those
+dataclasses live beside the services, whose modules take a second or more to import: they
+are imported when a parser of theirs is built (``SERVICES``), not with this module."""
 
 from __future__ import annotations
 
@@ -8,10 +10,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from broker.acker.config import AckerConfig
-from broker.bridge import BridgeConfig
 from broker.cli.args import (
     AT_LEAST_ZERO,
     PORT,
@@ -25,7 +26,9 @@ from broker.cli.args import (
 )
 from broker.cli.connection import cluster_settings
 from broker.errors import ConfigurationError
-from broker.task import TaskConfig
+
+if TYPE_CHECKING:
+    from broker.acker.config import AckerConfig
 
 log = logging.getLogger("replaybroker")
 
@@ -85,8 +88,13 @@ ACKER_OPTIONS = (
 """The options of ``replaybroker acker`` that set an ``AckerConfig`` field, in help order."""
 
 
+ACKER_HELP = "run an acker (SIGTERM stops it cleanly)"
+
+
 def add_acker(sub: Any) -> None:
-    acker = command(sub, "acker", "run an acker (SIGTERM stops it cleanly)")
+    from broker.acker.config import AckerConfig
+
+    acker = command(sub, "acker", ACKER_HELP)
     cluster(acker)
     acker.add_argument(
         "--instance-id",
@@ -100,6 +108,8 @@ def add_acker(sub: Any) -> None:
 
 def acker_config(args: argparse.Namespace) -> AckerConfig:
     """The ``AckerConfig`` of ``replaybroker acker``'s arguments."""
+    from broker.acker.config import AckerConfig
+
     return AckerConfig(
         **config_values(args, ACKER_OPTIONS),
         **({"instance_id": args.instance_id} if args.instance_id else {}),
@@ -130,12 +140,16 @@ TASK_OPTIONS = (
 """The options of ``replaybroker task`` that set a ``TaskConfig`` field, in help order."""
 
 
+TASK_HELP = (
+    "run a task as a service: consume TOPICs (and their replay topics) in consumer group GROUP, "
+    "call HANDLER(record, ctx) per record, ack or fail it (SIGTERM stops it cleanly)"
+)
+
+
 def add_task(sub: Any) -> None:
-    tk = command(
-        sub, "task",
-        "run a task as a service: consume TOPICs (and their replay topics) in consumer group GROUP, "
-        "call HANDLER(record, ctx) per record, ack or fail it (SIGTERM stops it cleanly)",
-    )
+    from broker.task import TaskConfig
+
+    tk = command(sub, "task", TASK_HELP)
     cluster(tk)
     tk.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
                     help="the handler, imported from the working directory or the installed packages")
@@ -178,7 +192,7 @@ def load_handler(spec: str) -> Any:
 
 def run_task(args: argparse.Namespace) -> int:
     from broker.background import tune_gc_for_service
-    from broker.task import Task
+    from broker.task import Task, TaskConfig
     from broker.topics import REPLAY_SUFFIX, replay_topic
 
     handler = load_handler(args.handler)
@@ -258,12 +272,16 @@ BRIDGE_OPTIONS = (
 """The options of ``replaybroker bridge`` that set a ``BridgeConfig`` field, in help order."""
 
 
+BRIDGE_HELP = (
+    "turn an existing topic into source records: persist + data record per input record, the input "
+    "offsets committed in the same transaction (SIGTERM stops it cleanly)"
+)
+
+
 def add_bridge(sub: Any) -> None:
-    br = command(
-        sub, "bridge",
-        "turn an existing topic into source records: persist + data record per input record, the input "
-        "offsets committed in the same transaction (SIGTERM stops it cleanly)",
-    )
+    from broker.bridge import BridgeConfig
+
+    br = command(sub, "bridge", BRIDGE_HELP)
     cluster(br)
     br.add_argument("--from", dest="from_topic", required=True, metavar="TOPIC", help="the input topic")
     br.add_argument("--to", metavar="TOPIC", help="the target data topic; it and its replay topic must exist "
@@ -278,7 +296,7 @@ def add_bridge(sub: Any) -> None:
 
 def run_bridge(args: argparse.Namespace) -> int:
     from broker.background import tune_gc_for_service
-    from broker.bridge import Bridge
+    from broker.bridge import Bridge, BridgeConfig
 
     config = BridgeConfig(
         input_topic=args.from_topic, target_topic=args.to or "", group_id=args.group or "",
@@ -288,3 +306,11 @@ def run_bridge(args: argparse.Namespace) -> int:
     tune_gc_for_service()
     bridge.run(install_signals=True)
     return 0
+
+
+SERVICES: dict[str, tuple[Callable[[Any], None], str]] = {
+    "acker": (add_acker, ACKER_HELP),
+    "task": (add_task, TASK_HELP),
+    "bridge": (add_bridge, BRIDGE_HELP),
+}
+"""The commands whose parser imports a service's module: how to build it, and its help."""

@@ -126,3 +126,20 @@ def test_a_sink_without_spark_is_one_line(capsys: pytest.CaptureFixture[str]) ->
 
     assert main(["demo", "--sink", "delta"]) == 2
     assert capsys.readouterr().err == "replaybroker: demo --sink needs --spark\n"
+
+
+def test_a_command_builds_the_services_options_only_for_itself() -> None:
+    """`main` builds a service's options (which import its module) only for that command:
+    the rest of the command line reads the same and starts without them."""
+    import subprocess
+    import sys
+
+    assert build_parser("partition").format_help() == build_parser().format_help()
+    assert command_parser("acker").format_help() == next(
+        a for a in build_parser("acker")._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices["acker"].format_help()
+    script = ("import sys; from broker.cli import main; main(['partition', '--partitions', '2', 'a']); "
+              "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['broker', 'acker'], "
+              "['broker', 'task'], ['broker', 'bridge'])))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["0", "[]"]
