@@ -213,6 +213,7 @@ def main_demo(args: argparse.Namespace, bootstrap: str) -> int:
             keep=args.keep,
             timeout_ms=args.timeout_ms,
             master=getattr(args, "master", None),
+            sink=getattr(args, "sink", None) or "parquet",
         )
     else:
         summary = run_demo(

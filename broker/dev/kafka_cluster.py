@@ -25,10 +25,13 @@ from pathlib import Path
 from broker.dev.kafka_local import (
     LOG4J2_PROPERTIES,
     READY_TIMEOUT_S,
+    BrokerState,
+    LocalKafka,
     _pid_alive,
     _port_open,
     _tail,
     free_port,
+    read_state,
 )
 from broker.dev.maven import home, kafka_classpath, require_java
 from broker.errors import LocalKafkaError
@@ -112,6 +115,21 @@ def running_cluster(run_dir: Path) -> ClusterState | None:
     if state and any(_pid_alive(p) and _port_open(port) for p, port in zip(state.pids, state.ports, strict=True)):
         return state
     return None
+
+
+def recorded_kafka(run_dir: Path) -> ClusterState | BrokerState | None:
+    """What ``kafka up`` recorded in ``run_dir``, either kind: a cluster's ``cluster.json``
+    (``--brokers N``) or one node's ``state.json`` (also ``--sasl``); None: neither."""
+    return read_cluster_state(run_dir) or read_state(run_dir)
+
+
+def stop_recorded(run_dir: Path) -> bool:
+    """Stop the Kafka that ``kafka up`` started in ``run_dir``, a cluster or one node, as its
+    state file says; True when one was running."""
+    state = recorded_kafka(run_dir)
+    if isinstance(state, ClusterState):
+        return LocalCluster(len(state.pids), run_dir).stop()
+    return LocalKafka(run_dir).stop()
 
 
 class LocalCluster:

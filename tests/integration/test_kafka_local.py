@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from broker.dev import kafka_local
+from broker.dev import kafka_cluster, kafka_local
 from broker.dev.testing import unique_name
 
 pytestmark = pytest.mark.integration
@@ -131,3 +131,22 @@ def test_cli_up_twice_then_down_leaves_no_broker(tmp_path: Path) -> None:
     assert _java_kafka_processes(run_dir) == []
     assert kafka_local.running_state(run_dir) is None
     assert _cli("kafka", "status", "--run-dir", str(run_dir), env=env).returncode == 1
+
+
+def test_cli_down_by_run_dir_stops_a_cluster(tmp_path: Path) -> None:
+    """`kafka down --run-dir DIR` stops the cluster `kafka up --brokers 3 --run-dir DIR` started,
+    without being told --brokers again."""
+    run_dir = tmp_path / "cluster"
+    env = dict(os.environ)
+    up = _cli("kafka", "up", "--brokers", "3", "--run-dir", str(run_dir), env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert len(_java_kafka_processes(run_dir)) == 3
+    finally:
+        down = _cli("kafka", "down", "--run-dir", str(run_dir), env=env)
+        left = kafka_cluster.read_cluster_state(run_dir)
+        if left is not None:  # down missed it: leave no cluster behind
+            kafka_cluster.LocalCluster(len(left.pids), run_dir).stop()
+    assert down.returncode == 0 and down.stdout == "stopped\n", (down.stdout, down.stderr)
+    assert _java_kafka_processes(run_dir) == []
+    assert not (run_dir / "cluster.json").exists()

@@ -33,7 +33,7 @@ def test_v_prints_the_effective_configuration(
     def unreachable(settings: KafkaSettings, *, verbose: bool = False) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
-    monkeypatch.setattr(broker.cli, "check_reachable", unreachable)
+    monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")
     assert broker.cli.main(["-v", *BRIDGE, "--bootstrap", "h:9092"]) == 2

@@ -28,7 +28,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         reached.append(settings.bootstrap_servers)
         raise AssertionError("a command waited for the cluster")
 
-    monkeypatch.setattr(broker.cli, "check_reachable", reach)
+    monkeypatch.setattr(broker.cli.connection, "check_reachable", reach)
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     return reached
 
@@ -159,7 +159,7 @@ def test_help_shows_every_default_one_way_zero_included() -> None:
         flat = " ".join(text.split())
         assert "``" not in flat and "module" not in flat, path
         assert not re.search(r"\(\d+\)|\d \(default\)", flat), (path, flat)  # "(1000)", "1 (default)"
-    formatter = broker.cli._Help("replaybroker")
+    formatter = broker.cli.args.Help("replaybroker")
     shown = {}
     for path, action in every_option(build_parser()):
         text = (formatter._get_help_string(action) or "") % {"default": action.default}

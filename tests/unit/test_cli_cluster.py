@@ -53,7 +53,7 @@ def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(broker.topics, "check", record)
     monkeypatch.setattr(broker.topics, "check_replication", lambda *_a: ([], []))
     monkeypatch.setattr(broker.dlq, "list_entries", lambda s, *_a: record(s) and [])
-    monkeypatch.setattr(broker.cli, "check_reachable", lambda *_a, **_k: None)
+    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda *_a, **_k: None)
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     return used
 
@@ -141,7 +141,7 @@ def test_local_finds_the_secured_broker_with_its_admin_settings(
     monkeypatch: pytest.MonkeyPatch, clusters_used: list[str]
 ) -> None:
     embedded(monkeypatch, None, sasl=SECURED)
-    assert broker.cli._connection(broker.cli.build_parser().parse_args(["status", "--namespace", "ns", "--local"])) == (
+    assert broker.cli.connection.connection(broker.cli.build_parser().parse_args(["status", "--namespace", "ns", "--local"])) == (
         SECURED.bootstrap, Path(SECURED.run_dir) / "admin.env"
     )
 

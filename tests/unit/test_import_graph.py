@@ -113,7 +113,7 @@ def test_the_graph_sees_the_project() -> None:
     graph = _graph()
     # If these fail, the walker is broken and the tests below would pass vacuously.
     assert "broker.acker.service" in graph and "broker.kafka_io" in graph["broker.acker.service"]
-    assert "broker.dev.kafka_local" in graph["broker.cli"]
+    assert "broker.dev.kafka_local" in graph["broker.cli.development"]
     assert "pyspark.sql" in graph["spark_jobs.session"]
 
 

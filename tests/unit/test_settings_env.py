@@ -105,7 +105,7 @@ def test_every_command_prints_its_effective_config_with_v(
     def unreachable(settings: KafkaSettings, *, verbose: bool = False) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
-    monkeypatch.setattr(broker.cli, "check_reachable", unreachable)
+    monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KAFKA_SASL_USERNAME", "svc")
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")

@@ -1,0 +1,118 @@
+"""Inspection: ``status``, ``trace`` and ``dlq list|redrive`` - what became of the records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from broker.cli.args import POSITIVE, action, actions, cluster, command, json_option, record_id
+from broker.cli.connection import cluster_settings
+
+
+def add_status(sub: Any) -> None:
+    st = command(sub, "status", "pending, completed, replayed, DLQ of a namespace")
+    cluster(st)
+    json_option(st)
+    st.set_defaults(func=run_status)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker.status import status
+
+    result = status(cluster_settings(args), args.namespace)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result).decode() + "\n")
+        return 0
+    sources = result.pop("sources")
+    for name, value in result.items():
+        where = f"   ({sources[name]})" if name in sources else ""
+        print(f"{name:>24}: {value}{where}")
+    return 0
+
+
+def add_trace(sub: Any) -> None:
+    tr = command(
+        sub, "trace",
+        "where one source record is: every attempt's persist record, ledger entry, decision, replay "
+        "and DLQ entry (reads the owning partitions of NS.persist and NS.ledger, but the WHOLE replay "
+        "topic and NS.dlq: slow on large ones)",
+    )
+    cluster(tr)
+    tr.add_argument("id", type=record_id,
+                    help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
+    json_option(tr)
+    tr.set_defaults(func=run_trace)
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker import trace
+
+    result = trace.trace(cluster_settings(args), args.namespace, args.id)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    else:
+        print(trace.render(result))
+    return 0 if result["found"] else 1
+
+
+def add_dlq(sub: Any) -> None:
+    dl = command(sub, "dlq", "list the dead-letter queue, or redrive records from it")
+    acts = actions(dl, "show entries, or re-inject them")
+    listing = action(acts, "list", "show the entries of NS.dlq", run_dlq)
+    cluster(listing)
+    json_option(listing)
+    listing.add_argument("--limit", type=POSITIVE, help="the first N entries (default: all)")
+    redrive = action(acts, "redrive", "send dead-lettered records again, as new source records", run_dlq)
+    cluster(redrive)
+    json_option(redrive)
+    redrive.add_argument("--reason-prefix", help="only entries whose reason starts with this (default: any)")
+    redrive.add_argument(
+        "--origin", nargs="+", action="extend", metavar="ID", type=record_id,
+        help="only these origin ids, as `dlq list` prints them or 0x hex (default: any)",
+    )
+    redrive.add_argument("--dry-run", action="store_true", help="show what would be redriven, send nothing")
+    redrive.add_argument("--timeout-ms", type=POSITIVE, help="per-record timeout (default: 30000)")
+    redrive.add_argument("--max-attempts", type=POSITIVE, help="attempts before the DLQ again (default: 5)")
+
+
+def run_dlq(args: argparse.Namespace) -> int:
+    import orjson
+
+    from broker import dlq
+
+    if args.action == "list":
+        listed = dlq.list_entries(cluster_settings(args), args.namespace, args.limit)
+        if args.json:
+            sys.stdout.write(orjson.dumps([dlq.entry_json(e, m) for e, m in listed]).decode() + "\n")
+        else:
+            for entry, marker in listed:
+                print(dlq.format_entry(entry, marker))
+            print(f"{len(listed)} entries in {args.namespace}.dlq", file=sys.stderr)
+        return 0
+    result = dlq.redrive(
+        cluster_settings(args),
+        args.namespace,
+        reason_prefix=args.reason_prefix,
+        origins=args.origin or None,
+        timeout_ms=args.timeout_ms,
+        max_attempts=args.max_attempts,
+        dry_run=args.dry_run,
+    )
+    summary = result.summary()
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        verb = "would redrive" if args.dry_run else "redrove"
+        for r in summary["records"]:
+            print(f"{verb} origin {r['origin']} from {args.namespace}.dlq {r['dlq']} to {r['topic']}")
+        print(
+            f"{verb} {summary['selected']}; skipped: {summary['skipped_quarantined']} quarantined, "
+            f"{summary['skipped_already_redriven']} already redriven, "
+            f"{summary['skipped_not_matching']} not matching"
+        )
+    return 0
