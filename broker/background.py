@@ -12,13 +12,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Self
 
+from broker.errors import ReplayBrokerError
+
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 60.0
 """How long leaving the block waits for the loop's clean shutdown (final commit, close)."""
 
 
-class BackgroundError(RuntimeError):
+class BackgroundError(ReplayBrokerError):
     """The loop running in the background stopped with an exception (its ``__cause__``)."""
 
 

@@ -57,7 +57,7 @@ from broker.headers import (
     H_TIMEOUT,
     H_TOPIC,
 )
-from broker.kafka_io import partition_counts, read_to_end
+from broker.kafka_io import kafka_errors, partition_counts, read_to_end
 from broker.schemas import Failure
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
@@ -297,6 +297,7 @@ def _partitions(settings: KafkaSettings, topic: str) -> int | None:
     return partition_counts(settings, [topic])[topic]
 
 
+@kafka_errors("reading the DLQ")
 def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = None) -> list[DlqEntry]:
     """Every committed DLQ entry (oldest first per partition, partitions in order)."""
     n = _partitions(settings, ns.dlq)
@@ -307,6 +308,7 @@ def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = Non
     return entries if limit is None else entries[:limit]
 
 
+@kafka_errors("reading the redrive markers")
 def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
     """marker key -> Marker, from ``ns.dlq.redriven`` (empty when the topic does not exist)."""
     topic = redriven_topic(ns)
@@ -326,6 +328,7 @@ def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
     return markers
 
 
+@kafka_errors("listing the DLQ")
 def list_entries(
     settings: KafkaSettings, namespace: str, limit: int | None = None
 ) -> list[tuple[DlqEntry, Marker | None]]:
@@ -407,6 +410,7 @@ class RedriveResult:
         }
 
 
+@kafka_errors("creating the redrive marker topic")
 def ensure_redriven_topic(settings: KafkaSettings, ns: Namespace, timeout_s: float = 30.0) -> str:
     topic = redriven_topic(ns)
     if _partitions(settings, topic) is not None:
@@ -426,6 +430,7 @@ def ensure_redriven_topic(settings: KafkaSettings, ns: Namespace, timeout_s: flo
     return topic
 
 
+@kafka_errors("redriving the DLQ")
 def redrive(
     settings: KafkaSettings,
     namespace: str,
