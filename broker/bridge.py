@@ -63,7 +63,7 @@ from confluent_kafka import (
 
 from broker.acker.refusals import RECORD_LEVEL
 from broker.background import RunsInBackground
-from broker.errors import ConfigurationError, DeliveryError, KafkaClientError, ReplayBrokerError
+from broker.errors import BridgeFenced, ConfigurationError, DeliveryError, KafkaClientError, ReplayBrokerError
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
 from broker.kafka_io import kafka_error, kafka_errors, partition_counts, retrying
 from broker.settings import KafkaSettings
@@ -88,11 +88,6 @@ def default_instance_id() -> str:
     by accident (each would fence the other). Not stable across restarts: a stable
     ``instance_id`` lets a restart abort its predecessor's open transaction at once."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-class BridgeFenced(ReplayBrokerError):
-    """Another bridge took this one's transactional id or group instance id: this one stops
-    (writing on would fence the newer one in turn)."""
 
 
 class _Rebalanced(Exception):

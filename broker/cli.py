@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigurationError, KafkaUnreachable, ReplayBrokerError
+from broker.errors import ConfigurationError, KafkaClientError, KafkaUnreachable, ReplayBrokerError
 
 log = logging.getLogger("replaybroker")
 
@@ -215,6 +215,8 @@ def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = 
 def _kafka_reason(exc: BaseException) -> str:
     from confluent_kafka import KafkaError
 
+    if isinstance(exc, KafkaClientError):
+        return exc.reason
     err = exc.args[0] if exc.args else None
     return str(err.str()) if isinstance(err, KafkaError) else str(exc)
 
@@ -972,19 +974,22 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from confluent_kafka import KafkaException
+    from broker.kafka_io import kafka_errors
 
     # The failures a command line tool expects (the cluster, the namespace, the input) are
-    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback.
+    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback. The public
+    # API raises only ReplayBrokerErrors; the command line is a boundary of its own for the
+    # development commands (bench, demo) that use Kafka's clients directly.
     try:
         check = _CHECKS.get(args.command)
         if check is not None:
             check(args)
-        return int(args.func(args))
-    except (ReplayBrokerError, KafkaException) as exc:
+        with kafka_errors(args.command):
+            return int(args.func(args))
+    except ReplayBrokerError as exc:
         if args.verbose:
             traceback.print_exception(exc)
-        if isinstance(exc, KafkaException):
+        if isinstance(exc, KafkaClientError):
             print(f"replaybroker: {args.command} failed: {_kafka_reason(exc)}", file=sys.stderr)
         else:
             print(f"replaybroker: {exc}", file=sys.stderr)

@@ -58,6 +58,17 @@ class LocalSparkError(ReplayBrokerError):
     """The local standalone Spark cluster could not be started, or did not answer."""
 
 
+class BackgroundError(ReplayBrokerError):
+    """A service run in the background (``run_in_background()`` of ``Acker``, ``Task``,
+    ``Bridge``, ``App``) stopped with an exception: raised when its block is left, the
+    service's exception as the ``__cause__``."""
+
+
+class BridgeFenced(ReplayBrokerError):
+    """Another bridge took this one's transactional id or group instance id: this one stops
+    (writing on would fence the newer one in turn)."""
+
+
 class DeliveryError(ReplayBrokerError):
     """A record could not be delivered to Kafka.
 

@@ -36,7 +36,8 @@ def test_nothing_internal_is_exported() -> None:
     for name in broker.__all__:
         if name != "__version__":
             assert getattr(broker, name).__module__.split(".")[1] in {"app", "source", "task", "acker", "settings",
-                                                                      "topics", "errors", "serde", "bridge", "sending"}
+                                                                      "topics", "errors", "serde", "bridge", "sending",
+                                                                      "delivery"}
     with pytest.raises(AttributeError):
         _ = broker.PartitionState  # type: ignore[attr-defined]
 
