@@ -63,7 +63,13 @@ from confluent_kafka import (
 
 from broker.acker.refusals import RECORD_LEVEL
 from broker.background import RunsInBackground
-from broker.errors import BridgeFenced, ConfigurationError, DeliveryError, KafkaClientError, ReplayBrokerError
+from broker.errors import (
+    BridgeFenced,
+    ConfigurationError,
+    DeliveryError,
+    KafkaClientError,
+    ReplayBrokerError,
+)
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
 from broker.kafka_io import kafka_error, kafka_errors, partition_counts, retrying
 from broker.settings import KafkaSettings
