@@ -102,7 +102,7 @@ class TaskContext:
     handler wrote to the outside world itself - and return. Returning acks the input;
     ``fail`` replays it instead."""
 
-    __slots__ = ("_task", "_unacked", "children", "children_xor", "failed", "record")
+    __slots__ = ("_task", "children", "children_xor", "failed", "record")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -110,7 +110,6 @@ class TaskContext:
         self.children_xor = 0
         self.children = 0
         self.failed: str | None = None
-        self._unacked = False  # failure injection only: broker.dev.faults.skip_ack
 
     def emit(
         self,
@@ -261,7 +260,6 @@ class TaskCounters:
     emitted: int = 0
     sink_outputs: int = 0  # TaskContext.output records
     errors: int = 0
-    unacked: int = 0
     retried_batches: int = 0  # batches with outputs sent again after a delivery error
     undeliverable: int = 0  # source records failed because an output could not be delivered
     dropped: int = 0  # untracked outputs given up (no source record to fail)
@@ -284,8 +282,6 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
     elif ctx.failed is not None:
         events.failed.append(tracking.srid)
         counters.failed += 1
-    elif ctx._unacked:
-        counters.unacked += 1
     else:
         events.srids.append(tracking.srid)
         events.xors.append(tracking.record_id ^ ctx.children_xor)
@@ -672,7 +668,7 @@ class Task(RunsInBackground):
                     if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
                         raise
                 tracking = record.tracking
-                if tracking is not None and ctx.failed is None and not ctx.children and not ctx._unacked:
+                if tracking is not None and ctx.failed is None and not ctx.children:
                     srids.append(tracking.srid)
                     xors.append(tracking.record_id)
                     acked += 1

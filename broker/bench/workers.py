@@ -345,7 +345,7 @@ def run_task(config: dict[str, Any]) -> None:
     """``Task`` over the data topic and its replay topic. ``fail_rate`` / ``drop_rate`` inject
     failures on first attempts: failed inputs are replayed at once, dropped (never acked)
     ones after their timeout. The wall time of each injected failure is reported."""
-    from broker.dev.faults import skip_ack
+    from broker.dev.faults import skip_ack, skipped_acks
     from broker.task import Task, TaskContext, TaskRecord
     from broker.topics import replay_topic
 
@@ -379,7 +379,7 @@ def run_task(config: dict[str, Any]) -> None:
         processed=counters.processed,
         acked=counters.acked,
         failed=counters.failed,
-        unacked=counters.unacked,
+        unacked=skipped_acks(task),
         failed_at=[[o, t] for o, t in failed_at.items()],
         dropped=dropped,
     )
