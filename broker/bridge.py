@@ -397,8 +397,8 @@ class Bridge(RunsInBackground):
         try:
             self.source.produce(self.ns.dlq, msg.key(), msg.value() if with_value else None,
                                 headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
-        except KafkaException as exc:  # refused at once: nothing was added to the transaction
-            reason += f"; value dropped: {exc}"
+        except KafkaClientError as exc:  # refused at once: nothing was added to the transaction
+            reason += f"; value dropped: {exc.reason}"
             self.source.produce(self.ns.dlq, msg.key(), None, headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
         self.counters.quarantined += 1
         log.warning("input %s quarantined in %s: %s", where.decode(), self.ns.dlq, reason)

@@ -502,12 +502,3 @@ def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEnt
     marker = Marker(entry.origin, sent.srid, f"{ns.dlq} {entry.where}", now_ms)
     source.produce(marker_topic, entry.marker_key, marker.encode())
     return Redriven(entry, sent.srid, sent.key_hash_partition)
-
-
-def parse_origin(text: str) -> int:
-    """An origin id as printed by ``dlq list`` (signed decimal) or as 0x-prefixed hex of its
-    8 bytes."""
-    text = text.strip()
-    if text.lower().startswith("0x"):
-        return ids.decode_id(bytes.fromhex(text[2:].rjust(16, "0")))
-    return int(text)

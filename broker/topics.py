@@ -66,12 +66,6 @@ def replication_for(brokers: int, factor: int | None = None, min_insync: int | N
     return Replication(factor, min_insync, brokers, warning)
 
 
-@kafka_errors("counting the brokers")
-def broker_count(settings: KafkaSettings) -> int:
-    admin = AdminClient(settings.client_config())
-    return len(admin.list_topics(timeout=30).brokers)
-
-
 @dataclass(frozen=True)
 class Namespace:
     """A namespace's topic names (cached: the hot paths read them per record)."""
@@ -305,13 +299,3 @@ def _check_compaction(settings: KafkaSettings, topics: list[str]) -> list[str]:
         if "compact" not in policy:
             problems.append(f"{resource.name} must be compacted (cleanup.policy={policy})")
     return problems
-
-
-@kafka_errors("looking up data topics")
-def data_topics_of(settings: KafkaSettings, names: Iterable[str]) -> dict[str, int]:
-    """Partition counts of existing data topics (for replay partitioning)."""
-    counts = partition_counts(settings, names)
-    missing = [t for t, n in counts.items() if n is None]
-    if missing:
-        raise TopologyError(f"data topics do not exist: {', '.join(missing)}")
-    return {t: n for t, n in counts.items() if n is not None}
