@@ -6,10 +6,10 @@ with the same process layout (one producing process, one consuming process per h
 ========== ===================================================================
 role       what it is
 ========== ===================================================================
-source     ``broker.client.Source``: persist record + data record per send
+source     ``broker.source.Source``: persist record + data record per send
 producer   raw confluent-kafka ``Producer`` (the baselines' producing side), at
            most ``PACING_WINDOW`` records ahead of its consumer
-task       ``broker.client.Task`` with a leaf handler (or failure injection)
+task       ``broker.task.Task`` with a leaf handler (or failure injection)
 consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
 tail       the pipeline's completion times: tails ``ns.persist`` (all partitions, or a
