@@ -337,14 +337,14 @@ def _cmd_acker(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_object(spec: str, flag: str, example: str) -> Any:
+def load_object(spec: str, flag: str, example: str, kind: str = "NAME") -> Any:
     """``MODULE:NAME`` -> the object it names, imported as ``python -m`` would (the working
-    directory is on the path)."""
+    directory is on the path). ``kind``: what NAME stands for in the messages (``FUNCTION``)."""
     import importlib
 
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        raise ConfigurationError(f"{flag} {spec!r}: expected MODULE:NAME, e.g. {example}")
+        raise ConfigurationError(f"{flag} {spec!r}: expected MODULE:{kind}, e.g. {example}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -353,15 +353,17 @@ def load_object(spec: str, flag: str, example: str) -> Any:
         raise ConfigurationError(f"{flag} {spec!r}: cannot import {module}: {exc}") from exc
     value = getattr(found, name, None)
     if value is None:
-        raise ConfigurationError(f"{flag} {spec!r}: {module} has no {name}")
+        what = "" if kind == "NAME" else f"{kind.lower()} "
+        raise ConfigurationError(f"{flag} {spec!r}: {module} has no {what}{name}")
     return value
 
 
 def load_handler(spec: str) -> Any:
     """``MODULE:FUNCTION`` -> the task handler it names (``handler(record, ctx)``)."""
-    handler = load_object(spec, "--handler", "myjob.handlers:enrich")
-    if not callable(handler):
-        raise ConfigurationError(f"--handler {spec!r}: not a function")
+    handler = load_object(spec, "--handler", "myjob.handlers:enrich", "FUNCTION")
+    if not callable(handler):  # there, but not a function
+        module, _, name = spec.partition(":")
+        raise ConfigurationError(f"--handler {spec!r}: {module} has no function {name}")
     return handler
 
 

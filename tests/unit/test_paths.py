@@ -14,6 +14,7 @@ from broker.headers import (
     tracking_headers,
     user_headers,
 )
+from broker.serde import BYTES, Serde
 from broker.task import Task, TaskContext, TaskRecord
 
 
@@ -25,6 +26,9 @@ class _Producing:
 
     def _produce(self, topic: str, **kwargs: Any) -> None:
         self.produced.append({"topic": topic, **kwargs})
+
+    def serde(self, _topic: str) -> Serde:
+        return BYTES
 
 
 def _record(headers: list[tuple[str, bytes | None]]) -> TaskRecord:
