@@ -5,6 +5,7 @@ writer to ``ns.acks`` from the outside, the first time it is used on that task."
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from broker.task import Task, TaskContext
@@ -12,21 +13,27 @@ from broker.task_acks import Events, TaskAcks
 
 
 class _LosingAcks:
-    """A task's ``TaskAcks`` that loses the events of the srids in ``lost``: they leave the
-    batch's events before it is sent, as if the event had never been written. Everything
-    else (touches, fail marks, undeliverable outputs) goes to the task's writer unchanged."""
+    """A task's ``TaskAcks`` that loses the events of the srids in ``lost`` (one event per
+    count: an input read twice in a batch was skipped once or twice): they leave the batch's
+    events before it is sent, as if the event had never been written. Everything else
+    (touches, fail marks, undeliverable outputs) goes to the task's writer unchanged."""
 
     def __init__(self, task: Task, acks: TaskAcks) -> None:
         self._task = task
         self._acks = acks
-        self.lost: set[int] = set()
+        self.lost: Counter[int] = Counter()
         self.skipped = 0
 
     def send(self, events: Events) -> None:
         """The batch's events without those of ``lost`` (noted while its handler ran)."""
-        lost, self.lost = self.lost, set()
+        lost, self.lost = self.lost, Counter()
         if lost:
-            kept = [(s, x) for s, x in zip(events.srids, events.xors, strict=True) if s not in lost]
+            kept = []
+            for srid, xor in zip(events.srids, events.xors, strict=True):
+                if lost[srid] > 0:
+                    lost[srid] -= 1
+                else:
+                    kept.append((srid, xor))
             dropped = len(events.srids) - len(kept)
             events.srids[:] = [s for s, _ in kept]
             events.xors[:] = [x for _, x in kept]
@@ -53,7 +60,7 @@ def skip_ack(ctx: TaskContext) -> None:
     input is left as it is: it has no event to lose."""
     tracking = ctx.record.tracking
     if tracking is not None and ctx.failed is None:
-        _losing(ctx._task).lost.add(tracking.srid)
+        _losing(ctx._task).lost[tracking.srid] += 1
 
 
 def skipped_acks(task: Task) -> int:
