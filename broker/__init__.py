@@ -26,7 +26,8 @@ Kafka client)::
     from broker import App, JsonSerde, TaskContext, TaskRecord
 
 ``App`` (``app``) declares a pipeline and runs its roles; ``Source``, ``Task`` and ``Acker``
-are the lower-level API it builds on.
+are the lower-level API it builds on. Every error they raise is a ``ReplayBrokerError``
+(``errors``); what Kafka itself refuses is a ``KafkaClientError`` with the ``KafkaError``.
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ if TYPE_CHECKING:
     from broker.acker.service import Acker
     from broker.app import App, Topic
     from broker.bridge import Bridge, BridgeConfig
+    from broker.delivery import SendFailure
     from broker.errors import (
+        BackgroundError,
         BackpressureTimeout,
+        BridgeFenced,
         ConfigurationError,
         DecodeError,
         DeliveryError,
+        KafkaClientError,
         KafkaUnreachable,
         ReplayBrokerError,
         SerializationError,
@@ -61,18 +66,22 @@ _EXPORTS = {
     "AckerConfig": "broker.acker.config",
     "App": "broker.app",
     "AvroSerde": "broker.serde",
+    "BackgroundError": "broker.errors",
     "BackpressureTimeout": "broker.errors",
     "Bridge": "broker.bridge",
     "BridgeConfig": "broker.bridge",
+    "BridgeFenced": "broker.errors",
     "BytesSerde": "broker.serde",
     "ConfigurationError": "broker.errors",
     "DecodeError": "broker.errors",
     "DeliveryError": "broker.errors",
     "JsonSerde": "broker.serde",
+    "KafkaClientError": "broker.errors",
     "KafkaSettings": "broker.settings",
     "KafkaUnreachable": "broker.errors",
     "Namespace": "broker.topics",
     "ReplayBrokerError": "broker.errors",
+    "SendFailure": "broker.delivery",
     "SendResult": "broker.source",
     "Serde": "broker.serde",
     "SerializationError": "broker.errors",
@@ -91,18 +100,22 @@ __all__ = [
     "AckerConfig",
     "App",
     "AvroSerde",
+    "BackgroundError",
     "BackpressureTimeout",
     "Bridge",
     "BridgeConfig",
+    "BridgeFenced",
     "BytesSerde",
     "ConfigurationError",
     "DecodeError",
     "DeliveryError",
     "JsonSerde",
+    "KafkaClientError",
     "KafkaSettings",
     "KafkaUnreachable",
     "Namespace",
     "ReplayBrokerError",
+    "SendFailure",
     "SendResult",
     "Serde",
     "SerializationError",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from broker.errors import ConfigurationError
+from broker.kafka_io import kafka_errors
 from broker.topics import NAMESPACE_NAME, REPLAY_SUFFIX, Namespace, replay_topic
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def check_principal(principal: str) -> str:
     return principal
 
 
+@kafka_errors("applying ACLs")
 def apply(settings: KafkaSettings, principal: str, acls: Iterable[Acl], timeout_s: float = 30.0) -> int:
     """Create the rules (``AdminClient.create_acls``); existing ones are left as they are.
     Returns how many were sent."""

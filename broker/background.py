@@ -12,14 +12,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Self
 
+from broker.errors import BackgroundError
+
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 60.0
 """How long leaving the block waits for the loop's clean shutdown (final commit, close)."""
-
-
-class BackgroundError(RuntimeError):
-    """The loop running in the background stopped with an exception (its ``__cause__``)."""
 
 
 @contextlib.contextmanager

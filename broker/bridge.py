@@ -63,9 +63,15 @@ from confluent_kafka import (
 
 from broker.acker.refusals import RECORD_LEVEL
 from broker.background import RunsInBackground
-from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
+from broker.errors import (
+    BridgeFenced,
+    ConfigurationError,
+    DeliveryError,
+    KafkaClientError,
+    ReplayBrokerError,
+)
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
-from broker.kafka_io import kafka_error, partition_counts, retrying
+from broker.kafka_io import kafka_error, kafka_errors, partition_counts, retrying
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace
@@ -88,11 +94,6 @@ def default_instance_id() -> str:
     by accident (each would fence the other). Not stable across restarts: a stable
     ``instance_id`` lets a restart abort its predecessor's open transaction at once."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-class BridgeFenced(ReplayBrokerError):
-    """Another bridge took this one's transactional id or group instance id: this one stops
-    (writing on would fence the newer one in turn)."""
 
 
 class _Rebalanced(Exception):
@@ -157,6 +158,7 @@ class Bridge(RunsInBackground):
     """Bridges ``config.input_topic`` into ``config.target_topic`` as source records, one
     transaction per batch (module docstring). ``run()`` until ``stop()`` or SIGTERM."""
 
+    @kafka_errors("building a Bridge")
     def __init__(self, settings: KafkaSettings, namespace: str | Namespace, config: BridgeConfig) -> None:
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config
@@ -197,6 +199,7 @@ class Bridge(RunsInBackground):
 
     # ------------------------------------------------------------------ life cycle
 
+    @kafka_errors("checking the Bridge's topics")
     def check_topics(self) -> None:
         """Refuse to start on topics it could not use; the bridge creates nothing: the
         namespace (``topics.check``), the input topic, the target topic and its replay topic
@@ -217,6 +220,7 @@ class Bridge(RunsInBackground):
     def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
 
+    @kafka_errors("starting a Bridge")
     def start(self) -> None:
         self.check_topics()
         if self.config.exactly_once:
@@ -230,6 +234,7 @@ class Bridge(RunsInBackground):
     def stop(self) -> None:
         self._stop.set()
 
+    @kafka_errors("running a Bridge")
     def run(self, *, install_signals: bool = False) -> BridgeCounters:
         """Bridge until ``stop()`` (or SIGTERM/SIGINT with ``install_signals``); the batch
         open then is committed, and the summary logged."""
@@ -258,6 +263,7 @@ class Bridge(RunsInBackground):
 
     # ------------------------------------------------------------------ one batch
 
+    @kafka_errors("bridging a batch")
     def step(self) -> int:
         """One batch, read, sent and committed with its input offsets (one transaction).
         Returns the records bridged; 0 when the batch was aborted (they are read again)."""
@@ -277,7 +283,7 @@ class Bridge(RunsInBackground):
         except _Rebalanced:
             self._abandon("partitions were revoked or lost")
             return 0
-        except (KafkaException, DeliveryError) as exc:
+        except (KafkaException, KafkaClientError, DeliveryError) as exc:
             if _fenced(exc):
                 raise BridgeFenced(f"bridge {self.instance_id} was fenced by a newer instance: {exc}") from exc
             self._suspect_refusal(exc)
@@ -391,8 +397,8 @@ class Bridge(RunsInBackground):
         try:
             self.source.produce(self.ns.dlq, msg.key(), msg.value() if with_value else None,
                                 headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
-        except KafkaException as exc:  # refused at once: nothing was added to the transaction
-            reason += f"; value dropped: {exc}"
+        except KafkaClientError as exc:  # refused at once: nothing was added to the transaction
+            reason += f"; value dropped: {exc.reason}"
             self.source.produce(self.ns.dlq, msg.key(), None, headers=[(H_REASON, reason.encode()), (H_SOURCE, where)])
         self.counters.quarantined += 1
         log.warning("input %s quarantined in %s: %s", where.decode(), self.ns.dlq, reason)

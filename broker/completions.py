@@ -16,7 +16,7 @@ from confluent_kafka import Message
 from broker import ids
 from broker.errors import DecodeError
 from broker.headers import outcome_of
-from broker.kafka_io import partition_counts, read_to_end
+from broker.kafka_io import kafka_errors, partition_counts, read_to_end
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
@@ -73,6 +73,7 @@ class OutcomeLog:
         return {self.origin_of[s] for s in self.live}
 
 
+@kafka_errors("reading the outcomes")
 def read_outcomes(settings: KafkaSettings, ns: Namespace) -> OutcomeLog:
     log = OutcomeLog()
     partitions = partition_counts(settings, [ns.persist])[ns.persist] or 0

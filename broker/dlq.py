@@ -57,7 +57,7 @@ from broker.headers import (
     H_TIMEOUT,
     H_TOPIC,
 )
-from broker.kafka_io import partition_counts, read_to_end
+from broker.kafka_io import kafka_errors, partition_counts, read_to_end
 from broker.schemas import Failure
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
@@ -297,6 +297,7 @@ def _partitions(settings: KafkaSettings, topic: str) -> int | None:
     return partition_counts(settings, [topic])[topic]
 
 
+@kafka_errors("reading the DLQ")
 def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = None) -> list[DlqEntry]:
     """Every committed DLQ entry (oldest first per partition, partitions in order)."""
     n = _partitions(settings, ns.dlq)
@@ -307,6 +308,7 @@ def read_entries(settings: KafkaSettings, ns: Namespace, limit: int | None = Non
     return entries if limit is None else entries[:limit]
 
 
+@kafka_errors("reading the redrive markers")
 def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
     """marker key -> Marker, from ``ns.dlq.redriven`` (empty when the topic does not exist)."""
     topic = redriven_topic(ns)
@@ -326,6 +328,7 @@ def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
     return markers
 
 
+@kafka_errors("listing the DLQ")
 def list_entries(
     settings: KafkaSettings, namespace: str, limit: int | None = None
 ) -> list[tuple[DlqEntry, Marker | None]]:
@@ -407,6 +410,7 @@ class RedriveResult:
         }
 
 
+@kafka_errors("creating the redrive marker topic")
 def ensure_redriven_topic(settings: KafkaSettings, ns: Namespace, timeout_s: float = 30.0) -> str:
     topic = redriven_topic(ns)
     if _partitions(settings, topic) is not None:
@@ -426,6 +430,7 @@ def ensure_redriven_topic(settings: KafkaSettings, ns: Namespace, timeout_s: flo
     return topic
 
 
+@kafka_errors("redriving the DLQ")
 def redrive(
     settings: KafkaSettings,
     namespace: str,
@@ -497,12 +502,3 @@ def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEnt
     marker = Marker(entry.origin, sent.srid, f"{ns.dlq} {entry.where}", now_ms)
     source.produce(marker_topic, entry.marker_key, marker.encode())
     return Redriven(entry, sent.srid, sent.key_hash_partition)
-
-
-def parse_origin(text: str) -> int:
-    """An origin id as printed by ``dlq list`` (signed decimal) or as 0x-prefixed hex of its
-    8 bytes."""
-    text = text.strip()
-    if text.lower().startswith("0x"):
-        return ids.decode_id(bytes.fromhex(text[2:].rjust(16, "0")))
-    return int(text)

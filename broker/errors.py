@@ -30,12 +30,43 @@ class KafkaUnreachable(ReplayBrokerError):
     retriable = True
 
 
+class KafkaClientError(ReplayBrokerError):
+    """A call to Kafka failed: the client, the broker or the cluster refused it (a setting
+    librdkafka does not know, a fenced or failed transaction, a topic that cannot be created,
+    a look-up that timed out). ``error`` is librdkafka's ``KafkaError`` (``code()``,
+    ``str()``, ``fatal()``), the ``KafkaException`` is the ``__cause__``. ``retriable``: the
+    KafkaError says the same call may succeed when tried again (``retriable()``, or a code
+    of a leader or coordinator that moves, ``broker.kafka_io.TRANSIENT``), never for a fatal
+    error."""
+
+    def __init__(self, message: str, *, error: Any = None, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.error = error
+        self.retriable = retriable
+
+    @property
+    def reason(self) -> str:
+        """What Kafka said, without the operation that failed: the KafkaError's text."""
+        return str(self.error.str()) if self.error is not None else str(self)
+
+
 class LocalKafkaError(ReplayBrokerError):
     """The embedded Kafka could not be resolved, formatted, started or stopped."""
 
 
 class LocalSparkError(ReplayBrokerError):
     """The local standalone Spark cluster could not be started, or did not answer."""
+
+
+class BackgroundError(ReplayBrokerError):
+    """A service run in the background (``run_in_background()`` of ``Acker``, ``Task``,
+    ``Bridge``, ``App``) stopped with an exception: raised when its block is left, the
+    service's exception as the ``__cause__``."""
+
+
+class BridgeFenced(ReplayBrokerError):
+    """Another bridge took this one's transactional id or group instance id: this one stops
+    (writing on would fence the newer one in turn)."""
 
 
 class DeliveryError(ReplayBrokerError):

@@ -16,10 +16,11 @@ for these errors (it only flags errors of its own retry machinery), so the codes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -31,7 +32,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from broker.errors import DeliveryError, TopologyError
+from broker.errors import DeliveryError, KafkaClientError, TopologyError
 from broker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,9 @@ def produce(producer: Producer, topic: str, *, max_block_s: float = MAX_BLOCK_S,
 
 
 def kafka_error(exc: BaseException) -> KafkaError | None:
-    """The KafkaError a KafkaException carries, or None."""
+    """The KafkaError a KafkaException (or the KafkaClientError wrapping it) carries, or None."""
+    if isinstance(exc, KafkaClientError):
+        return exc.error if isinstance(exc.error, KafkaError) else None
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return err if isinstance(err, KafkaError) else None
 
@@ -125,6 +128,25 @@ def is_transient(exc: KafkaException) -> bool:
     if err is None or err.fatal():
         return False
     return bool(err.retriable() or err.code() in TRANSIENT)
+
+
+def client_error(exc: KafkaException, what: str) -> KafkaClientError:
+    """``exc`` as the public API raises it (``raise client_error(exc, ...) from exc``):
+    ``what`` failed, with Kafka's reason, its KafkaError and whether it is retriable."""
+    err = kafka_error(exc)
+    reason = err.str() if err is not None else str(exc)
+    return KafkaClientError(f"{what}: {reason}", error=err, retriable=is_transient(exc))
+
+
+@contextlib.contextmanager
+def kafka_errors(what: str) -> Iterator[None]:
+    """Around a whole operation of the public API (a service's run, a topic admin call),
+    never per record: a ``KafkaException`` leaves it as a ``KafkaClientError`` (its cause
+    kept), so a caller catches ``ReplayBrokerError`` alone. Also a decorator."""
+    try:
+        yield
+    except KafkaException as exc:
+        raise client_error(exc, what) from exc
 
 
 def retrying(

@@ -56,10 +56,6 @@ class SupersededMarkers:
         ))
         self._consumer.assign([TopicPartition(ns.superseded, p, OFFSET_BEGINNING) for p in range(n)])
 
-    @property
-    def available(self) -> bool:
-        return self._consumer is not None
-
     def __contains__(self, srid: int) -> bool:
         return srid in self.srids
 

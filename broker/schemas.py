@@ -143,10 +143,6 @@ def avro_rows(*columns: np.ndarray) -> list[bytes]:
     return [buf[i:j] for i, j in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def avro_bytes(b: bytes) -> bytes:
-    return avro_long(len(b)) + b
-
-
 _STRINGS: dict[str, bytes] = {}
 
 
@@ -464,32 +460,6 @@ class PersistedRecord:
             self.created_ms, self.timeout_ms, self.max_attempts, self.history,
         )
 
-    def encode_with_fastavro(self) -> bytes:
-        """The reference encoding (tests compare ``encode`` with it)."""
-        return self.prefix() + _encode(
-            PERSISTED_RECORD,
-            {
-                "srid": self.srid,
-                "origin": self.origin,
-                "attempt": self.attempt,
-                "root_xor": self.root_xor,
-                "record_id": self.record_id,
-                "topic": self.topic,
-                "key_hash_partition": self.key_hash_partition,
-                "partitioner": self.partitioner,
-                "key": self.key,
-                "value": self.value,
-                "headers": [{"key": k, "value": v} for k, v in self.headers],
-                "created_ms": self.created_ms,
-                "timeout_ms": self.timeout_ms,
-                "max_attempts": self.max_attempts,
-                "history": [
-                    {"srid": f.srid, "attempt": f.attempt, "reason": f.reason, "at_ms": f.at_ms}
-                    for f in self.history
-                ],
-            },
-        )
-
     def prefix(self) -> bytes:
         """The persist value's prefix (the fields the acker registers the srid by)."""
         return _id_key(self.srid) + _id_key(self.root_xor) + persist_prefix_fields(
@@ -641,18 +611,6 @@ class LedgerEntry:
 
     def encode(self) -> bytes:
         return encode_ledger_entry(self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms)
-
-    def encode_with_fastavro(self) -> bytes:
-        """The reference encoding (tests compare ``encode`` with it)."""
-        datum = {
-            "value": self.value,
-            "flags": self.flags,
-            "persist_offset": self.persist_offset,
-            "deadline_ms": self.deadline_ms,
-        }
-        if self.timed_out_ms < 0:
-            return _encode(LEDGER_ENTRY_V1, datum)
-        return _encode(LEDGER_ENTRY, {**datum, "timed_out_ms": self.timed_out_ms})
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:

@@ -22,6 +22,7 @@ from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
+from broker.kafka_io import client_error, kafka_errors
 from broker.placement import Placements
 from broker.schemas import Failure, avro_headers, encode_first_persisted, encode_persisted
 from broker.sending import (
@@ -85,13 +86,18 @@ class Source:
     With ``transactional_id`` the persist and data records of a batch commit atomically (the
     data records go out at once, in the same transaction); a commit that fails aborts the
     batch and raises ``DeliveryError`` listing the persist records that failed - nothing of
-    the batch was delivered::
+    the batch was delivered.
+
+    What Kafka itself refuses (a producer setting, a fenced transactional id, a topic look-up
+    that timed out) leaves every method as ``KafkaClientError``; every error is a
+    ``ReplayBrokerError``::
 
         with source.transaction():
             for key, value in batch:
                 source.send("orders", key, value)
     """
 
+    @kafka_errors("building a Source")  # e.g. a producer setting librdkafka refuses
     def __init__(
         self,
         settings: KafkaSettings,
@@ -139,7 +145,8 @@ class Source:
 
     @property
     def ledger_partitions(self) -> int:
-        """P of the namespace, checked once, on first use: building a Source needs no cluster."""
+        """P of the namespace, checked once, on first use: building a Source needs no cluster
+        (``topics.check``: its errors are ``ReplayBrokerError``s)."""
         if not self._ledger_partitions:
             self._ledger_partitions = check(self.settings, self.ns)
         return self._ledger_partitions
@@ -223,13 +230,17 @@ class Source:
         """Put one record under the guarantee: its persist record, then its data record to
         the key's partition of ``topic``. ``value``: bytes as they are, anything else through
         ``SourceConfig.serde``."""
-        self._before_send()
-        key_b = key if key is None or type(key) is bytes else as_bytes(key)
-        value_b = value if value is None or type(value) is bytes else self.serde(topic).serialize(value)
-        return self._send_first_attempt(
-            topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
-            None, (), timeout_ms, max_attempts,
-        )
+        # A try costs nothing until it catches (3.11): the whole call is wrapped, not a record.
+        try:
+            self._before_send()
+            key_b = key if key is None or type(key) is bytes else as_bytes(key)
+            value_b = value if value is None or type(value) is bytes else self.serde(topic).serialize(value)
+            return self._send_first_attempt(
+                topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
+                None, (), timeout_ms, max_attempts,
+            )
+        except KafkaException as exc:
+            raise client_error(exc, f"sending to {topic}") from exc
 
     def send_many(
         self,
@@ -244,11 +255,14 @@ class Source:
         per record: the clock, the deadline and the delivery bookkeeping are done once per
         batch. A record the producer refuses at once stops the batch (``DeliveryError``: its
         ``failures`` names it, its ``sent`` holds the results of the records before it)."""
-        self._before_send()
-        if timeout_ms:
-            _check_timeout(timeout_ms)
-        return send_batch(self, topic, records, timeout_ms or self.config.timeout_ms,
-                          max_attempts or self.config.max_attempts)
+        try:
+            self._before_send()
+            if timeout_ms:
+                _check_timeout(timeout_ms)
+            return send_batch(self, topic, records, timeout_ms or self.config.timeout_ms,
+                              max_attempts or self.config.max_attempts)
+        except KafkaException as exc:
+            raise client_error(exc, f"sending to {topic}") from exc
 
     def resend(
         self,
@@ -269,15 +283,18 @@ class Source:
         ``key_hash_partition`` stored the first time - not recomputed, so key order and
         locality hold even if the partitioner setting changed. ``history`` (the earlier
         rounds) is carried into the new persist record, so a later DLQ entry shows it all."""
-        self._before_send()
-        if not 0 <= key_hash_partition < self.data_partitions(topic):
-            raise ConfigurationError(
-                f"{topic} has {self.data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
+        try:
+            self._before_send()
+            if not 0 <= key_hash_partition < self.data_partitions(topic):
+                raise ConfigurationError(
+                    f"{topic} has {self.data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
+                )
+            return self._send_first_attempt(
+                topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
+                timeout_ms, max_attempts,
             )
-        return self._send_first_attempt(
-            topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
-            timeout_ms, max_attempts,
-        )
+        except KafkaException as exc:
+            raise client_error(exc, f"resending to {topic}") from exc
 
     def _send_first_attempt(
         self,
@@ -364,11 +381,15 @@ class Source:
         atomically with the records sent."""
         if self._transactional and not self._in_transaction:
             raise ConfigurationError("a transactional Source produces inside `with source.transaction():`")
-        self._produce(topic, key=key, value=value, partition=partition, headers=list(headers or ()))
+        try:
+            self._produce(topic, key=key, value=value, partition=partition, headers=list(headers or ()))
+        except KafkaException as exc:
+            raise client_error(exc, f"producing to {topic}") from exc
 
     def _produce(self, topic: str, **kwargs: Any) -> None:
         kafka_io.produce(self._producer, topic, **kwargs)
 
+    @kafka_errors("flushing a Source")
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every record sent is delivered - or reported in the ``DeliveryError``
         this raises."""
@@ -387,7 +408,10 @@ class Source:
         if not self._transactional:
             raise ConfigurationError("init_transactions() needs a transactional_id")
         if not self._transactions_ready:
-            self._producer.init_transactions(30)
+            try:
+                self._producer.init_transactions(30)
+            except KafkaException as exc:
+                raise client_error(exc, "init_transactions") from exc
             self._transactions_ready = True
 
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: Any, timeout: float = 30.0) -> None:
@@ -398,20 +422,27 @@ class Source:
         partitions has its offsets refused, and the transaction fails."""
         if not self._in_transaction:
             raise ConfigurationError("send_offsets() belongs inside `with source.transaction():`")
-        self._producer.send_offsets_to_transaction(list(offsets), group_metadata, timeout)
+        try:
+            self._producer.send_offsets_to_transaction(list(offsets), group_metadata, timeout)
+        except KafkaException as exc:
+            raise client_error(exc, "send_offsets") from exc
 
     def data_partitions(self, topic: str) -> int:
         """The partition count of data topic ``topic``, checked once: it and its replay topic
         exist with the same count (``ConfigurationError`` otherwise). A service calls it at
         start to refuse a topic it could not send to."""
-        return self._placements.data_partitions(topic)
+        with kafka_errors(f"the partitions of {topic}"):
+            return self._placements.data_partitions(topic)
 
     @contextlib.contextmanager
     def transaction(self) -> Any:
         if not self._transactional:
             raise ConfigurationError("Source.transaction() needs a transactional_id")
         self.init_transactions()
-        self._producer.begin_transaction()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise client_error(exc, "begin_transaction") from exc
         self._in_transaction = True
         self._in_transaction_sent = 0
         self._transaction_srids = []
@@ -453,6 +484,7 @@ class Source:
         self._transactions_ready = False
         return failures
 
+    @kafka_errors("closing a Source")
     def close(self) -> None:
         try:
             if not self._transactional:

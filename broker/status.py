@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from broker.errors import TopologyError
+from broker.kafka_io import kafka_errors
 from broker.schemas import COUNTERS_KEY, LedgerCounters
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -33,6 +34,7 @@ from broker.topics import Namespace, check
 DEAD_LETTERED = ("dlq", "quarantined", "payload_lost")
 
 
+@kafka_errors("reading the status")
 def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
     ns = Namespace(namespace)
     P = check(settings, ns)
@@ -82,6 +84,7 @@ def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
 FIRST_WINDOW = 256
 
 
+@kafka_errors("reading the latest records")
 def latest_with_key(
     settings: KafkaSettings, topic: str, partitions: int, key: bytes, timeout_s: float = 120.0
 ) -> tuple[dict[int, bytes], int]:

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from broker import ids
 from broker.background import RunsInBackground
 from broker.delivery import Outputs
-from broker.errors import ConfigurationError
+from broker.errors import ConfigurationError, KafkaClientError
 from broker.headers import (
     H_ORIGIN,
     H_PATH,
@@ -38,6 +38,7 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
+from broker.kafka_io import kafka_errors
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.serde import BYTES, Serde
@@ -101,7 +102,7 @@ class TaskContext:
     handler wrote to the outside world itself - and return. Returning acks the input;
     ``fail`` replays it instead."""
 
-    __slots__ = ("_task", "_unacked", "children", "children_xor", "failed", "record")
+    __slots__ = ("_task", "children", "children_xor", "failed", "record")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -109,7 +110,6 @@ class TaskContext:
         self.children_xor = 0
         self.children = 0
         self.failed: str | None = None
-        self._unacked = False  # failure injection only: broker.dev.faults.skip_ack
 
     def emit(
         self,
@@ -191,7 +191,7 @@ exception fails every input not failed already."""
 
 
 def _no_handler(_record: TaskRecord, _ctx: TaskContext) -> None:
-    raise AssertionError("a Task with a batch_handler has no per-record handler")
+    raise ConfigurationError("a Task with a batch_handler has no per-record handler")
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,6 @@ class TaskCounters:
     emitted: int = 0
     sink_outputs: int = 0  # TaskContext.output records
     errors: int = 0
-    unacked: int = 0
     retried_batches: int = 0  # batches with outputs sent again after a delivery error
     undeliverable: int = 0  # source records failed because an output could not be delivered
     dropped: int = 0  # untracked outputs given up (no source record to fail)
@@ -283,8 +282,6 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
     elif ctx.failed is not None:
         events.failed.append(tracking.srid)
         counters.failed += 1
-    elif ctx._unacked:
-        counters.unacked += 1
     else:
         events.srids.append(tracking.srid)
         events.xors.append(tracking.record_id ^ ctx.children_xor)
@@ -326,6 +323,7 @@ class Task(RunsInBackground):
 
     batch_handler: BatchHandler | None = None  # set: called instead of ``handler``, per batch
 
+    @kafka_errors("building a Task")
     def __init__(
         self,
         settings: KafkaSettings,
@@ -337,6 +335,9 @@ class Task(RunsInBackground):
         *,
         batch_handler: BatchHandler | None = None,
     ) -> None:
+        """What Kafka refuses - here a client setting, later in ``run``, ``handle_batch`` or
+        ``finish`` a commit or a look-up - is raised as ``KafkaClientError``, its
+        ``KafkaException`` the cause."""
         if (handler is None) == (batch_handler is None):
             raise ConfigurationError("a Task takes a handler or a batch_handler (one of them)")
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
@@ -407,6 +408,7 @@ class Task(RunsInBackground):
         """The serde of ``topic``'s values: its own (``TaskConfig.serdes``), else the task's."""
         return self.config.serdes.get(topic, self.config.serde)
 
+    @kafka_errors("checking a Task's topics")
     def check_topics(self) -> None:
         """Refuse a data topic read with a replay topic of another partition count (replay
         index i would be another key range than data index i, and range could not pair them);
@@ -440,7 +442,7 @@ class Task(RunsInBackground):
         if self._uncommitted:
             try:
                 self.finish()
-            except KafkaException as exc:
+            except KafkaClientError as exc:
                 log.warning("could not commit before the partitions were revoked: %s", exc)
         self._forget(partitions)
 
@@ -458,6 +460,7 @@ class Task(RunsInBackground):
     def stop(self) -> None:
         self._stop.set()
 
+    @kafka_errors("running a Task")
     def run(self, *, max_idle_ms: int | None = None, install_signals: bool = False) -> TaskCounters:
         """Process until ``stop()`` (or SIGTERM with ``install_signals``), or until no input
         arrived for ``max_idle_ms``. Shuts down cleanly: flush, commit, close."""
@@ -502,6 +505,7 @@ class Task(RunsInBackground):
     def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
 
+    @kafka_errors("processing a batch")
     def process_batch(self, batch: list[Message]) -> set[int]:
         """Process, deliver, commit one batch (``handle_batch``, then ``finish``). Returns the
         srids failed because an output of theirs could not be delivered (empty when
@@ -509,6 +513,7 @@ class Task(RunsInBackground):
         undeliverable = self.handle_batch(batch)
         return undeliverable | self.finish()
 
+    @kafka_errors("handling a batch")
     def handle_batch(self, batch: list[Message]) -> set[int]:
         """Steps 1-3: run the handler on each input, send the batch's events (after its sink
         outputs are delivered). Returns the srids failed because a sink output of theirs
@@ -538,6 +543,7 @@ class Task(RunsInBackground):
         self._uncommitted.update(offsets)
         return undeliverable
 
+    @kafka_errors("committing a Task's batches")
     def finish(self) -> set[int]:
         """Steps 4-5 for every batch handled since the last finish: wait for their outputs and
         events (sending again what failed, failing the source records of what stays
@@ -662,7 +668,7 @@ class Task(RunsInBackground):
                     if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
                         raise
                 tracking = record.tracking
-                if tracking is not None and ctx.failed is None and not ctx.children and not ctx._unacked:
+                if tracking is not None and ctx.failed is None and not ctx.children:
                     srids.append(tracking.srid)
                     xors.append(tracking.record_id)
                     acked += 1
@@ -699,7 +705,7 @@ class Task(RunsInBackground):
         if self._uncommitted:
             try:
                 self.finish()
-            except (KafkaException, RuntimeError) as exc:
+            except (KafkaClientError, RuntimeError) as exc:
                 log.warning("could not commit the last inputs at close: %s", exc)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._producer.flush(30)

@@ -16,7 +16,7 @@ from functools import cached_property
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from broker.errors import ConfigurationError, TopologyError
-from broker.kafka_io import partition_counts, wait_visible
+from broker.kafka_io import kafka_errors, partition_counts, wait_visible
 from broker.settings import KafkaSettings
 
 REPLAY_SUFFIX = ".replay"
@@ -64,11 +64,6 @@ def replication_for(brokers: int, factor: int | None = None, min_insync: int | N
             "before the others copy it"
         )
     return Replication(factor, min_insync, brokers, warning)
-
-
-def broker_count(settings: KafkaSettings) -> int:
-    admin = AdminClient(settings.client_config())
-    return len(admin.list_topics(timeout=30).brokers)
 
 
 @dataclass(frozen=True)
@@ -166,6 +161,7 @@ def layout(
 _WARNED_REPLICATION: set[str] = set()  # clusters already warned about low replication
 
 
+@kafka_errors("creating topics")
 def create(
     settings: KafkaSettings,
     ns: Namespace,
@@ -211,6 +207,7 @@ def create(
     return [t.topic for t in new]
 
 
+@kafka_errors("checking replication")
 def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """(problems, warnings) of the namespace's replication on this cluster. Problems: on a
     cluster of at least 3 brokers a topic with fewer than 3 replicas or min.insync.replicas
@@ -245,6 +242,7 @@ def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Itera
     return problems, warnings
 
 
+@kafka_errors("deleting topics")
 def delete(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.0) -> list[str]:
     """Delete the topics of ``names`` that exist; returns the names deleted."""
     admin = AdminClient(settings.client_config())
@@ -256,6 +254,7 @@ def delete(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.
     return doomed
 
 
+@kafka_errors("checking the namespace")
 def check(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = ()) -> int:
     """Verify the layout; return P (the ledger partition count) or raise TopologyError.
 
@@ -300,12 +299,3 @@ def _check_compaction(settings: KafkaSettings, topics: list[str]) -> list[str]:
         if "compact" not in policy:
             problems.append(f"{resource.name} must be compacted (cleanup.policy={policy})")
     return problems
-
-
-def data_topics_of(settings: KafkaSettings, names: Iterable[str]) -> dict[str, int]:
-    """Partition counts of existing data topics (for replay partitioning)."""
-    counts = partition_counts(settings, names)
-    missing = [t for t, n in counts.items() if n is None]
-    if missing:
-        raise TopologyError(f"data topics do not exist: {', '.join(missing)}")
-    return {t: n for t, n in counts.items() if n is not None}

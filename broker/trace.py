@@ -36,7 +36,7 @@ from broker import ids
 from broker.dlq import RECORD, DlqEntry
 from broker.errors import DecodeError
 from broker.headers import AUTO, AUTO_TIMEOUT_MS, Tracking, outcome_of
-from broker.kafka_io import partition_counts, read_partitions, read_to_end
+from broker.kafka_io import kafka_errors, partition_counts, read_partitions, read_to_end
 from broker.ledger.table import DEFERRED, FAILED, REGISTERED, SUPERSEDED, WATCH
 from broker.schemas import LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
@@ -113,6 +113,7 @@ def _persisted(msgs: list[Message]) -> tuple[PersistedRecord | None, Message | N
     return record, value_msg, tombstone
 
 
+@kafka_errors("tracing a record")
 def trace(settings: KafkaSettings, namespace: str, ident: int) -> dict[str, Any]:
     """Every attempt of the origin of ``ident`` (an srid or the origin) and what the topics of
     ``namespace`` hold about each. Reads the owning partitions of ``ns.persist`` and

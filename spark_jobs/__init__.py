@@ -3,7 +3,8 @@
 - ``read_with_replay``: ``<topic>`` + ``<topic>.replay`` with srid, record id, origin and
   attempt decoded from the tracking header (``rb-t``), in the JVM;
 - ``Acking``: the ``foreachBatch`` wrapper - the user's batch function, its children, then one
-  XOR event per srid (``bit_xor`` in Spark), packed per ledger partition into ``ns.acks``;
+  XOR event per srid (the batch's pairs packed in the JVM, folded per srid on the driver:
+  ``fold_events``), packed per ledger partition into ``ns.acks``;
 - ``OriginParquetSink`` / ``OriginDeltaSink``: idempotent sinks, one row per output id
   (origin, path), as Parquet files or a Delta Lake table; ``CommittingSink``: what a sink
   of ``BatchResult.sink`` provides (a batch run again acks what it committed);

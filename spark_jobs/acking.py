@@ -37,7 +37,6 @@ event: a later timeout, never an early completion.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import socket
@@ -55,6 +54,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from broker.errors import ConfigurationError, DeliveryError, ReplayBrokerError
+from broker.kafka_io import kafka_errors
 from broker.ledger.table import xor_by_srid
 from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
@@ -575,17 +575,6 @@ def _for_spark(exc: Exception, batch_id: int) -> BatchFailed:
 # --------------------------------------------------------------------------- the wrapper
 
 
-class AckFault(enum.Enum):
-    """The points where ``Acking(inject=...)`` is called, for tests of a batch that dies
-    between its outputs and its acks: an exception raised there fails the batch as a real
-    one would (Spark runs it again after a restart from the checkpoint)."""
-
-    BEFORE_ACKS = "before_acks"  # outputs written, decision recorded, no ack sent
-    # Every ack produced and flushed: where ``_send`` raises ``DeliveryError`` when the
-    # producer reports a failed delivery (raise it here to have one).
-    AFTER_ACKS = "after_acks"
-
-
 def _decision_of(batches: Sequence[XorBatch]) -> Committed:
     """What the acks say: the srids they complete (a pair) and fail (a fail mark)."""
     empty = np.empty(0, dtype=np.int64)
@@ -598,18 +587,15 @@ class Acking:
     """``foreachBatch(Acking(bootstrap, namespace, handler))``: run ``handler(batch, batch_id)``
     and ack every tracked input of the batch (module docstring for the order of things)."""
 
+    @kafka_errors("building an Acking")  # the namespace is checked here
     def __init__(
         self,
         bootstrap: str | KafkaSettings,
         namespace: str | Namespace,
         handler: BatchHandler,
         config: AckingConfig | None = None,
-        *,
-        inject: Callable[[AckFault, int], None] | None = None,
     ) -> None:
-        """``inject(point, batch_id)``, for tests, is called at each ``AckFault`` point."""
         self.settings = as_settings(bootstrap)
-        self._inject = inject
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.handler = handler
         self.config = config or AckingConfig()
@@ -677,9 +663,7 @@ class Acking:
                 counts["events_job"] = 1
             if sink is not None and committed is None:
                 sink.record(batch.sparkSession, batch_id, _decision_of(xor_batches_))
-            self._fault(AckFault.BEFORE_ACKS, batch_id)
             self._send(xor_batches_)
-            self._fault(AckFault.AFTER_ACKS, batch_id)
         finally:
             if cache:
                 batch.unpersist()
@@ -710,10 +694,6 @@ class Acking:
         marked = F.broadcast(self._marked)
         skipped = batch.join(marked, SRID, "left_semi").count()
         return (without_superseded(batch, self._marked), skipped) if skipped else (batch, 0)
-
-    def _fault(self, point: AckFault, batch_id: int) -> None:
-        if self._inject is not None:
-            self._inject(point, batch_id)
 
     # ------------------------------------------------------------------ children
 

@@ -61,6 +61,7 @@ from broker.headers import OUTCOME_COMPLETED
 from broker.kafka_io import (
     consumer_group_protocol,
     delete_retention_ms,
+    kafka_errors,
     max_message_bytes,
     partition_counts,
     set_group_timeouts,
@@ -96,6 +97,7 @@ class Due(Enum):
 
 
 class Acker(Assignment, Recovery, RunsInBackground):
+    @kafka_errors("building an Acker")
     def __init__(
         self,
         settings: KafkaSettings,
@@ -254,6 +256,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
     def stop(self) -> None:
         self._stop.set()
 
+    @kafka_errors("running an Acker")
     def run(
         self,
         *,
@@ -278,6 +281,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         finally:
             self.close()
 
+    @kafka_errors("starting an Acker")
     def check_before_run(self) -> None:
         self.start()  # run_in_background(): a namespace that is not usable raises at once
 

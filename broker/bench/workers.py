@@ -6,10 +6,10 @@ with the same process layout (one producing process, one consuming process per h
 ========== ===================================================================
 role       what it is
 ========== ===================================================================
-source     ``broker.client.Source``: persist record + data record per send
+source     ``broker.source.Source``: persist record + data record per send
 producer   raw confluent-kafka ``Producer`` (the baselines' producing side), at
            most ``PACING_WINDOW`` records ahead of its consumer
-task       ``broker.client.Task`` with a leaf handler (or failure injection)
+task       ``broker.task.Task`` with a leaf handler (or failure injection)
 consumer   raw confluent-kafka ``Consumer`` (the raw baseline's completion point)
 share      KIP-932 ``ShareConsumer``, explicit ACCEPT per record (share baseline)
 tail       the pipeline's completion times: tails ``ns.persist`` (all partitions, or a
@@ -345,7 +345,7 @@ def run_task(config: dict[str, Any]) -> None:
     """``Task`` over the data topic and its replay topic. ``fail_rate`` / ``drop_rate`` inject
     failures on first attempts: failed inputs are replayed at once, dropped (never acked)
     ones after their timeout. The wall time of each injected failure is reported."""
-    from broker.dev.faults import skip_ack
+    from broker.dev.faults import skip_ack, skipped_acks
     from broker.task import Task, TaskContext, TaskRecord
     from broker.topics import replay_topic
 
@@ -379,7 +379,7 @@ def run_task(config: dict[str, Any]) -> None:
         processed=counters.processed,
         acked=counters.acked,
         failed=counters.failed,
-        unacked=counters.unacked,
+        unacked=skipped_acks(task),
         failed_at=[[o, t] for o, t in failed_at.items()],
         dropped=dropped,
     )

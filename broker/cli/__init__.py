@@ -139,21 +139,24 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from confluent_kafka import KafkaException
-
     from broker.cli.connection import kafka_reason
+    from broker.errors import KafkaClientError
+    from broker.kafka_io import kafka_errors
 
     # The failures a command line tool expects (the cluster, the namespace, the input) are
-    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback.
+    # one line, ``replaybroker: <what failed>: <why>``; -v adds the traceback. The public
+    # API raises only ReplayBrokerErrors; the command line is a boundary of its own for the
+    # development commands (bench, demo) that use Kafka's clients directly.
     try:
         check = _CHECKS.get(args.command)
         if check is not None:
             check(args)
-        return int(args.func(args))
-    except (ReplayBrokerError, KafkaException) as exc:
+        with kafka_errors(args.command):
+            return int(args.func(args))
+    except ReplayBrokerError as exc:
         if args.verbose:
             traceback.print_exception(exc)
-        if isinstance(exc, KafkaException):
+        if isinstance(exc, KafkaClientError):
             print(f"replaybroker: {args.command} failed: {kafka_reason(exc)}", file=sys.stderr)
         else:
             print(f"replaybroker: {exc}", file=sys.stderr)

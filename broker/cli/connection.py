@@ -115,6 +115,10 @@ def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = 
 def kafka_reason(exc: BaseException) -> str:
     from confluent_kafka import KafkaError
 
+    from broker.errors import KafkaClientError
+
+    if isinstance(exc, KafkaClientError):
+        return exc.reason
     err = exc.args[0] if exc.args else None
     return str(err.str()) if isinstance(err, KafkaError) else str(exc)
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -378,16 +378,6 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return ""
-
-
-@contextlib.contextmanager
-def embedded_kafka(run_dir: Path | str | None = None) -> Iterator[LocalKafka]:
-    kafka = LocalKafka(run_dir)
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        kafka.stop()
 
 
 def demo_cluster(explicit: str | None) -> tuple[str, str]:

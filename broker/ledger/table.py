@@ -18,7 +18,7 @@ second persist record for a srid it already holds.
 
 An entry is four columns of the hash table: ``value`` (running XOR), ``offset`` (persist-record
 offset, -1 until registered), ``deadline`` (tick) and ``flags`` (REGISTERED, FAILED, LOGGED,
-DIRTY). 29 bytes per slot, so bytes per pending entry = 29 / load (39..46 B while the table
+DIRTY, DEFERRED, WATCH, SUPERSEDED). 29 bytes per slot, so bytes per pending entry = 29 / load (39..46 B while the table
 grows; see the hash table's module doc). ``nbytes`` also counts the srids queued for
 ``take_failed`` and ``take_dirty`` (emptied by those calls). Attempt, origin and key-hash
 partition (docs/design.md §5) are not columns: they are in the persist record, which a replay

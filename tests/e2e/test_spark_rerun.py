@@ -7,7 +7,8 @@ by its call count per key: the keys of ``FIRST`` fail on their first call only, 
 0 holds every record; its first run dies after the write, either
 
 - ``exception``: an error before any ack is sent (``AckFault.BEFORE_ACKS``), or
-- ``delivery``: an ack delivery error after the acks went out (``AckFault.AFTER_ACKS``);
+- ``delivery``: an ack delivery error after the acks went out (``AckFault.AFTER_ACKS``)
+  (``tests/e2e/ack_faults.py``: a subclass of ``Acking`` injects them);
 
 and the query is started again from the same checkpoint, which runs batch 0 again. Decided
 again, the rerun would ack ``FIRST`` (Delta kept the first commit, without them: lost) or
@@ -39,8 +40,8 @@ from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace, create
 from spark_jobs import Acking, BatchResult, OriginDeltaSink, OriginParquetSink, read_with_replay
-from spark_jobs.acking import AckFault
 from spark_jobs.committed import RETAINED, Committed
+from tests.e2e.ack_faults import AckFault, FaultyAcking
 from tests.e2e.test_spark_driver_kill import LEDGER_PARTITIONS, Outcomes
 
 pytestmark = pytest.mark.e2e
@@ -110,7 +111,7 @@ def test_a_rerun_batch_acks_what_its_sink_committed(
         )
 
     with start_acker(ns):
-        first = start(Acking(bootstrap, ns, handler, inject=inject))
+        first = start(FaultyAcking(bootstrap, ns, handler, inject=inject))
         try:
             first.awaitTermination(180)
         except Exception as exc:  # noqa: BLE001 - the injected failure ends the query

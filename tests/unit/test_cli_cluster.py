@@ -24,6 +24,8 @@ from broker.dev.kafka_local import BrokerState
 EMBEDDED = BrokerState(1, "127.0.0.1:19092", 19092, 19093, "/tmp/run", "4.0.0", "c", 0.0)
 SECURED = BrokerState(2, "127.0.0.1:29092", 29092, 29093, "/tmp/run-sasl", "4.0.0", "c", 0.0)
 
+REAL_STATUS = broker.status.status  # before clusters_used replaces it
+
 COMMANDS = [
     ["status", "--namespace", "ns"],
     ["acker", "--namespace", "ns"],
@@ -109,7 +111,9 @@ def test_a_kafka_error_during_a_command_is_one_line(
     def fail(*_a: Any) -> None:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
 
-    monkeypatch.setattr(broker.status, "status", fail)
+    # Deep inside ``status``: it leaves as a KafkaClientError, and the line stays Kafka's reason.
+    monkeypatch.setattr(broker.status, "status", REAL_STATUS)
+    monkeypatch.setattr(broker.status, "check", fail)
     assert main([*(["-v"] if verbose else []), "status", "--namespace", "ns", "--bootstrap", "k:9092"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "replaybroker: status failed: Failed to get metadata: Local: Timed out"

@@ -15,12 +15,12 @@ from broker.dlq import (
     Marker,
     entry_json,
     format_entry,
-    parse_origin,
     plan_redrive,
 )
 from broker.replay import Outgoing, dlq_record, quarantine_record
 from broker.schemas import Failure, PersistedRecord
 from broker.topics import Namespace
+from broker.trace import parse_id
 
 NS = Namespace("unit")
 ORIGIN = -0x1F3A_5C7E_9B2D_4E61
@@ -129,9 +129,9 @@ def test_markers_round_trip_and_origin_ids_parse_as_listed() -> None:
     marker = Marker(ORIGIN, 123, "0@7", 1_700_000_000_000)
     assert Marker.decode(marker.encode()) == marker
     assert Marker.decode(b"{}") is None and Marker.decode(b"\xff") is None
-    assert parse_origin(str(ORIGIN)) == ORIGIN
-    assert parse_origin("0x" + ids.encode_id(ORIGIN).hex()) == ORIGIN
-    assert parse_origin("0x1f") == 31
+    assert parse_id(str(ORIGIN)) == ORIGIN
+    assert parse_id("0x" + ids.encode_id(ORIGIN).hex()) == ORIGIN
+    assert parse_id("0x1f") == 31
 
 
 def test_a_record_with_an_adaptive_timeout_is_redriven_with_auto_again() -> None:

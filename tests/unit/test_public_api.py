@@ -36,7 +36,8 @@ def test_nothing_internal_is_exported() -> None:
     for name in broker.__all__:
         if name != "__version__":
             assert getattr(broker, name).__module__.split(".")[1] in {"app", "source", "task", "acker", "settings",
-                                                                      "topics", "errors", "serde", "bridge", "sending"}
+                                                                      "topics", "errors", "serde", "bridge", "sending",
+                                                                      "delivery"}
     with pytest.raises(AttributeError):
         _ = broker.PartitionState  # type: ignore[attr-defined]
 
@@ -45,6 +46,16 @@ def test_test_hooks_are_not_on_the_handlers_context() -> None:
     from broker import TaskContext
 
     assert not any("skip" in name for name in dir(TaskContext))
+    assert "_unacked" not in TaskContext.__slots__  # broker.dev.faults.skip_ack works from outside
+
+
+def test_the_spark_wrapper_has_no_fault_hook() -> None:
+    import inspect
+
+    from spark_jobs import acking
+
+    assert "inject" not in inspect.signature(acking.Acking.__init__).parameters
+    assert not hasattr(acking, "AckFault")
 
 
 def test_importing_the_package_loads_no_kafka_client() -> None:

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 import broker.task
+from broker.errors import KafkaClientError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskContext, TaskRecord
 
@@ -87,8 +88,10 @@ def test_a_commit_lost_to_a_rebalance_is_counted_not_fatal(
 
 def test_other_commit_errors_still_raise(task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Consumer, "error", KafkaError._MSG_TIMED_OUT)
-    with pytest.raises(KafkaException):
+    with pytest.raises(KafkaClientError) as raised:
         task.process_batch([Message()])  # type: ignore[list-item]
+    assert isinstance(raised.value.__cause__, KafkaException)
+    assert raised.value.error.code() == KafkaError._MSG_TIMED_OUT
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker import ids
-from broker.dev.faults import skip_ack
+from broker.dev.faults import skip_ack, skipped_acks
 from broker.headers import Tracking
 from broker.task import TaskContext, TaskRecord
 from tests.unit.test_task_batch_handler import Untracked, _task
@@ -44,7 +44,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, per_batch: bool) -> tuple[list[int], l
     task.handle_batch(batch)
     assert batch == []  # each message let go once read
     events, = sent
-    return events.srids, events.xors, events.failed, task.counters
+    return events.srids, events.xors, events.failed, (task.counters, skipped_acks(task))
 
 
 def test_each_input_settles_as_with_the_batch_handler(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,6 +55,6 @@ def test_each_input_settles_as_with_the_batch_handler(monkeypatch: pytest.Monkey
     assert srids == [leaf.srid, parent.srid, last.srid]
     assert xors == [leaf.record_id, parent.record_id ^ 1000 ^ 1001, last.record_id]
     assert fails == [failed.srid]
-    c = counters
-    assert (c.processed, c.acked, c.failed, c.unacked, c.untracked, c.emitted) == (6, 3, 1, 1, 1, 2)
+    c, unacked = counters
+    assert (c.processed, c.acked, c.failed, unacked, c.untracked, c.emitted) == (6, 3, 1, 1, 1, 2)
     assert _run(monkeypatch, per_batch=True) == (srids, xors, fails, counters)
