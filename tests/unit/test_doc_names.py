@@ -2,7 +2,7 @@
 the docs behind:
 
 - settings and attributes of the project's classes, as the docs write them in backticks:
-  ``SourceConfig(max_pending=...)``, ``AckerConfig.unlogged_commits``, ``Source.send_many``,
+  ``SourceConfig(max_pending=...)``, ``AckerConfig.unlogged_ms``, ``Source.send_many``,
   ``ctx.touch()`` (``ctx``, ``record``, ``source``, ``app``: the names the examples give a
   ``TaskContext``, ``TaskRecord``, ``Source``, ``App``);
 - modules and what they hold: ``broker.kafka_io``, ``spark_jobs.measure.compare_acking``,
@@ -119,9 +119,10 @@ def _classes() -> dict[str, type]:
 
 @cache
 def _modules() -> dict[str, Any]:
-    """The project's modules by their last name (``topics`` -> ``broker.topics``)."""
+    """The project's modules by their last name (``topics`` -> ``broker.topics``): of two with
+    one name, the shallower (``broker.topics`` before ``broker.cli.topics``)."""
     found: dict[str, Any] = {}
-    for module in _project_modules():
+    for module in sorted(_project_modules(), key=lambda m: m.__name__.count(".")):
         found.setdefault(module.__name__.rsplit(".", 1)[-1], module)
     return found
 
@@ -290,7 +291,7 @@ def test_commands_the_docs_show_exist_with_their_flags() -> None:
         ("TaskConfig.superseded_wait_s", "TaskConfig has no superseded_wait_s"),
         ("TaskConfig(serde=JsonSerde(), no_such=1)", "TaskConfig takes no no_such="),
         ("SourceConfig(max_pending=100)", None),
-        ("AckerConfig.unlogged_commits", None),
+        ("AckerConfig.unlogged_ms", None),
         ("ctx.touch()", None),
         ("ctx.tuch()", "TaskContext has no tuch"),
         ("source.send_many(topic, records)", None),
