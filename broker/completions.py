@@ -9,6 +9,7 @@ as an independent view of what the acker decided.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
@@ -66,8 +67,10 @@ class OutcomeLog:
     def dlq_origins(self) -> set[int]:
         return {o for o, events in self.outcomes.items() if any(e[1] == "dlq" for e in events)}
 
-    def replays(self) -> int:
-        return sum(1 for events in self.outcomes.values() for e in events if e[1] == "replay")
+    def replays(self, origins: Collection[int] | None = None) -> int:
+        """Attempts replayed, of every origin or of ``origins``."""
+        events = self.outcomes.values() if origins is None else (self.outcomes.get(o, ()) for o in origins)
+        return sum(1 for origin_events in events for e in origin_events if e[1] == "replay")
 
     def pending_origins(self) -> set[int]:
         return {self.origin_of[s] for s in self.live}

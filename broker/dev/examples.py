@@ -82,7 +82,7 @@ def report(tail: OutcomeTail, sent: Mapping[Any, int], written: Set[Any], *, rec
     completed = {o for o in tail.log.completed_origins() if o in name_of and name_of[o] in written}
     dlq = tail.log.dlq_origins() & set(name_of)
     records = len(sent) if records is None else records
-    result = {"records": records, "completed": len(completed), "replayed": tail.log.replays(),
+    result = {"records": records, "completed": len(completed), "replayed": tail.log.replays(name_of),
               "dlq": len(dlq), "lost": records - len(completed | dlq)}
     print(orjson.dumps(result).decode())
     return 0 if result["lost"] == 0 and result["completed"] + result["dlq"] == result["records"] else 1
