@@ -60,7 +60,7 @@ from broker.ledger.reference import FateModel, ModelAttempt
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
-from tests.unit.log_cluster import Cluster
+from tests.unit.log_cluster import Cluster, Message
 
 ALL_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "txn")
 # What runs green on the code as it is; the others find sequences that are being fixed.
@@ -369,40 +369,47 @@ class FateMachine(RuleBasedStateMachine):
         assert not problems, problems
 
     def _scan(self) -> None:
-        """What the acker committed: new attempts (replays) and tombstones."""
+        """What the acker committed: new attempts (replays) and tombstones. The new records
+        of every partition first, then the histories and the tombstones: an open transaction
+        that ends shows a partition's records together with the replays of them elsewhere."""
+        new: list[tuple[int, Message]] = []
         for lp in range(self.cluster.partitions):
             log = self.cluster.logs[(NS.persist, lp)]
             stable = self.cluster.stable(NS.persist, lp)
-            for msg in log[self.scanned.get(lp, 0):stable]:
-                if msg is None:  # aborted
-                    continue
-                srid = ids.decode_id(msg.key() or b"")
-                value = msg.value()
-                if (lp, msg.offset()) in self.bad:
-                    continue
-                if value is not None:
-                    r = PersistedRecord.decode(value)
-                    self.roots[r.srid] = r.root_xor
-                    self.created[r.srid] = r.created_ms
-                    self.offsets[r.srid] = (lp, msg.offset())
-                    auto = r.timeout_ms == AUTO_TIMEOUT_MS
-                    if auto:
-                        self.auto.add(r.srid)
-                    a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts,
-                                           r.created_ms + (FLOOR_MS if auto else r.timeout_ms))
-                    self._plan(a, r.created_ms, FLOOR_MS if auto else r.timeout_ms)
-                    for h in r.history:
-                        before = self.model.attempts[h.srid]
-                        before.reason = h.reason
-                        if h.reason == "timeout" and before.timed_out_ms is None:
-                            before.timed_out_ms = h.at_ms
-                            self._timed_out(before)
-                    continue
-                outcome = outcome_of(msg.headers())
-                a = self.model.attempts[srid]
-                assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
-                a.outcome = outcome.decode()
+            new.extend((lp, msg) for msg in log[self.scanned.get(lp, 0):stable]
+                       if msg is not None and (lp, msg.offset()) not in self.bad)  # None: aborted
             self.scanned[lp] = max(self.scanned.get(lp, 0), stable)
+        records = []
+        for lp, msg in new:
+            value = msg.value()
+            if value is None:
+                continue
+            r = PersistedRecord.decode(value)
+            records.append(r)
+            self.roots[r.srid] = r.root_xor
+            self.created[r.srid] = r.created_ms
+            self.offsets[r.srid] = (lp, msg.offset())
+            auto = r.timeout_ms == AUTO_TIMEOUT_MS
+            if auto:
+                self.auto.add(r.srid)
+            a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts,
+                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms))
+            self._plan(a, r.created_ms, FLOOR_MS if auto else r.timeout_ms)
+        for r in records:
+            for h in r.history:
+                before = self.model.attempts[h.srid]
+                before.reason = h.reason
+                if h.reason == "timeout" and before.timed_out_ms is None:
+                    before.timed_out_ms = h.at_ms
+                    self._timed_out(before)
+        for _, msg in new:
+            if msg.value() is not None:
+                continue
+            srid = ids.decode_id(msg.key() or b"")
+            outcome = outcome_of(msg.headers())
+            a = self.model.attempts[srid]
+            assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
+            a.outcome = outcome.decode()
 
     def _see_deadlines(self) -> None:
         """The deadline each adaptive attempt is first given, from the table that holds it
