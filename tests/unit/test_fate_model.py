@@ -80,11 +80,12 @@ FLOOR_MS = 1_000  # adaptive floor ("auto"): an adaptive deadline is at least cr
 # What a task does with an attempt: complete its tree in time, fail it, drop it, or complete
 # it late - relative to its deadline: at once, inside the window whatever the acker's lag
 # (< W/2), or past it; with "window", relative to its timeout as the acker recorded it: a
-# quarter, a half, just before the window's end, past it.
+# quarter, a half, just before the window's end, past it; with "early", also "quick": 40 ms.
 DELAYS = {"late_now": 0, "late_quarter": WATCH_MS // 4, "late_edge": WATCH_MS // 2 - 100, "late_past": 2 * WATCH_MS}
 WINDOW = {"win_quarter": WATCH_MS // 4, "win_half": WATCH_MS // 2, "win_end": WATCH_MS - 150,
           "win_past": WATCH_MS + 1_000}
-MOVES = ("ack", "fail", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()))
+MOVES = ("ack", "fail", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
+         *(("quick",) if "early" in DIMENSIONS else ()))
 _NONE = np.array([], np.int64)
 
 
@@ -218,6 +219,8 @@ class FateMachine(RuleBasedStateMachine):
         move = self.scripts[a.origin][a.number - 1]
         if move == "ack":  # in time (an adaptive record: fast, its completions drop the estimate)
             self.planned.append((created_ms + (200 if a.srid in self.auto else timeout_ms // 2), a.srid, "ack"))
+        elif move == "quick":  # completions that trickle in: every commit may be an early one
+            self.planned.append((created_ms + 40, a.srid, "ack"))
         elif move == "fail":
             self.planned.append((created_ms + 10, a.srid, "fail"))
         elif move in DELAYS:  # a slow task: after the deadline
@@ -276,12 +279,12 @@ class FateMachine(RuleBasedStateMachine):
     @rule(lp=st.integers(0, 1))
     def delete_head(self, lp: int) -> None:
         """DeleteRecords on ``ns.persist[lp]``, as far as the acker had ``unlogged_commits + 1``
-        commits and as many commit intervals (and at least a second) since it committed past
+        commits and as many commit intervals (of at least 100 ms) since it committed past
         those records: what it leaves out of the changelog it has logged by then (§6, *Durable*)."""
         self._scan()
         k = self.config.unlogged_commits + 1
         now = self.clock.now_ms()
-        span = max(k * self.config.commit_interval_ms, 1_000)
+        span = k * max(self.config.commit_interval_ms, 100)
         before = max((c.get(lp, 0) for tx, ms, c in self.commits
                       if self.cluster.transactions - tx >= k and now - ms >= span), default=0)
         if before <= self.cluster.starts[(NS.persist, lp)]:
