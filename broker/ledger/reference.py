@@ -358,13 +358,17 @@ class FateModel:
     written nowhere before its dead letter, the window counts from its deadline (a timeout
     is never earlier). Only a tree completed after the window may or may not count
     (``None``: both fates are right): the acker may have read it before it took the window's
-    end. An attempt whose persist record was deleted before it was decided may end either
+    end (``whole_window=False`` judges only up to ``deadline + watch_ms / 2`` exactly, the
+    rule before it was judged by ``at_ms``). An attempt whose persist record was deleted before it was decided may end either
     way, but must end. ``violations`` checks every tombstone written so far against the
     rule; ``expected`` gives the fate a drained acker must have reached.
     """
 
-    def __init__(self, watch_ms: int) -> None:
+    def __init__(self, watch_ms: int, *, whole_window: bool = True) -> None:
         self.watch_ms = watch_ms
+        # False: only a tree completed before ``deadline + watch_ms / 2`` must count (inside
+        # the window whatever the acker's lag), anything later may or may not.
+        self.whole_window = whole_window
         self.attempts: dict[int, ModelAttempt] = {}
         self.origins: dict[int, list[ModelAttempt]] = {}
 
@@ -380,9 +384,11 @@ class FateModel:
             return False
         if a.payload_lost:
             return None
-        if a.acked_ms < max(a.deadline_ms, a.given_ms or 0) or a.acked_ms < a.window_from_ms + self.watch_ms:
+        if a.acked_ms < max(a.deadline_ms, a.given_ms or 0):
             return True
-        return None
+        if self.whole_window:
+            return True if a.acked_ms < a.window_from_ms + self.watch_ms else None
+        return True if a.acked_ms < a.deadline_ms + self.watch_ms // 2 else None
 
     def expected(self, origin: int) -> str | None:
         """``completed``, ``dlq``, or None (either is right)."""

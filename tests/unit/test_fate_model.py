@@ -18,7 +18,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   order (docs/design.md §5) cuts and pauses ``ns.acks`` - with a small ``BEHIND``;
 - ``window``: late completions across the whole window - at once, a quarter, a half, just
   before its end (``at_ms + watch_ms`` of the replay's history, or the last attempt's
-  deadline + ``watch_ms``) and past it;
+  deadline + ``watch_ms``) and past it - and the model judges every completion by that window
+  exactly (without it, only those before ``deadline + watch_ms / 2``);
 - ``early``: ``commit_interval_ms`` > 0 on a stepped ``time.monotonic``: early commits while
   completions trickle, interval commits as the clock moves;
 - ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the acker had
@@ -104,7 +105,7 @@ class FateMachine(RuleBasedStateMachine):
             monotonic=lambda: self.clock.now_ms() / 1000, perf_counter=time.perf_counter, sleep=time.sleep))
         self.cluster = Cluster(clock=self.clock.now_ms if "timestamps" in DIMENSIONS else None)
         self.cluster.install(self.monkeypatch)
-        self.model = FateModel(WATCH_MS)
+        self.model = FateModel(WATCH_MS, whole_window="window" in DIMENSIONS)
         self.config = AckerConfig()
         self.ackers: list[Acker] = []
         self.started: set[int] = set()  # id() of the ackers started (subscribed)
