@@ -64,8 +64,10 @@ from broker.topics import Namespace
 from tests.unit.log_cluster import Cluster, Message
 
 ALL_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "txn")
-# What runs green on the code as it is; the others find sequences that are being fixed.
-DEFAULT_DIMENSIONS = ("timestamps", "txn")
+# What runs green and fast on the code as it is; the others find sequences that are being
+# fixed ("txn" is slow: a restore that reads ns.persist past an open transaction waits for it
+# for its whole slice, ten seconds of wall clock in this harness).
+DEFAULT_DIMENSIONS = ("timestamps",)
 _dims = os.environ.get("REPLAYBROKER_MODEL_DIMENSIONS")
 DIMENSIONS = frozenset(
     DEFAULT_DIMENSIONS if _dims is None else ALL_DIMENSIONS if _dims.strip() == "all"
