@@ -333,16 +333,26 @@ class ModelAttempt:
     origin: int
     number: int
     max_attempts: int
-    deadline_ms: int
+    deadline_ms: int  # its deadline; of an adaptive one, a lower bound (created + the floor)
     acked_ms: int | None = None  # every event of its tree written at this time
     failed_ms: int | None = None  # a fail mark written at this time
     outcome: str | None = None  # its persist tombstone's rb-outcome, once written
     reason: str | None = None  # why it was replayed (its replay's history), once known
+    timed_out_ms: int | None = None  # when it timed out (its replay's history ``at_ms``), once known
+    given_ms: int | None = None  # an adaptive deadline as the acker first gave it, once seen
+    payload_lost: bool = False  # its persist record was deleted before it was decided
+
+    @property
+    def window_from_ms(self) -> int:
+        """Its window opens here and lasts ``watch_ms``: at its timeout (or
+        after its deadline while the timeout is not known: a timeout is never earlier)."""
+        return self.timed_out_ms if self.timed_out_ms is not None else self.deadline_ms
 
 
 class FateModel:
     """The fate rule of docs/design.md §6 in plain Python, judged from what the world did
-    (events written, with their times) and what the acker wrote (tombstones):
+    (events written, with their times) and what the acker wrote (tombstones, replays and
+    their histories):
 
     ============================  =====================================================
     the attempt's tree completed  the record's fate
@@ -355,15 +365,23 @@ class FateModel:
                                   window has closed
     ============================  =====================================================
 
-    The acker times out at or after the deadline (its ticks round up, its lag gate only
-    delays), so a tree completed before ``deadline + watch_ms / 2`` is inside the window
-    whatever the acker's lag; one completed later may or may not be (``None``: both
-    fates are right). ``violations`` checks every tombstone written so far against the
+    The window is judged by the timeout the acker recorded (``at_ms`` in its replay's
+    history): a tree completed before ``at_ms + watch_ms`` must complete the record, whatever
+    the acker's lag (the end of a watch is gated). Of the last attempt, whose timeout is
+    written nowhere before its dead letter, the window counts from its deadline (a timeout
+    is never earlier). Only a tree completed after the window may or may not count
+    (``None``: both fates are right): the acker may have read it before it took the window's
+    end (``whole_window=False`` judges only up to ``deadline + watch_ms / 2`` exactly, the
+    rule before it was judged by ``at_ms``). An attempt whose persist record was deleted before it was decided may end either
+    way, but must end. ``violations`` checks every tombstone written so far against the
     rule; ``expected`` gives the fate a drained acker must have reached.
     """
 
-    def __init__(self, watch_ms: int) -> None:
+    def __init__(self, watch_ms: int, *, whole_window: bool = True) -> None:
         self.watch_ms = watch_ms
+        # False: only a tree completed before ``deadline + watch_ms / 2`` must count (inside
+        # the window whatever the acker's lag), anything later may or may not.
+        self.whole_window = whole_window
         self.attempts: dict[int, ModelAttempt] = {}
         self.origins: dict[int, list[ModelAttempt]] = {}
 
@@ -377,15 +395,21 @@ class FateModel:
         """Whether ``a``'s completed tree must complete the record (None: it may)."""
         if a.acked_ms is None or (a.failed_ms is not None and a.failed_ms <= a.acked_ms):
             return False
-        if a.acked_ms < a.deadline_ms + self.watch_ms // 2:
+        if a.payload_lost:
+            return None
+        if a.acked_ms < max(a.deadline_ms, a.given_ms or 0):
             return True
-        return None
+        if self.whole_window:
+            return True if a.acked_ms < a.window_from_ms + self.watch_ms else None
+        return True if a.acked_ms < a.deadline_ms + self.watch_ms // 2 else None
 
     def expected(self, origin: int) -> str | None:
         """``completed``, ``dlq``, or None (either is right)."""
         verdicts = [self.counts(a) for a in self.origins[origin]]
         if True in verdicts:
             return "completed"
+        if any(a.payload_lost for a in self.origins[origin]):
+            return None
         return "dlq" if all(v is False for v in verdicts) else None
 
     def violations(self) -> list[str]:
@@ -399,8 +423,9 @@ class FateModel:
                 # completed only by its own tree, or settled because an earlier attempt's did
                 if a.acked_ms is None and not any(b.acked_ms is not None for b in attempts if b.number < a.number):
                     out.append(f"attempt {a.number} of {origin} completed with no tree completed")
+            lost = any(b.payload_lost for b in attempts)
             for a in dead:
-                if a.number < a.max_attempts:
+                if a.number < a.max_attempts and not lost:
                     out.append(f"attempt {a.number} of {origin} dead-lettered before its last attempt")
                 if self.expected(origin) == "completed":
                     out.append(f"origin {origin} dead-lettered though attempt(s) {[b.number for b in attempts if self.counts(b)]} completed in time")
@@ -411,4 +436,8 @@ class FateModel:
                 # a fail mark wins over the clock: written before the deadline, it is the reason
                 if a.reason == "timeout" and a.failed_ms is not None and a.failed_ms < a.deadline_ms:
                     out.append(f"attempt {a.number} of {origin} failed before its deadline, replayed as a timeout")
+                # a deadline once given is never shortened (adaptive timeouts, §6)
+                if a.timed_out_ms is not None and a.given_ms is not None and a.timed_out_ms < a.given_ms:
+                    out.append(f"attempt {a.number} of {origin} timed out at {a.timed_out_ms}, before the "
+                               f"deadline {a.given_ms} it was given")
         return out

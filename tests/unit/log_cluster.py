@@ -6,11 +6,19 @@ committed offsets, on a stepped clock.
 
 The group consumer hands out at most ``Cluster.max_batch`` messages per poll, so what the
 world writes faster than that is a backlog, as behind a real consumer.
+
+Also, as a broker does: create timestamps on every record (``Cluster.clock``, when set), a log
+start that DeleteRecords moves (``delete_records``), compaction that keeps the last record of
+each key (``compact``), transactions of other producers left open on a partition (a
+``read_committed`` consumer reads up to the first open offset: ``open_transaction``,
+``end_transaction``), and a group of several members among which the partitions are shared
+in ranges (``rebalance``: revocations first, then assignments, through the members' callbacks).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +27,7 @@ import pytest
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
+    TIMESTAMP_CREATE_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
@@ -35,8 +44,10 @@ class Message:
     """A record of a log, or a partition-EOF event (``error()``)."""
 
     def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes | None]] | None = None, err: KafkaError | None = None) -> None:
+                 headers: list[tuple[str, bytes | None]] | None = None, err: KafkaError | None = None,
+                 timestamp_ms: int = 0) -> None:
         self._t, self._p, self._o, self._k, self._v, self._h, self._e = topic, partition, offset, key, value, headers, err
+        self._ts = timestamp_ms
 
     def error(self) -> KafkaError | None:
         return self._e
@@ -60,38 +71,127 @@ class Message:
         return self._h
 
     def timestamp(self) -> tuple[int, int]:
-        return (TIMESTAMP_NOT_AVAILABLE, 0)  # the acker falls back to its clock
+        if self._ts <= 0:
+            return (TIMESTAMP_NOT_AVAILABLE, 0)  # the acker falls back to its clock
+        return (TIMESTAMP_CREATE_TIME, self._ts)
 
 
 @dataclass
 class Cluster:
     partitions: int = 2
     max_batch: int = 4
-    logs: dict[Key, list[Message]] = field(default_factory=lambda: defaultdict(list))
-    starts: dict[Key, int] = field(default_factory=dict)  # log start offsets moved by delete_records
+    # A log's records by offset; None where one was deleted, compacted away or aborted.
+    logs: dict[Key, list[Message | None]] = field(default_factory=lambda: defaultdict(list))
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (group, topic, p) -> offset
     fail_commits: int = 0  # the next commits that fail (abortable), then succeed
     producers: list[ClusterProducer] = field(default_factory=list)
     consumers: list[ClusterConsumer] = field(default_factory=list)
+    clock: Callable[[], int] | None = None  # create timestamps (ms); None: not available
+    starts: dict[Key, int] = field(default_factory=lambda: defaultdict(int))  # log start offsets
+    open_from: dict[Key, int] = field(default_factory=dict)  # first offset of an open transaction
+    members: list[ClusterConsumer] = field(default_factory=list)  # the group's live members, in join order
+    transactions: int = 0  # transactions committed with offsets (by any member)
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-               headers: list[tuple[str, bytes | None]] | None = None) -> int:
+               headers: list[tuple[str, bytes | None]] | None = None, timestamp_ms: int | None = None) -> int:
         log = self.logs[(topic, partition)]
-        log.append(Message(topic, partition, len(log), key, value, headers))
+        if timestamp_ms is None or timestamp_ms <= 0:
+            timestamp_ms = self.clock() if self.clock is not None else 0
+        log.append(Message(topic, partition, len(log), key, value, headers, timestamp_ms=timestamp_ms))
         return len(log) - 1
 
     def high(self, topic: str, partition: int) -> int:
         return len(self.logs[(topic, partition)])
 
     def low(self, topic: str, partition: int) -> int:
-        return self.starts.get((topic, partition), 0)
+        return self.starts[(topic, partition)]
 
-    def delete_records(self, topic: str, partition: int, before: int) -> None:
-        """DeleteRecords (or retention): the log now starts at ``before``; offsets stay."""
-        self.starts[(topic, partition)] = max(self.low(topic, partition), before)
+    def stable(self, topic: str, partition: int) -> int:
+        """The last stable offset: a ``read_committed`` consumer reads up to here."""
+        return self.open_from.get((topic, partition), self.high(topic, partition))
 
     def records(self, topic: str) -> list[Message]:
-        return [m for (t, _), log in sorted(self.logs.items()) if t == topic for m in log]
+        return [m for (t, p), log in sorted(self.logs.items()) if t == topic
+                for m in log[:self.stable(t, p)] if m is not None]
+
+    # -- what the broker does to a log besides appending
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """DeleteRecords: the log starts at ``before`` (never past the stable offset)."""
+        key = (topic, partition)
+        before = min(before, self.stable(topic, partition))
+        for o in range(self.starts[key], before):
+            self.logs[key][o] = None
+        self.starts[key] = max(self.starts[key], before)
+
+    def compact(self, topic: str, partition: int) -> None:
+        """Compaction up to the stable offset: a record is removed once its key has a later one
+        (tombstones stay: their retention is not modelled)."""
+        key = (topic, partition)
+        log, last = self.logs[key], {}
+        for o in range(self.starts[key], self.stable(topic, partition)):
+            m = log[o]
+            if m is not None and m.key() is not None:
+                if m.key() in last:
+                    log[last[m.key()]] = None
+                last[m.key()] = o
+
+    def open_transaction(self, topic: str, partition: int, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        """Another producer's transaction on the partition, open until ``end_transaction``."""
+        key = (topic, partition)
+        first = self.high(topic, partition)
+        for k, v in records:
+            self.append(topic, partition, k, v)
+        self.open_from.setdefault(key, first)
+
+    def end_transaction(self, topic: str, partition: int, *, commit: bool) -> None:
+        key = (topic, partition)
+        first = self.open_from.pop(key, None)
+        if first is None:
+            return
+        log = self.logs[key]
+        if not commit:
+            for o in range(first, len(log)):
+                log[o] = None
+        self.append(topic, partition, None, None)  # the transaction's marker takes an offset
+        log[-1] = None
+
+    # -- the group
+    def join(self, member: ClusterConsumer) -> None:
+        self.members.append(member)
+        self.rebalance()
+
+    def leave(self, member: ClusterConsumer, *, clean: bool) -> None:
+        """``member`` leaves the group: a clean stop revokes its partitions first (its
+        callback commits), a kill -9 does not (they are handed on as they are)."""
+        if member not in self.members:
+            return
+        if clean and member.owned:
+            member.revoke(sorted(member.owned))
+        member.owned = set()
+        self.members.remove(member)
+        self.rebalance()
+
+    def kill(self) -> None:
+        """kill -9 of every member: each leaves without revoking, for a new instance to take over."""
+        for member in list(self.members):
+            self.leave(member, clean=False)
+
+    def rebalance(self) -> None:
+        """Share the ledger partitions among the members in ranges (the range assignor:
+        partition i of every topic to one member); revocations before assignments."""
+        n = len(self.members)
+        if not n:
+            return
+        share = -(-self.partitions // n)
+        target = {m: set(range(i * share, min((i + 1) * share, self.partitions))) for i, m in enumerate(self.members)}
+        for m in self.members:
+            gone = m.owned - target[m]
+            if gone:
+                m.revoke(sorted(gone))
+        for m in self.members:
+            new = target[m] - m.owned
+            if new:
+                m.grant(sorted(new))
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Make every Kafka client of the acker service one of this cluster's."""
@@ -118,7 +218,7 @@ class ClusterProducer:
 
     def __init__(self, cluster: Cluster, conf: dict[str, Any]) -> None:
         self.cluster, self.conf = cluster, conf
-        self.pending: list[tuple[str, int, bytes | None, bytes | None, Any]] = []
+        self.pending: list[tuple[str, int, bytes | None, bytes | None, Any, int]] = []
         self.pending_offsets: list[TopicPartition] = []
         self.group = ""
         cluster.producers.append(self)
@@ -133,7 +233,8 @@ class ClusterProducer:
                 on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
                 headers: list[tuple[str, bytes | None]] | None = None) -> None:  # confluent-kafka's order (kafka_io.PRODUCE_ARGS)
         assert partition >= 0, "the acker names every partition"
-        self.pending.append((topic, partition, key, value, headers))
+        ts = timestamp or (self.cluster.clock() if self.cluster.clock is not None else 0)
+        self.pending.append((topic, partition, key, value, headers, ts))
 
     def send_offsets_to_transaction(self, positions: list[TopicPartition], group: Any, *_: Any) -> None:
         self.pending_offsets = list(positions)
@@ -143,10 +244,11 @@ class ClusterProducer:
         if self.cluster.fail_commits > 0:
             self.cluster.fail_commits -= 1
             raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT, "commit failed (injected)"))
-        for topic, partition, key, value, headers in self.pending:
-            self.cluster.append(topic, partition, key, value, headers)
+        for topic, partition, key, value, headers, ts in self.pending:
+            self.cluster.append(topic, partition, key, value, headers, ts)
         for tp in self.pending_offsets:
             self.cluster.offsets[(self.group, tp.topic, tp.partition)] = tp.offset
+        self.cluster.transactions += bool(self.pending_offsets)
         self.pending, self.pending_offsets = [], []
 
     def abort_transaction(self, *_: Any) -> None:
@@ -178,14 +280,29 @@ class ClusterConsumer:
         self.paused: set[Key] = set()
         self.topics: list[str] = []
         self.on_assign: Any = None
+        self.on_revoke: Any = None
         self.assigned = False
+        self.owned: set[int] = set()  # the ledger partitions the group gave this member
         self.fetched = False
         self.rest: list[Message] = []
         cluster.consumers.append(self)
 
     # -- group
-    def subscribe(self, topics: list[str], on_assign: Any = None, **_: Any) -> None:
-        self.topics, self.on_assign = topics, on_assign
+    def subscribe(self, topics: list[str], on_assign: Any = None, on_revoke: Any = None, **_: Any) -> None:
+        self.topics, self.on_assign, self.on_revoke = topics, on_assign, on_revoke
+
+    def grant(self, lps: list[int]) -> None:
+        """The group assigns ``lps`` (of every subscribed topic) to this member."""
+        self.owned.update(lps)
+        self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in lps])
+
+    def revoke(self, lps: list[int]) -> None:
+        """The group takes ``lps`` back; the callback commits and unassigns."""
+        self.owned.difference_update(lps)
+        tps = [TopicPartition(t, p) for t in self.topics for p in lps]
+        if self.on_revoke is not None:
+            self.on_revoke(self, tps)
+        self.incremental_unassign(tps)
 
     def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
         return [
@@ -209,7 +326,12 @@ class ClusterConsumer:
         if not self.is_group:
             self.positions = {}
 
-    incremental_unassign = unassign
+    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            self.positions.pop(key, None)
+            self.delivered.pop(key, None)
+            self.paused.discard(key)
 
     def seek(self, tp: TopicPartition) -> None:
         self._move(tp)
@@ -234,7 +356,7 @@ class ClusterConsumer:
             return out
         if self.is_group and self.on_assign is not None and not self.assigned:
             self.assigned = True
-            self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.cluster.partitions)])
+            self.cluster.join(self)
         self.fetched = True
         limit = min(num_messages, self.cluster.max_batch) if self.is_group else num_messages
         out: list[Message] = []
@@ -242,13 +364,16 @@ class ClusterConsumer:
             if key in self.paused:
                 continue
             log = self.cluster.logs[key]
+            end = self.cluster.stable(*key)  # read_committed
             self.positions[key] = max(self.positions[key], self.cluster.low(*key))
-            while len(out) < limit and self.positions[key] < len(log):
-                out.append(log[self.positions[key]])
+            while len(out) < limit and self.positions[key] < end:
+                msg = log[self.positions[key]]
                 self.positions[key] += 1
                 self.delivered[key] = self.positions[key]
-            if self.eof and self.positions[key] >= len(log) and key not in self.eof_sent and len(out) < limit:
-                out.append(Message(key[0], key[1], len(log), None, None, err=KafkaError(KafkaError._PARTITION_EOF)))
+                if msg is not None:
+                    out.append(msg)
+            if self.eof and self.positions[key] >= end and key not in self.eof_sent and len(out) < limit:
+                out.append(Message(key[0], key[1], end, None, None, err=KafkaError(KafkaError._PARTITION_EOF)))
                 self.eof_sent.add(key)
         return out
 

@@ -55,6 +55,7 @@ class World:
         self._seq = itertools.count(1)
 
     def new_acker(self) -> Acker:
+        self.cluster.kill()  # the instance before, if any, is gone (kill -9)
         return Acker(KafkaSettings("unit:9092"), NS, self.config, clock=self.clock)
 
     def send(self, n: int, timeout_ms: int = TIMEOUT_MS) -> list[int]:
@@ -97,7 +98,7 @@ class World:
         """srid -> the outcomes of its persist tombstones, in log order."""
         out: dict[int, list[str]] = defaultdict(list)
         for msg in self.cluster.logs[(NS.persist, 0)]:
-            if msg.value() is None:
+            if msg is not None and msg.value() is None:
                 out[ids.decode_id(msg.key() or b"")].append(outcome_of(msg.headers()).decode())
         return dict(out)
 

@@ -1,25 +1,51 @@
 """The fate rule against its model (docs/design.md §6): hypothesis drives the real ``Acker`` -
-table, decisions, lag gate, changelog, transactions - on a stepped clock over an in-memory
-Kafka (tests/unit/log_cluster.py), and ``FateModel`` beside it, through random
+table, decisions, lag gate, reading order, changelog, transactions - on a stepped clock over
+an in-memory Kafka (tests/unit/log_cluster.py), and ``FateModel`` beside it, through random
 interleavings: records sent with 1-3 attempts, trees completed in time, late or too late,
 fail marks, drops, clock steps, backlogs on any input partition, failed commits (abort and
 rewind), and takeovers by a new instance from the changelog and the committed offsets.
 
-Ground truth is what the acker committed to the logs (tombstones and their outcomes, replays)
-and what the world wrote; never the acker's own counters. After every step no tombstone may
-break the rule; after draining (the clock far past every window, the backlog read) every
-record has the fate the model gives it: nothing lost, nothing completed twice, nothing
-dead-lettered while an attempt could still complete.
+Ground truth is what the acker committed to the logs (tombstones and their outcomes, replays
+and their histories) and what the world wrote; never the acker's own counters. After every
+step no tombstone may break the rule; after draining (the clock far past every window, the
+backlog read) every record has the fate the model gives it: nothing lost, nothing completed
+twice, nothing dead-lettered while an attempt could still complete.
 
-``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below).
+Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, or unset for
+``DEFAULT_DIMENSIONS``; each widens what the world and the acker may do):
+
+- ``timestamps``: every record carries its create time (the world's clock), so the reading
+  order (docs/design.md §5) cuts and pauses ``ns.acks`` - with a small ``BEHIND``;
+- ``window``: late completions across the whole window - at once, a quarter, a half, just
+  before its end (``at_ms + watch_ms`` of the replay's history, or the last attempt's
+  deadline + ``watch_ms``) and past it - and the model judges every completion by that window
+  exactly (without it, only those before ``deadline + watch_ms / 2``);
+- ``early``: ``commit_interval_ms`` > 0 on a stepped ``time.monotonic``: early commits while
+  completions trickle, interval commits as the clock moves;
+- ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the acker committed again
+  more than ``unlogged_ms`` after committing past it (so it logged what it left out), and
+  compaction of ``ns.persist``;
+- ``auto``: adaptive timeouts (``timeout_ms="auto"``) with a small ``adaptive_min_samples``:
+  fast completions drop the estimate; the deadline the acker first gives an attempt (seen in
+  its table: no log holds an unlogged one) is never shortened;
+- ``group``: two ackers in one group: joins, clean hand-overs (revoke and warm state),
+  kill -9 and takeover, with or without ``--standby``;
+- ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted.
+
+``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
+stays well under a minute on two cores). The long run that looks for new sequences::
+
+    REPLAYBROKER_MODEL_DIMENSIONS=all REPLAYBROKER_MODEL_EXAMPLES=1500 \\
+        timeout 900 python -m pytest tests/unit/test_fate_model.py -x
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
+import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,24 +54,43 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
-from broker.headers import outcome_of
+from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.reference import FateModel, ModelAttempt
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
-from tests.unit.log_cluster import Cluster
+from tests.unit.log_cluster import Cluster, Message
+
+ALL_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "txn")
+# What runs green and fast on the code as it is; the others find sequences that are being
+# fixed ("txn" is slow: a restore that reads ns.persist past an open transaction waits for it
+# for its whole slice, ten seconds of wall clock in this harness).
+DEFAULT_DIMENSIONS = ("timestamps",)
+_dims = os.environ.get("REPLAYBROKER_MODEL_DIMENSIONS")
+DIMENSIONS = frozenset(
+    DEFAULT_DIMENSIONS if _dims is None else ALL_DIMENSIONS if _dims.strip() == "all"
+    else [d.strip() for d in _dims.split(",") if d.strip()]
+)
+assert set(ALL_DIMENSIONS) >= DIMENSIONS, f"unknown dimensions {sorted(DIMENSIONS - set(ALL_DIMENSIONS))}"
 
 NS = Namespace("model")
 T0 = 1_700_000_000_000
 WATCH_MS = 20_000
+BEHIND = 3  # persist records unread from which the reading order holds events ("timestamps")
+FLOOR_MS = 1_000  # adaptive floor ("auto"): an adaptive deadline is at least created + this
 # What a task does with an attempt: complete its tree in time, fail it, drop it, or complete
-# it late - at once after the deadline, inside the window whatever the acker's lag (< W/2),
-# or past it.
+# it late - relative to its deadline: at once, inside the window whatever the acker's lag
+# (< W/2), or past it; with "window", relative to its timeout as the acker recorded it: a
+# quarter, a half, just before the window's end, past it; with "early", also "quick": 40 ms.
 DELAYS = {"late_now": 0, "late_quarter": WATCH_MS // 4, "late_edge": WATCH_MS // 2 - 100, "late_past": 2 * WATCH_MS}
-MOVES = ("ack", "fail", "drop", "touch", *DELAYS)
+WINDOW = {"win_quarter": WATCH_MS // 4, "win_half": WATCH_MS // 2, "win_end": WATCH_MS - 150,
+          "win_past": WATCH_MS + 1_000}
+MOVES = ("ack", "fail", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
+         *(("quick",) if "early" in DIMENSIONS else ()))
 _NONE = np.array([], np.int64)
 
 
@@ -54,21 +99,30 @@ class FateMachine(RuleBasedStateMachine):
         super().__init__()
         self.monkeypatch = pytest.MonkeyPatch()
         # Ids from a seeded generator: the same rules give the same run (hypothesis replays
-        # and shrinks runs), the replays' srids included.
+        # and shrinks runs), the replays' srids included (``ids.new_id_in`` draws from it too).
         rng = random.Random(7)
         self.monkeypatch.setattr(ids, "new_id", lambda: rng.getrandbits(63) or 1)
         self.clock = ManualClock(T0)
-        self.cluster = Cluster()
+        # The service's commit timing (``commit_interval_ms``, early commits) on the stepped
+        # clock: a poll that returns nothing is idle, one that returns something is not.
+        self.monkeypatch.setattr(broker.acker.service, "time", SimpleNamespace(
+            monotonic=lambda: self.clock.now_ms() / 1000, perf_counter=time.perf_counter, sleep=time.sleep))
+        self.cluster = Cluster(clock=self.clock.now_ms if "timestamps" in DIMENSIONS else None)
         self.cluster.install(self.monkeypatch)
-        self.model = FateModel(WATCH_MS)
+        self.model = FateModel(WATCH_MS, whole_window="window" in DIMENSIONS)
         self.config = AckerConfig()
-        self.acker: Acker | None = None
+        self.ackers: list[Acker] = []
+        self.started: set[int] = set()  # id() of the ackers started (subscribed)
+        self.instances = 0
         self.scanned: dict[int, int] = {}  # ledger partition -> persist records looked at
         self.roots: dict[int, int] = {}  # srid -> the record id its tree completes with
         self.scripts: dict[int, tuple[str, str, str]] = {}  # origin -> the move of each attempt
         self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail / touch): the tasks' doings
         self.created: dict[int, int] = {}  # srid -> created_ms
+        self.offsets: dict[int, tuple[int, int]] = {}  # srid -> (ledger partition, persist offset)
+        self.auto: set[int] = set()  # srids of adaptive attempts
         self.bad: dict[tuple[int, int], int] = {}  # (ledger partition, offset) -> srid of a bad value
+        self.commits: list[tuple[int, int, dict[int, int]]] = []  # (transactions, ms, committed persist offsets)
         self.sent = 0
 
     # ------------------------------------------------------------------ set-up
@@ -78,24 +132,38 @@ class FateMachine(RuleBasedStateMachine):
         fetches=st.sampled_from([1, 2, 2_000]),
         fail_hold_ms=st.sampled_from([0, 150]),
         # How long an entry with nothing but its persist record stays out of the changelog:
-        # logged at once, the default, or never for its age (every restore reads ns.persist).
-        unlogged_ms=st.sampled_from([0, 1_000, 10**9]),
+        # logged at once, soon, the default, or never for its age (every restore reads ns.persist).
+        unlogged_ms=st.sampled_from([0, 200, 1_000, 10**9]),
+        commit_interval_ms=st.sampled_from([100, 1_000] if "early" in DIMENSIONS else [0]),
+        standby=st.booleans() if "group" in DIMENSIONS else st.just(False),
     )
-    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_ms: int) -> None:
+    def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_ms: int, commit_interval_ms: int = 0,
+              standby: bool = False) -> None:
         self.config = AckerConfig(
-            commit_interval_ms=0, instance_id="model", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
-            watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
+            commit_interval_ms=commit_interval_ms, instance_id="model", stats_interval_ms=10**12,
+            orphan_ttl_ms=60_000, watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
             max_fetches_per_commit=fetches, payload_retry_ms=200, payload_retry_max_ms=1_000,
-            unlogged_ms=unlogged_ms,
+            # A payload above an open transaction (the acker's replays behind a source's) is
+            # not readable until it ends: the in-memory reads are instant, the wait is not.
+            payload_fetch_timeout_ms=50,
+            unlogged_ms=unlogged_ms, standby=standby,
+            adaptive_min_samples=3, adaptive_initial_ms=8_000, adaptive_floor_ms=FLOOR_MS,
         )
-        self.acker = self._new_acker()
+        self.ackers = [self._new_acker()]
 
     def _new_acker(self) -> Acker:
-        return Acker(KafkaSettings("model:9092"), NS, self.config, clock=self.clock)
+        self.instances += 1
+        config = AckerConfig(**{**{f: getattr(self.config, f) for f in self.config.__dataclass_fields__
+                                   if self.config.__dataclass_fields__[f].init},
+                                "instance_id": f"model-{self.instances}"})
+        acker = Acker(KafkaSettings("model:9092"), NS, config, clock=self.clock)
+        if "timestamps" in DIMENSIONS:
+            acker.reading.behind = BEHIND
+        return acker
 
     def teardown(self) -> None:
         try:
-            if self.acker is not None and not self.model.violations():
+            if self.ackers and not self.model.violations():
                 self._drain()
         finally:
             self.monkeypatch.undo()
@@ -103,12 +171,15 @@ class FateMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the world
 
     @rule(
-        n=st.integers(1, 4), max_attempts=st.integers(1, 3), timeout_ms=st.sampled_from([1_000, 3_000]),
+        n=st.integers(1, 4), max_attempts=st.integers(1, 3),
+        timeout_ms=st.sampled_from([1_000, 3_000, *([AUTO_TIMEOUT_MS] if "auto" in DIMENSIONS else [])]),
         script=st.tuples(*[st.sampled_from(MOVES)] * 3),
+        open_txn=st.booleans() if "txn" in DIMENSIONS else st.just(False),
     )
-    def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str]) -> None:
+    def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str], open_txn: bool = False) -> None:
         """A source sends ``n`` records at once (their deadlines fall due together); the
-        tasks will handle attempt k of each as ``script[k - 1]`` says."""
+        tasks will handle attempt k of each as ``script[k - 1]`` says. ``open_txn``: in a
+        transaction left open (``end_transactions`` ends it)."""
         for _ in range(n):
             self.sent += 1
             srid, root = ids.new_id(), ids.new_id()
@@ -119,7 +190,18 @@ class FateMachine(RuleBasedStateMachine):
             )
             self.scripts[srid] = script
             lp = ids.ledger_partition(srid, self.cluster.partitions)
-            self.cluster.append(NS.persist, lp, ids.encode_id(srid), record.encode())
+            if open_txn or (NS.persist, lp) in self.cluster.open_from:
+                self.cluster.open_transaction(NS.persist, lp, [(ids.encode_id(srid), record.encode())])
+            else:
+                self.cluster.append(NS.persist, lp, ids.encode_id(srid), record.encode())
+
+    @precondition(lambda self: bool(self.cluster.open_from))
+    @rule(commit=st.booleans())
+    def end_transactions(self, commit: bool) -> None:
+        """The sources' open transactions on ns.persist end: committed, or aborted (their
+        records never were)."""
+        for lp in range(self.cluster.partitions):
+            self.cluster.end_transaction(NS.persist, lp, commit=commit)
 
     @rule(field=st.sampled_from(["attempt", "max_attempts", "timeout_ms", "partitioner"]))
     def send_bad(self, field: str) -> None:
@@ -133,20 +215,35 @@ class FateMachine(RuleBasedStateMachine):
                       timeout_ms=1_000, max_attempts=2)
         record = PersistedRecord(**{**fields, **bad})  # type: ignore[arg-type]
         lp = ids.ledger_partition(srid, self.cluster.partitions)
+        if (NS.persist, lp) in self.cluster.open_from:
+            return  # its offset would only be known at the commit
         self.bad[(lp, self.cluster.append(NS.persist, lp, ids.encode_id(srid), record.encode()))] = srid
 
     def _plan(self, a: ModelAttempt, created_ms: int, timeout_ms: int) -> None:
         """Schedule what the tasks do with a new attempt (its record's script)."""
         move = self.scripts[a.origin][a.number - 1]
-        if move == "ack":  # in time
-            self.planned.append((created_ms + timeout_ms // 2, a.srid, "ack"))
+        if move == "ack":  # in time (an adaptive record: fast, its completions drop the estimate)
+            self.planned.append((created_ms + (200 if a.srid in self.auto else timeout_ms // 2), a.srid, "ack"))
+        elif move == "quick":  # completions that trickle in: every commit may be an early one
+            self.planned.append((created_ms + 40, a.srid, "ack"))
         elif move == "fail":
             self.planned.append((created_ms + 10, a.srid, "fail"))
-        elif move.startswith("late"):  # a slow task: after the deadline
+        elif move in DELAYS:  # a slow task: after the deadline
             self.planned.append((a.deadline_ms + DELAYS[move], a.srid, "ack"))
+        elif move in WINDOW and a.number == a.max_attempts:
+            # The last attempt's timeout is written nowhere before its dead letter: from its
+            # deadline (a timeout is never earlier).
+            self.planned.append((a.deadline_ms + WINDOW[move], a.srid, "ack"))
         elif move == "touch":  # a long task: extends the deadline, completes after the first
-            self.planned.append((created_ms + timeout_ms // 2, a.srid, "touch"))
-            self.planned.append((created_ms + 2 * timeout_ms, a.srid, "ack"))
+            span = max(timeout_ms, FLOOR_MS)
+            self.planned.append((created_ms + span // 2, a.srid, "touch"))
+            self.planned.append((created_ms + 2 * span, a.srid, "ack"))
+
+    def _timed_out(self, a: ModelAttempt) -> None:
+        """``a``'s timeout is known (its replay's history): a "window" move is due."""
+        move = self.scripts[a.origin][a.number - 1]
+        if move in WINDOW and a.number < a.max_attempts and a.timed_out_ms is not None:
+            self.planned.append((max(a.timed_out_ms + WINDOW[move], self.clock.now_ms()), a.srid, "ack"))
 
     @rule(ms=st.sampled_from([50, 300, 1_000, 3_000, 8_000, 25_000]))
     def advance(self, ms: int) -> None:
@@ -166,7 +263,7 @@ class FateMachine(RuleBasedStateMachine):
                 # that deadline passes depends on its backlogs (a touch read before the srid's
                 # persist record is kept, design §6), so a replay after it is right either way;
                 # the fate is not.
-                touched = a.deadline_ms + 2 * (a.deadline_ms - self.created[srid])
+                touched = a.deadline_ms + 2 * max(a.deadline_ms - self.created[srid], FLOOR_MS)
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array([srid], np.int64),
                                  touched_deadlines=np.array([touched], np.int64))
             else:
@@ -184,76 +281,178 @@ class FateMachine(RuleBasedStateMachine):
             batch = XorBatch(lp, np.array([other], np.int64), np.array([other ^ 3], np.int64), np.array([], np.int64))
             self.cluster.append(NS.acks, lp, None, batch.encode())
 
-    # ------------------------------------------------------------------ the acker
+    @precondition(lambda self: "delete" in DIMENSIONS)
+    @rule(lp=st.integers(0, 1))
+    def delete_head(self, lp: int) -> None:
+        """DeleteRecords on ``ns.persist[lp]``, as far as the acker committed past those records
+        and then committed again more than ``unlogged_ms`` later: what it leaves out of the
+        changelog it has logged by then (§6, *Durable*)."""
+        self._scan()
+        wait = self.config.unlogged_ms
+        before = max((c.get(lp, 0) for tx, ms, c in self.commits
+                      if any(tx2 > tx and ms2 - ms > wait for tx2, ms2, _ in self.commits)), default=0)
+        if before <= self.cluster.starts[(NS.persist, lp)]:
+            return
+        for srid, (p, offset) in self.offsets.items():
+            a = self.model.attempts[srid]
+            if p == lp and offset < before and a.outcome is None:
+                a.payload_lost = True
+        self.cluster.delete_records(NS.persist, lp, before)
 
-    @precondition(lambda self: self.acker is not None)
-    @rule(n=st.integers(1, 6))
-    def step(self, n: int) -> None:
-        assert self.acker is not None
-        count = itertools.count(1)
-        self.acker.run(until=lambda _: next(count) >= n)  # the service loop: n polls, then a commit
+    @precondition(lambda self: "delete" in DIMENSIONS)
+    @rule(lp=st.integers(0, 1))
+    def compact(self, lp: int) -> None:
+        """The log cleaner runs on ``ns.persist[lp]``: a record whose srid was tombstoned goes."""
+        self._scan()
+        self.cluster.compact(NS.persist, lp)
 
-    @precondition(lambda self: self.acker is not None)
+    # ------------------------------------------------------------------ the ackers
+
+    def _run(self, acker: Acker, n: int) -> None:
+        """The service loop: ``n`` polls (with ``commit_interval_ms`` 0, each commits; else
+        when due), then a commit at an interval of 0 - as ``Acker.run`` does, with its
+        clients left open."""
+        if id(acker) not in self.started:
+            self.started.add(id(acker))
+            acker.start()
+            acker.changelog.assign_standby(acker.P, acker.states)
+            acker._subscribe()
+        for _ in range(n):
+            acker.step()
+        if self.config.commit_interval_ms == 0:
+            acker.commit()
+        self._note_commits()
+
+    def _note_commits(self) -> None:
+        if not self.commits or self.commits[-1][0] != self.cluster.transactions:
+            committed = {lp: self.cluster.offsets.get((f"{NS.name}.acker", NS.persist, lp), 0)
+                         for lp in range(self.cluster.partitions)}
+            self.commits.append((self.cluster.transactions, self.clock.now_ms(), committed))
+
+    @precondition(lambda self: bool(self.ackers))
+    @rule(n=st.integers(1, 6), which=st.integers(0, 1))
+    def step(self, n: int, which: int = 0) -> None:
+        self._run(self.ackers[which % len(self.ackers)], n)
+
+    @precondition(lambda self: bool(self.ackers))
     @rule()
     def commit_fails(self) -> None:
         """The next commit is refused: the acker aborts and rewinds to its changelog."""
         self.cluster.fail_commits += 1
 
-    @precondition(lambda self: self.acker is not None)
+    @precondition(lambda self: bool(self.ackers))
+    @rule(which=st.integers(0, 1))
+    def takeover(self, which: int) -> None:
+        """kill -9 and a new instance (with "group", the other member takes over at once):
+        whatever was not committed is gone."""
+        dead = self.ackers.pop(which % len(self.ackers))
+        self.cluster.leave(dead._consumer, clean=False)
+        if not self.ackers or "group" not in DIMENSIONS:
+            self.ackers.append(self._new_acker())
+
+    @precondition(lambda self: "group" in DIMENSIONS and len(self.ackers) == 1)
     @rule()
-    def takeover(self) -> None:
-        """kill -9 and a new instance: whatever was not committed is gone."""
-        self.acker = self._new_acker()
+    def join(self) -> None:
+        """A second acker joins at its first poll: the first hands half its partitions over."""
+        self.ackers.append(self._new_acker())
+
+    @precondition(lambda self: "group" in DIMENSIONS and bool(self.ackers))
+    @rule(which=st.integers(0, 1))
+    def hand_over(self, which: int) -> None:
+        """A clean stop: its partitions are revoked (it logs and commits every entry), the
+        other member, or a new instance, takes them."""
+        gone = self.ackers.pop(which % len(self.ackers))
+        self.cluster.leave(gone._consumer, clean=True)
+        if not self.ackers:
+            self.ackers.append(self._new_acker())
 
     # ------------------------------------------------------------------ checks
 
     @invariant()
     def follows_the_rule(self) -> None:
         self._scan()
+        self._see_deadlines()
         problems = self.model.violations()
         assert not problems, problems
 
     def _scan(self) -> None:
-        """What the acker committed: new attempts (replays) and tombstones."""
+        """What the acker committed: new attempts (replays) and tombstones. The new records
+        of every partition first, then the histories and the tombstones: an open transaction
+        that ends shows a partition's records together with the replays of them elsewhere."""
+        new: list[tuple[int, Message]] = []
         for lp in range(self.cluster.partitions):
             log = self.cluster.logs[(NS.persist, lp)]
-            for msg in log[self.scanned.get(lp, 0):]:
-                srid = ids.decode_id(msg.key() or b"")
-                value = msg.value()
-                if (lp, msg.offset()) in self.bad:
-                    continue
-                if value is not None:
-                    r = PersistedRecord.decode(value)
-                    self.roots[r.srid] = r.root_xor
-                    self.created[r.srid] = r.created_ms
-                    for h in r.history:
-                        self.model.attempts[h.srid].reason = h.reason
-                    a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts, r.created_ms + r.timeout_ms)
-                    self._plan(a, r.created_ms, r.timeout_ms)
-                    continue
-                outcome = outcome_of(msg.headers())
-                a = self.model.attempts[srid]
-                assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
-                a.outcome = outcome.decode()
-            self.scanned[lp] = len(log)
+            stable = self.cluster.stable(NS.persist, lp)
+            new.extend((lp, msg) for msg in log[self.scanned.get(lp, 0):stable]
+                       if msg is not None and (lp, msg.offset()) not in self.bad)  # None: aborted
+            self.scanned[lp] = max(self.scanned.get(lp, 0), stable)
+        records = []
+        for lp, msg in new:
+            value = msg.value()
+            if value is None:
+                continue
+            r = PersistedRecord.decode(value)
+            records.append(r)
+            self.roots[r.srid] = r.root_xor
+            self.created[r.srid] = r.created_ms
+            self.offsets[r.srid] = (lp, msg.offset())
+            auto = r.timeout_ms == AUTO_TIMEOUT_MS
+            if auto:
+                self.auto.add(r.srid)
+            a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts,
+                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms))
+            self._plan(a, r.created_ms, FLOOR_MS if auto else r.timeout_ms)
+        for r in records:
+            for h in r.history:
+                before = self.model.attempts[h.srid]
+                before.reason = h.reason
+                if h.reason == "timeout" and before.timed_out_ms is None:
+                    before.timed_out_ms = h.at_ms
+                    self._timed_out(before)
+        for _, msg in new:
+            if msg.value() is not None:
+                continue
+            srid = ids.decode_id(msg.key() or b"")
+            outcome = outcome_of(msg.headers())
+            a = self.model.attempts[srid]
+            assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
+            a.outcome = outcome.decode()
+
+    def _see_deadlines(self) -> None:
+        """The deadline each adaptive attempt is first given, from the table that holds it
+        (nothing in the logs has it while the entry is left out of the changelog)."""
+        for srid in self.auto:
+            a = self.model.attempts[srid]
+            if a.given_ms is not None or a.outcome is not None or a.reason is not None:
+                continue
+            for acker in self.ackers:
+                st_ = acker.states.get(ids.ledger_partition(srid, self.cluster.partitions))
+                entry = None if st_ is None else st_.table.get(srid)
+                if entry is not None and entry.registered and not (entry.deferred or entry.watching or entry.failed):
+                    a.given_ms = int(acker.ticker.ms_of(entry.deadline))
 
     def _drain(self) -> None:
-        """Run the world's late completions, then the clock far past every window, reading
-        everything: every record must then have its fate."""
-        assert self.acker is not None
+        """End the open transactions, run the world's late completions, then the clock far
+        past every window, reading everything: every record must then have its fate."""
+        for lp in range(self.cluster.partitions):
+            self.cluster.end_transaction(NS.persist, lp, commit=True)
         for _ in range(40):
             self.advance(5_000)
-            self.step(6)
+            for acker in list(self.ackers):
+                self._run(acker, 6)
             self._scan()
         self.clock.advance(2 * WATCH_MS + 120_000)
         for _ in range(20):
-            self.step(6)
+            for acker in list(self.ackers):
+                self._run(acker, 6)
             self.advance(1_000)
         self._scan()
         assert not self.model.violations(), self.model.violations()
         quarantined = [dict(m.headers() or ()).get("rb-source") for m in self.cluster.records(NS.dlq)
                        if (dict(m.headers() or ()).get("rb-reason") or b"").startswith(b"quarantine")]
-        assert sorted(quarantined) == sorted(f"{NS.persist}/{lp}/{o}".encode() for lp, o in self.bad), quarantined
+        lost = {(lp, o) for lp, o in self.bad if o < self.cluster.starts[(NS.persist, lp)]}
+        assert set(quarantined) >= {f"{NS.persist}/{lp}/{o}".encode() for lp, o in self.bad if (lp, o) not in lost}, quarantined
+        assert len(quarantined) == len(set(quarantined)), quarantined
         for origin, attempts in self.model.origins.items():
             ends = sorted(a.outcome for a in attempts if a.outcome in ("completed", "dlq"))
             assert len(ends) == 1, f"origin {origin}: {[(a.number, a.outcome) for a in attempts]}"
