@@ -104,6 +104,9 @@ class Waiting(TableBase):
         t.deadline[pos] = new_dl
         self._deferred.append(u)
         self._min_deferred = min(self._min_deferred, int(new_dl.min()))
+        # Still a lower bound of every live entry's deadline: ``due`` counts the deferred too,
+        # and the lag gate asks an idle input for its watermark only while something is due.
+        self._min_deadline = min(self._min_deadline, int(new_dl.min()))
 
     def deferred_due(self, now_tick: int) -> int:
         """How many DEFERRED entries have ``deadline <= now_tick`` (what ``take_deferred``

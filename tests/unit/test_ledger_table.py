@@ -501,6 +501,18 @@ def test_a_deferred_entry_waits_for_its_tick_and_keeps_its_reason() -> None:
     assert len(t) == 0 and len(t.take_deferred(10**6).failed) == 0
 
 
+def test_a_deferred_entry_counts_as_due_at_its_tick() -> None:
+    """``due`` tells the lag gate that something waits for a tick (it then asks an idle input
+    for its watermark, so its read-up-to time can reach the tick). Found by the fate model: a
+    held dead letter put back after a rewind never counted, the gate never asked, and the
+    record was never decided."""
+    t = LedgerTable()
+    s = _registered(t, [11], deadline=10)
+    assert len(t.expire(10).timed_out) == 1  # the table is empty now
+    t.defer(s, np.array([100]), np.array([20]))
+    assert (t.due(19), t.due(20)) == (0, 1)
+
+
 def test_a_deferred_timeout_keeps_its_value_and_completes_with_its_tree() -> None:
     """A timed-out entry whose decision waits (a payload read put off, a last attempt's dead
     letter held) still folds: the events that arrive late complete it, and it is neither
