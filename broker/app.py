@@ -185,7 +185,6 @@ class App:
         own = options.pop("serdes", {})
         return replace(base, **options, serdes={**self.serdes(), **base.serdes, **own})
 
-
     @property
     def roles(self) -> list[str]:
         """What can run: ``acker`` (when declared) and ``task:<name>`` per task."""
