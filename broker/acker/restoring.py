@@ -15,6 +15,7 @@ and resumes them. A partition revoked or lost while restoring is cancelled.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ from confluent_kafka import TopicPartition
 from broker.acker.changelog import Changelog, RestoreJob
 from broker.acker.state import PartitionState
 from broker.acker.unlogged import Register, Unlogged, UnloggedJob
+
+log = logging.getLogger(__name__)
+
+# A restore slower than this says what it waits for, once per this many seconds.
+SLOW_RESTORE_S = 30.0
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Pending:
     states: dict[int, PartitionState] = field(default_factory=dict)
     read: int = 0
     warm: int = 0
+    reported: float = 0.0  # when it last said what it waits for (monotonic)
 
     @property
     def done(self) -> bool:
@@ -73,6 +80,7 @@ class Restores:
         if not self.pending:
             return None
         head = self.pending[0]
+        self._report_slow(head)
         if head.starts is None:
             head.starts = self._starts(head.tps, max(budget_s, 0.05))
             if head.starts is None:
@@ -91,6 +99,28 @@ class Restores:
             self.pending.pop(0)
             return head
         return None
+
+    def _report_slow(self, head: Pending) -> None:
+        now = time.monotonic()
+        if now - head.began < SLOW_RESTORE_S or now - head.reported < SLOW_RESTORE_S:
+            return
+        head.reported = now
+        if head.starts is None:
+            waits = "the stable committed offsets of its inputs (a transaction left open by a dead owner?)"
+        else:
+            lp, job = next(iter(head.jobs.items()))
+            read = head.unlogged.get(lp)
+            if read is None:
+                waits = f"the changelog of ledger partition {lp} ({job.read} records read from offset {job.start})"
+            else:
+                waits = (
+                    f"{self.changelog.ns.persist}[{lp}] from its restore floor ({read.read} records read "
+                    f"from offset {read.start}, to {read.end})"
+                )
+        log.warning(
+            "ledger partitions %s restoring for %.0fs (%d pending callbacks): waiting for %s",
+            head.lps, now - head.began, len(self.pending), waits,
+        )
 
     def _read_unlogged(self, head: Pending, lp: int, job: RestoreJob, budget_s: float) -> bool:
         """After ``lp``'s changelog: its entries the changelog leaves out, from ``ns.persist``
