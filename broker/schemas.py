@@ -350,6 +350,9 @@ PERSIST_PREFIX = np.dtype([
 PERSIST_PREFIX_LEN = PERSIST_PREFIX.itemsize  # 42
 _PREFIX_FIELDS = struct.Struct(">qqiiBB")  # the prefix after the two ids
 PERSIST_ADAPTIVE = 1  # flags: the record's timeout is adaptive (timeout_ms = AUTO_TIMEOUT_MS)
+# The most attempts a record may have (SQS's maxReceiveCount has the same bound): a source
+# refuses more, the acker quarantines a persist record with more (broker.acker.domain).
+MAX_ATTEMPTS = 1000
 _PARTITIONER_CODES = {name: code for code, name in enumerate(PARTITIONERS, 1)}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -394,6 +397,61 @@ class PersistPrefixes:
     partitioners: np.ndarray
     short: np.ndarray
     body_srid_ok: np.ndarray
+    # Where the record's ``topic`` and ``key_hash_partition`` fields (its placement) start and
+    # end in each value; a value that ends before its placement has end > its length.
+    placement_starts: np.ndarray
+    placement_ends: np.ndarray
+
+
+def decode_placement(placement: bytes) -> tuple[str, int] | None:
+    """The topic and key-hash partition of an encoded placement (None: not one)."""
+    try:
+        n, i = _avro_long_at(placement, 0)
+        topic = placement[i : i + n].decode()
+        khp, end = _avro_long_at(placement, i + n)
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return (topic, khp) if n >= 0 and end == len(placement) else None
+
+
+def _avro_long_at(b: bytes, i: int) -> tuple[int, int]:
+    """The Avro long (zigzag varint, at most 10 bytes) at ``i``, and the position after it."""
+    z, shift = 0, 0
+    while True:
+        x = b[i]
+        z |= (x & 0x7F) << shift
+        i += 1
+        if x < 0x80:
+            return (z >> 1) ^ -(z & 1), i
+        shift += 7
+        if shift >= 70:
+            raise IndexError("varint longer than 10 bytes")
+
+
+# From the record's start: srid, origin, attempt, root_xor, record_id (five varints, at most
+# 45 bytes with attempt an int) and the topic's length (2 bytes up to 8 191): one window
+# of 64 bytes, a bit each in one uint64.
+_PLACEMENT_WINDOW = 64
+_WINDOW = np.arange(_PLACEMENT_WINDOW)
+_KHP_WINDOW = np.arange(10)
+_VARINTS_BEFORE_TOPIC = 5
+
+
+def _end_bits(window: np.ndarray) -> np.ndarray:
+    """Per row (at most 64 bytes), a bit per byte that ends a varint (no continuation bit)."""
+    packed = np.packbits(window < 0x80, axis=1, bitorder="little")
+    if packed.shape[1] < 8:
+        wide = np.zeros((packed.shape[0], 8), np.uint8)
+        wide[:, : packed.shape[1]] = packed
+        packed = wide
+    return packed.view("<u8")[:, 0]
+
+
+def _lowest_bit(x: np.ndarray) -> np.ndarray:
+    """The position of each value's lowest set bit (64 for none): the log2 of that bit
+    alone, exact in a float64 for every power of two."""
+    low = x & (~x + np.uint64(1))
+    return np.where(low == 0, 64, np.log2(np.maximum(low, np.uint64(1)).astype(np.float64)).astype(np.int64))
 
 
 def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
@@ -403,7 +461,8 @@ def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
     lengths = np.fromiter(map(len, values), np.int64, n)
     starts = np.cumsum(lengths) - lengths
     width = PERSIST_PREFIX_LEN + 10  # the prefix and the body's first field, at most 10 bytes
-    buf = np.frombuffer(b"".join(values) + bytes(width), np.uint8)
+    # padded for the windows of the prefix's and the placement's reads (``_placement_spans``)
+    buf = np.frombuffer(b"".join(values) + bytes(width + _PLACEMENT_WINDOW + 10), np.uint8)
     short = lengths < PERSIST_PREFIX_LEN
     at = np.where(short, buf.size - width, starts)  # a short value reads the zero padding
     # Every window of ``width`` bytes of the buffer (a view, no copy), of which the rows at
@@ -416,12 +475,46 @@ def read_persist_prefixes(values: list[bytes]) -> PersistPrefixes:
     groups, used = _varint_groups(srids)
     body = heads[:, PERSIST_PREFIX_LEN:]
     same = ((body == groups) | (np.arange(10) >= used[:, None])).all(axis=1)
+    p_starts, p_ends = _placement_spans(buf, starts, lengths)
     return PersistPrefixes(
         srids, rows["root_xor"].astype(np.int64), rows["deadline_ms"].astype(np.int64),
         rows["created_ms"].astype(np.int64), rows["attempt"].astype(np.int64),
         rows["max_attempts"].astype(np.int64), rows["flags"], rows["partitioner"], short,
-        same & (lengths >= PERSIST_PREFIX_LEN + used),
+        same & (lengths >= PERSIST_PREFIX_LEN + used), p_starts, p_ends,
     )
+
+
+def _placement_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each value's placement (``topic``, ``key_hash_partition``) starts and ends in
+    it, for the joined values ``buf`` padded by at least 74 bytes (numpy over the batch: two
+    windows per value, no Python per value). A value that ends before it gets an end past
+    its length."""
+    n = starts.size
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.arange(n)
+    body = starts + PERSIST_PREFIX_LEN
+    first = buf[np.minimum(body, buf.size - _PLACEMENT_WINDOW)[:, None] + _WINDOW]
+    bits = _end_bits(first)
+    for _ in range(_VARINTS_BEFORE_TOPIC - 1):  # drop the first four ends: the fifth is lowest
+        bits &= bits - np.uint64(1)
+    topic_at = _lowest_bit(bits) + 1
+    at = np.minimum(topic_at, _PLACEMENT_WINDOW - 2)
+    b0 = first[rows, at].astype(np.int64)
+    b1 = first[rows, at + 1].astype(np.int64)
+    two = b0 >= 0x80
+    zig = np.where(two, (b0 & 0x7F) | (b1 << 7), b0)
+    topic_len = zig >> 1
+    name_at = at + 1 + two
+    # A name longer than a topic's is read too (the check says what is wrong with it); a
+    # length of three bytes or below zero is not one.
+    past = (topic_at > _PLACEMENT_WINDOW - 2) | (two & (b1 >= 0x80)) | ((zig & 1) == 1)
+    khp_at = np.where(past, 0, body + name_at + topic_len)
+    khp = buf[np.minimum(khp_at, buf.size - 10)[:, None] + _KHP_WINDOW]
+    khp_len = _lowest_bit(_end_bits(khp)) + 1
+    p_start = topic_at + PERSIST_PREFIX_LEN
+    p_end = np.where(past | (khp_len > 10), lengths + 1, khp_at - starts + khp_len)
+    return p_start, p_end
 
 
 # --------------------------------------------------------------------------- PersistedRecord

@@ -24,7 +24,13 @@ from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.kafka_io import client_error, kafka_errors
 from broker.placement import Placements
-from broker.schemas import Failure, avro_headers, encode_first_persisted, encode_persisted
+from broker.schemas import (
+    MAX_ATTEMPTS,
+    Failure,
+    avro_headers,
+    encode_first_persisted,
+    encode_persisted,
+)
 from broker.sending import (
     BatchRecord,
     SendResult,
@@ -68,6 +74,12 @@ def _check_timeout(timeout: object) -> None:
     persist record (``AUTO_TIMEOUT_MS``)."""
     if timeout != AUTO and (not isinstance(timeout, Integral) or isinstance(timeout, bool) or timeout <= 0):
         raise ConfigurationError(f"timeout_ms must be a positive number of ms or {AUTO!r}, not {timeout!r}")
+
+
+def _check_max_attempts(max_attempts: object) -> None:
+    """1 to ``MAX_ATTEMPTS`` attempts: the acker quarantines a persist record outside them."""
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise ConfigurationError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, not {max_attempts!r}")
 
 
 class Source:
@@ -135,6 +147,7 @@ class Source:
         )
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
+        _check_max_attempts(self.config.max_attempts)
         if self.config.max_pending is not None and self.config.max_pending < 1:
             raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
         self._backpressure = Backpressure(
@@ -259,6 +272,8 @@ class Source:
             self._before_send()
             if timeout_ms:
                 _check_timeout(timeout_ms)
+            if max_attempts:
+                _check_max_attempts(max_attempts)
             return send_batch(self, topic, records, timeout_ms or self.config.timeout_ms,
                               max_attempts or self.config.max_attempts)
         except KafkaException as exc:
@@ -328,6 +343,8 @@ class Source:
         created_ms = self._pending.created_ms()
         if timeout_ms:
             _check_timeout(timeout_ms)  # the config's was checked when the Source was built
+        if max_attempts:
+            _check_max_attempts(max_attempts)
         # The persist value, encoded straight from its fields: its prefix lets the acker
         # register it without decoding the rest, and it carries no header (broker.schemas).
         timeout = timeout_field(timeout_ms or self.config.timeout_ms)

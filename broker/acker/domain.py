@@ -16,10 +16,20 @@ acker quarantines such a value when a replay needs it (``broker.acker.decisions`
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import numpy as np
 
 from broker.partitioning import PARTITIONERS
-from broker.schemas import PERSIST_ADAPTIVE, PERSIST_PREFIX_LEN, PersistPrefixes
+from broker.schemas import (
+    MAX_ATTEMPTS,
+    PERSIST_ADAPTIVE,
+    PERSIST_PREFIX_LEN,
+    PersistPrefixes,
+    decode_placement,
+)
+from broker.topics import replay_topic
 
 # A deadline past 64 bits is written as the largest long (``schemas.persist_deadline``): out.
 DEADLINE_PAST_64_BITS = 2**63 - 1
@@ -27,10 +37,10 @@ DEADLINE_PAST_64_BITS = 2**63 - 1
 
 def domain_errors(pre: PersistPrefixes) -> list[str | None]:
     """Per prefix of a batch, why its record is outside the rule's domain (None: inside):
-    1 <= attempt <= max_attempts, a known partitioner, a deadline after created_ms (a
+    1 <= attempt <= max_attempts <= ``MAX_ATTEMPTS``, a known partitioner, a deadline after created_ms (a
     timeout_ms > 0, or the adaptive one) that fits a long."""
     inside = (
-        (pre.max_attempts >= 1) & (pre.attempts >= 1) & (pre.attempts <= pre.max_attempts)
+        (pre.max_attempts >= 1) & (pre.max_attempts <= MAX_ATTEMPTS) & (pre.attempts >= 1) & (pre.attempts <= pre.max_attempts)
         & (pre.partitioners >= 1) & (pre.partitioners <= len(PARTITIONERS))
         & (pre.deadlines_ms > pre.created_ms) & (pre.deadlines_ms < DEADLINE_PAST_64_BITS)
     )
@@ -45,6 +55,8 @@ def _why(pre: PersistPrefixes, i: int) -> str:
     deadline, created = int(pre.deadlines_ms[i]), int(pre.created_ms[i])
     if max_attempts < 1:
         return f"max_attempts {max_attempts} < 1"
+    if max_attempts > MAX_ATTEMPTS:
+        return f"max_attempts {max_attempts} > {MAX_ATTEMPTS}"
     if not 1 <= attempt <= max_attempts:
         return f"attempt {attempt} outside 1..max_attempts ({max_attempts})"
     if not 1 <= pre.partitioners[i] <= len(PARTITIONERS):
@@ -53,6 +65,48 @@ def _why(pre: PersistPrefixes, i: int) -> str:
         what = "the adaptive timeout" if pre.flags[i] & PERSIST_ADAPTIVE else "timeout_ms <= 0"
         return f"deadline {deadline} is not after created_ms {created} ({what})"
     return "deadline created_ms + timeout_ms is not a 64-bit long"
+
+
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+# A data topic -> the partition count of its replay topic (None: it does not exist).
+ReplayPartitions = Callable[[str], "int | None"]
+
+
+def placement_error(placement: bytes, replay_partitions: ReplayPartitions | None) -> str | None:
+    """Why a record with this encoded ``topic`` and ``key_hash_partition`` can never be
+    replayed (None: it can). A replay goes to the key-hash partition of the topic's replay
+    topic, so the partition must be one of that topic's. A replay topic that does not exist
+    is no reason: a record that completes needs none, and one that fails is dead-lettered then
+    with that reason (broker.replay.decide) - it may have been created meanwhile."""
+    decoded = decode_placement(placement)
+    if decoded is None:
+        return "persist record ends before its topic and key_hash_partition"
+    topic, partition = decoded
+    if not _TOPIC_NAME.fullmatch(topic):
+        return f"topic {topic[:300]!r} is not a Kafka topic name"
+    if partition < 0:
+        return f"key_hash_partition {partition} < 0"
+    count = None if replay_partitions is None else replay_partitions(topic)
+    if count is not None and partition >= count:
+        return f"key_hash_partition {partition} is not one of the {count} partitions of {replay_topic(topic)}"
+    return None
+
+
+def placement_errors(
+    pre: PersistPrefixes, values: list[bytes], rows: np.ndarray, replay_partitions: ReplayPartitions | None,
+) -> dict[int, str]:
+    """Row -> why, for the ``rows`` of a batch whose placement can never be replayed; each
+    distinct placement (a batch has few) is judged once."""
+    at = rows.tolist()
+    placements = [
+        values[i][a:b]
+        for i, a, b in zip(at, pre.placement_starts[rows].tolist(), pre.placement_ends[rows].tolist(), strict=True)
+    ]
+    verdicts = {p: placement_error(p, replay_partitions) for p in set(placements)}
+    if not any(verdicts.values()):
+        return {}
+    return {i: why for i, p in zip(at, placements, strict=True) if (why := verdicts[p]) is not None}
 
 
 def _long(b: bytes, i: int) -> tuple[int, int]:

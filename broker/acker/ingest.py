@@ -12,7 +12,7 @@ import logging
 import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from broker.acker.domain import domain_errors, topic_of
+from broker.acker.domain import ReplayPartitions, domain_errors, placement_errors, topic_of
 from broker.acker.payloads import PayloadCache
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
@@ -45,8 +45,12 @@ class Ingest:
         cache: PayloadCache,
         outgoing: list[tuple[int, Outgoing]],
         adaptive: AdaptiveTimeouts | None = None,
+        replay_partitions: ReplayPartitions | None = None,
     ) -> None:
         self.ns = ns
+        # A data topic's replay topic's partition count, checked for each record's
+        # key_hash_partition at registration (None: not checked).
+        self.replay_partitions = replay_partitions
         # Latency per source topic and the deadlines it gives records with timeout "auto".
         self.adaptive = adaptive or AdaptiveTimeouts()
         self.clock = clock
@@ -127,6 +131,12 @@ class Ingest:
         bad = pre.short | bad_key | other | ~pre.body_srid_ok | misrouted | (flags > PERSIST_ADAPTIVE)
         outside = domain_errors(pre)
         bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
+        # A record whose topic and key_hash_partition no replay could go to (broker.acker.domain).
+        unplaced = placement_errors(pre, values, np.flatnonzero(~bad), self.replay_partitions)
+        if unplaced:
+            bad[list(unplaced)] = True
+            for i, why in unplaced.items():
+                outside[i] = why
         if bad.any():
             for i in np.flatnonzero(bad & (not again)).tolist():
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))

@@ -165,11 +165,12 @@ class Acker(Assignment, Recovery, RunsInBackground):
         self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
         # One latency estimate per source topic for the whole process (timeout "auto").
         self.adaptive = AdaptiveTimeouts(self.config.adaptive)
-        self.ingest = Ingest(
-            ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive
-        )
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
+        )
+        self.ingest = Ingest(
+            ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive,
+            self.decider.replay_partitions,
         )
         self.restores = Restores(self.changelog, self._committed_starts, functools.partial(self.ingest.register, again=True))
         self.refusals = Refusals(ns.dlq)

@@ -25,6 +25,7 @@ from broker.schemas import (
     PERSIST_PREFIX_LEN,
     PersistedRecord,
     XorBatch,
+    decode_placement,
     read_persist_prefixes,
 )
 from tests.unit.test_acker_timeouts import (
@@ -191,6 +192,22 @@ OUT_OF_DOMAIN = [
     pytest.param(lambda: persist_msg(_with(partitioner="")), b"unknown partitioner (code 0", id="partitioner-empty"),
     pytest.param(lambda: persist_msg_of(_with(), value=persist_value(_with(), partitioner=3)), b"unknown partitioner (code 3",
                  id="partitioner-code-unknown"),
+    pytest.param(lambda: persist_msg_of(_with(max_attempts=1001, attempt=1)), b"max_attempts 1001 > 1000",
+                 id="max-attempts-past-bound"),
+    # Issue 43 item 6: a placement no replay could go to. -1 was replayed to "any partition",
+    # below -1 aborted every commit (and rewound the partitions on every try), at or above the
+    # replay topic's count it was dead-lettered at its deadline as if the record were real.
+    pytest.param(lambda: persist_msg(_with(key_hash_partition=-1)), b"key_hash_partition -1 < 0", id="khp-minus-1"),
+    pytest.param(lambda: persist_msg(_with(key_hash_partition=-5)), b"key_hash_partition -5 < 0", id="khp-negative"),
+    pytest.param(lambda: persist_msg(_with(key_hash_partition=4)),
+                 b"key_hash_partition 4 is not one of the 4 partitions of orders.replay", id="khp-past-count"),
+    pytest.param(lambda: persist_msg(_with(key_hash_partition=2**40)), b"key_hash_partition 1099511627776 is not one",
+                 id="khp-huge"),
+    pytest.param(lambda: persist_msg(_with(topic="")), b"topic '' is not a Kafka topic name", id="topic-empty"),
+    pytest.param(lambda: persist_msg(_with(topic="orders and more")), b"is not a Kafka topic name", id="topic-spaces"),
+    pytest.param(lambda: persist_msg(_with(topic="t" * 250)), b"is not a Kafka topic name", id="topic-too-long"),
+    pytest.param(lambda: persist_msg_of(_with(), value=_with().encode()[:PERSIST_PREFIX_LEN + 40]),
+                 b"persist record ends before its topic and key_hash_partition", id="cut-before-placement"),
     pytest.param(lambda: _with_deadline(_with(), T0 - 1), b"deadline", id="deadline-before-creation"),
     pytest.param(lambda: _with_deadline(_with(), T0), b"deadline %d is not after created_ms %d" % (T0, T0),
                  id="deadline-at-creation"),
@@ -235,6 +252,10 @@ VALID = [
     pytest.param(lambda: persist_msg_of(_with(key=None, value=None)), id="null-key-and-value"),
     pytest.param(lambda: persist_msg(_with(timeout_ms=1)), id="timeout-1"),
     pytest.param(lambda: persist_msg(_with(timeout_ms=AUTO_TIMEOUT_MS)), id="adaptive"),
+    pytest.param(lambda: persist_msg(_with(max_attempts=1000, attempt=1000)), id="max-attempts-bound"),
+    pytest.param(lambda: persist_msg(_with(key_hash_partition=0)), id="khp-0"),
+    pytest.param(lambda: persist_msg(_with(topic="a" * 249)), id="topic-longest"),
+    pytest.param(lambda: persist_msg(_with(topic="Orders_2.v-1")), id="topic-every-kind-of-character"),
 ]
 
 
@@ -278,7 +299,8 @@ DISAGREEING = [
     pytest.param(lambda: persist_value(_with(), created_ms=T0 - 1), b"created_ms %d (the record's: %d)" % (T0 - 1, T0),
                  id="created"),
     pytest.param(lambda: persist_value(_with(attempt=0), attempt=1, deadline_ms=T0 + 10), b"deadline_ms %d (the record's: %d), attempt 1 (the record's: 0)" % (T0 + 10, T0 + 30_000), id="two-fields"),
-    pytest.param(lambda: _with().encode()[:PERSIST_PREFIX_LEN + 30], b"undecodable PersistedRecord", id="truncated-record"),
+    # cut after its placement (one cut before it is quarantined at registration: OUT_OF_DOMAIN)
+    pytest.param(lambda: _with().encode()[:-5], b"undecodable PersistedRecord", id="truncated-record"),
 ]
 
 
@@ -328,7 +350,7 @@ def _inside(record: PersistedRecord) -> bool:
     """The rule's domain, stated on the record's own fields."""
     deadline = record.created_ms + (ADAPTIVE_FALLBACK_MS if record.timeout_ms == AUTO_TIMEOUT_MS else record.timeout_ms)
     return (
-        record.max_attempts >= 1 and 1 <= record.attempt <= record.max_attempts
+        1 <= record.attempt <= record.max_attempts <= 1000
         and (record.timeout_ms > 0 or record.timeout_ms == AUTO_TIMEOUT_MS)
         and record.partitioner in ("kafka", "spark") and deadline < 2**63 - 1
     )
@@ -346,6 +368,41 @@ def test_the_domain_read_from_the_prefixes_is_the_rule_on_the_records(batch: lis
     for (record, _, _), value, why in zip(batch, values, verdicts, strict=True):
         if len(value) >= PERSIST_PREFIX_LEN:
             assert (why is None) == _inside(record), why
+
+
+@given(batch=st.lists(st.tuples(_records, st.integers(0, 400), st.booleans()), min_size=1, max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_the_placements_read_at_once_are_the_records_topic_and_key_hash_partition(
+    batch: list[tuple[PersistedRecord, int, bool]],
+) -> None:
+    """The placement of each value of a batch is found with numpy over the batch: a whole
+    value's decodes to its record's topic and key_hash_partition; one cut before its end
+    never decodes to another (it is quarantined)."""
+    values = [r.encode()[:cut] if truncate else r.encode() for r, cut, truncate in batch]
+    pre = read_persist_prefixes(values)
+    spans = zip(pre.placement_starts.tolist(), pre.placement_ends.tolist(), strict=True)
+    for (record, _, _), value, (a, b) in zip(batch, values, spans, strict=True):
+        got = decode_placement(value[a:b])
+        if value == record.encode():
+            assert got == (record.topic, record.key_hash_partition)
+        else:
+            assert got in (None, (record.topic, record.key_hash_partition))
+
+
+def test_a_record_whose_replay_topic_is_missing_is_registered(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """No replay topic is no reason to quarantine: a record that completes needs none (one that
+    fails is dead-lettered then, with the reason: tests/integration/test_missing_replay_topic)."""
+    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names))
+    clock = ManualClock(T0)
+    acker, consumer, producer = make_acker(clock)
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
+    consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
+    run_steps(acker, 2)
+    c = acker.counters()
+    assert (c["quarantined"], c["registered"], c["completed"]) == (0, 1, 1)
+    assert outcomes(producer) == {S1: b"completed"} and not dlq(producer)
 
 
 def test_a_quarantined_position_is_logged_and_counted_once_across_a_rewind(

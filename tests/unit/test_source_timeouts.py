@@ -71,3 +71,19 @@ def test_a_timeout_is_positive_ms_or_auto(bad: Any) -> None:
     if bad != 0:  # 0 (falsy) means "the configured one", as it always did
         with pytest.raises(ConfigurationError):
             src.send("orders", "k", "v", timeout_ms=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 1001, 2**31, 1.5, "5", True])
+def test_max_attempts_is_a_whole_number_up_to_the_bound(bad: Any) -> None:
+    """The acker quarantines a persist record with more than MAX_ATTEMPTS attempts: the source
+    refuses them first, in its config and per send."""
+    with pytest.raises(ConfigurationError, match="max_attempts must be a whole number from 1 to 1000"):
+        Source(KafkaSettings("fake:9092"), "unit", SourceConfig(max_attempts=bad))
+    src, producer = source(SourceConfig())
+    with pytest.raises(ConfigurationError):
+        src.send("orders", "k", "v", max_attempts=bad)
+    with pytest.raises(ConfigurationError):
+        src.send_many("orders", [("k", "v")], max_attempts=bad)
+    assert not producer.produced
+    src.send("orders", "k", "v", max_attempts=1000)
+    assert persist_of(producer)[1].max_attempts == 1000
