@@ -90,7 +90,7 @@ def decide(
     history = (*record.history, failure)
     if record.attempt >= record.max_attempts:
         return Decision("dlq", (dlq_record(ns, record, history, reason),))
-    if replay_partitions is None or 0 <= replay_partitions <= record.key_hash_partition:
+    if replay_partitions is None or 0 <= replay_partitions <= record.key_hash_partition or record.key_hash_partition < 0:
         why = f"{reason}; cannot replay: {replay_topic(record.topic)} " + (
             "does not exist" if replay_partitions is None
             else f"has {replay_partitions} partitions, the record's is {record.key_hash_partition}"

@@ -113,6 +113,17 @@ def test_replayed_data_record_goes_to_the_replay_topic_at_the_key_hash_partition
     assert len(headers["rb-t"] or b"") == 28  # one header: srid, record id, origin, attempt
 
 
+@pytest.mark.parametrize(("partition", "count"), [(-1, 8), (-5, 8), (-5, -1), (8, 8)])
+def test_a_key_hash_partition_outside_the_replay_topic_is_dead_lettered_not_produced(partition: int, count: int) -> None:
+    """The acker quarantines such a record at registration; one registered before (an older
+    version) is dead-lettered with the reason when it fails. Produced to partition -5 it
+    aborted every commit; to -1 it went to any partition."""
+    record = dataclasses.replace(FIRST, key_hash_partition=partition)
+    decision = decide(NS, record, "timeout", NOW, 8, count)
+    assert decision.kind == "dlq"
+    assert (_headers(decision.records[0].headers)[H_REASON] or b"").startswith(b"timeout; cannot replay: orders.replay")
+
+
 def test_replays_chain_until_max_attempts_then_dead_letter() -> None:
     record = FIRST
     srids = [record.srid]
