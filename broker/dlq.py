@@ -13,8 +13,10 @@
   same shape and is listed with them: without its value there is nothing to redrive.
 
 Redrive re-injects a dead-lettered record as a FRESH source record with the SAME origin
-(sinks deduplicate by origin): new srid, attempt 1, into the original data topic (not its
-replay topic) at the original key-hash partition, history carried over plus a note. What was
+(sinks deduplicate by origin): new srid, attempt 1, through the replay path - to the replay
+topic of its data topic, beside the replays and not into live traffic - at the original
+key-hash partition, history carried over plus a note. A rate (records per second) paces it,
+so ten thousand dead letters do not land on a pipeline at once. What was
 redriven is remembered in the compacted topic ``ns.dlq.redriven``, keyed by the srid of the
 dead-lettered attempt (unique per DLQ entry; a redriven record that dead-letters again is a
 new entry with a new srid, and can be redriven again). One redrive run:
@@ -24,14 +26,19 @@ new entry with a new srid, and can be redriven again). One redrive run:
 2. reads the markers (read_committed) and the DLQ to their ends, and selects the entries;
 3. per chunk, ONE transaction holds the persist records, the data records and the markers,
    so a crash either injects a chunk and remembers it, or does neither. Running it twice
-   therefore never injects twice, and a run that was cut short continues where it stopped.
+   therefore never injects twice, and a run that was cut short continues where it stopped;
+4. records the run in ``ns.dlq.redriven`` too (key ``run:...``): who, when, the filter, how
+   many (``replaybroker dlq runs`` lists them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import getpass
+import socket
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +50,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker import ids
-from broker.errors import TopologyError
+from broker.errors import ConfigurationError, TopologyError
 from broker.headers import (
     AUTO_B,
     DLQ_HEADERS,
@@ -66,6 +73,7 @@ from broker.topics import COMPACTED, Namespace, check
 RECORD, QUARANTINE, UNKNOWN = "record", "quarantine", "unknown"
 REDRIVE_NOTE = "redrive"  # reason prefix of the note a redrive appends to the history
 REDRIVE_CHUNK = 1000  # entries per redrive transaction
+RUN_PREFIX = b"run:"  # keys of the runs recorded in ns.dlq.redriven (the markers' are srids)
 
 
 def redriven_topic(ns: Namespace) -> str:
@@ -318,7 +326,7 @@ def read_markers(settings: KafkaSettings, ns: Namespace) -> dict[bytes, Marker]:
         return markers
     for msg in read_to_end(settings, topic, n):
         key, value = msg.key(), msg.value()
-        if key is None:
+        if key is None or key.startswith(RUN_PREFIX):
             continue
         marker = Marker.decode(value) if value is not None else None
         if marker is None:
@@ -340,12 +348,46 @@ def list_entries(
 # --------------------------------------------------------------------------- redrive
 
 
+@dataclass(frozen=True)
+class RedriveFilter:
+    """Which DLQ records a redrive takes: all of these that are given (None: any)."""
+
+    reason_prefix: str | None = None
+    origins: Sequence[int] | None = None
+    topics: Sequence[str] | None = None  # the record's data topic
+    keys: Sequence[bytes] | None = None
+    since_ms: int | None = None  # dead-lettered at or after (the DLQ record's timestamp)
+    until_ms: int | None = None  # ... and before
+
+    def matches(self, entry: DlqEntry) -> bool:
+        return (
+            (self.reason_prefix is None or entry.reason.startswith(self.reason_prefix))
+            and (not self.origins or entry.origin in self.origins)
+            and (not self.topics or entry.topic in self.topics)
+            and (not self.keys or entry.key in self.keys)
+            and (self.since_ms is None or entry.timestamp_ms >= self.since_ms)
+            and (self.until_ms is None or entry.timestamp_ms < self.until_ms)
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """What was asked for, as a run record shows it (only what was given)."""
+        given = {
+            "reason_prefix": self.reason_prefix,
+            "origins": list(self.origins) if self.origins else None,
+            "topics": list(self.topics) if self.topics else None,
+            "keys": [preview(k) for k in self.keys] if self.keys else None,
+            "since": _iso(self.since_ms),
+            "until": _iso(self.until_ms),
+        }
+        return {k: v for k, v in given.items() if v is not None}
+
+
 @dataclass
 class RedrivePlan:
     selected: list[DlqEntry] = field(default_factory=list)
     quarantined: int = 0  # quarantined input or unreadable entries: never redriven
     already_redriven: int = 0
-    not_matching: int = 0  # excluded by --reason-prefix / --origin
+    not_matching: int = 0  # excluded by the filter
 
 
 def plan_redrive(
@@ -354,19 +396,20 @@ def plan_redrive(
     *,
     reason_prefix: str | None = None,
     origins: Sequence[int] | None = None,
+    where: RedriveFilter | None = None,
 ) -> RedrivePlan:
-    """Pure selection: records (never quarantined input) not redriven yet that match."""
+    """Pure selection: records (never quarantined input) not redriven yet that match
+    ``where`` (``reason_prefix`` and ``origins`` are its first two fields)."""
+    if where is None:
+        where = RedriveFilter(reason_prefix, origins)
     plan = RedrivePlan()
-    wanted = set(origins) if origins else None
     seen: set[bytes] = set()
     for entry in entries:
         if entry.kind != RECORD:
             plan.quarantined += 1
         elif entry.marker_key in markers or entry.marker_key in seen:
             plan.already_redriven += 1
-        elif (reason_prefix is not None and not entry.reason.startswith(reason_prefix)) or (
-            wanted is not None and entry.origin not in wanted
-        ):
+        elif not where.matches(entry):
             plan.not_matching += 1
         else:
             seen.add(entry.marker_key)
@@ -386,10 +429,14 @@ class RedriveResult:
     plan: RedrivePlan
     redriven: list[Redriven] = field(default_factory=list)
     dry_run: bool = False
+    seconds: float = 0.0
+    run: dict[str, Any] | None = None  # the run's record in ns.dlq.redriven (None: a dry run)
 
     def summary(self) -> dict[str, Any]:
         return {
             "redriven": len(self.redriven) if not self.dry_run else 0,
+            "seconds": round(self.seconds, 3),
+            "run": self.run,
             "selected": len(self.plan.selected),
             "skipped_quarantined": self.plan.quarantined,
             "skipped_already_redriven": self.plan.already_redriven,
@@ -437,20 +484,25 @@ def redrive(
     *,
     reason_prefix: str | None = None,
     origins: Sequence[int] | None = None,
+    where: RedriveFilter | None = None,
+    rate_per_s: float | None = None,
     timeout_ms: int | None = None,
     max_attempts: int | None = None,
     dry_run: bool = False,
     chunk: int = REDRIVE_CHUNK,
 ) -> RedriveResult:
-    """Re-inject selected DLQ records as fresh source records with their origin; see the
-    module doc for why running it twice does not inject twice."""
+    """Re-inject selected DLQ records as fresh source records with their origin, through the
+    replay path, at most ``rate_per_s`` a second (None: as fast as it goes); see the module
+    doc for why running it twice does not inject twice."""
+    if rate_per_s is not None and not rate_per_s > 0:
+        raise ConfigurationError(f"a redrive rate must be a positive number of records per second, not {rate_per_s!r}")
+    where = where or RedriveFilter(reason_prefix, origins)
     ns = Namespace(namespace)
     check(settings, ns)
+    began = time.monotonic()
     if dry_run:
-        plan = plan_redrive(
-            read_entries(settings, ns), read_markers(settings, ns), reason_prefix=reason_prefix, origins=origins
-        )
-        return RedriveResult(plan, dry_run=True)
+        plan = plan_redrive(read_entries(settings, ns), read_markers(settings, ns), where=where)
+        return RedriveResult(plan, dry_run=True, seconds=time.monotonic() - began)
     marker_topic = ensure_redriven_topic(settings, ns)
     defaults = SourceConfig()
     config = SourceConfig(
@@ -460,20 +512,79 @@ def redrive(
     source = Source(settings, ns, config, transactional_id=f"{ns.name}.dlq-redrive")
     try:
         source.init_transactions()
-        plan = plan_redrive(
-            read_entries(settings, ns), read_markers(settings, ns), reason_prefix=reason_prefix, origins=origins
-        )
+        plan = plan_redrive(read_entries(settings, ns), read_markers(settings, ns), where=where)
         result = RedriveResult(plan)
-        for start in range(0, len(plan.selected), chunk):
+        pace = _Pace(rate_per_s)
+        # A transaction per second's worth at a rate: what is committed is what went out.
+        size = chunk if rate_per_s is None else max(1, min(chunk, int(rate_per_s)))
+        for start in range(0, len(plan.selected), size):
             done: list[Redriven] = []
             with source.transaction():
-                for entry in plan.selected[start : start + chunk]:
+                for entry in plan.selected[start : start + size]:
+                    pace.wait()
                     done.append(_redrive_one(source, ns, marker_topic, entry, keep_auto=timeout_ms is None))
             result.redriven.extend(done)
+        result.seconds = time.monotonic() - began
+        result.run = _record_run(source, marker_topic, where, rate_per_s, plan, result)
         return result
     finally:
         with contextlib.suppress(Exception):
             source.close()
+
+
+class _Pace:
+    """At most ``rate`` calls of ``wait`` a second, evenly spaced (None: no limit)."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.gap = 0.0 if rate is None else 1.0 / rate
+        self.next = time.monotonic()
+
+    def wait(self) -> None:
+        if not self.gap:
+            return
+        now = time.monotonic()
+        if self.next > now:
+            time.sleep(self.next - now)
+        self.next = max(self.next, now) + self.gap
+
+
+def _record_run(
+    source: Source, marker_topic: str, where: RedriveFilter, rate_per_s: float | None, plan: RedrivePlan,
+    result: RedriveResult,
+) -> dict[str, Any]:
+    """The run, in ``ns.dlq.redriven`` (its own transaction, after the records): who, when,
+    the filter and how many."""
+    now_ms = int(time.time() * 1000)
+    run = {
+        "who": f"{getpass.getuser()}@{socket.gethostname()}",
+        "at": _iso(now_ms),
+        "filter": where.as_json(),
+        "rate_per_s": rate_per_s,
+        "redriven": len(result.redriven),
+        "skipped_already_redriven": plan.already_redriven,
+        "skipped_not_matching": plan.not_matching,
+        "seconds": round(result.seconds, 3),
+    }
+    key = RUN_PREFIX + f"{now_ms:013d}:{uuid.uuid4().hex[:8]}".encode()
+    with source.transaction():
+        source.produce(marker_topic, key, orjson.dumps(run))
+    return run
+
+
+@kafka_errors("reading the redrive runs")
+def read_runs(settings: KafkaSettings, namespace: str) -> list[dict[str, Any]]:
+    """The recorded redrive runs of a namespace, oldest first (none before the first run)."""
+    topic = redriven_topic(Namespace(namespace))
+    n = _partitions(settings, topic)
+    if n is None:
+        return []
+    runs = []
+    for msg in read_to_end(settings, topic, n):
+        key, value = msg.key(), msg.value()
+        if key is not None and key.startswith(RUN_PREFIX) and value is not None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                runs.append((key, orjson.loads(value)))
+    return [run for _, run in sorted(runs, key=lambda kv: kv[0])]
 
 
 def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEntry, *, keep_auto: bool = True) -> Redriven:
@@ -498,6 +609,7 @@ def _redrive_one(source: Source, ns: Namespace, marker_topic: str, entry: DlqEnt
         partitioner=entry.partitioner or "kafka",
         history=(*entry.history, note),
         timeout_ms="auto" if keep_auto and entry.auto_timeout else None,
+        replay=True,
     )
     marker = Marker(entry.origin, sent.srid, f"{ns.dlq} {entry.where}", now_ms)
     source.produce(marker_topic, entry.marker_key, marker.encode())

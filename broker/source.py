@@ -44,7 +44,7 @@ from broker.sending import (
 )
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check
+from broker.topics import Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -292,12 +292,14 @@ class Source:
         history: Sequence[Failure] = (),
         timeout_ms: Timeout | None = None,
         max_attempts: int | None = None,
+        replay: bool = False,
     ) -> SendResult:
         """Send a record again as a FRESH source record that keeps its ``origin`` (DLQ
-        redrive): new srid and record id, attempt 1, to ``topic`` (not its replay topic) at the
-        ``key_hash_partition`` stored the first time - not recomputed, so key order and
-        locality hold even if the partitioner setting changed. ``history`` (the earlier
-        rounds) is carried into the new persist record, so a later DLQ entry shows it all."""
+        redrive): new srid and record id, attempt 1, to ``topic`` (``replay``: to its replay
+        topic, beside the replays, not into live traffic) at the ``key_hash_partition`` stored
+        the first time - not recomputed, so key order and locality hold even if the partitioner
+        setting changed. ``history`` (the earlier rounds) is carried into the new persist
+        record, so a later DLQ entry shows it all."""
         try:
             self._before_send()
             if not 0 <= key_hash_partition < self.data_partitions(topic):
@@ -306,7 +308,7 @@ class Source:
                 )
             return self._send_first_attempt(
                 topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
-                timeout_ms, max_attempts,
+                timeout_ms, max_attempts, replay_topic(topic) if replay else topic,
             )
         except KafkaException as exc:
             raise client_error(exc, f"resending to {topic}") from exc
@@ -323,9 +325,11 @@ class Source:
         history: tuple[Failure, ...],
         timeout_ms: Timeout | None,
         max_attempts: int | None,
+        data_topic: str | None = None,
     ) -> SendResult:
         """``partitioner`` None: a first send, with the topic's partitioner; otherwise a resend
-        of ``origin`` (which keeps the partitioner it was sent with)."""
+        of ``origin`` (which keeps the partitioner it was sent with). The data record goes to
+        ``data_topic`` (default ``topic``; the replay topic has as many partitions)."""
         if self.config.max_pending is not None:
             self._backpressure.await_slot(len(self._transaction_srids))
         own_headers = user_headers(headers) if headers else ()
@@ -372,11 +376,12 @@ class Source:
             failure = SendFailure.of(value, exc.args[0])
             raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
         data_headers: list[tuple[str, bytes | None]] = [*own_headers, (H_TRACKING, tracking)]
+        data_topic = data_topic or topic
         if self._transactional:  # atomic with the persist record: no need to wait for it
-            self._produce(topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
+            self._produce(data_topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
             self._in_transaction_sent += 1
         else:
-            self._pending.add(srid_b, topic, key_b, value_b, partition, data_headers)
+            self._pending.add(srid_b, data_topic, key_b, value_b, partition, data_headers)
         if (window := self._backpressure.window) is not None:
             window.sent(srid, origin)
             if self._transactional:

@@ -85,6 +85,30 @@ def record_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an id in decimal or 0x hex, got {text!r}") from None
 
 
+_AGO = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def moment(text: str) -> int:
+    """A point in time, as epoch ms: ISO 8601 (``2026-11-27T08:00:00Z``; no zone: UTC), epoch
+    ms, or a span ago (``90s``, ``30m``, ``2h``, ``7d``)."""
+    import datetime as dt
+    import time
+
+    if text[:-1].isdigit() and text[-1:] in _AGO:
+        return int(time.time() * 1000) - int(text[:-1]) * _AGO[text[-1]]
+    if text.isdigit():
+        return int(text)
+    try:
+        at = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected ISO 8601 (2026-11-27T08:00:00Z), epoch ms or a span ago (30m, 2h, 7d), got {text!r}"
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return int(at.timestamp() * 1000)
+
+
 # ------------------------------------------------------------------ options from a config dataclass
 
 

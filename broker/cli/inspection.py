@@ -6,7 +6,17 @@ import argparse
 import sys
 from typing import Any
 
-from broker.cli.args import POSITIVE, action, actions, cluster, command, json_option, record_id
+from broker.cli.args import (
+    POSITIVE,
+    action,
+    actions,
+    cluster,
+    command,
+    json_option,
+    moment,
+    positive_real,
+    record_id,
+)
 from broker.cli.connection import cluster_settings
 
 
@@ -67,7 +77,9 @@ def add_dlq(sub: Any) -> None:
     cluster(listing)
     json_option(listing)
     listing.add_argument("--limit", type=POSITIVE, help="the first N entries (default: all)")
-    redrive = action(acts, "redrive", "send dead-lettered records again, as new source records", run_dlq)
+    redrive = action(
+        acts, "redrive", "send dead-lettered records again, as new source records, through their replay topics", run_dlq
+    )
     cluster(redrive)
     json_option(redrive)
     redrive.add_argument("--reason-prefix", help="only entries whose reason starts with this (default: any)")
@@ -75,9 +87,21 @@ def add_dlq(sub: Any) -> None:
         "--origin", nargs="+", action="extend", metavar="ID", type=record_id,
         help="only these origin ids, as `dlq list` prints them or 0x hex (default: any)",
     )
+    redrive.add_argument("--topic", nargs="+", action="extend", metavar="TOPIC",
+                         help="only records of these data topics (default: any)")
+    redrive.add_argument("--key", nargs="+", action="extend", metavar="KEY",
+                         help="only records with these keys, as UTF-8 text (default: any)")
+    redrive.add_argument("--since", type=moment, metavar="TIME",
+                         help="only records dead-lettered at or after TIME: ISO 8601, epoch ms or a span ago (30m, 2h, 7d)")
+    redrive.add_argument("--until", type=moment, metavar="TIME", help="only records dead-lettered before TIME")
+    redrive.add_argument("--rate", type=positive_real, metavar="PER_S",
+                         help="at most this many records a second (default: as fast as it goes)")
     redrive.add_argument("--dry-run", action="store_true", help="show what would be redriven, send nothing")
     redrive.add_argument("--timeout-ms", type=POSITIVE, help="per-record timeout (default: 30000)")
     redrive.add_argument("--max-attempts", type=POSITIVE, help="attempts before the DLQ again (default: 5)")
+    runs = action(acts, "runs", "show the redrives run so far: who, when, the filter, how many", run_dlq)
+    cluster(runs)
+    json_option(runs)
 
 
 def run_dlq(args: argparse.Namespace) -> int:
@@ -94,11 +118,25 @@ def run_dlq(args: argparse.Namespace) -> int:
                 print(dlq.format_entry(entry, marker))
             print(f"{len(listed)} entries in {args.namespace}.dlq", file=sys.stderr)
         return 0
+    if args.action == "runs":
+        runs = dlq.read_runs(cluster_settings(args), args.namespace)
+        if args.json:
+            sys.stdout.write(orjson.dumps(runs).decode() + "\n")
+        else:
+            for run in runs:
+                print(f"{run.get('at')} {run.get('who')}: {run.get('redriven')} redriven, filter {run.get('filter')}, "
+                      f"rate {run.get('rate_per_s') or 'unlimited'}")
+            print(f"{len(runs)} redrive runs in {args.namespace}.dlq.redriven", file=sys.stderr)
+        return 0
+    where = dlq.RedriveFilter(
+        args.reason_prefix, args.origin or None, args.topic or None,
+        [k.encode() for k in args.key] if args.key else None, args.since, args.until,
+    )
     result = dlq.redrive(
         cluster_settings(args),
         args.namespace,
-        reason_prefix=args.reason_prefix,
-        origins=args.origin or None,
+        where=where,
+        rate_per_s=args.rate,
         timeout_ms=args.timeout_ms,
         max_attempts=args.max_attempts,
         dry_run=args.dry_run,
@@ -109,7 +147,7 @@ def run_dlq(args: argparse.Namespace) -> int:
     else:
         verb = "would redrive" if args.dry_run else "redrove"
         for r in summary["records"]:
-            print(f"{verb} origin {r['origin']} from {args.namespace}.dlq {r['dlq']} to {r['topic']}")
+            print(f"{verb} origin {r['origin']} from {args.namespace}.dlq {r['dlq']} to {r['topic']}'s replay topic")
         print(
             f"{verb} {summary['selected']}; skipped: {summary['skipped_quarantined']} quarantined, "
             f"{summary['skipped_already_redriven']} already redriven, "

@@ -104,28 +104,37 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
         assert f"origin {poison.origin}" in text and "quarantined from" not in text
 
         # ---- filters select nothing; a dry run selects without injecting
-        for filters in (["--reason-prefix", "timeout"], ["--origin", str(good[0])]):
+        for filters in (
+            ["--reason-prefix", "timeout"], ["--origin", str(good[0])], ["--topic", f"{ns.name}.payments"],
+            ["--key", "good-1"], ["--since", "2999-01-01T00:00:00Z"], ["--until", "1h"],
+        ):
             out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json", *filters))
-            assert (out["redriven"], out["skipped_not_matching"], out["skipped_quarantined"]) == (0, 1, 1)
+            assert (out["redriven"], out["skipped_not_matching"], out["skipped_quarantined"]) == (0, 1, 1), filters
         dry = orjson.loads(run_cli(
             capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json", "--dry-run",
-            "--origin", str(poison.origin), "--reason-prefix", "fail",
+            "--origin", str(poison.origin), "--reason-prefix", "fail", "--topic", topic, "--key", "bad-key",
+            "--since", "1h",
         ))
         assert (dry["selected"], dry["redriven"], dry["dry_run"]) == (1, 0, True)
         data_before = count(settings, topic, 3)
+        replay_before = count(settings, topics.replay_topic(topic), 3)
 
-        # ---- redrive: a fresh source record with the same origin, on the data topic
+        # ---- redrive: a fresh source record with the same origin, through the replay path
         accept_poison.set()
-        out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        out = orjson.loads(run_cli(
+            capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json", "--rate", "50",
+            "--key", "bad-key",
+        ))
         assert (out["redriven"], out["skipped_quarantined"], out["skipped_already_redriven"]) == (1, 1, 0)
         (redriven,) = out["records"]
         assert redriven["origin"] == poison.origin
         wait(lambda: poison.origin in tail.log.completed_origins(), "the redriven record to complete")
         tail.poll(0.5)
         assert tail.log.completed_origins()[poison.origin] == 1
-        assert count(settings, topic, 3) == data_before + 1
+        assert count(settings, topic, 3) == data_before  # not into live traffic
+        assert count(settings, topics.replay_topic(topic), 3) == replay_before + 1
         data_topic, partition, fresh = seen[-1]
-        assert (data_topic, partition) == (topic, poison.key_hash_partition)  # not the replay topic
+        assert (data_topic, partition) == (topics.replay_topic(topic), poison.key_hash_partition)
         assert (fresh.origin, fresh.attempt, fresh.srid) == (poison.origin, 1, redriven["new_srid"])
         (again,) = [
             PersistedRecord.decode(m.value()) for m in read_to_end(settings, ns.persist, 2)
@@ -140,8 +149,17 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
         # ---- a second redrive injects nothing; the listing shows what was redriven
         out = orjson.loads(run_cli(capsys, "dlq", "redrive", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
         assert (out["redriven"], out["skipped_already_redriven"], out["skipped_quarantined"]) == (0, 1, 1)
-        assert count(settings, topic, 3) == data_before + 1
-        assert count(settings, redriven_topic(ns), 1) == 1
+        assert count(settings, topics.replay_topic(topic), 3) == replay_before + 1
+        # ---- every run is recorded (a dry run sends nothing and is not): who, when, the filter, how many
+        runs = orjson.loads(run_cli(capsys, "dlq", "runs", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
+        assert count(settings, redriven_topic(ns), 1) == 1 + len(runs)  # one marker
+        assert [(r["redriven"], r["filter"], r["rate_per_s"]) for r in runs] == [
+            (0, {"reason_prefix": "timeout"}, None), (0, {"origins": [good[0]]}, None),
+            (0, {"topics": [f"{ns.name}.payments"]}, None), (0, {"keys": ["good-1"]}, None),
+            (0, {"since": "2999-01-01T00:00:00.000Z"}, None), (0, {"until": runs[5]["filter"]["until"]}, None),
+            (1, {"keys": ["bad-key"]}, 50.0), (0, {}, None),
+        ]
+        assert all("@" in r["who"] and r["at"].endswith("Z") for r in runs)
         listed = orjson.loads(run_cli(capsys, "dlq", "list", "--bootstrap", bootstrap, "--namespace", ns.name, "--json"))
         assert listed[0]["redriven"]["new_srid"] == fresh.srid
         assert [t.attempt for _, _, t in seen] == [1, 2, 3, 1]

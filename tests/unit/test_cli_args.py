@@ -211,3 +211,20 @@ def test_the_acls_of_the_readme_print(role_args: list[str], capsys: pytest.Captu
     assert main(["topics", "acls", "--namespace", "shop", *role_args]) == 0
     out = capsys.readouterr().out
     assert "TOPIC:LITERAL:shop.persist" in out and ":4" not in out
+
+
+def test_a_moment_is_iso_epoch_ms_or_a_span_ago() -> None:
+    import time
+
+    from broker.cli.args import moment
+
+    assert moment("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert moment("2023-11-14T22:13:20") == 1_700_000_000_000  # no zone: UTC
+    assert moment("2023-11-14T23:13:20+01:00") == 1_700_000_000_000
+    assert moment("1700000000000") == 1_700_000_000_000
+    now = int(time.time() * 1000)
+    assert abs(moment("2h") - (now - 7_200_000)) < 5_000
+    assert abs(moment("90s") - (now - 90_000)) < 5_000
+    for bad in ("yesterday", "2h ago", "-5", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            moment(bad)

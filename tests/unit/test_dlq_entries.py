@@ -13,6 +13,7 @@ from broker.dlq import (
     UNKNOWN,
     DlqEntry,
     Marker,
+    RedriveFilter,
     entry_json,
     format_entry,
     plan_redrive,
@@ -123,6 +124,29 @@ def test_plan_selects_by_reason_prefix_and_origin_and_skips_what_was_redriven() 
     assert [e.origin for e in plan.selected] == [11] and plan.not_matching == 2
     plan = plan_redrive([a, b, c], {}, origins=[33, 44])
     assert [e.origin for e in plan.selected] == [33] and plan.not_matching == 2
+
+
+def test_a_filter_takes_every_condition_given_and_says_what_was_asked() -> None:
+    """Issue 43 item 4: --topic, --key, --since/--until beside --reason-prefix and --origin."""
+    at = 1_700_000_000_000
+    a = DlqEntry.from_message(Msg(dead(origin=11), 0, timestamp_ms=at))
+    b = DlqEntry.from_message(Msg(dead(origin=22), 1, timestamp_ms=at + 60_000))
+    entries = [a, b]
+
+    def chosen(where: RedriveFilter) -> list[int | None]:
+        return [e.origin for e in plan_redrive(entries, {}, where=where).selected]
+
+    assert chosen(RedriveFilter()) == [11, 22]
+    assert chosen(RedriveFilter(since_ms=at + 1)) == [22]
+    assert chosen(RedriveFilter(until_ms=at + 60_000)) == [11]  # until is exclusive
+    assert chosen(RedriveFilter(since_ms=at, until_ms=at + 60_001)) == [11, 22]
+    assert chosen(RedriveFilter(topics=["orders"])) == [11, 22]
+    assert chosen(RedriveFilter(topics=["payments"])) == []
+    assert chosen(RedriveFilter(keys=[b"k\xff"])) == [11, 22] and chosen(RedriveFilter(keys=[b"k"])) == []
+    assert chosen(RedriveFilter(reason_prefix="fail", origins=[22], topics=["orders"], since_ms=at)) == [22]
+    assert RedriveFilter(topics=["orders"], since_ms=at).as_json() == {
+        "topics": ["orders"], "since": "2023-11-14T22:13:20.000Z",
+    }
 
 
 def test_markers_round_trip_and_origin_ids_parse_as_listed() -> None:

@@ -314,7 +314,7 @@ def test_drift_is_found(text: str, found: str | None) -> None:
     ("text", "found"),
     [
         ("replaybroker dlq redrive --reason-prefix timeout", None),
-        ("replaybroker dlq redrive --rate 10", "replaybroker dlq redrive has no --rate"),
+        ("replaybroker dlq redrive --speed 10", "replaybroker dlq redrive has no --speed"),
         ("replaybroker topics create --namespace shop --partitions 4", None),
         ("replaybroker topics make --namespace shop", "replaybroker topics has no subcommand make"),
         ("replaybroker -v status --namespace shop", None),
