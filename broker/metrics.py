@@ -183,6 +183,7 @@ class TaskFigures(Protocol):
 
     processed: int
     failed: int
+    rejected: int
     undeliverable: int
     errors: int
     emitted: int
@@ -204,6 +205,7 @@ class TaskMetrics(Collector):
         for name, what, value in (
             ("inputs", "Input records handled", c.processed),
             ("fails", "Inputs failed (explicitly, or by an exception in the handler)", c.failed),
+            ("rejects", "Inputs rejected: dead-lettered at once (explicitly, or by a fatal exception)", c.rejected),
             ("undeliverable", "Source records failed because an output could not be delivered",
              c.undeliverable),
             ("errors", "Exceptions raised by the handler", c.errors),

@@ -31,21 +31,27 @@ def _load(name: str) -> Any:
 
 
 PERSISTED_RECORD = _load("persisted_record")
-# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and two prefixes of it: without
-# the trailing ``superseded`` field (XOR_BATCH_WITH_TOUCHES) and without the touch fields too
-# (XOR_BATCH). A batch is encoded with the shortest that holds it (byte for byte the encoding
-# before the later fields existed, so an older acker reads it); older events decode as these.
+# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and three prefixes of it: without
+# the trailing rejections (XOR_BATCH_WITH_SUPERSEDED), without ``superseded`` too
+# (XOR_BATCH_WITH_TOUCHES) and without the touch fields too (XOR_BATCH). A batch is encoded with
+# the shortest that holds it (byte for byte the encoding before the later fields existed, so an
+# older acker reads it); older events decode as these.
 XOR_BATCH_FULL = _load("xor_batch")
 _TOUCH_FIELDS = ("touched", "touched_deadlines")
 _SUPERSEDED_FIELDS = ("superseded",)
+_REJECTED_FIELDS = ("rejected", "rejected_reasons")
 _XOR_BATCH_JSON = json.loads(resources.files("schemas").joinpath("xor_batch.avsc").read_text())
-XOR_BATCH_WITH_TOUCHES = fastavro.parse_schema(
-    {**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _SUPERSEDED_FIELDS]}
-)
-XOR_BATCH = fastavro.parse_schema(
-    {**_XOR_BATCH_JSON,
-     "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in _TOUCH_FIELDS + _SUPERSEDED_FIELDS]}
-)
+
+
+def _xor_batch_without(names: tuple[str, ...]) -> Any:
+    return fastavro.parse_schema({**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in names]})
+
+
+XOR_BATCH_WITH_SUPERSEDED = _xor_batch_without(_REJECTED_FIELDS)
+XOR_BATCH_WITH_TOUCHES = _xor_batch_without(_SUPERSEDED_FIELDS + _REJECTED_FIELDS)
+XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FIELDS)
+# From the shortest: a batch is read as each in turn while bytes are left over.
+_XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_FULL)
 # LedgerEntry as schemas/ledger_entry.avsc has it, and without ``timed_out_ms``: how every
 # entry that is no deferred timeout is written (and every entry written before the field).
 LEDGER_ENTRY = _load("ledger_entry")
@@ -613,7 +619,8 @@ def _no_ids() -> np.ndarray:
 class XorBatch:
     """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays;
     ``touched`` / ``touched_deadlines`` (int64, epoch ms) the deadline extensions (``ctx.touch``);
-    ``superseded`` the replay srids the acker marks as superseded (docs/design.md §6)."""
+    ``superseded`` the replay srids the acker marks as superseded (docs/design.md §6);
+    ``rejected`` the srids the task rejected (``ctx.reject``), ``rejected_reasons`` why."""
 
     ledger_partition: int
     srids: np.ndarray
@@ -623,12 +630,16 @@ class XorBatch:
     touched: np.ndarray = field(default_factory=_no_ids)
     touched_deadlines: np.ndarray = field(default_factory=_no_ids)
     superseded: np.ndarray = field(default_factory=_no_ids)
+    rejected: np.ndarray = field(default_factory=_no_ids)
+    rejected_reasons: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         if len(self.srids) != len(self.xors):
             raise ValueError("srids and xors differ in length")
         if len(self.touched) != len(self.touched_deadlines):
             raise ValueError("touched and touched_deadlines differ in length")
+        if len(self.rejected) != len(self.rejected_reasons):
+            raise ValueError("rejected and rejected_reasons differ in length")
         datum = {
             "ledger_partition": self.ledger_partition,
             "srids": np.ascontiguousarray(self.srids, dtype=_LE_I64).tobytes(),
@@ -636,39 +647,46 @@ class XorBatch:
             "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
             "producer": self.producer,
         }
-        if not len(self.touched) and not len(self.superseded):
+        rejected = len(self.rejected)
+        if not len(self.touched) and not len(self.superseded) and not rejected:
             return _encode(XOR_BATCH, datum)
         datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
         datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
-        if not len(self.superseded):
+        if not len(self.superseded) and not rejected:
             return _encode(XOR_BATCH_WITH_TOUCHES, datum)
         datum["superseded"] = np.ascontiguousarray(self.superseded, dtype=_LE_I64).tobytes()
+        if not rejected:
+            return _encode(XOR_BATCH_WITH_SUPERSEDED, datum)
+        datum["rejected"] = np.ascontiguousarray(self.rejected, dtype=_LE_I64).tobytes()
+        datum["rejected_reasons"] = list(self.rejected_reasons)
         return _encode(XOR_BATCH_FULL, datum)
 
     @classmethod
     def decode(cls, data: bytes | None) -> XorBatch:
         # A batch without touches ends after ``producer``: read it that way first; bytes left
-        # over can only be the touch fields.
+        # over can only be the later fields, read with each longer encoding in turn.
         try:
             d = _decode(XOR_BATCH, data, "XorBatch")
-            d["touched"] = d["touched_deadlines"] = d["superseded"] = b""
         except DecodeError as short:
             if "trailing bytes" not in str(short):
                 raise
-            try:
-                d = _decode(XOR_BATCH_WITH_TOUCHES, data, "XorBatch")
-                d["superseded"] = b""
-            except DecodeError as middle:
-                if "trailing bytes" not in str(middle):
-                    raise short from None
+            for schema in _XOR_BATCH_ENCODINGS[1:]:
                 try:
-                    d = _decode(XOR_BATCH_FULL, data, "XorBatch")
-                except DecodeError:
-                    raise short from None
+                    d = _decode(schema, data, "XorBatch")
+                    break
+                except DecodeError as longer:
+                    if "trailing bytes" not in str(longer):
+                        raise short from None
+            else:
+                raise short from None
         srids, xors, failed = d["srids"], d["xors"], d["failed"]
-        touched, deadlines, superseded = d["touched"], d["touched_deadlines"], d["superseded"]
+        touched, deadlines = d.get("touched", b""), d.get("touched_deadlines", b"")
+        superseded, rejected = d.get("superseded", b""), d.get("rejected", b"")
+        reasons = tuple(d.get("rejected_reasons", ()))
         if len(superseded) % 8:
             raise DecodeError(f"XorBatch superseded array is malformed ({len(superseded)} bytes)")
+        if len(rejected) % 8 or len(rejected) // 8 != len(reasons):
+            raise DecodeError(f"XorBatch rejections are malformed ({len(rejected)} bytes, {len(reasons)} reasons)")
         if len(srids) != len(xors) or len(srids) % 8 or len(failed) % 8:
             raise DecodeError(
                 f"XorBatch arrays are malformed ({len(srids)}, {len(xors)}, {len(failed)} bytes)"
@@ -684,6 +702,8 @@ class XorBatch:
             touched=np.frombuffer(touched, dtype=_LE_I64).astype(np.int64, copy=False),
             touched_deadlines=np.frombuffer(deadlines, dtype=_LE_I64).astype(np.int64, copy=False),
             superseded=np.frombuffer(superseded, dtype=_LE_I64).astype(np.int64, copy=False),
+            rejected=np.frombuffer(rejected, dtype=_LE_I64).astype(np.int64, copy=False),
+            rejected_reasons=reasons,
         )
 
 

@@ -100,9 +100,9 @@ class TaskContext:
     ways: ``emit`` a child into a topic another task reads (tracked: the tree waits for it);
     ``output`` a record out of the pipeline (untracked: the last hop); or neither - the
     handler wrote to the outside world itself - and return. Returning acks the input;
-    ``fail`` replays it instead."""
+    ``fail`` replays it instead, ``reject`` dead-letters it at once."""
 
-    __slots__ = ("_task", "children", "children_xor", "failed", "record")
+    __slots__ = ("_task", "children", "children_xor", "failed", "record", "rejected")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -110,6 +110,7 @@ class TaskContext:
         self.children_xor = 0
         self.children = 0
         self.failed: str | None = None
+        self.rejected = False
 
     def emit(
         self,
@@ -181,6 +182,13 @@ class TaskContext:
         """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
         self.failed = reason
 
+    def reject(self, reason: str = "rejected") -> None:
+        """Dead-letter the input's source record now, whatever attempts it has left: it fails
+        the same way every time (a malformed record, a permanent error). ``reason`` goes into
+        its DLQ record."""
+        self.failed = reason
+        self.rejected = True
+
 
 Handler = Callable[[TaskRecord, TaskContext], None]
 Offsets = dict[tuple[str, int], int]  # the offset to commit per (topic, partition)
@@ -200,6 +208,10 @@ class TaskConfig:
     poll_timeout_ms: int = 100
     # An exception in user code fails the input (replay) instead of stopping the task.
     fail_on_exception: bool = True
+    # Exceptions that say the input can never succeed (a malformed record, a permanent
+    # error): such an exception rejects the input - dead-lettered at once, its DLQ reason
+    # naming the exception's class - instead of spending its attempts (ctx.reject).
+    fatal: tuple[type[BaseException], ...] = ()
     # Outputs (children, sink outputs, events) that fail to deliver are sent again up to this
     # many rounds, the first after retry_backoff_ms, doubling; then their inputs are failed
     # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
@@ -242,6 +254,10 @@ class TaskConfig:
         for name in durations:
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"TaskConfig.{name} must not be negative, not {getattr(self, name)}")
+        fatal = self.fatal if isinstance(self.fatal, tuple) else (self.fatal,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in fatal):
+            raise ConfigurationError(f"TaskConfig.fatal must be exception classes, not {self.fatal!r}")
+        object.__setattr__(self, "fatal", fatal)
 
 
 def without_replay_topics(topics: Iterable[str]) -> list[str]:
@@ -256,6 +272,7 @@ class TaskCounters:
     processed: int = 0
     acked: int = 0
     failed: int = 0
+    rejected: int = 0  # inputs dead-lettered at once (ctx.reject, a fatal exception)
     untracked: int = 0
     emitted: int = 0
     sink_outputs: int = 0  # TaskContext.output records
@@ -279,6 +296,9 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
     tracking = ctx.record.tracking
     if tracking is None:
         counters.untracked += 1
+    elif ctx.rejected:
+        events.rejected[tracking.srid] = ctx.failed or "rejected"
+        counters.rejected += 1
     elif ctx.failed is not None:
         events.failed.append(tracking.srid)
         counters.failed += 1
@@ -288,8 +308,9 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
         counters.acked += 1
 
 
-def _fail(exc: Exception, contexts: list[TaskContext]) -> None:
-    """User code raised: fail its inputs (replay), in one log line."""
+def _fail(exc: Exception, contexts: list[TaskContext], fatal: bool = False) -> None:
+    """User code raised: fail its inputs (replay; ``fatal``: reject them, the DLQ record
+    naming the exception's class), in one log line."""
     if len(contexts) == 1:
         r = contexts[0].record
         log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
@@ -297,8 +318,12 @@ def _fail(exc: Exception, contexts: list[TaskContext]) -> None:
         r = contexts[0].record
         log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
                     len(contexts), r.topic, r.partition, r.offset, exc)
+    reason = f"exception: {type(exc).__name__}: {exc}"
     for ctx in contexts:
-        ctx.fail(f"exception: {type(exc).__name__}: {exc}")
+        if fatal:
+            ctx.reject(reason)
+        else:
+            ctx.fail(reason)
 
 
 class Task(RunsInBackground):
@@ -697,9 +722,10 @@ class Task(RunsInBackground):
         """User code raised: fail its inputs (replay). False with ``fail_on_exception`` off:
         the exception stops the task instead."""
         self.counters.errors += 1
-        if self.config.fail_on_exception:
-            _fail(exc, contexts)
-        return self.config.fail_on_exception
+        fatal = isinstance(exc, self.config.fatal)
+        if self.config.fail_on_exception or fatal:
+            _fail(exc, contexts, fatal)
+        return self.config.fail_on_exception or fatal
 
     def close(self) -> None:
         if self._uncommitted:

@@ -27,15 +27,16 @@ class Events:
     srids failed, in the order they were settled. Flat lists - two appends per input -
     ``send`` splits them by ledger partition once per batch."""
 
-    __slots__ = ("failed", "srids", "xors")
+    __slots__ = ("failed", "rejected", "srids", "xors")
 
     def __init__(self) -> None:
         self.srids: list[int] = []
         self.xors: list[int] = []
         self.failed: list[int] = []
+        self.rejected: dict[int, str] = {}  # srid -> why (ctx.reject, a fatal exception)
 
     def __len__(self) -> int:
-        return len(self.srids) + len(self.failed)
+        return len(self.srids) + len(self.failed) + len(self.rejected)
 
 
 def _by_partition(srids: np.ndarray, partitions: int, *columns: np.ndarray) -> dict[int, list[np.ndarray]]:
@@ -84,10 +85,20 @@ class TaskAcks:
         acked = _by_partition(srids, partitions, srids, np.array(events.xors, dtype=np.int64))
         failed = np.array(events.failed, dtype=np.int64)
         fails = _by_partition(failed, partitions, failed)
-        for lp in sorted(acked.keys() | fails.keys()):
+        rejects: dict[int, list[np.ndarray]] = {}
+        reasons: list[str] = []
+        if events.rejected:
+            rejected = np.array(list(events.rejected), dtype=np.int64)
+            reasons = list(events.rejected.values())
+            rejects = _by_partition(rejected, partitions, rejected, np.arange(rejected.size))
+        for lp in sorted(acked.keys() | fails.keys() | rejects.keys()):
             lp_srids, lp_xors = acked.get(lp, (_EMPTY, _EMPTY))
             lp_failed, = fails.get(lp, (_EMPTY,))
-            value = XorBatch(lp, lp_srids, lp_xors, lp_failed, self.name).encode()
+            lp_rejected, at = rejects.get(lp, (_EMPTY, _EMPTY))
+            value = XorBatch(
+                lp, lp_srids, lp_xors, lp_failed, self.name,
+                rejected=lp_rejected, rejected_reasons=tuple(reasons[i] for i in at.tolist()),
+            ).encode()
             self.outputs.produce(self.acks, value=value, partition=lp)
 
     def touch(self, srid: int, deadline_ms: int) -> None:

@@ -240,8 +240,9 @@ class Ingest:
                 continue
             bad_s = (xb.srids == 0) | (xb.srids % P != lp)
             bad_f = (xb.failed == 0) | (xb.failed % P != lp)
-            if bad_s.any() or bad_f.any():
-                rest = self._quarantine_pairs(st, msg, lp, xb, bad_s, bad_f)
+            bad_r = (xb.rejected == 0) | (xb.rejected % P != lp)
+            if bad_s.any() or bad_f.any() or bad_r.any():
+                rest = self._quarantine_pairs(st, msg, lp, xb, bad_s, bad_f, bad_r)
                 if rest is None:
                     continue
                 xb = rest
@@ -267,6 +268,8 @@ class Ingest:
             xors.append(xb.xors)
             if xb.failed.size:
                 failed.append(xb.failed)
+            if xb.rejected.size:
+                failed.append(xb.rejected)
         orphan_tick = self.orphan_tick()
         if touched:
             # A touch pushes the deadline of a pending entry, or of one whose persist record
@@ -298,22 +301,31 @@ class Ingest:
                 st.table.mark_superseded(m, orphan_tick)
 
     def _quarantine_pairs(
-        self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray
+        self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,
+        bad_r: np.ndarray,
     ) -> XorBatch | None:
-        """Quarantine the events and fail marks of srid 0 or of another ledger partition; return
-        the rest of the batch (None: nothing is left). One bad srid is the sender's bug, not its
-        neighbours': quarantining the whole batch would leave their trees to timeouts and replays."""
-        counts = ((int(bad_s.sum()), "event(s)"), (int(bad_f.sum()), "fail mark(s)"))
+        """Quarantine the events, fail marks and rejections of srid 0 or of another ledger
+        partition; return the rest of the batch (None: nothing is left). One bad srid is the
+        sender's bug, not its neighbours': quarantining the whole batch would leave their
+        trees to timeouts and replays."""
+        counts = ((int(bad_s.sum()), "event(s)"), (int(bad_f.sum()), "fail mark(s)"), (int(bad_r.sum()), "rejection(s)"))
         why = " and ".join(f"{n} {what}" for n, what in counts if n)
         why += f" of srid 0 or of other ledger partitions than {lp}"
-        if bad_s.all() and bad_f.all():  # all bad: keep the message byte for byte
+        if bad_s.all() and bad_f.all() and bad_r.all():  # all bad: keep the message byte for byte
             self.quarantine(st, msg, why)
             return None
         # Only the bad ones, re-encoded as an XorBatch (same partition and producer) to inspect.
-        bad = XorBatch(xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer)
+        reasons = xb.rejected_reasons
+        bad = XorBatch(
+            xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer,
+            rejected=xb.rejected[bad_r], rejected_reasons=tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if b),
+        )
         self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
-        return XorBatch(lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer,
-                        xb.touched, xb.touched_deadlines, xb.superseded)
+        return XorBatch(
+            lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer, xb.touched, xb.touched_deadlines,
+            xb.superseded, xb.rejected[~bad_r],
+            tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if not b),
+        )
 
     def completed(self, st: PartitionState, done: Removed) -> None:
         if len(done):

@@ -20,6 +20,7 @@ from broker.schemas import (
     PERSIST_PREFIX_LEN,
     XOR_BATCH,
     XOR_BATCH_FULL,
+    XOR_BATCH_WITH_SUPERSEDED,
     XOR_BATCH_WITH_TOUCHES,
     Failure,
     LedgerCounters,
@@ -456,9 +457,39 @@ def test_superseded_marks_round_trip_and_batches_without_them_keep_the_shorter_e
     assert XorBatch.decode(older.getvalue()).superseded.size == 0
 
 
-def test_malformed_superseded_marks_are_a_decode_error() -> None:
+def test_rejections_round_trip_with_their_reasons_and_batches_without_them_keep_the_shorter_encodings() -> None:
+    empty = np.empty(0, np.int64)
+    rejects = XorBatch(3, np.array([7], np.int64), np.array([5], np.int64), np.array([9], np.int64), "t",
+                       rejected=np.array([11, -13], np.int64), rejected_reasons=("ValueError: bad json", "no such sku"))
+    back = XorBatch.decode(rejects.encode())
+    assert (back.srids.tolist(), back.failed.tolist(), back.rejected.tolist()) == ([7], [9], [11, -13])
+    assert back.rejected_reasons == ("ValueError: bad json", "no such sku") and back.superseded.size == 0
+    marks = XorBatch(3, empty, empty, empty, "acker", superseded=np.array([7], np.int64))
+    older = io.BytesIO()  # what a sender from before rejections writes
+    fastavro.schemaless_writer(older, XOR_BATCH_WITH_SUPERSEDED, {
+        "ledger_partition": 3, "srids": b"", "xors": b"", "failed": b"", "producer": "acker",
+        "touched": b"", "touched_deadlines": b"", "superseded": marks.superseded.astype("<i8").tobytes(),
+    })
+    assert marks.encode() == older.getvalue()
+    assert XorBatch.decode(older.getvalue()).rejected.size == 0
+    with pytest.raises(ValueError, match="rejected and rejected_reasons differ"):
+        XorBatch(3, empty, empty, empty, "t", rejected=np.array([1], np.int64)).encode()
+
+
+@pytest.mark.parametrize(("rejected", "reasons"), [(b"\x01" * 9, ["x"]), (b"\x01" * 8, []), (b"", ["x"])])
+def test_malformed_rejections_are_a_decode_error(rejected: bytes, reasons: list[str]) -> None:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, XOR_BATCH_FULL, {
+        "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"", "producer": "",
+        "touched": b"", "touched_deadlines": b"", "superseded": b"", "rejected": rejected, "rejected_reasons": reasons,
+    })
+    with pytest.raises(DecodeError, match="rejections are malformed"):
+        XorBatch.decode(buf.getvalue())
+
+
+def test_malformed_superseded_marks_are_a_decode_error() -> None:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, XOR_BATCH_WITH_SUPERSEDED, {
         "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"", "producer": "",
         "touched": b"", "touched_deadlines": b"", "superseded": b"\x01" * 9,
     })
