@@ -17,18 +17,26 @@ for these errors (it only flags errors of its own retry machinery), so the codes
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -174,6 +182,29 @@ def retrying(
         attempt += 1
 
 
+def watermarks(
+    settings: KafkaSettings, topic: str, partitions: Iterable[int], *, committed: bool = True,
+    admin: AdminClient | None = None,
+) -> dict[int, tuple[int, int]]:
+    """Low and high watermark of each of ``partitions`` of ``topic`` (``committed``: the
+    high one is the last stable offset), in two requests whatever their number - one per
+    partition costs a round trip each, seconds at 1 000 partitions. Transient errors (a
+    leader not elected yet, right after a topic is created) are waited out (``retrying``)."""
+    admin = admin or AdminClient(settings.client_config())
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    tps = [TopicPartition(topic, p) for p in partitions]
+
+    def ask(spec: OffsetSpec) -> dict[int, int]:
+        futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=level, request_timeout=30)
+        return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+
+    if not tps:
+        return {}
+    low = retrying(lambda: ask(OffsetSpec.earliest()), f"the low watermarks of {topic}")
+    high = retrying(lambda: ask(OffsetSpec.latest()), f"the high watermarks of {topic}")
+    return {p: (low[p], high[p]) for p in low}
+
+
 def read_to_end(
     settings: KafkaSettings, topic: str, partitions: int, timeout_s: float = 120.0, *, settled: bool = False
 ) -> list[Message]:
@@ -202,20 +233,15 @@ def read_partitions(
         None, defaults={"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10}
     )
     consumer = Consumer(config)
-    # A read_committed consumer's high watermark is the last stable offset.
-    ends_of = Consumer({**config, "isolation.level": "read_uncommitted"}) if settled else consumer
     out: list[Message] = []
     try:
         starts = []
         ends: dict[int, int] = {}
-        for p in partitions:
-            low, high = retrying(functools.partial(ends_of.get_watermark_offsets, TopicPartition(topic, p), timeout=30),
-                                 f"the watermarks of {topic}[{p}]")
+        # The last stable offsets, or with ``settled`` the high watermarks.
+        for p, (low, high) in watermarks(settings, topic, partitions, committed=not settled).items():
             if high > low:
                 starts.append(TopicPartition(topic, p, low))
                 ends[p] = high if settled else 0
-        if ends_of is not consumer:
-            ends_of.close()
         consumer.assign(starts)
         eof: set[int] = set()
         deadline = time.monotonic() + timeout_s

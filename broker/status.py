@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from broker.errors import TopologyError
-from broker.kafka_io import kafka_errors
+from broker.kafka_io import kafka_errors, watermarks
 from broker.schemas import COUNTERS_KEY, LedgerCounters
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -80,8 +80,9 @@ def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
     }
 
 
-#: First window read back from a partition's end; doubled until the key is found.
-FIRST_WINDOW = 256
+#: First window read back from a partition's end; doubled until the key is found. Small: an
+#: acker's commit ends with its counters record, so it is mostly among a partition's last few.
+FIRST_WINDOW = 32
 
 
 @kafka_errors("reading the latest records")
@@ -94,7 +95,9 @@ def latest_with_key(
     Each partition is read backwards from its end offset in growing windows
     (``FIRST_WINDOW``, then doubled) until a window holds the key or the window reaches the
     low watermark: the cost is bounded by how far back the last such message lies, not by
-    the length of the partition."""
+    the length of the partition. Every partition still looking reads its window at once (one
+    assignment a round, the watermarks in two requests): at 1 000 partitions a read per
+    partition would take a round trip and a poll each."""
     consumer = Consumer(
         settings.consumer_config(
             None,
@@ -107,34 +110,54 @@ def latest_with_key(
     read = 0
     deadline = time.monotonic() + timeout_s
     try:
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            end, window = high, FIRST_WINDOW
-            while end > low and p not in found:
-                start = max(low, end - window)
-                consumer.assign([TopicPartition(topic, p, start)])
-                last: bytes | None = None
-                done = False
-                while not done:
-                    if time.monotonic() > deadline:
-                        raise TopologyError(f"could not read {topic} to its end")
-                    for msg in consumer.consume(1_000, 0.05):
-                        err = msg.error()
-                        if err is not None:
-                            if err.code() == KafkaError._PARTITION_EOF:
-                                done = True
-                                break
-                            raise TopologyError(f"reading {topic}: {err}")
-                        offset = msg.offset() or 0
-                        if offset >= end:
-                            done = True
-                            break
-                        read += 1
-                        if msg.key() == key and msg.value() is not None:
-                            last = msg.value()
-                if last is not None:
-                    found[p] = last
-                end, window = start, window * 2
+        marks = watermarks(settings, topic, range(partitions))
+        # partition -> (low watermark, end of the window to read next)
+        looking = {p: (low, high) for p, (low, high) in marks.items() if high > low}
+        window = FIRST_WINDOW
+        while looking:
+            starts = {p: max(low, end - window) for p, (low, end) in looking.items()}
+            last, got = _read_windows(consumer, topic, starts, {p: end for p, (_, end) in looking.items()}, key, deadline)
+            read += got
+            found.update(last)
+            looking = {p: (low, starts[p]) for p, (low, _) in looking.items() if p not in last and starts[p] > low}
+            window *= 2
     finally:
         consumer.close()
     return found, read
+
+
+def _read_windows(
+    consumer: Consumer, topic: str, starts: dict[int, int], ends: dict[int, int], key: bytes, deadline: float,
+) -> tuple[dict[int, bytes], int]:
+    """Read ``[starts[p], ends[p])`` of every partition at once: the last value with ``key``
+    in each, and how many messages were read."""
+    consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
+    last: dict[int, bytes] = {}
+    open_ = set(starts)
+    read = 0
+    while open_:
+        if time.monotonic() > deadline:
+            raise TopologyError(f"could not read {topic} to its end")
+        done: list[int] = []
+        for msg in consumer.consume(10_000, 0.05):
+            p = msg.partition() or 0
+            if p not in open_:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise TopologyError(f"reading {topic}: {err}")
+                done.append(p)
+                open_.discard(p)
+                continue
+            if (msg.offset() or 0) >= ends[p]:
+                done.append(p)
+                open_.discard(p)
+                continue
+            read += 1
+            if msg.key() == key and msg.value() is not None:
+                last[p] = msg.value()
+        if done:
+            consumer.pause([TopicPartition(topic, p) for p in done])
+    consumer.unassign()
+    return last, read
