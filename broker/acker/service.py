@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from enum import Enum
+from typing import Self
 
 from confluent_kafka import (
     Consumer,
@@ -56,7 +57,7 @@ from broker.acker.recovery import REJOIN_BACKOFF_S, Recovery
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
-from broker.background import RunsInBackground
+from broker.background import running
 from broker.headers import OUTCOME_COMPLETED
 from broker.kafka_io import (
     consumer_group_protocol,
@@ -96,7 +97,7 @@ class Due(Enum):
     EARLY = "early"  # completions wait and the acker has time
 
 
-class Acker(Assignment, Recovery, RunsInBackground):
+class Acker(Assignment, Recovery):
     @kafka_errors("building an Acker")
     def __init__(
         self,
@@ -284,6 +285,11 @@ class Acker(Assignment, Recovery, RunsInBackground):
     @kafka_errors("starting an Acker")
     def check_before_run(self) -> None:
         self.start()  # run_in_background(): a namespace that is not usable raises at once
+
+    def run_in_background(self) -> contextlib.AbstractContextManager[Self]:
+        """``run()`` on a thread of this process while a ``with`` block runs, then a clean
+        stop (broker.background)."""
+        return running(self)
 
     def _subscribe(self) -> None:
         self._consumer.subscribe(
