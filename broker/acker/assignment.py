@@ -2,10 +2,10 @@
 rebalance callbacks, the restores they start, and where each input partition resumes.
 
 Owned by ``Acker`` (broker.acker.service), which hands it the partition states, input
-positions and outputs it shares with the loop and the commit. On assignment the committed offsets are fetched first (stable ones: this waits out a
-transaction a dead owner left open), then the changelog is read (and ``ns.persist`` from the
-restore floor, broker.acker.unlogged), then the inputs resume - so restored state and input
-positions come from the same commit.
+positions and outputs it shares with the loop and the commit. On assignment the committed
+offsets are fetched first (stable ones: this waits out a transaction a dead owner left open),
+then the changelog is read (and ``ns.persist`` from the restore floor, broker.acker.unlogged),
+then the inputs resume - so restored state and input positions come from the same commit.
 """
 
 from __future__ import annotations

@@ -7,7 +7,13 @@ each owned partition has a ``PartitionState`` backed by the compacted changelog
 - ``changelog``: restore on assignment, warm states, standby tailing;
 - ``ingest``: persist records and XOR batches folded into the tables, bad input quarantined;
 - ``decisions``: timeouts and explicit failures turned into replays and dead letters;
-- ``commit``: the transaction that writes all of it with the input offsets.
+- ``commit``: the transaction that writes all of it with the input offsets;
+- ``assignment``: the rebalance callbacks and the restores they start;
+- ``recovery``: commit errors and rejoins;
+- ``live``: the group consumer and the producer as they are now (either may be replaced).
+
+``Acker`` builds each part with its collaborators and owns what they share: the partition
+states, the input positions, the inputs read and the outputs due since the last commit.
 
 Partition assignment uses the ``range`` assignor: it gives partition i of persist and of acks
 to the same member (cooperative-sticky balances each topic on its own and would split them).
