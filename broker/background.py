@@ -10,7 +10,7 @@ import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Self
+from typing import Protocol, TypeVar
 
 from broker.errors import BackgroundError
 
@@ -47,26 +47,29 @@ def in_background(name: str, run: Callable[[], object], stop: Callable[[], None]
         raise BackgroundError(f"{name} stopped: {failure[0]!r}") from failure[0]
 
 
-class RunsInBackground:
-    """``run_in_background()`` for a service with ``run()`` and ``stop()``: its loop on a
-    thread of this process while a ``with`` block runs, then a clean stop - for development
-    and tests. What makes the service refuse to start (``check_before_run``) raises at once,
-    in the caller."""
+class Service(Protocol):
+    """What ``running()`` needs of a service: a loop, a way to end it, and what makes it
+    refuse to start (topics missing, ...)."""
 
-    def run(self) -> object:
-        raise NotImplementedError
+    def check_before_run(self) -> None: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    def run(self) -> object: ...
 
-    def check_before_run(self) -> None:
-        """Raise if the service could not start (topics missing, ...)."""
+    def stop(self) -> None: ...
 
-    @contextlib.contextmanager
-    def run_in_background(self) -> Iterator[Self]:
-        self.check_before_run()
-        with in_background(type(self).__name__.lower(), self.run, self.stop):
-            yield self
+
+S = TypeVar("S", bound=Service)
+
+
+@contextlib.contextmanager
+def running(service: S) -> Iterator[S]:
+    """``run_in_background()`` of a service: its loop on a thread of this process while a
+    ``with`` block runs, then a clean stop - for development and tests. What makes the service
+    refuse to start (``check_before_run``) raises at once, in the caller. A function over the
+    service's own ``run`` and ``stop``, not a base class: the service keeps all its state."""
+    service.check_before_run()
+    with in_background(type(service).__name__.lower(), service.run, service.stop):
+        yield service
 
 
 SERVICE_GC_THRESHOLDS = (50_000, 20, 10)

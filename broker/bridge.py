@@ -50,7 +50,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
@@ -62,7 +62,7 @@ from confluent_kafka import (
 )
 
 from broker.acker.refusals import RECORD_LEVEL
-from broker.background import RunsInBackground
+from broker.background import running
 from broker.errors import (
     BridgeFenced,
     ConfigurationError,
@@ -154,7 +154,7 @@ class BridgeCounters:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
 
 
-class Bridge(RunsInBackground):
+class Bridge:
     """Bridges ``config.input_topic`` into ``config.target_topic`` as source records, one
     transaction per batch (module docstring). ``run()`` until ``stop()`` or SIGTERM."""
 
@@ -219,6 +219,11 @@ class Bridge(RunsInBackground):
 
     def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
+
+    def run_in_background(self) -> contextlib.AbstractContextManager[Self]:
+        """``run()`` on a thread of this process while a ``with`` block runs, then a clean
+        stop (broker.background)."""
+        return running(self)
 
     @kafka_errors("starting a Bridge")
     def start(self) -> None:

@@ -17,12 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from broker import ids
-from broker.background import RunsInBackground
+from broker.background import running
 from broker.delivery import Outputs
 from broker.errors import ConfigurationError, KafkaClientError
 from broker.headers import (
@@ -326,7 +326,7 @@ def _fail(exc: Exception, contexts: list[TaskContext], fatal: bool = False) -> N
             ctx.fail(reason)
 
 
-class Task(RunsInBackground):
+class Task:
     """A consume loop that acks every input with one XOR event.
 
     Per poll batch:
@@ -529,6 +529,11 @@ class Task(RunsInBackground):
 
     def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once
+
+    def run_in_background(self) -> contextlib.AbstractContextManager[Self]:
+        """``run()`` on a thread of this process while a ``with`` block runs, then a clean
+        stop (broker.background)."""
+        return running(self)
 
     @kafka_errors("processing a batch")
     def process_batch(self, batch: list[Message]) -> set[int]:

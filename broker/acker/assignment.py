@@ -1,12 +1,11 @@
 """The acker's side of its consumer group (docs/design.md §5, "Assignment and restore"): the
 rebalance callbacks, the restores they start, and where each input partition resumes.
 
-A mixin of ``Acker`` (broker.acker.service): these methods change the acker's partition
-states, input positions and gate, and are kept here so the service reads as its loop and its
-commit. On assignment the committed offsets are fetched first (stable ones: this waits out a
-transaction a dead owner left open), then the changelog is read (and ``ns.persist`` from the
-restore floor, broker.acker.unlogged), then the inputs resume - so restored state and input
-positions come from the same commit.
+Owned by ``Acker`` (broker.acker.service), which hands it the partition states, input
+positions and outputs it shares with the loop and the commit. On assignment the committed
+offsets are fetched first (stable ones: this waits out a transaction a dead owner left open),
+then the changelog is read (and ``ns.persist`` from the restore floor, broker.acker.unlogged),
+then the inputs resume - so restored state and input positions come from the same commit.
 """
 
 from __future__ import annotations
@@ -15,12 +14,14 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from broker.acker.changelog import Changelog
 from broker.acker.commit import Transactions
 from broker.acker.lag import ExpiryGate
+from broker.acker.live import LiveClients
 from broker.acker.reading import ReadingOrder
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import PartitionState
@@ -40,32 +41,57 @@ the acker gives up."""
 
 
 class Assignment:
-    """Rebalance callbacks and restores of ``Acker`` (see the module doc)."""
+    """Rebalance callbacks and restores of an ``Acker`` (see the module doc). It owns what a
+    restore leaves to do (inputs to seek and resume) and whether a rebalance ran since the
+    last poll; the states, positions, inputs read and outputs due are the acker's, handed over
+    at construction and changed in place."""
 
-    ns: Namespace
-    P: int
-    states: dict[int, PartitionState]
-    last_assignment: dict[str, object]
-    changelog: Changelog
-    restores: Restores
-    expiry: ExpiryGate
-    reading: ReadingOrder
-    transactions: Transactions
-    _consumer: Consumer
-    _incremental: bool
-    _rebalanced: bool
-    _producer_stale: bool
-    _positions: dict[tuple[str, int], int]
-    _read: set[int]
-    _to_resume: list[TopicPartition]
-    _seek_failing_since: float | None
-    _outgoing: list[tuple[int, Outgoing]]
+    def __init__(
+        self,
+        *,
+        ns: Namespace,
+        live: LiveClients,
+        states: dict[int, PartitionState],
+        positions: dict[tuple[str, int], int],
+        read: set[int],
+        outgoing: list[tuple[int, Outgoing]],
+        changelog: Changelog,
+        restores: Restores,
+        expiry: ExpiryGate,
+        reading: ReadingOrder,
+        transactions: Transactions,
+        commit: Callable[[], None],
+    ) -> None:
+        self.ns = ns
+        self.live = live
+        self.states = states
+        self.positions = positions
+        self.read = read
+        self.outgoing = outgoing
+        self.changelog = changelog
+        self.restores = restores
+        self.expiry = expiry
+        self.reading = reading
+        self.transactions = transactions
+        self.commit = commit  # what a revocation commits before the partitions go
+        self.partitions = 0  # ledger partitions, known from Acker.start()
+        self.last_assignment: dict[str, object] = {}
+        # Restored partitions whose inputs are still to be sought and resumed (resume_restored).
+        self.to_resume: list[TopicPartition] = []
+        self._seek_failing_since: float | None = None
+        self.rebalanced = False  # a rebalance callback ran since the last poll
 
-    def commit(self) -> None:
-        raise NotImplementedError
+    def subscribe(self) -> None:
+        """Join the group with the current consumer, these callbacks handling its rebalances."""
+        self.live.consumer.subscribe(
+            [self.ns.persist, self.ns.acks],
+            on_assign=self.on_assign,
+            on_revoke=self.on_revoke,
+            on_lost=self.on_lost,
+        )
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalanced = True
         lps = sorted({tp.partition for tp in partitions if tp.topic == self.ns.persist})
         acks = sorted({tp.partition for tp in partitions if tp.topic == self.ns.acks})
         if lps != acks:
@@ -80,28 +106,17 @@ class Assignment:
         while done is None and time.monotonic() < deadline:
             done = self.restores.step(max(deadline - time.monotonic(), 0.001))
         assigned = pending.starts or partitions
-        if self._incremental:
+        if self.live.incremental:
             consumer.incremental_assign(assigned)
         else:
             consumer.assign(assigned)
         if done is pending:
-            self._restored(pending, resume=False)
+            self.restored(pending, resume=False)
         else:
             consumer.pause(assigned)
-        self.changelog.assign_standby(self.P, self._owned())
+        self.changelog.assign_standby(self.partitions, self.owned())
 
-    def _committed_starts(self, tps: list[TopicPartition], timeout_s: float) -> list[TopicPartition] | None:
-        """Where the inputs resume: their stable committed offsets. Asking for them waits
-        for any transaction a dead owner left open, so the changelog read after them ends
-        past everything they reflect. None while that is not settled yet (asked again)."""
-        try:
-            committed = self._consumer.committed(tps, timeout=timeout_s)
-        except KafkaException as exc:
-            log.debug("committed offsets not known yet (%s)", exc)
-            return None
-        return self._start_positions(committed)
-
-    def _restored(self, done: Pending, *, resume: bool = True) -> None:
+    def restored(self, done: Pending, *, resume: bool = True) -> None:
         """A callback's partitions are restored: install them and let their inputs flow."""
         starts = done.starts
         assert starts is not None
@@ -118,30 +133,30 @@ class Assignment:
             "seconds": seconds,
         }
         self.expiry.assigned(starts)
-        self._read.difference_update(lps)
-        self._positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
+        self.read.difference_update(lps)
+        self.positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         self.states.update(done.states)
         if resume:
-            self._to_resume = [*self._to_resume, *starts]
-            self._resume_restored()
+            self.to_resume = [*self.to_resume, *starts]
+            self.resume_restored()
         log.info(
             "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
             lps, owned, done.warm, done.read, self.last_assignment["entries"], seconds,
         )
 
-    def _resume_restored(self) -> None:
+    def resume_restored(self) -> None:
         """Seek the restored partitions' inputs to their starts (anything fetched before the
         pause is read again) and resume them. Seen on a loaded machine: a seek right after a
         takeover's assignment fails with "Erroneous state" while the partition's fetcher is
         still starting; such a partition stays paused and is sought again at the next step
         (for up to ``SEEK_RETRY_S``), instead of the acker exiting."""
         waiting: list[TopicPartition] = []
-        for tp in self._to_resume:
+        for tp in self.to_resume:
             if tp.partition not in self.states:
                 continue  # revoked or lost meanwhile
             try:
-                self._consumer.seek(tp)
+                self.live.consumer.seek(tp)
             except KafkaException as exc:
                 if self._seek_failing_since is None:
                     self._seek_failing_since = time.monotonic()
@@ -150,18 +165,18 @@ class Assignment:
                 log.debug("seek of %s[%d] to %d failed (%s): tried again", tp.topic, tp.partition, tp.offset, exc)
                 waiting.append(tp)
                 continue
-            self._consumer.resume([tp])
-            self._rebalanced = True  # resumed fetchers need waking too
-        self._to_resume = waiting
+            self.live.consumer.resume([tp])
+            self.rebalanced = True  # resumed fetchers need waking too
+        self.to_resume = waiting
         if not waiting:
             self._seek_failing_since = None
 
-    def _owned(self) -> set[int]:
+    def owned(self) -> set[int]:
         """Ledger partitions owned: restored, or restoring."""
         return set(self.states) | self.restores.lps
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalanced = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         self.restores.cancel(lps)
         # A hand-over logs every entry: the next owner then needs no ns.persist record of
@@ -179,19 +194,19 @@ class Assignment:
         # After a successful commit a partition's table equals its changelog: keep it as a
         # warm standby, so getting the partition back (range rebalances are eager) costs a
         # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
-        clean = clean and not self._outgoing
+        clean = clean and not self.outgoing
         for lp in lps:
             st = self.states.pop(lp, None)
             if st is not None and clean and not st.failures and not st.tombstones:
                 self.changelog.keep_warm(lp, st)
-        self._drop(lps)
-        self.changelog.assign_standby(self.P, self._owned())
-        if self._incremental:
+        self.drop(lps)
+        self.changelog.assign_standby(self.partitions, self.owned())
+        if self.live.incremental:
             consumer.incremental_unassign(partitions)
         log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rebalanced = True
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalanced = True
         # Someone else owns them now: nothing of ours may be committed for them, and the
         # tables may be ahead of their changelogs.
         self.transactions.abort()
@@ -199,51 +214,69 @@ class Assignment:
         # came through the same outage, and once partitions are owned again its
         # send_offsets_to_transaction was seen to block for good (librdkafka #5456). A new
         # one (the same transactional id) aborts whatever is open and finds its coordinators.
-        self._producer_stale = True
+        self.live.producer_stale = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         self.restores.cancel(lps)
-        self._drop(lps)
-        self.changelog.assign_standby(self.P, self._owned())
-        if self._incremental:
+        self.drop(lps)
+        self.changelog.assign_standby(self.partitions, self.owned())
+        if self.live.incremental:
             consumer.incremental_unassign(partitions)
         log.warning("lost ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
 
-    def _drop(self, lps: set[int]) -> None:
+    def drop(self, lps: set[int]) -> None:
         for lp in lps:
             self.states.pop(lp, None)
-        self._positions = {tp: o for tp, o in self._positions.items() if tp[1] not in lps}
-        self._read -= lps
-        self._to_resume = [tp for tp in self._to_resume if tp.partition not in lps]
+        for tp in [tp for tp in self.positions if tp[1] in lps]:
+            del self.positions[tp]
+        self.read -= lps
+        self.to_resume = [tp for tp in self.to_resume if tp.partition not in lps]
         self.expiry.forget(lps)
         self.reading.forget(lps)
         # Outputs not committed yet go with the partition: its next owner re-derives them
         # from the changelog and the inputs after the committed offsets (quarantines too).
-        self._outgoing[:] = [(lp, rec) for lp, rec in self._outgoing if lp not in lps]
+        self.outgoing[:] = [(lp, rec) for lp, rec in self.outgoing if lp not in lps]
 
-    def _wake_fetchers(self) -> None:
+    def wake_fetchers(self) -> None:
         """librdkafka pauses every partition's fetcher while a rebalance callback runs; the
         partitions that stay are resumed afterwards, but a fetcher with nothing else to do
         notices only at its next wake-up, up to a second later - every membership change
         stalled the partitions that did not move for about a second. A request to each
-        leader wakes their fetchers now (one ListOffsets per leader, once per rebalance)."""
-        if not self._incremental or not self.states:
+        leader wakes their fetchers now (one ListOffsets per leader, once per rebalance: after
+        the poll in which a callback ran)."""
+        if not self.rebalanced:
+            return
+        self.rebalanced = False
+        if not self.live.incremental or not self.states:
             return
         now_ms = int(time.time() * 1000)
         owned = [TopicPartition(t, lp, now_ms) for lp in self.states for t in (self.ns.persist, self.ns.acks)]
         with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.offsets_for_times(owned, timeout=5)
+            self.live.consumer.offsets_for_times(owned, timeout=5)
 
-    def _start_positions(self, committed: list[TopicPartition]) -> list[TopicPartition]:
-        """Where each input partition resumes: its committed offset, or its first offset when
-        none was committed yet - explicit, so every transaction can commit it."""
-        out = []
-        for tp in committed:
-            offset = tp.offset
-            if offset < 0:
-                first = TopicPartition(tp.topic, tp.partition)
-                offset, _ = retrying(
-                    functools.partial(self._consumer.get_watermark_offsets, first, timeout=30),
-                    f"watermarks of {tp.topic}[{tp.partition}]",
-                )
-            out.append(TopicPartition(tp.topic, tp.partition, offset))
-        return out
+
+def committed_starts(live: LiveClients, tps: list[TopicPartition], timeout_s: float) -> list[TopicPartition] | None:
+    """Where the inputs resume: their stable committed offsets. Asking for them waits
+    for any transaction a dead owner left open, so the changelog read after them ends
+    past everything they reflect. None while that is not settled yet (asked again)."""
+    try:
+        committed = live.consumer.committed(tps, timeout=timeout_s)
+    except KafkaException as exc:
+        log.debug("committed offsets not known yet (%s)", exc)
+        return None
+    return start_positions(live.consumer, committed)
+
+
+def start_positions(consumer: Consumer, committed: list[TopicPartition]) -> list[TopicPartition]:
+    """Where each input partition resumes: its committed offset, or its first offset when
+    none was committed yet - explicit, so every transaction can commit it."""
+    out = []
+    for tp in committed:
+        offset = tp.offset
+        if offset < 0:
+            first = TopicPartition(tp.topic, tp.partition)
+            offset, _ = retrying(
+                functools.partial(consumer.get_watermark_offsets, first, timeout=30),
+                f"watermarks of {tp.topic}[{tp.partition}]",
+            )
+        out.append(TopicPartition(tp.topic, tp.partition, offset))
+    return out

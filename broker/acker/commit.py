@@ -41,6 +41,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from broker import kafka_io
+from broker.acker.live import LiveClients
 from broker.acker.refusals import Refusals
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
@@ -145,12 +146,9 @@ def _keys(srids: np.ndarray | Sequence[int]) -> list[bytes]:
 class Transactions:
     """Writes a ``Batch`` atomically (or, with ``exactly_once`` off, just flushes it)."""
 
-    def __init__(
-        self, ns: Namespace, producer: Producer, consumer: Consumer, refusals: Refusals, *, exactly_once: bool
-    ) -> None:
+    def __init__(self, ns: Namespace, live: LiveClients, refusals: Refusals, *, exactly_once: bool) -> None:
         self.ns = ns
-        self.producer = producer
-        self.consumer = consumer
+        self.live = live  # the producer and consumer as they are now: either may be replaced
         self.refusals = refusals
         self.exactly_once = exactly_once
         # When the transaction that is open now (or that failed and was not aborted yet) was
@@ -255,9 +253,17 @@ class Transactions:
                 self.producer.abort_transaction(30)
                 self.open_since = None
 
-    def replace_producer(self, producer: Producer) -> None:
-        """A new producer, whose ``init_transactions`` aborted whatever the old one left open."""
-        self.producer = producer
+    @property
+    def producer(self) -> Producer:
+        return self.live.producer
+
+    @property
+    def consumer(self) -> Consumer:
+        return self.live.consumer
+
+    def new_producer(self) -> None:
+        """The producer was replaced: its ``init_transactions`` aborted whatever the old one
+        left open."""
         self.open_since = None
 
 

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from broker.acker.live import LiveClients
 from broker.acker.state import PartitionState
 from broker.ledger.clock import Ticker
 from broker.topics import Namespace
@@ -114,7 +115,7 @@ class ExpiryGate:
     def __init__(
         self,
         ns: Namespace,
-        consumer: Consumer,
+        live: LiveClients,
         *,
         slack: int = 0,
         refresh_ms: int = 1_000,
@@ -122,7 +123,7 @@ class ExpiryGate:
         log_interval_s: float = 10.0,
     ) -> None:
         self.ns = ns
-        self.consumer = consumer
+        self.live = live  # the group consumer as it is now (replaced by a rejoin)
         self.slack = slack
         self.refresh_ms = refresh_ms
         self.query_timeout_s = query_timeout_s
@@ -131,6 +132,10 @@ class ExpiryGate:
         self.holds = 0  # (partition, commit) pairs at which due entries were held back
         self.held = 0  # entries held back at the last commit
         self._last_log = -float("inf")
+
+    @property
+    def consumer(self) -> Consumer:
+        return self.live.consumer
 
     # ------------------------------------------------------------------ assignment
 

@@ -4,7 +4,7 @@ A static member (``group.instance.id``) that was killed keeps its place in the g
 its session times out. Its successor with the same instance id is refused meanwhile:
 librdkafka reports the broker's UNRELEASED_INSTANCE_ID (the consumer protocol) or
 FENCED_INSTANCE_ID (the classic one) as a fatal error, and a consumer that had one is
-unusable - the acker replaces it (``Acker._rejoin``). That refusal is expected after every
+unusable - the acker replaces it (``Recovery.rejoin``). That refusal is expected after every
 restart, not an error: the acker waits it out with exponential back-off, capped at half the
 session timeout (the predecessor's session ends within one), and says so in one line per
 wait period, not per attempt.

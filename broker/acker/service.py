@@ -7,7 +7,13 @@ each owned partition has a ``PartitionState`` backed by the compacted changelog
 - ``changelog``: restore on assignment, warm states, standby tailing;
 - ``ingest``: persist records and XOR batches folded into the tables, bad input quarantined;
 - ``decisions``: timeouts and explicit failures turned into replays and dead letters;
-- ``commit``: the transaction that writes all of it with the input offsets.
+- ``commit``: the transaction that writes all of it with the input offsets;
+- ``assignment``: the rebalance callbacks and the restores they start;
+- ``recovery``: commit errors and rejoins;
+- ``live``: the group consumer and the producer as they are now (either may be replaced).
+
+``Acker`` builds each part with its collaborators and owns what they share: the partition
+states, the input positions, the inputs read and the outputs due since the last commit.
 
 Partition assignment uses the ``range`` assignor: it gives partition i of persist and of acks
 to the same member (cooperative-sticky balances each topic on its own and would split them).
@@ -27,6 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from enum import Enum
+from typing import Self
 
 from confluent_kafka import (
     Consumer,
@@ -34,11 +41,10 @@ from confluent_kafka import (
     KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
 
 from broker.acker import superseding
-from broker.acker.assignment import RESTORE_SLICE_S, Assignment
+from broker.acker.assignment import RESTORE_SLICE_S, Assignment, committed_starts
 from broker.acker.changelog import Changelog
 from broker.acker.clients import AckerClients
 from broker.acker.commit import Batch, Transactions, positions_of, take_changes
@@ -46,17 +52,15 @@ from broker.acker.config import AckerConfig
 from broker.acker.decisions import Decided, Decider, collect_failures
 from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
-from broker.acker.membership import (
-    Rejoins,
-    classic,
-)
+from broker.acker.live import LiveClients
+from broker.acker.membership import Rejoins
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.reading import ReadingOrder
 from broker.acker.recovery import REJOIN_BACKOFF_S, Recovery
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
-from broker.background import RunsInBackground
+from broker.background import running
 from broker.headers import OUTCOME_COMPLETED
 from broker.kafka_io import (
     consumer_group_protocol,
@@ -96,7 +100,7 @@ class Due(Enum):
     EARLY = "early"  # completions wait and the acker has time
 
 
-class Acker(Assignment, Recovery, RunsInBackground):
+class Acker:
     @kafka_errors("building an Acker")
     def __init__(
         self,
@@ -107,33 +111,26 @@ class Acker(Assignment, Recovery, RunsInBackground):
         clock: Clock | None = None,
     ) -> None:
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
-        self.config = config or AckerConfig()
         self.settings = settings
+        # The clients' settings, and the acker's configuration (``config``): it may change once,
+        # the fall-back to the classic group protocol (broker.acker.membership).
+        self.clients = AckerClients(settings, self.ns, config or AckerConfig())
         self.clock = clock or SystemClock()
         self.ticker = Ticker.starting_at(self.clock, self.config.tick_ms)
         self.group_id = f"{self.ns.name}.acker"
         self.P = 0  # ledger partitions, checked against the cluster by start()
         self.markers = False  # ns.superseded exists with P partitions (checked by start())
         self.states: dict[int, PartitionState] = {}
-        self.last_assignment: dict[str, object] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         # ``totals`` as of the last committed transaction: an aborted one's counts are undone
         # with its state by the rewind, or the inputs read again would be counted twice.
         self._committed_totals = dict(self.totals)
         self.commits = 0
-        self.rejoins = 0  # group consumers replaced after a fatal error
         # Pauses before rejoining; refusals of a static member whose instance id is still in
         # use (a killed predecessor's session) counted in membership.in_use.
         self.membership = Rejoins(
             REJOIN_BACKOFF_S, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
         )
-        # Commits fenced because their transaction outlived its timeout (the coordinator
-        # aborted it); the producer is replaced once partitions are owned again.
-        self.fenced_by_timeout = 0
-        self._producer_stale = False
-        # Restored partitions whose inputs are still to be sought and resumed (_resume_restored).
-        self._to_resume: list[TopicPartition] = []
-        self._seek_failing_since: float | None = None
         # The input position of EVERY owned partition, committed with every transaction, even
         # where nothing new was read: offsets are what the group coordinator checks against
         # the member's generation, so a member that lost its partitions (stalled past
@@ -149,15 +146,12 @@ class Acker(Assignment, Recovery, RunsInBackground):
         self._last_stats = time.monotonic()
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster (broker.acker.clients: what each is configured with, and why).
+        # Every client of the acker is made by this module's names (tests replace them).
         ns = self.ns
-        self.clients = AckerClients(settings, ns, self.config)
-        self._producer_config = self.clients.producer()
-        self._producer = Producer(self._producer_config)
-        self._consumer_config = self.clients.group()
-        self._consumer = Consumer(self._consumer_config)
-        # The consumer protocol hands out and takes back only what changes owner.
-        self._incremental = self.config.group_protocol == "consumer"
-        self._rebalanced = False  # a rebalance callback ran since the last poll
+        self.live = LiveClients(
+            self.clients, make_consumer=lambda conf: Consumer(conf), make_producer=lambda conf: Producer(conf),
+            stop=self._stop,
+        )
         restorer = Consumer(self.clients.restorer())
         standby = Consumer(self.clients.standby()) if self.config.standby else None
         fetcher = PersistFetcher(ns, Consumer(self.clients.fetcher()))
@@ -172,29 +166,55 @@ class Acker(Assignment, Recovery, RunsInBackground):
             ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive,
             self.decider.replay_partitions,
         )
-        self.restores = Restores(self.changelog, self._committed_starts, functools.partial(self.ingest.register, again=True))
+        self.restores = Restores(
+            self.changelog, functools.partial(committed_starts, self.live), functools.partial(self.ingest.register, again=True)
+        )
         self.refusals = Refusals(ns.dlq)
         self.decider.refused = self.refusals.replay
-        self.transactions = Transactions(
-            ns, self._producer, self._consumer, self.refusals, exactly_once=self.config.exactly_once
-        )
-        self.expiry = ExpiryGate(ns, self._consumer, slack=self.config.expiry_lag_slack)
+        self.transactions = Transactions(ns, self.live, self.refusals, exactly_once=self.config.exactly_once)
+        self.expiry = ExpiryGate(ns, self.live, slack=self.config.expiry_lag_slack)
         self.reading = ReadingOrder(ns, self.expiry)
+        self.assignment = Assignment(
+            ns=ns, live=self.live, states=self.states, positions=self._positions, read=self._read,
+            outgoing=self._outgoing, changelog=self.changelog, restores=self.restores, expiry=self.expiry,
+            reading=self.reading, transactions=self.transactions, commit=self.commit,
+        )
+        self.recovery = Recovery(
+            ns=ns, live=self.live, assignment=self.assignment, states=self.states, totals=self.totals,
+            committed_totals=self._committed_totals, changelog=self.changelog, restores=self.restores,
+            transactions=self.transactions, refusals=self.refusals, decider=self.decider,
+            membership=self.membership, stop=self._stop,
+        )
         # Its own registry (tests run many ackers in one process); served from start() when
         # config.metrics_port is set.
         self.metrics = AckerMetrics(self.clock.now_ms)
         self.metrics_server: MetricsServer | None = None
 
     @property
+    def config(self) -> AckerConfig:
+        return self.clients.config
+
+    @config.setter
+    def config(self, config: AckerConfig) -> None:
+        self.clients.config = config
+
+    @property
+    def last_assignment(self) -> dict[str, object]:
+        return self.assignment.last_assignment
+
+    @property
+    def rejoins(self) -> int:
+        """Group consumers replaced after a fatal error."""
+        return self.recovery.rejoins
+
+    @property
+    def fenced_by_timeout(self) -> int:
+        """Commits fenced because their transaction outlived its timeout."""
+        return self.recovery.fenced_by_timeout
+
+    @property
     def standby(self) -> dict[int, tuple[PartitionState, int]]:
         return self.changelog.standby
-
-    # Every client of the acker is made here, by this module's names (tests replace them).
-    def _make_consumer(self, conf: dict[str, object]) -> Consumer:
-        return Consumer(conf)
-
-    def _make_producer(self, conf: dict[str, object]) -> Producer:
-        return Producer(conf)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,7 +223,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
         if self._started:
             return
         self.P = check(self.settings, self.ns)
-        self.ingest.partitions = self.decider.partitions = self.P
+        self.ingest.partitions = self.decider.partitions = self.assignment.partitions = self.P
         # Markers for tasks need ns.superseded (created with the namespace since it exists);
         # without it, superseded replays are still settled, but tasks do not skip them.
         markers = partition_counts(self.settings, [self.ns.superseded])[self.ns.superseded]
@@ -220,20 +240,13 @@ class Acker(Assignment, Recovery, RunsInBackground):
         # the constructor assumed Kafka's default): a new producer if that differs (none has
         # written yet). A limit the user set stays.
         config = self.clients.producer(max_message_bytes(self.settings, self.ns.persist))
-        if config != self._producer_config:
-            self._producer_config, self._producer = config, Producer(config)
-            self.transactions.replace_producer(self._producer)
+        if config != self.live.producer_config:
+            self.live.replace_producer(config)
         if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
             # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
-            # without an error (a 4.x one with the protocol off refuses it: _rejoin).
-            self.config = self.clients.config = classic(
-                self.config, self.group_id, "the cluster has no consumer group protocol (Kafka < 4.0)")
-            self._consumer_config = self.clients.group()
-            with contextlib.suppress(KafkaException, RuntimeError):
-                self._consumer.close()
-            self._consumer = Consumer(self._consumer_config)
-            self.transactions.consumer = self.expiry.consumer = self._consumer
-            self._incremental = False
+            # without an error (a 4.x one with the protocol off refuses it: Recovery.rejoin).
+            self.live.fall_back_to_classic("the cluster has no consumer group protocol (Kafka < 4.0)")
+            self.live.replace_consumer()
         if self.config.group_protocol == "consumer":
             cfg = self.config
             why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
@@ -250,7 +263,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
                     "instance's open transaction at once (that waits for transaction_timeout_ms)",
                     self.config.instance_id,
                 )
-            self._init_transactions()
+            self.live.init_transactions()
         self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
         self._started = True
 
@@ -271,7 +284,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
             signal.signal(signal.SIGINT, lambda *_: self.stop())
         self.start()
         self.changelog.assign_standby(self.P, self.states)
-        self._subscribe()
+        self.assignment.subscribe()
         log.info("acker %s serving %s (P=%d)", self.config.instance_id, self.ns.name, self.P)
         try:
             while not self._stop.is_set():
@@ -286,23 +299,20 @@ class Acker(Assignment, Recovery, RunsInBackground):
     def check_before_run(self) -> None:
         self.start()  # run_in_background(): a namespace that is not usable raises at once
 
-    def _subscribe(self) -> None:
-        self._consumer.subscribe(
-            [self.ns.persist, self.ns.acks],
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+    def run_in_background(self) -> contextlib.AbstractContextManager[Self]:
+        """``run()`` on a thread of this process while a ``with`` block runs, then a clean
+        stop (broker.background)."""
+        return running(self)
 
     def close(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
-            self._consumer.close()  # revokes: _on_revoke commits what is left
+            self.live.consumer.close()  # revokes: Assignment.on_revoke commits what is left
         with contextlib.suppress(KafkaException, RuntimeError):
             self.changelog.close()
         with contextlib.suppress(KafkaException, RuntimeError):
             self.decider.fetcher.close()
         with contextlib.suppress(KafkaException, RuntimeError):
-            self._producer.flush(10)
+            self.live.producer.flush(10)
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
@@ -316,30 +326,30 @@ class Acker(Assignment, Recovery, RunsInBackground):
         # poll() returns as soon as one message is there; consume(n, timeout) would wait the
         # whole timeout unless n messages arrive, adding up to poll_timeout_ms to every event.
         polled = time.monotonic()
-        first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
+        consumer = self.live.consumer
+        first = consumer.poll(self.config.poll_timeout_ms / 1000)
         idle = first is None or time.monotonic() - polled >= IDLE_POLL_S
         msgs: list[Message] = []
         if first is not None:
             msgs.append(first)
             if self.config.batch_size > 1:
-                msgs.extend(self._consumer.consume(self.config.batch_size - 1, 0))
+                msgs.extend(consumer.consume(self.config.batch_size - 1, 0))
+        assignment = self.assignment
         if self.restores.pending:
             done = self.restores.step(RESTORE_SLICE_S)
             if done is not None:
-                self._restored(done)
-        if self._to_resume:
-            self._resume_restored()
-        if self._rebalanced:
-            self._rebalanced = False
-            self._wake_fetchers()
+                assignment.restored(done)
+        if assignment.to_resume:
+            assignment.resume_restored()
+        assignment.wake_fetchers()
         if msgs:
             fatal = next((m.error() for m in msgs if m.error() is not None and m.error().code() == KafkaError._FATAL), None)
             if fatal is not None:
-                self._rejoin(fatal)
+                self.recovery.rejoin(fatal)
                 return 0
             self._fold_messages(msgs)
-        seeking = {tp.partition for tp in self._to_resume}  # paused by a restore, not sought yet
-        self.reading.apply(self._consumer, self.states.keys() - seeking, self._positions)
+        seeking = {tp.partition for tp in assignment.to_resume}  # paused by a restore, not sought yet
+        self.reading.apply(self.live.consumer, self.states.keys() - seeking, self._positions)
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -378,7 +388,7 @@ class Acker(Assignment, Recovery, RunsInBackground):
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
-        self.reading.admit(self._consumer, persist, acks, self._positions)
+        self.reading.admit(self.live.consumer, persist, acks, self._positions)
         self._read.update(persist, acks)
         for lp, batch in persist.items():
             self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
@@ -402,8 +412,8 @@ class Acker(Assignment, Recovery, RunsInBackground):
         self._last_commit = time.monotonic()
         if not self.states:
             return False  # owning nothing, nothing may be written (what was due left with the partitions)
-        if self._producer_stale:
-            self._new_producer()  # fenced by a timed-out transaction, and a member again
+        if self.live.producer_stale:
+            self.recovery.new_producer()  # fenced by a timed-out transaction, and a member again
         now_ms = self.clock.now_ms()
         # Every decision that ends a record - expiry, orphans, deferred and held decisions -
         # only as far as the partition's inputs have been read: a backlog of acks is no
@@ -444,15 +454,16 @@ class Acker(Assignment, Recovery, RunsInBackground):
         batch.positions = list(positions_of(self._positions))
         # What this transaction changes: the partitions read, and those it writes for.
         touched = self._read | {lp for lp, *_ in batch.changelog} | {lp for lp, *_ in batch.tombstones}
-        self._read = set()
+        self._read.clear()
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
-            self._on_commit_error(exc, touched)
+            self.recovery.on_commit_error(exc, touched)
             return False
         self.refusals.settle(batch.records)
         self.commits += 1
-        self._committed_totals = dict(self.totals)
+        self._committed_totals.clear()
+        self._committed_totals.update(self.totals)
         return True
 
     def _publish_metrics(self) -> None:

@@ -20,7 +20,7 @@ join 285-358, leave 284-387 (815 once, under a load average of 6), kill 271-446.
 ``REPLAYBROKER_TEST_GROUP_PROTOCOL=classic`` runs the same test with the eager range assignor
 and fails: every change revokes the partitions that stay (and pauses them: join 533, kill
 2080 ms). Before the acker woke its fetchers after a rebalance callback
-(``Acker._wake_fetchers``), the consumer protocol paused them ~1 s after every change.
+(``Assignment.wake_fetchers``), the consumer protocol paused them ~1 s after every change.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Running:
         self.acker = acker = Acker(settings, ns, config, clock=clock)
         self.commit_seconds: list[float] = []
         self.revoked = 0
-        commit, revoke, lost = acker.commit, acker._on_revoke, acker._on_lost
+        commit, revoke, lost = acker.commit, acker.assignment.on_revoke, acker.assignment.on_lost
 
         def timed_commit() -> None:
             started = time.monotonic()
@@ -72,8 +72,9 @@ class Running:
             lost(*args)  # type: ignore[arg-type]
 
         acker.commit = timed_commit  # type: ignore[method-assign]
-        acker._on_revoke = on_revoke  # type: ignore[method-assign]
-        acker._on_lost = on_lost  # type: ignore[method-assign]
+        acker.assignment.commit = timed_commit  # what a revocation commits
+        acker.assignment.on_revoke = on_revoke  # type: ignore[method-assign]
+        acker.assignment.on_lost = on_lost  # type: ignore[method-assign]
         self.errors: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

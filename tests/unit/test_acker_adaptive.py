@@ -42,8 +42,8 @@ def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
         adaptive_safety_factor=3.0, adaptive_min_samples=50, adaptive_window_ms=10_000,
     )
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
-    assert FakeConsumer.last is not None and isinstance(acker._producer, FakeProducer)
-    return acker, FakeConsumer.last, acker._producer
+    assert FakeConsumer.last is not None and isinstance(acker.live.producer, FakeProducer)
+    return acker, FakeConsumer.last, acker.live.producer
 
 
 class Feed:

@@ -58,7 +58,7 @@ def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_comm
     run_steps(acker)  # owns both ledger partitions
     acker._fold_messages([FakeMessage(NS.acks, 0, 0, None, b"not an XorBatch")])
     assert acker.counters()["quarantined"] == 1  # a DLQ record is due for acks[0]@0
-    acker._on_lost(consumer, [TopicPartition(t, p) for t in (NS.persist, NS.acks) for p in range(2)])
+    acker.assignment.on_lost(consumer, [TopicPartition(t, p) for t in (NS.persist, NS.acks) for p in range(2)])
     acker.commit()
     # Whoever owns acks[0] now re-reads the message and quarantines it; we write nothing.
     assert producer.committed == [] and producer.transactions == 0
@@ -66,12 +66,12 @@ def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_comm
 
 def test_ackers_without_an_instance_id_get_distinct_transactional_ids(fake_kafka: None) -> None:
     first, second = (Acker(KafkaSettings("fake:9092"), NS, AckerConfig()) for _ in range(2))
-    ids = [a._producer.conf["transactional.id"] for a in (first, second) if isinstance(a._producer, FakeProducer)]
+    ids = [a.live.producer.conf["transactional.id"] for a in (first, second) if isinstance(a.live.producer, FakeProducer)]
     assert len(ids) == 2 and ids[0] != ids[1]
     assert all(socket.gethostname() in i for i in ids)
     stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
-    assert isinstance(stable._producer, FakeProducer)
-    assert stable._producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
+    assert isinstance(stable.live.producer, FakeProducer)
+    assert stable.live.producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
 
 
 class _SlowCoordinator(FakeProducer):
@@ -91,8 +91,8 @@ class _SlowCoordinator(FakeProducer):
 def test_a_transient_init_transactions_failure_is_waited_out_not_an_exit(fake_kafka: None) -> None:
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
     slow = _SlowCoordinator({})
-    acker._producer = slow  # type: ignore[assignment]
-    acker._init_transactions()
+    acker.live.producer = slow  # type: ignore[assignment]
+    acker.live.init_transactions()
     assert slow.inits == 3
 
 
@@ -102,9 +102,9 @@ def test_a_fatal_init_transactions_failure_is_raised(fake_kafka: None) -> None:
             raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
 
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
-    acker._producer = Fenced({})  # type: ignore[assignment]
+    acker.live.producer = Fenced({})  # type: ignore[assignment]
     with pytest.raises(KafkaException):
-        acker._init_transactions()
+        acker.live.init_transactions()
 
 
 def _fence_commits(producer: FakeProducer) -> None:
@@ -123,17 +123,18 @@ def test_a_transaction_the_coordinator_aborted_on_timeout_costs_a_rejoin_not_the
     monkeypatch.setattr(broker.acker.service, "REJOIN_BACKOFF_S", 0.0)
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
+    acker.start()  # its producer made with the configured transaction timeout
     acker.config = dataclasses.replace(acker.config, transaction_timeout_ms=0)  # every transaction outlived it
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
     _fence_commits(producer)
     run_steps(acker)
     assert acker.fenced_by_timeout == 1 and acker.rejoins == 1
-    assert acker._producer is producer  # no new producer while it owns nothing: it could fence a successor
+    assert acker.live.producer is producer  # no new producer while it owns nothing: it could fence a successor
     rejoined = FakeConsumer.last
     assert rejoined is not None and rejoined is not consumer
     rejoined.batches.append([persist_msg(persisted(S1, R1, T0))])  # read again from the committed offsets
     run_steps(acker)
-    fresh = acker._producer
+    fresh = acker.live.producer
     assert isinstance(fresh, FakeProducer) and fresh is not producer
     assert fresh.transactions == 1 and fresh.offsets[0][(NS.persist, 0)] == 1
     assert acker.counters()["registered"] == 1

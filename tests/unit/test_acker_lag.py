@@ -4,6 +4,7 @@ assign, and cached watermarks that outlive an unassign/assign."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ class ScriptedConsumer:
 
 
 def gate_with(consumer: ScriptedConsumer, start: int = OFFSET_BEGINNING, **kw: Any) -> ExpiryGate:
-    gate = ExpiryGate(NS, consumer, log_interval_s=0, **kw)  # type: ignore[arg-type]
+    gate = ExpiryGate(NS, SimpleNamespace(consumer=consumer), log_interval_s=0, **kw)  # type: ignore[arg-type]
     gate.assigned([TopicPartition(t, 0, start) for t in (NS.persist, NS.acks)])
     return gate
 

@@ -32,12 +32,12 @@ def test_the_producer_limit_follows_what_persist_takes(
     fake_kafka: None, monkeypatch: pytest.MonkeyPatch, persist_max: int | None, limit: int  # noqa: F811
 ) -> None:
     acker = _started(monkeypatch, persist_max)
-    assert acker._producer_config["message.max.bytes"] == limit
-    assert acker._producer.conf["message.max.bytes"] == limit  # type: ignore[attr-defined] - the stand-in's
-    assert acker.transactions.producer is acker._producer
+    assert acker.live.producer_config["message.max.bytes"] == limit
+    assert acker.live.producer.conf["message.max.bytes"] == limit  # type: ignore[attr-defined] - the stand-in's
+    assert acker.transactions.producer is acker.live.producer
     assert limit > 1_000_000  # librdkafka's default, below what a topic takes by default
 
 
 def test_a_limit_the_user_set_stays(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     acker = _started(monkeypatch, 8_388_608, **{"message.max.bytes": 2_000_000})
-    assert acker._producer.conf["message.max.bytes"] == 2_000_000  # type: ignore[attr-defined]
+    assert acker.live.producer.conf["message.max.bytes"] == 2_000_000  # type: ignore[attr-defined]

@@ -137,8 +137,8 @@ def test_the_consumer_protocol_stays_where_the_cluster_has_it_or_cannot_say(
     monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: supported)
     acker, consumer, _ = make_acker(ManualClock(T0))
     acker.start()
-    assert acker.config.group_protocol == "consumer" and acker._incremental
-    assert acker._consumer is consumer and consumer.conf["group.protocol"] == "consumer"
+    assert acker.config.group_protocol == "consumer" and acker.live.incremental
+    assert acker.live.consumer is consumer and consumer.conf["group.protocol"] == "consumer"
     assert "no consumer group protocol" not in caplog.text
 
 
@@ -157,9 +157,9 @@ def test_on_a_cluster_without_the_consumer_protocol_the_acker_joins_with_the_cla
     caplog.set_level(logging.INFO, "broker.acker")
     acker.start()
     assert asked == [f"{NS.name}.acker"]
-    assert acker.config.group_protocol == "classic" and not acker._incremental
+    assert acker.config.group_protocol == "classic" and not acker.live.incremental
     assert config_before.group_protocol == "consumer"  # the caller's config is not changed
-    consumer = acker._consumer
+    consumer = acker.live.consumer
     assert consumer is not first and isinstance(consumer, FakeConsumer)
     assert "group.protocol" not in consumer.conf and consumer.conf["partition.assignment.strategy"] == "range"
     assert consumer.conf["group.instance.id"] == f"{NS.name}.acker.unit"
@@ -203,7 +203,7 @@ def test_a_cluster_that_refuses_the_consumer_protocol_gets_a_classic_member(
     monkeypatch.setattr(acker._stop, "wait", waits.append)
     caplog.set_level(logging.INFO, "broker.acker")
     run_steps(acker, 2)
-    assert acker.config.group_protocol == "classic" and not acker._incremental
+    assert acker.config.group_protocol == "classic" and not acker.live.incremental
     consumer = FakeConsumer.last
     assert consumer is not None and "group.protocol" not in consumer.conf
     assert consumer.conf["partition.assignment.strategy"] == "range"

@@ -172,8 +172,8 @@ def make_acker(log: PersistLog, **config: Any) -> tuple[Acker, FakeConsumer, Fak
     }
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(**{**conf, **config}), clock=log.clock)
     consumer = FakeConsumer.last
-    assert consumer is not None and isinstance(acker._producer, FakeProducer)
-    return acker, consumer, acker._producer
+    assert consumer is not None and isinstance(acker.live.producer, FakeProducer)
+    return acker, consumer, acker.live.producer
 
 
 def run_steps(acker: Acker, n: int = 1) -> None:

@@ -400,7 +400,7 @@ def make_acker(
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
     consumer = FakeConsumer.last
     assert consumer is not None
-    producer = acker._producer
+    producer = acker.live.producer
     assert isinstance(producer, FakeProducer)
     return acker, consumer, producer
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Self
 
 import pytest
 
-from broker.background import BackgroundError, RunsInBackground
+from broker.background import BackgroundError, running
 
 
-class _Service(RunsInBackground):
+class _Service:
     def __init__(self, *, fail_check: bool = False, crash: bool = False) -> None:
         self._stop = threading.Event()
         self.fail_check, self.crash, self.ran = fail_check, crash, threading.Event()
@@ -26,6 +28,9 @@ class _Service(RunsInBackground):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def run_in_background(self) -> contextlib.AbstractContextManager[Self]:
+        return running(self)
 
 
 def test_the_loop_runs_during_the_block_and_stops_after_it() -> None:

@@ -315,7 +315,7 @@ class FateMachine(RuleBasedStateMachine):
             self.started.add(id(acker))
             acker.start()
             acker.changelog.assign_standby(acker.P, acker.states)
-            acker._subscribe()
+            acker.assignment.subscribe()
         for _ in range(n):
             acker.step()
         if self.config.commit_interval_ms == 0:
@@ -345,7 +345,7 @@ class FateMachine(RuleBasedStateMachine):
         """kill -9 and a new instance (with "group", the other member takes over at once):
         whatever was not committed is gone."""
         dead = self.ackers.pop(which % len(self.ackers))
-        self.cluster.leave(dead._consumer, clean=False)
+        self.cluster.leave(dead.live.consumer, clean=False)
         if not self.ackers or "group" not in DIMENSIONS:
             self.ackers.append(self._new_acker())
 
@@ -361,7 +361,7 @@ class FateMachine(RuleBasedStateMachine):
         """A clean stop: its partitions are revoked (it logs and commits every entry), the
         other member, or a new instance, takes them."""
         gone = self.ackers.pop(which % len(self.ackers))
-        self.cluster.leave(gone._consumer, clean=True)
+        self.cluster.leave(gone.live.consumer, clean=True)
         if not self.ackers:
             self.ackers.append(self._new_acker())
 
