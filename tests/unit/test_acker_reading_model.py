@@ -57,6 +57,10 @@ class Kafka:
         self.fetch_at = dict.fromkeys(self.logs, 0)
         self.cached_high = dict.fromkeys(self.logs, OFFSET_INVALID)
         self.delivered: dict[tuple[str, int], int] = {}  # position(): after the last message handed out
+        # Where fetching starts again when a partition is paused before a message was handed
+        # out since the assignment or the last seek: the offset assigned or sought (librdkafka
+        # drops what it fetched ahead and fetches it again after the resume).
+        self.restart = dict.fromkeys(self.logs, 0)
         self.queue: list[Msg] = []
         self.paused: set[tuple[str, int]] = set()
 
@@ -79,7 +83,7 @@ class Kafka:
     def seek(self, tp: TopicPartition) -> None:
         key = (tp.topic, tp.partition)
         self.queue = [m for m in self.queue if (m.topic(), m.partition()) != key]
-        self.fetch_at[key] = tp.offset
+        self.fetch_at[key] = self.restart[key] = tp.offset
         self.delivered.pop(key, None)  # unknown after a seek until a message is delivered
 
     def pause(self, tps: list[TopicPartition]) -> None:
@@ -87,7 +91,7 @@ class Kafka:
             key = (tp.topic, tp.partition)
             self.paused.add(key)
             self.queue = [m for m in self.queue if (m.topic(), m.partition()) != key]
-            self.fetch_at[key] = self.delivered.get(key, self.fetch_at[key])
+            self.fetch_at[key] = self.delivered.get(key, self.restart[key])
 
     def resume(self, tps: list[TopicPartition]) -> None:
         self.paused -= {(tp.topic, tp.partition) for tp in tps}
