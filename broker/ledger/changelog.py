@@ -128,7 +128,7 @@ class Changelog:
         if failed.any():
             self._folding.enqueue_failed(u[failed])
         if ((new_flags & WATCH) != 0).any():
-            store.may_watch = True
+            store.watch_added()
         deferred = (new_flags & DEFERRED) != 0
         if deferred.any():
             self._deferrals.enqueue(u[deferred], new_dl[deferred])

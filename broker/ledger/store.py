@@ -9,14 +9,16 @@ scan or owe nothing later:
   deadline lowers it (``lower_min_deadline``), ``expire`` skips its scan while ``now`` is
   below it and sets it again after a scan. A bound that is too low costs a scan, never a
   missed expiry;
-- whether a WATCH entry may be present (``may_watch``): a watch's ``offset`` column holds a
-  srid, so ``pending`` masks watches out while one may be there;
-- the srids that left while LOGGED (``take_left_logged``): every removal goes through
-  ``remove``, which remembers them; the changelog owes each a tombstone.
+- whether a WATCH entry may be present (``may_watch``; a part that writes one says so,
+  ``watch_added``): a watch's ``offset`` column holds a srid, so ``pending`` masks watches out
+  while one may be there, and ``fold`` looks for late completions only then;
+- the srids that left while LOGGED (``take_left_logged``): a rule takes entries out through
+  ``remove`` / ``remove_where``, which remember them; the changelog owes each a tombstone
+  (``drop`` frees slots that owe it nothing: tombstones it holds, entries it never held).
 
 The parts of ``broker.ledger.table.LedgerTable`` change the columns through slots from
 ``find_or_insert`` / ``lookup`` (taken after any insertion: a rebuild replaces the columns)
-and take entries out only through ``remove`` / ``remove_where``.
+and free slots only through the store.
 """
 
 from __future__ import annotations
@@ -45,15 +47,13 @@ class EntryStore:
     them (see the module doc). ``hashtable`` is public for inspection, tests and benchmarks;
     the ledger's parts change it only through the rules."""
 
-    __slots__ = ("_left_logged", "_min_deadline", "hashtable", "may_watch")
+    __slots__ = ("_left_logged", "_may_watch", "_min_deadline", "hashtable")
 
     def __init__(self, initial_capacity: int = 1024, *, max_load: float = 0.75) -> None:
         self.hashtable = SridTable(initial_capacity, max_load=max_load)
         self._min_deadline = INT32_MAX  # lower bound of every live entry's deadline
         self._left_logged: list[np.ndarray] = []  # srids that left while LOGGED
-        self.may_watch = False
-        """A WATCH entry may be in the table (set by whoever adds one; ``pending`` clears it
-        when its scan finds none)."""
+        self._may_watch = False  # a WATCH entry may be in the table
 
     # ------------------------------------------------------------------ slots
 
@@ -121,6 +121,17 @@ class EntryStore:
         """Make ``min_deadline`` exact again: one scan of the ``deadline`` column."""
         self._min_deadline = int(self.hashtable.deadline.min())
 
+    # ------------------------------------------------------------------ watches
+
+    @property
+    def may_watch(self) -> bool:
+        """Whether a WATCH entry may be in the table (False: certainly none)."""
+        return self._may_watch
+
+    def watch_added(self) -> None:
+        """A WATCH entry was written (``pending`` clears the mark when its scan finds none)."""
+        self._may_watch = True
+
     # ------------------------------------------------------------------ reading
 
     def get(self, srid: int) -> Entry | None:
@@ -167,10 +178,10 @@ class EntryStore:
         read as unsigned is the largest value)."""
         t = self.hashtable
         count = int(np.count_nonzero(t.flags & np.uint8(REGISTERED)))
-        if self.may_watch:  # a watch's offset column holds a srid: leave those out
+        if self._may_watch:  # a watch's offset column holds a srid: leave those out
             watching = (t.flags & np.uint8(WATCH)) != 0
-            self.may_watch = bool(watching.any())
-            if self.may_watch:
+            self._may_watch = bool(watching.any())
+            if self._may_watch:
                 return count, (-1 if count == 0 else int(t.offset.view(np.uint64)[~watching].min()))
         if count == 0:
             return 0, -1
@@ -179,7 +190,7 @@ class EntryStore:
     def watching(self) -> int:
         """How many WATCH entries the table holds (one scan of the flags; 0 at once when none
         was ever added)."""
-        if not self.may_watch:
+        if not self._may_watch:
             return 0
         return int(np.count_nonzero(self.hashtable.flags & np.uint8(WATCH)))
 

@@ -90,7 +90,7 @@ class Watches:
         t.offset[pos] = reps[src]
         t.deadline[pos] = dl
         store.lower_min_deadline(dl)
-        store.may_watch = True
+        store.watch_added()
         done = store.remove_where(pos, ((nf & STATE) == WATCH) & (value == 0))
         if len(done):
             self._superseded.append(done)
