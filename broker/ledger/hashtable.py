@@ -1,9 +1,10 @@
 """A numpy open-addressing hash table keyed by srid, operated on whole batches of keys.
 
-This is the storage layer of ``broker.ledger.table.LedgerTable``: where an entry lives, how a
-key finds it, how the table grows and how entries leave. What the columns *mean* (XOR value,
-registration, failure, changelog state, timeouts) is the ledger's business; here they are
-columns, except for the deadline of a free slot and the LIVE flag bit, which this layer owns.
+This is the storage layer of the ledger table (``broker.ledger.store.EntryStore`` holds it):
+where an entry lives, how a key finds it, how the table grows and how entries leave. What the
+columns *mean* (XOR value, registration, failure, changelog state, timeouts) is the ledger's
+business; here they are columns, except for the deadline of a free slot and the LIVE flag
+bit, which this layer owns.
 
 Layout
 ------
@@ -167,7 +168,7 @@ class SridTable:
         """Turn live ``slots`` (unique) into tombstones: key INT64_MIN, flags 0, deadline
         INT32_MAX, offset -1 (``value`` is left as it is). Every slot that is not a registered
         entry holds offset -1, so the smallest registered offset is one unmasked min of the
-        column read as unsigned (LedgerTable.pending)."""
+        column read as unsigned (EntryStore.pending)."""
         if slots.size == 0:
             return
         self.keys[slots] = _TOMBSTONE_KEY
