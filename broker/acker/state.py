@@ -6,9 +6,11 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from broker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.table import LedgerTable
 
@@ -38,6 +40,14 @@ COUNTERS = (
     "dlq_held",  # last attempts whose dead letter waited (an earlier attempt's watch, or its own late events)
     "completed_late",  # timed-out records whose tree completed while their decision waited (in "completed")
 )
+
+
+class Ended(NamedTuple):
+    """An attempt that timed out or failed, until its decision (broker.acker.decisions)."""
+
+    srid: int
+    offset: int  # of its persist record
+    reason: Reason
 
 
 class RegistrationTimes:
@@ -93,7 +103,7 @@ class PartitionState:
     # Persist tombstones to write, in runs of srids with one outcome (a batch's completions
     # are one run: no tuple per srid).
     tombstones: list[tuple[np.ndarray | Sequence[int], bytes]] = field(default_factory=list)  # srids, outcome
-    failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
+    failures: list[Ended] = field(default_factory=list)
     recent_fails: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ms, srids)
     # srid -> failed reads of its payload so far. In memory only: a new owner of the
     # partition starts counting again (a provably lost record is dead-lettered at once).

@@ -57,6 +57,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
+from broker.fate import Outcome, Reason
 from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.reference import FateModel, ModelAttempt
@@ -404,8 +405,8 @@ class FateMachine(RuleBasedStateMachine):
         for r in records:
             for h in r.history:
                 before = self.model.attempts[h.srid]
-                before.reason = h.reason
-                if h.reason == "timeout" and before.timed_out_ms is None:
+                before.reason = Reason(h.reason)
+                if before.reason is Reason.TIMEOUT and before.timed_out_ms is None:
                     before.timed_out_ms = h.at_ms
                     self._timed_out(before)
         for _, msg in new:
@@ -415,7 +416,7 @@ class FateMachine(RuleBasedStateMachine):
             outcome = outcome_of(msg.headers())
             a = self.model.attempts[srid]
             assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
-            a.outcome = outcome.decode()
+            a.outcome = Outcome(outcome.decode())
 
     def _see_deadlines(self) -> None:
         """The deadline each adaptive attempt is first given, from the table that holds it
@@ -454,7 +455,7 @@ class FateMachine(RuleBasedStateMachine):
         assert set(quarantined) >= {f"{NS.persist}/{lp}/{o}".encode() for lp, o in self.bad if (lp, o) not in lost}, quarantined
         assert len(quarantined) == len(set(quarantined)), quarantined
         for origin, attempts in self.model.origins.items():
-            ends = sorted(a.outcome for a in attempts if a.outcome in ("completed", "dlq"))
+            ends = sorted(a.outcome for a in attempts if a.outcome in (Outcome.COMPLETED, Outcome.DLQ))
             assert len(ends) == 1, f"origin {origin}: {[(a.number, a.outcome) for a in attempts]}"
             expected = self.model.expected(origin)
             assert expected in (None, ends[0]), (
