@@ -5,7 +5,7 @@ it, and the table itself - one ``Row`` per row of the design's table, in its ord
 The rows are carried out where their input is read: the fold and the expiry in
 ``broker.ledger.table``, the marks in ``broker.acker.superseding``, the decisions in
 ``broker.acker.decisions`` - which picks its rows by name (``REPLAYED``, ``HELD``,
-``DEFERRED``, ``DEAD_LETTERED``) and writes what they say.
+``DEFERRED``, ``LOST``, ``QUARANTINED``, ``DEAD_LETTERED``) and writes what they say.
 
 The enums' values are the words of the doc and of the logs: a ``Reason`` is what a replay's
 history and a dead letter's ``rb-reason`` say, an ``Outcome`` is a tombstone's
@@ -63,6 +63,8 @@ class Input(Enum):
     ENDED = "timed out or failed"
     DECIDED = "decided"
     UNREADABLE = "payload not readable"
+    LOST = "payload gone"
+    UNDECODABLE = "persist record undecodable"
     WINDOWS_ENDED = "every window ended"
     WATCH_ENDED = "`watch_ms` passed"
     RESTORE = "restore"
@@ -92,6 +94,13 @@ class Row(NamedTuple):
     when: Condition | None = None
     gated: bool = False
 
+    @property
+    def tombstone(self) -> bytes:
+        """Its tombstone's ``rb-outcome`` header."""
+        if self.outcome is None:
+            raise ValueError(f"{self} writes no tombstone")
+        return self.outcome.header
+
 
 COMPLETES = Row((State.PENDING,), Input.COMPLETED, State.GONE, Outcome.COMPLETED)
 FAILS = Row((State.PENDING,), Input.FAIL_MARK, State.FAILED)
@@ -102,6 +111,8 @@ FAIL_WINS = Row((State.FAILED,), Input.DEADLINE, State.FAILED)
 REPLAYED = Row(_ENDED, Input.DECIDED, State.WATCH, Outcome.REPLAY, when=Condition.NOT_LAST)
 HELD = Row(_ENDED, Input.DECIDED, State.HELD, when=Condition.LAST)
 DEFERRED = Row(_ENDED, Input.UNREADABLE, State.DEFERRED)
+LOST = Row(_ENDED, Input.LOST, State.GONE, Outcome.DLQ)
+QUARANTINED = Row(_ENDED, Input.UNDECODABLE, State.GONE, Outcome.DLQ)
 COMPLETED_LATE = Row((State.HELD,), Input.COMPLETED, State.GONE, Outcome.COMPLETED, when=Condition.TIMED_OUT)
 HELD_SUPERSEDED = Row((State.HELD,), Input.SUPERSEDED_MARK, State.GONE, Outcome.COMPLETED)
 DEAD_LETTERED = Row((State.HELD,), Input.WINDOWS_ENDED, State.GONE, Outcome.DLQ, gated=True)
@@ -113,6 +124,6 @@ RESTORED = Row(ANY, Input.RESTORE, None)
 
 # docs/design.md §6, "The states of an attempt", row by row.
 TABLE: tuple[Row, ...] = (
-    COMPLETES, FAILS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, COMPLETED_LATE,
-    HELD_SUPERSEDED, DEAD_LETTERED, SETTLED, WATCH_COMPLETED, HANDED_ON, UNWATCHED, RESTORED,
+    COMPLETES, FAILS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, LOST, QUARANTINED,
+    COMPLETED_LATE, HELD_SUPERSEDED, DEAD_LETTERED, SETTLED, WATCH_COMPLETED, HANDED_ON, UNWATCHED, RESTORED,
 )

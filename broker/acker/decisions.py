@@ -1,5 +1,7 @@
 """Failure decisions at commit time: which entries failed (timeouts, explicit fail marks),
-and what becomes of each - a replay or a dead letter (broker.replay.decide).
+and what becomes of each - a replay or a dead letter (broker.replay.decide). Each follows a
+row of the fate table (broker.fate, docs/design.md §6), picked by name: ``REPLAYED``,
+``HELD``, ``DEAD_LETTERED``, ``DEFERRED``, ``LOST`` or ``QUARANTINED``.
 
 Replays are produced in the order their originals were persisted, not the order they leave
 the table (docs/design.md §6): ``created_ms``, then the persist offset (exact within a
@@ -36,7 +38,7 @@ import numpy as np
 from broker import fate, ids
 from broker.acker.config import AckerConfig
 from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
-from broker.acker.state import Ended, PartitionState
+from broker.acker.state import Ended, PartitionState, Watch
 from broker.errors import DecodeError
 from broker.fate import Outcome, Reason, Row
 from broker.ledger.adaptive import AdaptiveTimeouts
@@ -433,8 +435,8 @@ class Decider:
     def _quarantine(
         self, c: _Commit, lp: int, st: PartitionState, failure: Ended, payload: bytes, exc: DecodeError,
     ) -> None:
-        # Registered from its prefix, but the value is no PersistedRecord: it cannot
-        # be replayed. Keep it in the DLQ byte for byte and let the srid go.
+        """``fate.QUARANTINED``: registered from its prefix, but the value is no replayable
+        PersistedRecord. Keep it in the DLQ byte for byte and let the srid go."""
         srid, offset, reason = failure
         st.decided(srid)
         why = f"persist record of {srid} ({reason.value}) cannot be replayed: {exc}"
@@ -442,7 +444,7 @@ class Decider:
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
         q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
         c.decided.append(Decided(0, offset, lp, (q,)))
-        st.tombstones.append(((srid,), Outcome.DLQ.header))
+        st.tombstones.append(((srid,), fate.QUARANTINED.tombstone))
 
     def _decide_record(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
         """A replay (watched) or a dead letter: ``broker.replay.decide``."""
@@ -462,14 +464,15 @@ class Decider:
         # Every replayed attempt is watched, a failed one too: it cannot complete itself, but
         # a superseded mark that reaches it is handed on to its replay (the chain).
         if r.reason is Reason.FAILED:
-            st.watches.append((r.srid, 0, decision.new_srid, True))
+            st.watches.append(Watch(r.srid, 0, decision.new_srid, True))
         elif value is None:
             st.count("watch_skipped")  # its decision was put off without its value
         else:
-            st.watches.append((r.srid, value, decision.new_srid, False))
+            st.watches.append(Watch(r.srid, value, decision.new_srid, False))
 
     def _unreadable(self, c: _Commit, lp: int, st: PartitionState, failure: Ended, detail: str) -> None:
-        """A read that failed and may succeed later: defer with back-off, or give up."""
+        """A read that failed and may succeed later: ``fate.DEFERRED`` with back-off, or after
+        ``payload_tries`` reads ``fate.LOST``."""
         tries = st.payload_tries.get(failure.srid, 0) + 1
         if tries >= self.config.payload_tries:
             self._lost(c, lp, st, failure, f"unreadable after {tries} tries: {detail}")
@@ -480,14 +483,15 @@ class Decider:
         c.wait(lp, failure, self.ticker.tick_of(c.now_ms + delay_ms))  # fate.DEFERRED
 
     def _lost(self, c: _Commit, lp: int, st: PartitionState, failure: Ended, detail: str) -> None:
-        """Dead-letter a failed record whose payload cannot be had: what is known of it."""
+        """``fate.LOST``: dead-letter a failed record whose payload cannot be had, with what is
+        known of it."""
         srid, offset, reason = failure
         st.decided(srid)
         why = f"persist record of {srid} ({reason.value}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
         c.decided.append(Decided(0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
-        st.tombstones.append(((srid,), Outcome.DLQ.header))
+        st.tombstones.append(((srid,), fate.LOST.tombstone))
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""

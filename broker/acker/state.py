@@ -50,6 +50,15 @@ class Ended(NamedTuple):
     reason: Reason
 
 
+class Watch(NamedTuple):
+    """A replayed attempt to watch (broker.ledger.table: ``LedgerTable.watch``)."""
+
+    srid: int
+    value: int  # its XOR value when it timed out (0: failed)
+    replay: int  # its replay's srid
+    failed: bool
+
+
 class RegistrationTimes:
     """When the persist records at which offsets were registered: ``(first offset, timestamp)``
     of each batch of persist records folded, in offset order - so the registration time of
@@ -116,8 +125,8 @@ class PartitionState:
     # deferred timeout carries it (broker.acker.commit) and a restore brings it back, so a new
     # owner continues the window instead of starting it again.
     timed_out_at: dict[int, int] = field(default_factory=dict)
-    # (srid, value, replay srid, failed) decided in this commit, to be watched.
-    watches: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    # Decided in this commit, to be watched.
+    watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
     # When and for which topic the auto entries were registered: their latencies when they
     # leave (broker.ledger.adaptive). Not restored: a new owner learns again.
