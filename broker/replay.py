@@ -22,6 +22,7 @@ from typing import TypeAlias
 import orjson
 
 from broker import ids
+from broker.fate import Outcome, Reason
 from broker.headers import (
     AUTO_B,
     AUTO_TIMEOUT_MS,
@@ -65,7 +66,7 @@ class Outgoing:
 class Decision:
     """What to do with one failed srid: a replay (persist + data) or a DLQ record."""
 
-    kind: str  # "replay" | "dlq"
+    outcome: Outcome  # its tombstone's: REPLAY or DLQ
     records: tuple[Outgoing, ...]
     new_srid: int | None = None
 
@@ -73,7 +74,7 @@ class Decision:
 def decide(
     ns: Namespace,
     record: PersistedRecord,
-    reason: str,
+    reason: Reason,
     now_ms: int,
     ledger_partitions: int,
     replay_partitions: int | None = -1,
@@ -86,18 +87,19 @@ def decide(
     to the DLQ at once, with the reason: a missing replay topic must not block the acker.
     So does one whose replay the broker ``refused`` for good (why, e.g. too large).
     """
-    failure = Failure(record.srid, record.attempt, reason, now_ms)
+    failure = Failure(record.srid, record.attempt, reason.value, now_ms)
     history = (*record.history, failure)
     if record.attempt >= record.max_attempts:
-        return Decision("dlq", (dlq_record(ns, record, history, reason),))
+        return Decision(Outcome.DLQ, (dlq_record(ns, record, history, reason.value),))
     if replay_partitions is None or 0 <= replay_partitions <= record.key_hash_partition or record.key_hash_partition < 0:
-        why = f"{reason}; cannot replay: {replay_topic(record.topic)} " + (
+        why = f"{reason.value}; cannot replay: {replay_topic(record.topic)} " + (
             "does not exist" if replay_partitions is None
             else f"has {replay_partitions} partitions, the record's is {record.key_hash_partition}"
         )
-        return Decision("dlq", (dlq_record(ns, record, history, why),))
+        return Decision(Outcome.DLQ, (dlq_record(ns, record, history, why),))
     if refused is not None:
-        return Decision("dlq", (dlq_record(ns, record, history, f"{reason}; cannot replay: {refused}"),))
+        why = f"{reason.value}; cannot replay: {refused}"
+        return Decision(Outcome.DLQ, (dlq_record(ns, record, history, why),))
     # The replay lives in its original's ledger partition, like every attempt of an origin.
     srid, record_id = ids.new_id_in(ids.ledger_partition(record.srid, ledger_partitions), ledger_partitions), ids.new_id()
     again = replace(
@@ -123,7 +125,7 @@ def decide(
         (*record.headers, *tracking_headers(srid, record_id, record.origin, again.attempt)),
         record.srid,
     )
-    return Decision("replay", (persist, data), new_srid=srid)
+    return Decision(Outcome.REPLAY, (persist, data), new_srid=srid)
 
 
 def _history_json(history: Sequence[Failure]) -> bytes:

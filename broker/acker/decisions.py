@@ -1,5 +1,7 @@
 """Failure decisions at commit time: which entries failed (timeouts, explicit fail marks),
-and what becomes of each - a replay or a dead letter (broker.replay.decide).
+and what becomes of each - a replay or a dead letter (broker.replay.decide). Each follows a
+row of the fate table (broker.fate, docs/design.md §6), picked by name: ``REPLAYED``,
+``HELD``, ``DEAD_LETTERED``, ``DEFERRED``, ``LOST`` or ``QUARANTINED``.
 
 Replays are produced in the order their originals were persisted, not the order they leave
 the table (docs/design.md §6): ``created_ms``, then the persist offset (exact within a
@@ -28,16 +30,17 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from broker import ids
+from broker import fate, ids
 from broker.acker.config import AckerConfig
 from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
-from broker.acker.state import PartitionState
+from broker.acker.state import Ended, PartitionState, Watch
 from broker.errors import DecodeError
-from broker.headers import OUTCOME_DLQ
+from broker.fate import Outcome, Reason, Row
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
@@ -46,9 +49,28 @@ from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
-# (created_ms, persist offset, ledger partition, records): one failed srid's outputs, sort key first.
-Decided = tuple[int, int, int, tuple[Outgoing, ...]]
 MISSING_TOPIC_RECHECK_S = 60.0
+# What the counters call a decision's outcome.
+_COUNTED = {Outcome.REPLAY: "replayed", Outcome.DLQ: "dlq"}
+
+
+class Decided(NamedTuple):
+    """One failed srid's outputs, with the order they are produced in: ``(created_ms, offset)``
+    of its persist record (0 first: a dead letter without a record to order by)."""
+
+    created_ms: int
+    offset: int
+    lp: int  # its ledger partition
+    records: tuple[Outgoing, ...]
+
+
+class _Wait(NamedTuple):
+    """A failure put back into its table (DEFERRED or HELD) until ``tick``."""
+
+    srid: int
+    offset: int
+    failed: bool
+    tick: int
 
 
 @dataclass(frozen=True)
@@ -58,10 +80,31 @@ class _Ready:
     lp: int
     srid: int
     offset: int
-    reason: str
+    reason: Reason
     payload: bytes
     record: PersistedRecord
     fetched: bool  # read from ns.persist (not the cache)
+
+
+@dataclass
+class _Commit:
+    """One ``Decider.decide``: its clock, the lag gate's ticks, and what it has decided so far."""
+
+    now_ms: int
+    now_tick: int
+    ticks: Mapping[int, int | None]
+    decided: list[Decided]
+    waits: defaultdict[int, list[_Wait]] = field(default_factory=lambda: defaultdict(list))
+    ready: list[_Ready] = field(default_factory=list)
+    horizon: int | None = None  # created_ms past which nothing is decided in this commit
+
+    def wait(self, lp: int, failure: Ended | _Ready, tick: int) -> None:
+        self.waits[lp].append(_Wait(failure.srid, failure.offset, failure.reason is Reason.FAILED, tick))
+
+    def read_up_to(self, created_ms: int) -> None:
+        """A partition stopped short after its record created at ``created_ms``: what other
+        partitions hold newer than that waits too."""
+        self.horizon = created_ms if self.horizon is None else min(self.horizon, created_ms)
 
 
 def collect_failures(
@@ -103,7 +146,7 @@ def collect_failures(
             if adaptive is not None and len(st.auto_runs):
                 adaptive.observe_offsets(st.auto_runs, expired.timed_out.offsets, now_ms, timed_out=True)
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
-                st.failures.append((srid, offset, "timeout"))
+                st.failures.append(Ended(srid, offset, Reason.TIMEOUT))
                 st.timed_out_at[srid] = now_ms
         if release:
             st.recent_fails.clear()
@@ -111,7 +154,19 @@ def collect_failures(
         failed = st.table.take_failed(hold)
         st.count("failed", len(failed))
         for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
-            st.failures.append((srid, offset, "failed"))
+            st.failures.append(Ended(srid, offset, Reason.FAILED))
+
+
+def _decoded(srid: int, payload: bytes, now_ms: int) -> PersistedRecord:
+    """The persist record of ``srid`` in ``payload``, if it can be replayed (DecodeError: not)."""
+    record = PersistedRecord.decode(payload)
+    if record.srid != srid:
+        raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
+    # A replay's deadline (in its value's prefix) is now + timeout_ms, 8 bytes: a value
+    # registered from its prefix may hold a timeout_ms too large for one.
+    if not -(2**63) <= now_ms + record.timeout_ms < 2**63:
+        raise DecodeError(f"timeout_ms {record.timeout_ms} gives a replay no 64-bit deadline")
+    return record
 
 
 class Decider:
@@ -153,124 +208,152 @@ class Decider:
 
         Afterwards every ``st.failures`` is empty: what is not decided now - payloads that
         could not be read, what is beyond this commit's reads - is deferred in its table
-        (see the module doc), never left for the commit to wait on.
+        (see the module doc), never left for the commit to wait on. In order:
+
+        1. take each partition's failures and its due deferred ones, in persist order;
+        2. read the payloads not cached, up to each partition's quota and the fetch timeout;
+           a payload lost or undecodable is dead-lettered there and then;
+        3. follow the table's row for each failure at hand (``_fate``): replay, dead letter,
+           hold, or defer what is newer than a record another partition could not read yet;
+        4. put what waits back into the tables, and watch what was replayed.
         """
         now_ms = self.clock.now_ms()
-        now_tick = self.ticker.current_tick(now_ms)
         # Deferred entries are taken only as far as this commit may read (mostly their
         # payloads are not cached): what is left waits untouched in the table, so a backlog
         # costs no changelog writes while it waits.
         due = {lp: 0 if ticks.get(lp) is None else st.table.deferred_due(ticks[lp] or 0) for lp, st in states.items()}
         need = {
-            lp: due[lp] + sum(f[0] not in self.cache for f in st.failures)
+            lp: due[lp] + sum(f.srid not in self.cache for f in st.failures)
             for lp, st in states.items() if due[lp] or st.failures
         }
         if not need:
             return
         quotas = self._quotas(need)
-        pending: dict[int, list[tuple[int, int, str]]] = {}
-        boundary: dict[int, int] = {}  # lp -> smallest offset of a due failure left waiting
-        for lp in need:
-            st = states[lp]
-            failures, st.failures = st.failures, []
-            if due[lp]:
-                again = st.table.take_deferred(ticks[lp] or 0, quotas[lp])
-                for removed, reason in ((again.timed_out, "timeout"), (again.failed, "failed")):
-                    srids = removed.srids.tolist()
-                    failures.extend(
-                        (srid, offset, reason) for srid, offset in zip(srids, removed.offsets.tolist(), strict=True)
-                    )
-                if again.timed_out.values is not None:  # kept while it waited: on to a watch
-                    st.expired_values.update(
-                        zip(again.timed_out.srids.tolist(), again.timed_out.values.tolist(), strict=True)
-                    )
-                if again.next_offset >= 0:
-                    boundary[lp] = again.next_offset
-            pending[lp] = sorted(failures, key=lambda f: f[1])
+        c = _Commit(now_ms, self.ticker.current_tick(now_ms), ticks, decided)
+        taken = {lp: self._take(states[lp], due[lp], ticks.get(lp), quotas[lp]) for lp in need}
         deadline = time.monotonic() + self.config.payload_fetch_timeout_ms / 1000
-        waits: dict[int, list[tuple[int, int, bool, int]]] = defaultdict(list)  # srid, offset, failed, tick
-        ready: list[_Ready] = []
-        horizon: int | None = None  # created_ms past which nothing is decided in this commit
-        for lp, failures in pending.items():
-            st = states[lp]
-            # The reads of this partition, oldest first; the failures from the first read
-            # over the quota on - and any newer than a due one left waiting - wait for the
-            # next commit (not a try: nothing was read).
+        for lp, (failures, boundary) in taken.items():
             quota = quotas[lp] if time.monotonic() < deadline else 0
-            reads: dict[int, int] = {}  # offset -> srid
-            cut, left = len(failures), boundary.get(lp)
-            for i, (srid, offset, _) in enumerate(failures):
-                if left is not None and offset > left:
-                    cut = i
-                    break
-                if srid not in self.cache:
-                    if len(reads) == quota:
-                        cut = i
-                        break
-                    reads[offset] = srid
-            got = self.fetcher.fetch_many(lp, reads, deadline) if reads else {}
-            mine: list[_Ready] = []
-            unreadable: list[str] = []
-            for srid, offset, reason in failures[:cut]:
-                payload = self.cache.pop(srid)
-                if payload is None:
-                    result = got[offset]
-                    if isinstance(result, Unreadable):
-                        if result.gone:
-                            self._lost(lp, st, srid, offset, reason, result.reason, decided)
-                        else:
-                            unreadable.append(result.reason)
-                            self._unreadable(lp, st, (srid, offset, reason), result.reason, now_ms, decided, waits[lp])
-                        continue
-                    payload, fetched = result, True
-                else:
-                    fetched = False
-                try:
-                    record = PersistedRecord.decode(payload)
-                    if record.srid != srid:
-                        raise DecodeError(f"persist record holds srid {record.srid}, not {srid}")
-                    # A replay's deadline (in its value's prefix) is now + timeout_ms, 8 bytes:
-                    # a value registered from its prefix may hold a timeout_ms too large for one.
-                    if not -(2**63) <= now_ms + record.timeout_ms < 2**63:
-                        raise DecodeError(f"timeout_ms {record.timeout_ms} gives a replay no 64-bit deadline")
-                except DecodeError as exc:
-                    st.count("payload_fetches", int(fetched))
-                    self._quarantine(lp, st, srid, offset, reason, payload, exc, decided)
-                    continue
-                mine.append(_Ready(lp, srid, offset, reason, payload, record, fetched))
-            if unreadable:  # one line per partition, not per record: they fail together
-                log.warning("%d payloads not readable from %s[%d] now (%s); read again with back-off",
-                            len(unreadable), self.ns.persist, lp, unreadable[0])
-            if cut < len(failures) or lp in boundary:
-                waits[lp].extend((srid, offset, reason == "failed", now_tick) for srid, offset, reason in failures[cut:])
-                if mine:
-                    # What waits here was persisted after the last record read here: a
-                    # record of another partition newer than that one waits too.
-                    newest = mine[-1].record.created_ms
-                    horizon = newest if horizon is None else min(horizon, newest)
-            ready.extend(mine)
-        for r in ready:
-            st = states[r.lp]
-            if horizon is not None and r.record.created_ms > horizon:
-                self.cache.put(r.srid, r.payload)
-                waits[r.lp].append((r.srid, r.offset, r.reason == "failed", now_tick))
-                continue
-            st.count("payload_fetches", int(r.fetched))
-            timed_out_ms = st.timed_out_at.setdefault(r.srid, now_ms) if r.reason == "timeout" else None
-            hold = self._dlq_hold(r.record, timed_out_ms, ticks.get(r.lp))
-            if hold is not None:
-                self.cache.put(r.srid, r.payload)
-                st.count("dlq_held")
-                waits[r.lp].append((r.srid, r.offset, r.reason == "failed", hold))
-                continue
-            self._decide_record(st, r, now_ms, decided)
-        for lp, w in waits.items():
-            if w:
-                self._defer(states[lp], w)
+            self._read(c, lp, states[lp], failures, boundary, quota, deadline)
+        for r in c.ready:
+            self._settle(c, states[r.lp], r)
+        for lp, waits in c.waits.items():
+            if waits:
+                self._defer(states[lp], waits)
         self._watch(states, now_ms)
 
+    def _take(self, st: PartitionState, due: int, tick: int | None, quota: int) -> tuple[list[Ended], int | None]:
+        """The partition's failures and its deferred ones due at ``tick`` (at most ``quota``),
+        in persist order; and the offset of the first due one left waiting (None: none)."""
+        failures, st.failures = st.failures, []
+        boundary = None
+        if due:
+            again = st.table.take_deferred(tick or 0, quota)
+            for removed, reason in ((again.timed_out, Reason.TIMEOUT), (again.failed, Reason.FAILED)):
+                srids = removed.srids.tolist()
+                failures.extend(Ended(srid, offset, reason) for srid, offset in zip(srids, removed.offsets.tolist(), strict=True))
+            if again.timed_out.values is not None:  # kept while it waited: on to a watch
+                st.expired_values.update(zip(again.timed_out.srids.tolist(), again.timed_out.values.tolist(), strict=True))
+            if again.next_offset >= 0:
+                boundary = again.next_offset
+        failures.sort(key=lambda f: f.offset)
+        return failures, boundary
+
+    def _read(
+        self, c: _Commit, lp: int, st: PartitionState, failures: list[Ended], boundary: int | None, quota: int,
+        deadline: float,
+    ) -> None:
+        """Read the payloads of partition ``lp``'s failures, oldest first, into ``c.ready``.
+        The failures from the first read over ``quota`` on - and any newer than a due one left
+        waiting (``boundary``) - wait for the next commit (not a try: nothing was read)."""
+        cut, reads = self._plan_reads(failures, boundary, quota)
+        got = self.fetcher.fetch_many(lp, reads, deadline) if reads else {}
+        mine: list[_Ready] = []
+        unreadable: list[str] = []
+        for failure in failures[:cut]:
+            ready = self._payload(c, lp, st, failure, got, unreadable)
+            if ready is not None:
+                mine.append(ready)
+        if unreadable:  # one line per partition, not per record: they fail together
+            log.warning("%d payloads not readable from %s[%d] now (%s); read again with back-off",
+                        len(unreadable), self.ns.persist, lp, unreadable[0])
+        if cut < len(failures) or boundary is not None:
+            for failure in failures[cut:]:
+                c.wait(lp, failure, c.now_tick)  # fate.DEFERRED: over this commit's reads
+            if mine:
+                # What waits here was persisted after the last record read here: a record
+                # of another partition newer than that one waits too.
+                c.read_up_to(mine[-1].record.created_ms)
+        c.ready.extend(mine)
+
+    def _plan_reads(self, failures: list[Ended], boundary: int | None, quota: int) -> tuple[int, dict[int, int]]:
+        """How many of ``failures`` this commit takes, and the reads they need (offset -> srid)."""
+        reads: dict[int, int] = {}
+        for i, (srid, offset, _) in enumerate(failures):
+            if boundary is not None and offset > boundary:
+                return i, reads
+            if srid not in self.cache:
+                if len(reads) == quota:
+                    return i, reads
+                reads[offset] = srid
+        return len(failures), reads
+
+    def _payload(
+        self, c: _Commit, lp: int, st: PartitionState, failure: Ended, got: Mapping[int, bytes | Unreadable],
+        unreadable: list[str],
+    ) -> _Ready | None:
+        """``failure`` with its payload at hand and decoded; or None, its fate decided without
+        one: dead-lettered (lost, undecodable) or deferred (not readable now)."""
+        payload = self.cache.pop(failure.srid)
+        fetched = payload is None
+        if payload is None:
+            result = got[failure.offset]
+            if isinstance(result, Unreadable):
+                if result.gone:
+                    self._lost(c, lp, st, failure, result.reason)
+                else:
+                    unreadable.append(result.reason)
+                    self._unreadable(c, lp, st, failure, result.reason)
+                return None
+            payload = result
+        try:
+            record = _decoded(failure.srid, payload, c.now_ms)
+        except DecodeError as exc:
+            st.count("payload_fetches", int(fetched))
+            self._quarantine(c, lp, st, failure, payload, exc)
+            return None
+        return _Ready(lp, failure.srid, failure.offset, failure.reason, payload, record, fetched)
+
+    def _fate(self, c: _Commit, st: PartitionState, r: _Ready) -> tuple[Row, int]:
+        """The row of the fate table (broker.fate) that ``r`` follows now, and the tick it
+        waits until when it waits (DEFERRED, HELD)."""
+        if c.horizon is not None and r.record.created_ms > c.horizon:
+            return fate.DEFERRED, c.now_tick  # newer than a record not read yet
+        timed_out_ms = st.timed_out_at.setdefault(r.srid, c.now_ms) if r.reason is Reason.TIMEOUT else None
+        hold = self._dlq_hold(r.record, timed_out_ms, c.ticks.get(r.lp))
+        if hold is not None:
+            return fate.HELD, hold
+        if r.record.attempt < r.record.max_attempts:
+            return fate.REPLAYED, c.now_tick
+        return fate.DEAD_LETTERED, c.now_tick  # held until every window ended, or none was open
+
+    def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
+        """Do what ``r``'s row says."""
+        row, tick = self._fate(c, st, r)
+        if row is fate.DEFERRED:
+            self.cache.put(r.srid, r.payload)
+            c.wait(r.lp, r, tick)
+            return
+        st.count("payload_fetches", int(r.fetched))
+        if row is fate.HELD:
+            self.cache.put(r.srid, r.payload)
+            st.count("dlq_held")
+            c.wait(r.lp, r, tick)
+            return
+        self._decide_record(c, st, r)  # REPLAYED or DEAD_LETTERED: broker.replay.decide
+
     @staticmethod
-    def _defer(st: PartitionState, waits: list[tuple[int, int, bool, int]]) -> None:
+    def _defer(st: PartitionState, waits: list[_Wait]) -> None:
         """Put these failures back into the table until their ticks; a timeout with the value
         it expired with, so that its late events can still complete it (broker.ledger.table:
         "Deferred decisions"). One whose value is not known is deferred as failed: a value
@@ -332,7 +415,7 @@ class Decider:
         watch_ms = self.config.watch_for_ms
         if watch_ms <= 0:
             return None
-        ends = [h.at_ms for h in record.history if h.reason == "timeout"]
+        ends = [h.at_ms for h in record.history if h.reason == Reason.TIMEOUT]
         if timed_out_ms is not None:
             ends.append(timed_out_ms)
         if not ends:
@@ -350,67 +433,65 @@ class Decider:
         return {lp: min(n, max(1, budget * n // total)) for lp, n in need.items()}
 
     def _quarantine(
-        self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, payload: bytes, exc: DecodeError,
-        decided: list[Decided],
+        self, c: _Commit, lp: int, st: PartitionState, failure: Ended, payload: bytes, exc: DecodeError,
     ) -> None:
-        # Registered from its prefix, but the value is no PersistedRecord: it cannot
-        # be replayed. Keep it in the DLQ byte for byte and let the srid go.
+        """``fate.QUARANTINED``: registered from its prefix, but the value is no replayable
+        PersistedRecord. Keep it in the DLQ byte for byte and let the srid go."""
+        srid, offset, reason = failure
         st.decided(srid)
-        why = f"persist record of {srid} ({reason}) cannot be replayed: {exc}"
+        why = f"persist record of {srid} ({reason.value}) cannot be replayed: {exc}"
         st.count("quarantined")
         log.warning("quarantined %s[%d]@%d: %s", self.ns.persist, lp, offset, why)
         q = quarantine_record(self.ns, self.ns.persist, lp, offset, ids.encode_id(srid), payload, why)
-        decided.append((0, offset, lp, (q,)))
-        st.tombstones.append(((srid,), OUTCOME_DLQ))
+        c.decided.append(Decided(0, offset, lp, (q,)))
+        st.tombstones.append(((srid,), fate.QUARANTINED.tombstone))
 
-    def _decide_record(self, st: PartitionState, r: _Ready, now_ms: int, decided: list[Decided]) -> None:
+    def _decide_record(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
+        """A replay (watched) or a dead letter: ``broker.replay.decide``."""
         record = r.record
         refused = self.refused.get(r.srid)
         decision = decide(
-            self.ns, record, r.reason, now_ms, self.partitions, self.replay_partitions(record.topic), refused
+            self.ns, record, r.reason, c.now_ms, self.partitions, self.replay_partitions(record.topic), refused
         )
-        st.count(decision.kind if decision.kind == "dlq" else "replayed")
-        if refused is not None and decision.kind == "dlq":
+        st.count(_COUNTED[decision.outcome])
+        if refused is not None and decision.outcome is Outcome.DLQ:
             st.count("refused")
-        decided.append((record.created_ms, r.offset, r.lp, decision.records))
-        st.tombstones.append(((r.srid,), decision.kind.encode()))
+        c.decided.append(Decided(record.created_ms, r.offset, r.lp, decision.records))
+        st.tombstones.append(((r.srid,), decision.outcome.header))
         value = st.decided(r.srid)
         if decision.new_srid is None:
             return
         # Every replayed attempt is watched, a failed one too: it cannot complete itself, but
         # a superseded mark that reaches it is handed on to its replay (the chain).
-        if r.reason == "failed":
-            st.watches.append((r.srid, 0, decision.new_srid, True))
+        if r.reason is Reason.FAILED:
+            st.watches.append(Watch(r.srid, 0, decision.new_srid, True))
         elif value is None:
             st.count("watch_skipped")  # its decision was put off without its value
         else:
-            st.watches.append((r.srid, value, decision.new_srid, False))
+            st.watches.append(Watch(r.srid, value, decision.new_srid, False))
 
-    def _unreadable(
-        self, lp: int, st: PartitionState, failure: tuple[int, int, str], detail: str, now_ms: int,
-        decided: list[Decided], waits: list[tuple[int, int, bool, int]],
-    ) -> None:
-        """A read that failed and may succeed later: defer with back-off, or give up."""
-        srid, offset, reason = failure
-        tries = st.payload_tries.get(srid, 0) + 1
+    def _unreadable(self, c: _Commit, lp: int, st: PartitionState, failure: Ended, detail: str) -> None:
+        """A read that failed and may succeed later: ``fate.DEFERRED`` with back-off, or after
+        ``payload_tries`` reads ``fate.LOST``."""
+        tries = st.payload_tries.get(failure.srid, 0) + 1
         if tries >= self.config.payload_tries:
-            self._lost(lp, st, srid, offset, reason, f"unreadable after {tries} tries: {detail}", decided)
+            self._lost(c, lp, st, failure, f"unreadable after {tries} tries: {detail}")
             return
-        st.payload_tries[srid] = tries
+        st.payload_tries[failure.srid] = tries
         st.count("payload_retries")
         delay_ms = min(self.config.payload_retry_max_ms, self.config.payload_retry_ms << (tries - 1))
-        waits.append((srid, offset, reason == "failed", self.ticker.tick_of(now_ms + delay_ms)))
+        c.wait(lp, failure, self.ticker.tick_of(c.now_ms + delay_ms))  # fate.DEFERRED
 
-    def _lost(
-        self, lp: int, st: PartitionState, srid: int, offset: int, reason: str, detail: str, decided: list[Decided]
-    ) -> None:
-        """Dead-letter a failed record whose payload cannot be had: what is known of it."""
+    def _lost(self, c: _Commit, lp: int, st: PartitionState, failure: Ended, detail: str) -> None:
+        """``fate.LOST``: dead-letter a failed record whose payload cannot be had, with what is
+        known of it."""
+        srid, offset, reason = failure
         st.decided(srid)
-        why = f"persist record of {srid} ({reason}): {detail}"
+        why = f"persist record of {srid} ({reason.value}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
-        decided.append((0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
-        st.tombstones.append(((srid,), OUTCOME_DLQ))
+        c.decided.append(Decided(0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
+        st.tombstones.append(((srid,), fate.LOST.tombstone))
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""
@@ -428,3 +509,4 @@ class Decider:
             log.error("replay topic %s does not exist: its records go to the DLQ", name)
         self._replay_topics[name] = (count, time.monotonic())
         return count
+

@@ -6,9 +6,11 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from broker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.table import LedgerTable
 
@@ -38,6 +40,23 @@ COUNTERS = (
     "dlq_held",  # last attempts whose dead letter waited (an earlier attempt's watch, or its own late events)
     "completed_late",  # timed-out records whose tree completed while their decision waited (in "completed")
 )
+
+
+class Ended(NamedTuple):
+    """An attempt that timed out or failed, until its decision (broker.acker.decisions)."""
+
+    srid: int
+    offset: int  # of its persist record
+    reason: Reason
+
+
+class Watch(NamedTuple):
+    """A replayed attempt to watch (broker.ledger.table: ``LedgerTable.watch``)."""
+
+    srid: int
+    value: int  # its XOR value when it timed out (0: failed)
+    replay: int  # its replay's srid
+    failed: bool
 
 
 class RegistrationTimes:
@@ -93,7 +112,7 @@ class PartitionState:
     # Persist tombstones to write, in runs of srids with one outcome (a batch's completions
     # are one run: no tuple per srid).
     tombstones: list[tuple[np.ndarray | Sequence[int], bytes]] = field(default_factory=list)  # srids, outcome
-    failures: list[tuple[int, int, str]] = field(default_factory=list)  # srid, offset, reason
+    failures: list[Ended] = field(default_factory=list)
     recent_fails: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (ms, srids)
     # srid -> failed reads of its payload so far. In memory only: a new owner of the
     # partition starts counting again (a provably lost record is dead-lettered at once).
@@ -106,8 +125,8 @@ class PartitionState:
     # deferred timeout carries it (broker.acker.commit) and a restore brings it back, so a new
     # owner continues the window instead of starting it again.
     timed_out_at: dict[int, int] = field(default_factory=dict)
-    # (srid, value, replay srid, failed) decided in this commit, to be watched.
-    watches: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    # Decided in this commit, to be watched.
+    watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
     # When and for which topic the auto entries were registered: their latencies when they
     # leave (broker.ledger.adaptive). Not restored: a new owner learns again.

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from broker.fate import Outcome, Reason
 from broker.ledger.table import (
     DEFERRED,
     FAILED,
@@ -336,8 +337,8 @@ class ModelAttempt:
     deadline_ms: int  # its deadline; of an adaptive one, a lower bound (created + the floor)
     acked_ms: int | None = None  # every event of its tree written at this time
     failed_ms: int | None = None  # a fail mark written at this time
-    outcome: str | None = None  # its persist tombstone's rb-outcome, once written
-    reason: str | None = None  # why it was replayed (its replay's history), once known
+    outcome: Outcome | None = None  # its persist tombstone's rb-outcome, once written
+    reason: Reason | None = None  # why it was replayed (its replay's history), once known
     timed_out_ms: int | None = None  # when it timed out (its replay's history ``at_ms``), once known
     given_ms: int | None = None  # an adaptive deadline as the acker first gave it, once seen
     payload_lost: bool = False  # its persist record was deleted before it was decided
@@ -403,20 +404,20 @@ class FateModel:
             return True if a.acked_ms < a.window_from_ms + self.watch_ms else None
         return True if a.acked_ms < a.deadline_ms + self.watch_ms // 2 else None
 
-    def expected(self, origin: int) -> str | None:
-        """``completed``, ``dlq``, or None (either is right)."""
+    def expected(self, origin: int) -> Outcome | None:
+        """``COMPLETED``, ``DLQ``, or None (either is right)."""
         verdicts = [self.counts(a) for a in self.origins[origin]]
         if True in verdicts:
-            return "completed"
+            return Outcome.COMPLETED
         if any(a.payload_lost for a in self.origins[origin]):
             return None
-        return "dlq" if all(v is False for v in verdicts) else None
+        return Outcome.DLQ if all(v is False for v in verdicts) else None
 
     def violations(self) -> list[str]:
         out: list[str] = []
         for origin, attempts in self.origins.items():
-            completed = [a for a in attempts if a.outcome == "completed"]
-            dead = [a for a in attempts if a.outcome == "dlq"]
+            completed = [a for a in attempts if a.outcome is Outcome.COMPLETED]
+            dead = [a for a in attempts if a.outcome is Outcome.DLQ]
             if len(completed) + len(dead) > 1:
                 out.append(f"origin {origin} ended twice: {[(a.number, a.outcome) for a in completed + dead]}")
             for a in completed:
@@ -427,14 +428,14 @@ class FateModel:
             for a in dead:
                 if a.number < a.max_attempts and not lost:
                     out.append(f"attempt {a.number} of {origin} dead-lettered before its last attempt")
-                if self.expected(origin) == "completed":
+                if self.expected(origin) is Outcome.COMPLETED:
                     out.append(f"origin {origin} dead-lettered though attempt(s) {[b.number for b in attempts if self.counts(b)]} completed in time")
             for a in attempts:
-                if a.outcome == "replay" and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
+                if a.outcome is Outcome.REPLAY and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
                         a.failed_ms is None):
                     out.append(f"attempt {a.number} of {origin} replayed though its tree completed before its deadline")
                 # a fail mark wins over the clock: written before the deadline, it is the reason
-                if a.reason == "timeout" and a.failed_ms is not None and a.failed_ms < a.deadline_ms:
+                if a.reason is Reason.TIMEOUT and a.failed_ms is not None and a.failed_ms < a.deadline_ms:
                     out.append(f"attempt {a.number} of {origin} failed before its deadline, replayed as a timeout")
                 # a deadline once given is never shortened (adaptive timeouts, §6)
                 if a.timed_out_ms is not None and a.given_ms is not None and a.timed_out_ms < a.given_ms:

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError
 
 from broker.acker.refusals import Refusals
 from broker.errors import ReplayBrokerError
+from broker.fate import Outcome, Reason
 from broker.headers import H_HISTORY, H_ORIGIN, H_REASON
 from broker.replay import Decision, decide
 from broker.schemas import PersistedRecord
@@ -26,7 +27,7 @@ SIZE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
 
 
 def replay_of(record: PersistedRecord = RECORD, refused: str | None = None) -> Decision:
-    return decide(NS, record, "failed", NOW, 4, 2, refused)
+    return decide(NS, record, Reason.FAILED, NOW, 4, 2, refused)
 
 
 def test_a_size_refusal_in_a_batch_only_makes_the_record_travel_alone() -> None:
@@ -59,7 +60,7 @@ def test_a_refused_replay_is_decided_as_a_dead_letter_with_the_reason() -> None:
     why = "orders.replay rejected the record: Broker: Message size too large"
     decision = replay_of(refused=why)
     (dead,) = decision.records
-    assert decision.kind == "dlq" and (dead.topic, dead.key, dead.value) == (NS.dlq, RECORD.key, RECORD.value)
+    assert decision.outcome is Outcome.DLQ and (dead.topic, dead.key, dead.value) == (NS.dlq, RECORD.key, RECORD.value)
     assert dict(dead.headers)[H_REASON] == f"failed; cannot replay: {why}".encode()
     # After max attempts it is a dead letter anyway, for that reason.
     last = dataclasses.replace(RECORD, attempt=5)

@@ -11,6 +11,7 @@ import pytest
 
 from broker import ids
 from broker.acker.payloads import PayloadCache
+from broker.fate import Outcome, Reason
 from broker.headers import (
     H_ATTEMPTS,
     H_HISTORY,
@@ -52,10 +53,10 @@ def _headers(decision_headers: tuple[tuple[str, bytes | None], ...]) -> dict[str
 
 
 def _replay(
-    record: PersistedRecord, reason: str = "timeout", P: int = 8, now: int = NOW
+    record: PersistedRecord, reason: Reason = Reason.TIMEOUT, P: int = 8, now: int = NOW
 ) -> tuple[Decision, PersistedRecord]:
     decision = decide(NS, record, reason, now, P)
-    assert decision.kind == "replay"
+    assert decision.outcome is Outcome.REPLAY
     persist, _data = decision.records
     return decision, PersistedRecord.decode(persist.value)
 
@@ -64,7 +65,7 @@ def _replay(
 
 
 def test_replay_is_a_new_attempt_of_the_same_origin() -> None:
-    decision, again = _replay(FIRST, "timeout")
+    decision, again = _replay(FIRST, Reason.TIMEOUT)
     assert decision.new_srid is not None and decision.new_srid not in (0, FIRST.srid)
     assert again.srid == decision.new_srid
     assert again.attempt == FIRST.attempt + 1
@@ -87,7 +88,7 @@ def test_a_replay_lives_in_its_originals_ledger_partition(P: int) -> None:
         record = dataclasses.replace(FIRST, srid=original)
         srids = set()
         for _ in range(200):
-            decision = decide(NS, record, "failed", NOW, P)
+            decision = decide(NS, record, Reason.FAILED, NOW, P)
             persist = decision.records[0]
             assert decision.new_srid is not None and decision.new_srid != 0
             assert persist.topic == NS.persist
@@ -99,7 +100,7 @@ def test_a_replay_lives_in_its_originals_ledger_partition(P: int) -> None:
 
 
 def test_replayed_data_record_goes_to_the_replay_topic_at_the_key_hash_partition() -> None:
-    decision, again = _replay(FIRST, "failed", P=4)
+    decision, again = _replay(FIRST, Reason.FAILED, P=4)
     data = decision.records[1]
     assert data.topic == "orders.replay"
     assert data.partition == FIRST.key_hash_partition
@@ -119,24 +120,24 @@ def test_a_key_hash_partition_outside_the_replay_topic_is_dead_lettered_not_prod
     version) is dead-lettered with the reason when it fails. Produced to partition -5 it
     aborted every commit; to -1 it went to any partition."""
     record = dataclasses.replace(FIRST, key_hash_partition=partition)
-    decision = decide(NS, record, "timeout", NOW, 8, count)
-    assert decision.kind == "dlq"
+    decision = decide(NS, record, Reason.TIMEOUT, NOW, 8, count)
+    assert decision.outcome is Outcome.DLQ
     assert (_headers(decision.records[0].headers)[H_REASON] or b"").startswith(b"timeout; cannot replay: orders.replay")
 
 
 def test_replays_chain_until_max_attempts_then_dead_letter() -> None:
     record = FIRST
     srids = [record.srid]
-    for attempt in (2, 3):
-        _, record = _replay(record, f"reason-{attempt - 1}", now=NOW + attempt)
+    for attempt, reason in ((2, Reason.FAILED), (3, Reason.TIMEOUT)):
+        _, record = _replay(record, reason, now=NOW + attempt)
         assert record.attempt == attempt and record.origin == FIRST.origin
         srids.append(record.srid)
     assert len(set(srids)) == 3
     assert [f.attempt for f in record.history] == [1, 2]
     assert [f.srid for f in record.history] == srids[:2]
 
-    final = decide(NS, record, "timeout", NOW + 9, 4)
-    assert final.kind == "dlq" and final.new_srid is None
+    final = decide(NS, record, Reason.TIMEOUT, NOW + 9, 4)
+    assert final.outcome is Outcome.DLQ and final.new_srid is None
     (dlq,) = final.records
     assert dlq.topic == NS.dlq and dlq.partition == 0
     assert (dlq.key, dlq.value) == (FIRST.key, FIRST.value)
@@ -150,29 +151,29 @@ def test_replays_chain_until_max_attempts_then_dead_letter() -> None:
     assert headers["trace"] == b"abc" and headers["nullable"] is None
     history = orjson.loads(headers[H_HISTORY] or b"")
     assert history == [
-        {"srid": srids[0], "attempt": 1, "reason": "reason-1", "at_ms": NOW + 2},
-        {"srid": srids[1], "attempt": 2, "reason": "reason-2", "at_ms": NOW + 3},
+        {"srid": srids[0], "attempt": 1, "reason": "failed", "at_ms": NOW + 2},
+        {"srid": srids[1], "attempt": 2, "reason": "timeout", "at_ms": NOW + 3},
         {"srid": srids[2], "attempt": 3, "reason": "timeout", "at_ms": NOW + 9},
     ]
 
 
 @pytest.mark.parametrize(
     ("attempt", "max_attempts", "kind"),
-    [(1, 1, "dlq"), (1, 2, "replay"), (2, 2, "dlq"), (5, 3, "dlq"), (4, 5, "replay")],
+    [(1, 1, Outcome.DLQ), (1, 2, Outcome.REPLAY), (2, 2, Outcome.DLQ), (5, 3, Outcome.DLQ), (4, 5, Outcome.REPLAY)],
 )
 def test_dead_letter_exactly_from_max_attempts_on(
-    attempt: int, max_attempts: int, kind: str
+    attempt: int, max_attempts: int, kind: Outcome
 ) -> None:
     record = dataclasses.replace(FIRST, attempt=attempt, max_attempts=max_attempts)
-    decision = decide(NS, record, "failed", NOW, 4)
-    assert decision.kind == kind
-    assert len(decision.records) == (1 if kind == "dlq" else 2)
+    decision = decide(NS, record, Reason.FAILED, NOW, 4)
+    assert decision.outcome is kind
+    assert len(decision.records) == (1 if kind is Outcome.DLQ else 2)
 
 
 def test_decide_is_pure() -> None:
     """The failed attempt itself is not changed; two decisions draw different srids."""
     before = dataclasses.replace(FIRST)
-    a, b = decide(NS, FIRST, "timeout", NOW, 4), decide(NS, FIRST, "timeout", NOW, 4)
+    a, b = decide(NS, FIRST, Reason.TIMEOUT, NOW, 4), decide(NS, FIRST, Reason.TIMEOUT, NOW, 4)
     assert before == FIRST
     assert a.new_srid != b.new_srid
 
@@ -250,8 +251,8 @@ def test_payload_cache_bound_holds_under_many_puts() -> None:
     [(None, "does not exist"), (5, "has 5 partitions, the record's is 5"), (2, "has 2 partitions")],
 )
 def test_unusable_replay_topic_dead_letters_at_once(replay_partitions: int | None, expected: str) -> None:
-    decision = decide(NS, FIRST, "timeout", NOW, 8, replay_partitions)
-    assert decision.kind == "dlq"
+    decision = decide(NS, FIRST, Reason.TIMEOUT, NOW, 8, replay_partitions)
+    assert decision.outcome is Outcome.DLQ
     [record] = decision.records
     reason = _headers(record.headers)[H_REASON]
     assert reason is not None
@@ -260,4 +261,4 @@ def test_unusable_replay_topic_dead_letters_at_once(replay_partitions: int | Non
 
 
 def test_usable_replay_topic_replays() -> None:
-    assert decide(NS, FIRST, "timeout", NOW, 8, 6).kind == "replay"
+    assert decide(NS, FIRST, Reason.TIMEOUT, NOW, 8, 6).outcome is Outcome.REPLAY
