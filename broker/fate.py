@@ -25,6 +25,7 @@ class Reason(StrEnum):
 
     TIMEOUT = "timeout"  # its deadline passed (gated)
     FAILED = "failed"  # a fail mark: ``TaskContext.fail``
+    REJECTED = "rejected"  # a rejection: ``TaskContext.reject``, a fatal exception - its last attempt
 
 
 class Outcome(StrEnum):
@@ -57,6 +58,7 @@ class Input(Enum):
 
     COMPLETED = "XOR value reaches 0"
     FAIL_MARK = "fail mark"
+    REJECTION = "rejection"
     TOUCH = "touch"
     SUPERSEDED_MARK = "superseded mark"
     DEADLINE = "deadline passed"
@@ -73,8 +75,8 @@ class Input(Enum):
 class Condition(Enum):
     """What else a row asks of the attempt."""
 
-    NOT_LAST = "not the last attempt"
-    LAST = "the last attempt"
+    NOT_LAST = "not the last attempt, not rejected"
+    LAST = "the last attempt, or rejected"
     TIMED_OUT = "timed out"
 
 
@@ -104,6 +106,7 @@ class Row(NamedTuple):
 
 COMPLETES = Row((State.PENDING,), Input.COMPLETED, State.GONE, Outcome.COMPLETED)
 FAILS = Row((State.PENDING,), Input.FAIL_MARK, State.FAILED)
+REJECTS = Row((State.PENDING,), Input.REJECTION, State.FAILED)
 TOUCHED = Row((State.PENDING,), Input.TOUCH, State.PENDING)
 MARKED = Row((State.PENDING,), Input.SUPERSEDED_MARK, State.PENDING)
 TIMES_OUT = Row((State.PENDING,), Input.DEADLINE, State.TIMED_OUT, gated=True)
@@ -124,6 +127,6 @@ RESTORED = Row(ANY, Input.RESTORE, None)
 
 # docs/design.md §6, "The states of an attempt", row by row.
 TABLE: tuple[Row, ...] = (
-    COMPLETES, FAILS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, LOST, QUARANTINED,
+    COMPLETES, FAILS, REJECTS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, LOST, QUARANTINED,
     COMPLETED_LATE, HELD_SUPERSEDED, DEAD_LETTERED, SETTLED, WATCH_COMPLETED, HANDED_ON, UNWATCHED, RESTORED,
 )

@@ -79,18 +79,22 @@ def decide(
     ledger_partitions: int,
     replay_partitions: int | None = -1,
     refused: str | None = None,
+    rejection: str | None = None,
 ) -> Decision:
     """Replay ``record`` (attempt + 1) or dead-letter it after ``max_attempts``.
 
     ``replay_partitions`` is the partition count of ``<topic>.replay`` (None: it does not
     exist; -1: not checked). A record that cannot be replayed at its key-hash partition goes
     to the DLQ at once, with the reason: a missing replay topic must not block the acker.
-    So does one whose replay the broker ``refused`` for good (why, e.g. too large).
+    So does one whose replay the broker ``refused`` for good (why, e.g. too large). A rejected
+    one (``Reason.REJECTED``, ``rejection`` the task's why) is dead-lettered now, whatever
+    attempts it has left.
     """
-    failure = Failure(record.srid, record.attempt, reason.value, now_ms)
+    why = reason.value if not rejection else f"{reason.value}: {rejection}"
+    failure = Failure(record.srid, record.attempt, why, now_ms)
     history = (*record.history, failure)
-    if record.attempt >= record.max_attempts:
-        return Decision(Outcome.DLQ, (dlq_record(ns, record, history, reason.value),))
+    if record.attempt >= record.max_attempts or reason is Reason.REJECTED:
+        return Decision(Outcome.DLQ, (dlq_record(ns, record, history, why),))
     if replay_partitions is None or 0 <= replay_partitions <= record.key_hash_partition or record.key_hash_partition < 0:
         why = f"{reason.value}; cannot replay: {replay_topic(record.topic)} " + (
             "does not exist" if replay_partitions is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
@@ -52,12 +53,16 @@ XOR_BATCH_WITH_TOUCHES = _xor_batch_without(_SUPERSEDED_FIELDS + _REJECTED_FIELD
 XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FIELDS)
 # From the shortest: a batch is read as each in turn while bytes are left over.
 _XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_FULL)
-# LedgerEntry as schemas/ledger_entry.avsc has it, and without ``timed_out_ms``: how every
-# entry that is no deferred timeout is written (and every entry written before the field).
-LEDGER_ENTRY = _load("ledger_entry")
+# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``rejection``
+# (LEDGER_ENTRY: a deferred timeout's), and without ``timed_out_ms`` too: how every other entry
+# is written (and every entry written before the fields).
+LEDGER_ENTRY_FULL = _load("ledger_entry")
 _LEDGER_ENTRY_JSON = json.loads(resources.files("schemas").joinpath("ledger_entry.avsc").read_text())
+LEDGER_ENTRY = fastavro.parse_schema(
+    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] != "rejection"]}
+)
 LEDGER_ENTRY_V1 = fastavro.parse_schema(
-    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] != "timed_out_ms"]}
+    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] not in ("timed_out_ms", "rejection")]}
 )
 
 
@@ -299,19 +304,28 @@ def encode_first_persisted(
 
 
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
-                          deadlines_ms: np.ndarray, timed_out_ms: np.ndarray | None = None) -> list[bytes]:
+                          deadlines_ms: np.ndarray, timed_out_ms: np.ndarray | None = None,
+                          rejections: Mapping[int, str] | None = None) -> list[bytes]:
     """``encode_ledger_entry`` of whole columns (numpy varints, one slice per entry); the
-    few entries with a ``timed_out_ms`` >= 0 get it appended."""
+    few entries with a ``timed_out_ms`` >= 0 get it appended, the few with a rejection (row
+    -> why) both."""
     rows = avro_rows(values, flags, persist_offsets, deadlines_ms)
     if timed_out_ms is not None:
         for i in np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist():
             rows[i] += avro_long(int(timed_out_ms[i]))
+    for i, why in (rejections or {}).items():
+        if timed_out_ms is None or timed_out_ms[i] < 0:
+            rows[i] += avro_long(-1)
+        rows[i] += avro_string(why)
     return rows
 
 
-def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1) -> bytes:
+def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1,
+                        rejection: str = "") -> bytes:
     """A ``LedgerEntry`` value (bytes as fastavro's), without the dataclass."""
     out = avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
+    if rejection:
+        return out + avro_long(timed_out_ms) + avro_string(rejection)
     return out if timed_out_ms < 0 else out + avro_long(timed_out_ms)
 
 
@@ -721,21 +735,32 @@ class LedgerEntry:
     persist_offset: int
     deadline_ms: int
     timed_out_ms: int = -1
+    rejection: str = ""  # a rejected attempt's: why (docs/design.md §6)
 
     def encode(self) -> bytes:
-        return encode_ledger_entry(self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms)
+        return encode_ledger_entry(
+            self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms, self.rejection
+        )
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:
         # Most records end after ``deadline_ms``: read them so first; bytes left over can only
-        # be ``timed_out_ms``.
+        # be ``timed_out_ms``, then ``rejection``.
         try:
             d = _decode(LEDGER_ENTRY_V1, data, "LedgerEntry")
         except DecodeError as exc:
             if "trailing bytes" not in str(exc):
                 raise
-            d = _decode(LEDGER_ENTRY, data, "LedgerEntry")
-        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1))
+            try:
+                d = _decode(LEDGER_ENTRY, data, "LedgerEntry")
+            except DecodeError as longer:
+                if "trailing bytes" not in str(longer):
+                    raise
+                d = _decode(LEDGER_ENTRY_FULL, data, "LedgerEntry")
+                if not d["rejection"]:  # never written empty: the encoding leaves it out
+                    raise DecodeError("LedgerEntry has trailing bytes: an empty rejection") from None
+        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1),
+                   d.get("rejection", ""))
 
 
 # --------------------------------------------------------------------------- LedgerCounters

@@ -301,9 +301,9 @@ class Changelog:
         if gone:
             srids = np.frombuffer(b"".join(gone), dtype=">i8").astype(np.int64)
             st.table.remove(srids)
-            if st.timed_out_at:
-                for srid in srids.tolist():
-                    st.timed_out_at.pop(srid, None)
+            for srid in srids.tolist():
+                st.timed_out_at.pop(srid, None)
+                st.rejections.pop(srid, None)
         live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
@@ -315,6 +315,10 @@ class Changelog:
                     st.timed_out_at[srid] = e.timed_out_ms
                 elif st.timed_out_at:
                     st.timed_out_at.pop(srid, None)
+                if e.rejection:
+                    st.rejections[srid] = e.rejection
+                elif st.rejections:
+                    st.rejections.pop(srid, None)
             st.table.restore(
                 srids,
                 np.array([e.value for e in entries], dtype=np.int64),

@@ -88,7 +88,8 @@ def take_changes(
             # Values encoded column-wise (numpy varints: fastavro's bytes without a dict or
             # big-int arithmetic per entry).
             values = encode_ledger_entries(
-                up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines), timed_out_column(st, up)
+                up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines), timed_out_column(st, up),
+                rejection_rows(st, up),
             )
             batch.changelog.append((lp, _keys(up.srids), values))
         if len(delta.tombstones):
@@ -119,6 +120,15 @@ def timed_out_column(st: PartitionState, up: Entries) -> np.ndarray | None:
     for i, srid in zip(waiting.tolist(), up.srids[waiting].tolist(), strict=True):
         column[i] = st.timed_out_at.get(srid, -1)
     return column
+
+
+def rejection_rows(st: PartitionState, up: Entries) -> dict[int, str] | None:
+    """Row -> why, for the rejected entries among ``up`` (None: there is none): their
+    changelog records carry it, so a new owner dead-letters them with it."""
+    if not st.rejections:
+        return None
+    rows = {i: st.rejections[s] for i, s in enumerate(up.srids.tolist()) if s in st.rejections}
+    return rows or None
 
 
 def restore_floor(st: PartitionState, position: int) -> int:

@@ -153,8 +153,9 @@ def collect_failures(
         hold = np.concatenate([f for _, f in st.recent_fails]) if st.recent_fails else None
         failed = st.table.take_failed(hold)
         st.count("failed", len(failed))
+        rejected = st.rejections
         for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
-            st.failures.append(Ended(srid, offset, Reason.FAILED))
+            st.failures.append(Ended(srid, offset, Reason.REJECTED if srid in rejected else Reason.FAILED))
 
 
 def _decoded(srid: int, payload: bytes, now_ms: int) -> PersistedRecord:
@@ -251,7 +252,10 @@ class Decider:
             again = st.table.take_deferred(tick or 0, quota)
             for removed, reason in ((again.timed_out, Reason.TIMEOUT), (again.failed, Reason.FAILED)):
                 srids = removed.srids.tolist()
-                failures.extend(Ended(srid, offset, reason) for srid, offset in zip(srids, removed.offsets.tolist(), strict=True))
+                failures.extend(
+                    Ended(srid, offset, Reason.REJECTED if srid in st.rejections else reason)
+                    for srid, offset in zip(srids, removed.offsets.tolist(), strict=True)
+                )
             if again.timed_out.values is not None:  # kept while it waited: on to a watch
                 st.expired_values.update(zip(again.timed_out.srids.tolist(), again.timed_out.values.tolist(), strict=True))
             if again.next_offset >= 0:
@@ -330,10 +334,11 @@ class Decider:
         if c.horizon is not None and r.record.created_ms > c.horizon:
             return fate.DEFERRED, c.now_tick  # newer than a record not read yet
         timed_out_ms = st.timed_out_at.setdefault(r.srid, c.now_ms) if r.reason is Reason.TIMEOUT else None
-        hold = self._dlq_hold(r.record, timed_out_ms, c.ticks.get(r.lp))
+        last = r.record.attempt >= r.record.max_attempts or r.reason is Reason.REJECTED
+        hold = self._dlq_hold(r.record, timed_out_ms, c.ticks.get(r.lp), last)
         if hold is not None:
             return fate.HELD, hold
-        if r.record.attempt < r.record.max_attempts:
+        if not last:
             return fate.REPLAYED, c.now_tick
         return fate.DEAD_LETTERED, c.now_tick  # held until every window ended, or none was open
 
@@ -388,7 +393,9 @@ class Decider:
                 st.table.watch(np.array(srids, np.int64), np.array(values, np.int64), np.array(replays, np.int64),
                                self.ticker.tick_of(now_ms + watch_ms), np.array(failed, bool))
 
-    def _dlq_hold(self, record: PersistedRecord, timed_out_ms: int | None, read_tick: int | None) -> int | None:
+    def _dlq_hold(
+        self, record: PersistedRecord, timed_out_ms: int | None, read_tick: int | None, last: bool,
+    ) -> int | None:
         """The tick until which the dead letter of ``record`` waits, or None: not held.
 
         The rule (docs/design.md §6): a record is dead-lettered only when none of its attempts
@@ -409,8 +416,8 @@ class Decider:
         and not read yet. The gate takes the held entry at that tick (``decide``'s ``ticks``),
         after the late completions read by then have been applied
         (broker.acker.superseding.hand_on). An explicitly failed attempt cannot complete, so
-        it adds no window of its own."""
-        if record.attempt < record.max_attempts:
+        it adds no window of its own. ``last``: the record's last attempt, or a rejected one."""
+        if not last:
             return None
         watch_ms = self.config.watch_for_ms
         if watch_ms <= 0:
@@ -451,7 +458,8 @@ class Decider:
         record = r.record
         refused = self.refused.get(r.srid)
         decision = decide(
-            self.ns, record, r.reason, c.now_ms, self.partitions, self.replay_partitions(record.topic), refused
+            self.ns, record, r.reason, c.now_ms, self.partitions, self.replay_partitions(record.topic), refused,
+            st.rejections.get(r.srid),
         )
         st.count(_COUNTED[decision.outcome])
         if refused is not None and decision.outcome is Outcome.DLQ:
@@ -463,7 +471,7 @@ class Decider:
             return
         # Every replayed attempt is watched, a failed one too: it cannot complete itself, but
         # a superseded mark that reaches it is handed on to its replay (the chain).
-        if r.reason is Reason.FAILED:
+        if r.reason is not Reason.TIMEOUT:
             st.watches.append(Watch(r.srid, 0, decision.new_srid, True))
         elif value is None:
             st.count("watch_skipped")  # its decision was put off without its value

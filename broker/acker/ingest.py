@@ -269,7 +269,10 @@ class Ingest:
             if xb.failed.size:
                 failed.append(xb.failed)
             if xb.rejected.size:
+                # A rejection is a fail mark whose attempt is the last (docs/design.md §6).
                 failed.append(xb.rejected)
+                st.rejections.update(zip(xb.rejected.tolist(), xb.rejected_reasons, strict=True))
+                st.count("rejections", int(xb.rejected.size))
         orphan_tick = self.orphan_tick()
         if touched:
             # A touch pushes the deadline of a pending entry, or of one whose persist record

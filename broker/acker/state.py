@@ -125,6 +125,10 @@ class PartitionState:
     # deferred timeout carries it (broker.acker.commit) and a restore brings it back, so a new
     # owner continues the window instead of starting it again.
     timed_out_at: dict[int, int] = field(default_factory=dict)
+    # srid -> why the task rejected it (ctx.reject, a fatal exception), until its decision:
+    # it is dead-lettered with that reason whatever attempts it has left. Durable: the changelog
+    # record of the (FAILED) entry carries it, and a restore brings it back.
+    rejections: dict[int, str] = field(default_factory=dict)
     # Decided in this commit, to be watched.
     watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
@@ -176,18 +180,21 @@ class PartitionState:
         expiry, if it timed out in this commit (or was deferred with it)."""
         self.payload_tries.pop(srid, None)
         self.timed_out_at.pop(srid, None)
+        self.rejections.pop(srid, None)
         return self.expired_values.pop(srid, None)
 
     def forget_decided(self) -> None:
-        """Drop ``timed_out_at`` entries whose srid left the table otherwise (completed late
-        while it waited): checked only when the dict has doubled since the last check."""
-        if len(self.timed_out_at) <= self._timed_out_checked:
+        """Drop ``timed_out_at`` and ``rejections`` entries whose srid left the table otherwise
+        (completed late while it waited, an orphan that expired): checked only when the dicts
+        have doubled since the last check."""
+        if len(self.timed_out_at) + len(self.rejections) <= self._timed_out_checked:
             return
-        srids = np.unique(np.fromiter(self.timed_out_at, np.int64, len(self.timed_out_at)))
-        gone = srids[self.table.hashtable.lookup(srids) < 0]
-        for srid in gone.tolist():
-            del self.timed_out_at[srid]
-        self._timed_out_checked = 2 * len(self.timed_out_at) + 1024
+        for kept in (self.timed_out_at, self.rejections):
+            if kept:
+                srids = np.unique(np.fromiter(kept, np.int64, len(kept)))
+                for srid in srids[self.table.hashtable.lookup(srids) < 0].tolist():
+                    del kept[srid]
+        self._timed_out_checked = 2 * (len(self.timed_out_at) + len(self.rejections)) + 1024
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

@@ -342,6 +342,7 @@ class ModelAttempt:
     timed_out_ms: int | None = None  # when it timed out (its replay's history ``at_ms``), once known
     given_ms: int | None = None  # an adaptive deadline as the acker first gave it, once seen
     payload_lost: bool = False  # its persist record was deleted before it was decided
+    rejected: bool = False  # its fail mark was a rejection (``failed_ms``): its last attempt
 
     @property
     def window_from_ms(self) -> int:
@@ -426,11 +427,13 @@ class FateModel:
                     out.append(f"attempt {a.number} of {origin} completed with no tree completed")
             lost = any(b.payload_lost for b in attempts)
             for a in dead:
-                if a.number < a.max_attempts and not lost:
+                if a.number < a.max_attempts and not lost and not a.rejected:
                     out.append(f"attempt {a.number} of {origin} dead-lettered before its last attempt")
                 if self.expected(origin) is Outcome.COMPLETED:
                     out.append(f"origin {origin} dead-lettered though attempt(s) {[b.number for b in attempts if self.counts(b)]} completed in time")
             for a in attempts:
+                if a.outcome is Outcome.REPLAY and a.rejected and a.failed_ms is not None:
+                    out.append(f"attempt {a.number} of {origin} replayed though it was rejected")
                 if a.outcome is Outcome.REPLAY and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
                         a.failed_ms is None):
                     out.append(f"attempt {a.number} of {origin} replayed though its tree completed before its deadline")

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from broker import cli, topics
+from broker import cli, ids, topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
 from broker.dlq import redriven_topic
@@ -169,3 +169,55 @@ def test_poison_record_dead_letters_then_redrive_completes_it_once(
         del acker, task, source
         gc.collect()  # Kafka clients sit in reference cycles (delivery callbacks)
     assert not errors
+
+
+class Malformed(Exception):
+    pass
+
+
+def test_a_rejected_input_is_dead_lettered_at_once_with_its_reason(bootstrap: str) -> None:
+    """Issue 43 item 2: ``ctx.reject`` and an exception of ``TaskConfig.fatal`` dead-letter the
+    input on its first attempt, the DLQ record naming why (the exception's class); a transient
+    error is still retried. Ground truth: the DLQ and the completions on the real broker."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("rej"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 3})
+    tries: dict[bytes, int] = {}
+
+    def handler(record: TaskRecord, ctx: TaskContext) -> None:
+        tries[record.key or b""] = tries.get(record.key or b"", 0) + 1
+        if record.value == b"no-sku":
+            ctx.reject("no such sku")
+        elif record.value == b"{not json":
+            raise Malformed("not json")
+        elif record.value == b"flaky" and tries[record.key or b""] == 1:
+            raise TimeoutError("slow service")
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
+                TaskConfig(poll_timeout_ms=50, fatal=(Malformed,)))
+    services = Services(settings, ns, acker, task)
+    source = Source(settings, ns, SourceConfig(timeout_ms=30_000, max_attempts=5))
+    try:
+        sku = source.send(topic, b"a", b"no-sku").origin
+        bad = source.send(topic, b"b", b"{not json").origin
+        flaky = source.send(topic, b"c", b"flaky").origin
+        good = source.send(topic, b"d", b"fine").origin
+        source.flush()
+        log = services.tail.log
+        services.wait(lambda: {sku, bad} <= set(log.dlq_origins()) and {flaky, good} <= set(log.completed_origins()),
+                      "the rejections dead-lettered, the others completed")
+        dead = {ids.decode_id(dict(m.headers() or ()).get("rb-origin") or b""): m for m in read_to_end(settings, ns.dlq, 1)}
+        assert set(dead) == {sku, bad}
+        reasons = {o: dict(m.headers() or ())["rb-reason"] for o, m in dead.items()}
+        assert reasons == {sku: b"rejected: no such sku", bad: b"rejected: exception: Malformed: not json"}
+        assert {o: dict(m.headers() or ())["rb-attempts"] for o, m in dead.items()} == {sku: b"1", bad: b"1"}
+        assert tries == {b"a": 1, b"b": 1, b"c": 2, b"d": 1}  # a rejection is never tried again
+        assert task.counters.rejected == 2
+    finally:
+        services.stop()
+        source.close()
+        del acker, task, source
+        gc.collect()
+    assert not services.errors

@@ -2,7 +2,7 @@
 table, decisions, lag gate, reading order, changelog, transactions - on a stepped clock over
 an in-memory Kafka (tests/unit/log_cluster.py), and ``FateModel`` beside it, through random
 interleavings: records sent with 1-3 attempts, trees completed in time, late or too late,
-fail marks, drops, clock steps, backlogs on any input partition, failed commits (abort and
+fail marks, rejections, drops, clock steps, backlogs on any input partition, failed commits (abort and
 rewind), and takeovers by a new instance from the changelog and the committed offsets.
 
 Ground truth is what the acker committed to the logs (tombstones and their outcomes, replays
@@ -89,7 +89,7 @@ FLOOR_MS = 1_000  # adaptive floor ("auto"): an adaptive deadline is at least cr
 DELAYS = {"late_now": 0, "late_quarter": WATCH_MS // 4, "late_edge": WATCH_MS // 2 - 100, "late_past": 2 * WATCH_MS}
 WINDOW = {"win_quarter": WATCH_MS // 4, "win_half": WATCH_MS // 2, "win_end": WATCH_MS - 150,
           "win_past": WATCH_MS + 1_000}
-MOVES = ("ack", "fail", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
+MOVES = ("ack", "fail", "reject", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
          *(("quick",) if "early" in DIMENSIONS else ()))
 _NONE = np.array([], np.int64)
 
@@ -117,7 +117,7 @@ class FateMachine(RuleBasedStateMachine):
         self.scanned: dict[int, int] = {}  # ledger partition -> persist records looked at
         self.roots: dict[int, int] = {}  # srid -> the record id its tree completes with
         self.scripts: dict[int, tuple[str, str, str]] = {}  # origin -> the move of each attempt
-        self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail / touch): the tasks' doings
+        self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail / reject / touch): the tasks' doings
         self.created: dict[int, int] = {}  # srid -> created_ms
         self.offsets: dict[int, tuple[int, int]] = {}  # srid -> (ledger partition, persist offset)
         self.auto: set[int] = set()  # srids of adaptive attempts
@@ -226,8 +226,8 @@ class FateMachine(RuleBasedStateMachine):
             self.planned.append((created_ms + (200 if a.srid in self.auto else timeout_ms // 2), a.srid, "ack"))
         elif move == "quick":  # completions that trickle in: every commit may be an early one
             self.planned.append((created_ms + 40, a.srid, "ack"))
-        elif move == "fail":
-            self.planned.append((created_ms + 10, a.srid, "fail"))
+        elif move in ("fail", "reject"):
+            self.planned.append((created_ms + 10, a.srid, move))
         elif move in DELAYS:  # a slow task: after the deadline
             self.planned.append((a.deadline_ms + DELAYS[move], a.srid, "ack"))
         elif move in WINDOW and a.number == a.max_attempts:
@@ -266,6 +266,9 @@ class FateMachine(RuleBasedStateMachine):
                 touched = a.deadline_ms + 2 * max(a.deadline_ms - self.created[srid], FLOOR_MS)
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array([srid], np.int64),
                                  touched_deadlines=np.array([touched], np.int64))
+            elif what == "reject":  # a fail mark whose attempt is the last (design §6, "Rejection")
+                a.failed_ms, a.rejected = self.clock.now_ms(), True
+                batch = XorBatch(lp, _NONE, _NONE, _NONE, rejected=np.array([srid], np.int64), rejected_reasons=("bad",))
             else:
                 a.failed_ms = self.clock.now_ms()
                 batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64))

@@ -318,7 +318,7 @@ ENCODED = {
     "PersistedRecord": RECORD.encode(),
     "XorBatch": BATCH.encode(),
     # With every field: what follows a record written without its last field is that field.
-    "LedgerEntry": LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7).encode(),
+    "LedgerEntry": LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7, "why").encode(),
     "LedgerCounters": encode_counters(COUNTERS, 1),
 }
 
@@ -365,10 +365,11 @@ def test_random_bytes_never_escape_as_another_exception(schema: str) -> None:
 def test_every_truncation_is_a_decode_error(schema: str) -> None:
     data = ENCODED[schema]
     # cut before an appended field: a record written without it (or before it existed)
-    shorter = {"LedgerEntry": len(ENTRY.encode())}
+    with_timeout = LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7)
+    shorter = {"LedgerEntry": {len(ENTRY.encode()): ENTRY, len(with_timeout.encode()): with_timeout}}
     for n in range(1, len(data)):
-        if n == shorter.get(schema):
-            assert DECODERS[schema](data[:n]) == ENTRY
+        if n in shorter.get(schema, {}):
+            assert DECODERS[schema](data[:n]) == shorter[schema][n]
             continue
         with pytest.raises(DecodeError):
             DECODERS[schema](data[:n])
