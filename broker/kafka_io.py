@@ -313,14 +313,39 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
         return None
 
 
-def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, heartbeat_ms: int) -> str | None:
+# A cluster of Kafka >= 4.0 with the consumer protocol switched off
+# (group.coordinator.rebalance.protocols=classic) refuses its heartbeat: librdkafka reports
+# "Fatal error: Broker: API version not supported: ConsumerGroupHeartbeat fatal error: ...".
+_UNSUPPORTED = KafkaError(KafkaError.UNSUPPORTED_VERSION).str()
+
+CONSUMER_PROTOCOL: Mapping[str, Any] = {"group.protocol": "consumer", "group.remote.assignor": "range"}
+"""A group consumer of the consumer protocol with the broker's range assignor: it gives
+partition i of every subscribed topic of one partition count to one member (co-partitioned
+topics stay together), and a rebalance moves only the partitions that change owner."""
+GROUP_SIDE = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
+"""Client settings librdkafka refuses with the consumer protocol: the session and heartbeat
+are the group's configs (``set_group_timeouts``), the assignor is the broker's."""
+
+
+def consumer_protocol_refused(err: KafkaError) -> bool:
+    """Whether the group refused the consumer protocol itself."""
+    return err.code() == KafkaError.UNSUPPORTED_VERSION or protocol_refused_text(err.str())
+
+
+def protocol_refused_text(text: str) -> bool:
+    """Whether a librdkafka error or log line is the refusal of the consumer protocol."""
+    return "ConsumerGroupHeartbeat" in text and _UNSUPPORTED in text
+
+
+def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
     """Set a consumer-protocol group's session timeout and heartbeat interval (KIP-848: they
-    are the group's, not the clients'). Returns None when set, else why not - the broker's
-    bounds (group.consumer.min/max.session.timeout.ms) or a missing ALTER_CONFIGS right; the
-    group then keeps the broker's defaults."""
+    are the group's, not the clients'); None leaves one as it is. Returns None when set, else
+    why not - the broker's bounds (group.consumer.min/max.session.timeout.ms) or a missing
+    ALTER_CONFIGS right; the group then keeps the broker's defaults."""
+    values = {"consumer.session.timeout.ms": session_ms, "consumer.heartbeat.interval.ms": heartbeat_ms}
     entries = [
-        ConfigEntry("consumer.session.timeout.ms", str(session_ms), incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("consumer.heartbeat.interval.ms", str(heartbeat_ms), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in values.items() if value is not None
     ]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
     try:

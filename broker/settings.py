@@ -227,7 +227,7 @@ _WHY = {
     "enable.auto.commit": "offsets are committed after the input is processed, never before",
     "enable.auto.offset.store": "offsets are stored only for input that was processed",
     "isolation.level": "records of aborted transactions must not be read",
-    "partition.assignment.strategy": "range keeps co-partitioned topics on one member",
+    "partition.assignment.strategy": "the assignor decides which partitions one member processes together",
     "transactional.id": "it fences the instance's predecessor",
     "group.id": "the consumer group is part of the design",
     "auto.offset.reset": "a new group must read its input from the start",

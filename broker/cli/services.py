@@ -135,6 +135,11 @@ TASK_OPTIONS = (
            help="how often the task waits for its outputs and commits its offsets (0: after every batch)"),
     option("--stop-on-exception", field="fail_on_exception", inverted=True,
            help="a handler exception stops the task (default: it fails the record: replay, then DLQ)"),
+    option(
+        "--group-protocol", choices=["consumer", "classic"],
+        help="consumer (KIP-848, Kafka >= 4.0; a cluster without it gets classic): only partitions that "
+        "change owner move; classic: cooperative-sticky, which may split a topic from its replay topic",
+    ),
     METRICS_PORT,
 )
 """The options of ``replaybroker task`` that set a ``TaskConfig`` field, in help order."""
