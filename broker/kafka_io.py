@@ -237,9 +237,10 @@ def read_partitions(
 
 
 def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
-    """Partition count of each topic; None for a topic that does not exist."""
+    """Partition count of each topic; None for a topic that does not exist. A cluster that
+    does not answer is asked again for ``settings.start_wait_s``."""
     admin = AdminClient(settings.client_config())
-    metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics")
+    metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics", retry_for_s=settings.start_wait_s)
     counts: dict[str, int | None] = {}
     for name in topics:
         meta = metadata.topics.get(name)
@@ -247,13 +248,27 @@ def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str
     return counts
 
 
+ADMIN_REQUEST_TIMEOUT_S = 10.0
+"""How long one admin request waits for its answer; ``configs_of`` asks again."""
+
+
+def configs_of(settings: KafkaSettings, resources: list[ConfigResource], what: str) -> list[dict[str, ConfigEntry]]:
+    """The configs of each of ``resources``, in one request; a cluster that does not answer
+    (or answers with a transient error) is asked again for ``settings.start_wait_s``."""
+    admin = AdminClient(settings.client_config())  # referenced until the answer is in
+
+    def describe() -> list[dict[str, ConfigEntry]]:
+        futures = admin.describe_configs(resources, request_timeout=ADMIN_REQUEST_TIMEOUT_S)
+        return [dict(futures[r].result(timeout=ADMIN_REQUEST_TIMEOUT_S + 5)) for r in resources]
+
+    return retrying(describe, what, retry_for_s=settings.start_wait_s)
+
+
 def _topic_config(settings: KafkaSettings, topic: str, name: str) -> int | None:
     """The integer config ``name`` of ``topic``, or None when it cannot be read."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        future = admin.describe_configs([resource])[resource]
-        return int(future.result(timeout=30)[name].value)
+        return int(configs_of(settings, [resource], f"reading {name} of {topic}")[0][name].value)
     except (KafkaException, KeyError, ValueError, TypeError) as exc:
         log.warning("cannot read %s of %s (%s)", name, topic, exc)
         return None
@@ -302,8 +317,7 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
     cannot be told (no answer, not authorized)."""
     resource = ConfigResource(ResourceType.GROUP, group)
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        admin.describe_configs([resource])[resource].result(timeout=30)
+        configs_of(settings, [resource], f"reading the configs of group {group}")
         return True
     except KafkaException as exc:
         err = kafka_error(exc)
@@ -348,9 +362,14 @@ def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int | No
         for name, value in values.items() if value is not None
     ]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    admin = AdminClient(settings.client_config())  # referenced until the answer is in
+
+    def alter() -> None:
+        future = admin.incremental_alter_configs([resource], request_timeout=ADMIN_REQUEST_TIMEOUT_S)[resource]
+        future.result(timeout=ADMIN_REQUEST_TIMEOUT_S + 5)
+
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+        retrying(alter, f"setting the timeouts of group {group}", retry_for_s=settings.start_wait_s)
         return None
     except KafkaException as exc:
         err = kafka_error(exc)
