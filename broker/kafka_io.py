@@ -263,9 +263,10 @@ def read_partitions(
 
 
 def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
-    """Partition count of each topic; None for a topic that does not exist."""
+    """Partition count of each topic; None for a topic that does not exist. A cluster that
+    does not answer is asked again for ``settings.start_wait_s``."""
     admin = AdminClient(settings.client_config())
-    metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics")
+    metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics", retry_for_s=settings.start_wait_s)
     counts: dict[str, int | None] = {}
     for name in topics:
         meta = metadata.topics.get(name)
@@ -273,13 +274,27 @@ def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str
     return counts
 
 
+ADMIN_REQUEST_TIMEOUT_S = 10.0
+"""How long one admin request waits for its answer; ``configs_of`` asks again."""
+
+
+def configs_of(settings: KafkaSettings, resources: list[ConfigResource], what: str) -> list[dict[str, ConfigEntry]]:
+    """The configs of each of ``resources``, in one request; a cluster that does not answer
+    (or answers with a transient error) is asked again for ``settings.start_wait_s``."""
+    admin = AdminClient(settings.client_config())  # referenced until the answer is in
+
+    def describe() -> list[dict[str, ConfigEntry]]:
+        futures = admin.describe_configs(resources, request_timeout=ADMIN_REQUEST_TIMEOUT_S)
+        return [dict(futures[r].result(timeout=ADMIN_REQUEST_TIMEOUT_S + 5)) for r in resources]
+
+    return retrying(describe, what, retry_for_s=settings.start_wait_s)
+
+
 def _topic_config(settings: KafkaSettings, topic: str, name: str) -> int | None:
     """The integer config ``name`` of ``topic``, or None when it cannot be read."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        future = admin.describe_configs([resource])[resource]
-        return int(future.result(timeout=30)[name].value)
+        return int(configs_of(settings, [resource], f"reading {name} of {topic}")[0][name].value)
     except (KafkaException, KeyError, ValueError, TypeError) as exc:
         log.warning("cannot read %s of %s (%s)", name, topic, exc)
         return None
@@ -328,8 +343,7 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
     cannot be told (no answer, not authorized)."""
     resource = ConfigResource(ResourceType.GROUP, group)
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        admin.describe_configs([resource])[resource].result(timeout=30)
+        configs_of(settings, [resource], f"reading the configs of group {group}")
         return True
     except KafkaException as exc:
         err = kafka_error(exc)
@@ -339,19 +353,49 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
         return None
 
 
-def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int, heartbeat_ms: int) -> str | None:
+# A cluster of Kafka >= 4.0 with the consumer protocol switched off
+# (group.coordinator.rebalance.protocols=classic) refuses its heartbeat: librdkafka reports
+# "Fatal error: Broker: API version not supported: ConsumerGroupHeartbeat fatal error: ...".
+_UNSUPPORTED = KafkaError(KafkaError.UNSUPPORTED_VERSION).str()
+
+CONSUMER_PROTOCOL: Mapping[str, Any] = {"group.protocol": "consumer", "group.remote.assignor": "range"}
+"""A group consumer of the consumer protocol with the broker's range assignor: it gives
+partition i of every subscribed topic of one partition count to one member (co-partitioned
+topics stay together), and a rebalance moves only the partitions that change owner."""
+GROUP_SIDE = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
+"""Client settings librdkafka refuses with the consumer protocol: the session and heartbeat
+are the group's configs (``set_group_timeouts``), the assignor is the broker's."""
+
+
+def consumer_protocol_refused(err: KafkaError) -> bool:
+    """Whether the group refused the consumer protocol itself."""
+    return err.code() == KafkaError.UNSUPPORTED_VERSION or protocol_refused_text(err.str())
+
+
+def protocol_refused_text(text: str) -> bool:
+    """Whether a librdkafka error or log line is the refusal of the consumer protocol."""
+    return "ConsumerGroupHeartbeat" in text and _UNSUPPORTED in text
+
+
+def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
     """Set a consumer-protocol group's session timeout and heartbeat interval (KIP-848: they
-    are the group's, not the clients'). Returns None when set, else why not - the broker's
-    bounds (group.consumer.min/max.session.timeout.ms) or a missing ALTER_CONFIGS right; the
-    group then keeps the broker's defaults."""
+    are the group's, not the clients'); None leaves one as it is. Returns None when set, else
+    why not - the broker's bounds (group.consumer.min/max.session.timeout.ms) or a missing
+    ALTER_CONFIGS right; the group then keeps the broker's defaults."""
+    values = {"consumer.session.timeout.ms": session_ms, "consumer.heartbeat.interval.ms": heartbeat_ms}
     entries = [
-        ConfigEntry("consumer.session.timeout.ms", str(session_ms), incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("consumer.heartbeat.interval.ms", str(heartbeat_ms), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in values.items() if value is not None
     ]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    admin = AdminClient(settings.client_config())  # referenced until the answer is in
+
+    def alter() -> None:
+        future = admin.incremental_alter_configs([resource], request_timeout=ADMIN_REQUEST_TIMEOUT_S)[resource]
+        future.result(timeout=ADMIN_REQUEST_TIMEOUT_S + 5)
+
     try:
-        admin = AdminClient(settings.client_config())  # referenced until the answer is in
-        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+        retrying(alter, f"setting the timeouts of group {group}", retry_for_s=settings.start_wait_s)
         return None
     except KafkaException as exc:
         err = kafka_error(exc)

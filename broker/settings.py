@@ -55,10 +55,16 @@ class KafkaSettings:
     ssl_ca_location: str | None = None
     client_id: str = "replaybroker"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # How long a service's start-up look-ups (the topic layout and configs, the group
+    # protocol) ask again a cluster that does not answer - a broker restarting, a leader
+    # moving - before the service gives up (``replaybroker SERVICE --wait-for-kafka-ms``).
+    start_wait_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers:
             raise ConfigurationError("bootstrap_servers is empty")
+        if self.start_wait_s < 0:
+            raise ConfigurationError(f"start_wait_s must not be negative, not {self.start_wait_s}")
 
     @classmethod
     def from_env(
@@ -227,7 +233,7 @@ _WHY = {
     "enable.auto.commit": "offsets are committed after the input is processed, never before",
     "enable.auto.offset.store": "offsets are stored only for input that was processed",
     "isolation.level": "records of aborted transactions must not be read",
-    "partition.assignment.strategy": "range keeps co-partitioned topics on one member",
+    "partition.assignment.strategy": "the assignor decides which partitions one member processes together",
     "transactional.id": "it fences the instance's predecessor",
     "group.id": "the consumer group is part of the design",
     "auto.offset.reset": "a new group must read its input from the start",

@@ -10,6 +10,7 @@ the anchoring of its children together.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -38,7 +39,15 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
-from broker.kafka_io import kafka_errors
+from broker.kafka_io import (
+    CONSUMER_PROTOCOL,
+    GROUP_SIDE,
+    consumer_group_protocol,
+    consumer_protocol_refused,
+    kafka_errors,
+    retrying,
+    set_group_timeouts,
+)
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.serde import BYTES, Serde
@@ -64,6 +73,9 @@ _TRANSIENT_COMMIT = frozenset(
      KafkaError.NOT_COORDINATOR, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
      KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD}
 )
+# How long a revocation waits for a coordinator that cannot take the commit of the partitions
+# that go: well inside max.poll.interval.ms (the rebalance waits for the callback meanwhile).
+_REVOKE_COMMIT_S = 10.0
 
 class TaskRecord(NamedTuple):
     """One input of a handler: where it was read, its key, value (bytes) and headers, and its
@@ -243,10 +255,20 @@ class TaskConfig:
     # ``serdes``: topic -> its own serde, over ``serde`` (an App's topics with their own).
     serde: Serde = BYTES
     serdes: Mapping[str, Serde] = field(default_factory=dict)
+    # The consumer group protocol. "consumer" (KIP-848, Kafka >= 4.0): the broker's range
+    # assignor keeps a data topic and its replay topic co-partitioned, and a member joining or
+    # leaving moves only the partitions that change owner - the others keep processing; a
+    # session.timeout.ms / heartbeat.interval.ms in ``consumer`` is set on the group. On a
+    # cluster without it the task falls back to "classic": cooperative-sticky, incremental
+    # too, but it balances partitions over all topics and may split a data topic from its
+    # replay topic (docs/design.md, Known gaps).
+    group_protocol: str = "consumer"
     consumer: Mapping[str, Any] = field(default_factory=dict)
     producer: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.group_protocol not in ("consumer", "classic"):
+            raise ConfigurationError(f"TaskConfig.group_protocol must be 'consumer' or 'classic', not {self.group_protocol!r}")
         if self.batch_size < 1:
             raise ConfigurationError(f"TaskConfig.batch_size must be positive, not {self.batch_size}")
         durations = ("poll_timeout_ms", "retry_backoff_ms", "commit_interval_ms", "touch_timeout_ms",
@@ -385,22 +407,8 @@ class Task:
             )
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_ms / 1000)
-        self._consumer = Consumer(
-            settings.consumer_config(
-                group_id,
-                required={
-                    "isolation.level": "read_committed",
-                    # range assigns partition i of every subscribed topic of the same partition
-                    # count to one member, so topic[i] and topic.replay[i] - one key range, as
-                    # a replay goes to its key's partition index - are processed together.
-                    # cooperative-sticky (the settings' default) balances partitions over all
-                    # topics and may split them (checked in _on_assign).
-                    "partition.assignment.strategy": "range",
-                },
-                user=self.config.consumer,
-                defaults={"fetch.wait.max.ms": 10, "fetch.min.bytes": 262_144},
-            )
-        )
+        self._group_protocol = self.config.group_protocol  # "classic" after a fallback
+        self._consumer = Consumer(self._consumer_config())
         self._outputs_pending = False
         # Input offsets handled but not committed yet, and when the next commit is due
         self._uncommitted: Offsets = {}
@@ -419,6 +427,71 @@ class Task:
         # one of them waits for its marker: one window per slow batch, shared by its replays.
         self._slow_origins: set[int] = set()
         self._slow_until = 0.0
+
+    def _consumer_config(self) -> dict[str, Any]:
+        """The group consumer's settings for the group protocol in use.
+
+        Partition i of a data topic and of its replay topic is one key range (a replay goes
+        to its key's partition index): processed by one member, a key's replays are handled
+        where its originals are. The consumer protocol's range assignor (broker side) gives
+        partition i of every subscribed topic of one partition count to one member;
+        cooperative-sticky, the classic fallback, balances partitions over all topics and may
+        split them (checked in _on_assign). Both hand over only what changes owner."""
+        user = self.config.consumer
+        required: dict[str, Any] = {"isolation.level": "read_committed"}
+        if self._group_protocol == "classic":
+            required["partition.assignment.strategy"] = "cooperative-sticky"
+        else:
+            required.update(CONSUMER_PROTOCOL)
+            if "partition.assignment.strategy" in user or "partition.assignment.strategy" in self.settings.extra:
+                raise ConfigurationError(
+                    "partition.assignment.strategy cannot be set on a Task's consumer with group_protocol='consumer': "
+                    "the broker's range assignor keeps a data topic and its replay topic together"
+                )
+        conf = self.settings.consumer_config(
+            self.group_id, required=required, user=user, defaults={"fetch.wait.max.ms": 10, "fetch.min.bytes": 262_144}
+        )
+        if self._group_protocol == "consumer":
+            for key in GROUP_SIDE:  # the group's (set by _join_group), not the client's
+                conf.pop(key, None)
+        return conf
+
+    def _join_group(self) -> None:
+        """Before subscribing: fall back to the classic protocol on a cluster without the
+        consumer protocol; with it, set the session and heartbeat given in
+        ``TaskConfig.consumer`` on the group."""
+        if self._group_protocol != "consumer":
+            return
+        if consumer_group_protocol(self.settings, self.group_id) is False:
+            self._fall_back("the cluster has no consumer group protocol (Kafka < 4.0)")
+            return
+        user = {**self.settings.extra, **self.config.consumer}
+        session, heartbeat = user.get("session.timeout.ms"), user.get("heartbeat.interval.ms")
+        if session is not None or heartbeat is not None:
+            why = set_group_timeouts(
+                self.settings, self.group_id,
+                None if session is None else int(session), None if heartbeat is None else int(heartbeat),
+            )
+            if why is not None:
+                log.warning("group %s keeps the broker's session timeout and heartbeat interval: %s", self.group_id, why)
+
+    def _fall_back(self, why: str) -> None:
+        """Replace the consumer by one of the classic protocol (not subscribed yet)."""
+        log.warning(
+            "%s: task %s joins %s with the classic group protocol and cooperative-sticky, which may split "
+            "a data topic from its replay topic (TaskConfig.group_protocol='classic' says so and skips this check)",
+            why, self.name, self.group_id,
+        )
+        self._group_protocol = "classic"
+        old, self._consumer = self._consumer, Consumer(self._consumer_config())
+        with contextlib.suppress(KafkaException, RuntimeError):
+            old.close()
+        self._owned = frozenset()
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
 
     @property
     def ledger_partitions(self) -> int:
@@ -450,25 +523,35 @@ class Task:
             )
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Eager (range) rebalances hand over the whole assignment, cooperative ones a delta.
+        # Incremental: ``partitions`` are the ones added (confluent-kafka assigns them after
+        # this returns, incremental_assign for a cooperative protocol).
         self._owned = self._owned | {(tp.topic, tp.partition) for tp in partitions}
         for topic in self._pairs:
             data = {p for t, p in self._owned if t == topic}
             replay = {p for t, p in self._owned if t == replay_topic(topic)}
-            if data != replay:  # range never splits them (it is required); say so if it ever does
+            if data != replay:  # range never splits them; cooperative-sticky (the fallback) may
                 log.warning(
                     "%s holds %s %s but %s %s: not co-partitioned",
                     self.name, topic, sorted(data), replay_topic(topic), sorted(replay),
                 )
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Still the owner: what was handled is delivered and committed before the partitions
+        # Only the partitions that change owner; the others stay assigned. Still their
+        # owner: what was handled (of every partition) is delivered and committed before they
         # go, so the next owner does not redo it.
+        gone = {(tp.topic, tp.partition) for tp in partitions}
         if self._uncommitted:
             try:
                 self.finish()
-            except KafkaClientError as exc:
-                log.warning("could not commit before the partitions were revoked: %s", exc)
+                # A commit the coordinator could not take yet (deferred): the partitions
+                # that go are still ours until this returns - try again, bounded.
+                left = [TopicPartition(t, p, o) for (t, p), o in self._uncommitted.items() if (t, p) in gone]
+                if left:
+                    retrying(functools.partial(self._consumer.commit, offsets=left, asynchronous=False),
+                             "committing before a revocation", retry_for_s=_REVOKE_COMMIT_S)
+            except (KafkaClientError, KafkaException) as exc:
+                log.warning("could not commit before the partitions were revoked (their next owner redoes "
+                            "what was handled since the last commit): %s", exc)
         self._forget(partitions)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -494,9 +577,8 @@ class Task:
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
         if self.config.skip_superseded and self._markers is None:
             self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id)
-        self._consumer.subscribe(
-            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-        )
+        self._join_group()
+        self._subscribe()
         idle_since = time.monotonic()
         self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
         try:
@@ -504,13 +586,14 @@ class Task:
                 # poll() returns as soon as one message is there (consume(n, timeout) would
                 # wait the whole timeout unless n messages arrive); then take what is ready.
                 first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
+                if first is not None and self._protocol_refused(first):
+                    continue
                 batch: list[Message] = [] if first is None else [first]
                 self._revoked.clear()
                 if first is not None and self.config.batch_size > 1:
                     batch.extend(self._consumer.consume(self.config.batch_size - 1, 0))
                     if batch and (batch[0].topic(), batch[0].partition()) in self._revoked:
-                        # Revoked while the rest was taken (every join and leave revokes
-                        # all under range): `first` belongs to the old assignment, and its
+                        # Revoked while the rest was taken: `first` belongs to the old assignment, and its
                         # owner reads it again from the committed offset - processing it
                         # here would ack it twice. librdkafka already drops such messages
                         # within one consume() call; `first` came from the poll before.
@@ -526,6 +609,16 @@ class Task:
         finally:
             self.close()
         return self.counters
+
+    def _protocol_refused(self, msg: Message) -> bool:
+        """A cluster of Kafka >= 4.0 with the consumer protocol switched off refuses the
+        heartbeat with a fatal error: join again with the classic protocol."""
+        err = msg.error()
+        if err is None or self._group_protocol != "consumer" or not consumer_protocol_refused(err):
+            return False
+        self._fall_back(f"the group refused the consumer protocol ({err.str()})")
+        self._subscribe()
+        return True
 
     def check_before_run(self) -> None:
         self.check_topics()  # run_in_background(): unusable topics raise at once

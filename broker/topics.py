@@ -16,7 +16,7 @@ from functools import cached_property
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from broker.errors import ConfigurationError, TopologyError
-from broker.kafka_io import kafka_errors, partition_counts, wait_visible
+from broker.kafka_io import configs_of, kafka_errors, partition_counts, wait_visible
 from broker.settings import KafkaSettings
 
 REPLAY_SUFFIX = ".replay"
@@ -291,11 +291,10 @@ def check(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = (
 
 
 def _check_compaction(settings: KafkaSettings, topics: list[str]) -> list[str]:
-    admin = AdminClient(settings.client_config())
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
     problems = []
-    for resource, future in admin.describe_configs(resources).items():
-        policy = future.result(timeout=30)["cleanup.policy"].value
+    for topic, configs in zip(topics, configs_of(settings, resources, "reading the cleanup policies"), strict=True):
+        policy = configs["cleanup.policy"].value
         if "compact" not in policy:
-            problems.append(f"{resource.name} must be compacted (cleanup.policy={policy})")
+            problems.append(f"{topic} must be compacted (cleanup.policy={policy})")
     return problems

@@ -27,6 +27,7 @@ from broker.acker.restoring import Pending, Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
 from broker.kafka_io import retrying
+from broker.ranges import counted
 from broker.replay import Outgoing
 from broker.topics import Namespace
 
@@ -142,7 +143,7 @@ class Assignment:
         log.info(
             "assigned ledger partitions %s (owning %s): %d from standby/warm state, %d changelog records read, "
             "%d entries, %.3fs",
-            lps, owned, done.warm, done.read, self.last_assignment["entries"], seconds,
+            counted(lps), counted(owned), done.warm, done.read, self.last_assignment["entries"], seconds,
         )
 
     def resume_restored(self) -> None:
@@ -203,7 +204,7 @@ class Assignment:
         self.changelog.assign_standby(self.partitions, self.owned())
         if self.live.incremental:
             consumer.incremental_unassign(partitions)
-        log.info("revoked ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
+        log.info("revoked ledger partitions %s (owning %s)", counted(lps), counted(self.states))
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.rebalanced = True
@@ -221,7 +222,7 @@ class Assignment:
         self.changelog.assign_standby(self.partitions, self.owned())
         if self.live.incremental:
             consumer.incremental_unassign(partitions)
-        log.warning("lost ledger partitions %s (owning %s)", sorted(lps), sorted(self.states))
+        log.warning("lost ledger partitions %s (owning %s)", counted(lps), counted(self.states))
 
     def drop(self, lps: set[int]) -> None:
         for lp in lps:

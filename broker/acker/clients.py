@@ -14,14 +14,15 @@ from broker.acker.config import AckerConfig
 from broker.acker.limits import producer_limit
 from broker.acker.membership import group_client_logging
 from broker.errors import ConfigurationError
+from broker.kafka_io import CONSUMER_PROTOCOL, GROUP_SIDE
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
 COMMITTED = {"isolation.level": "read_committed"}
 """Records of aborted transactions (persist records, acks, the changelog) never count."""
 
-# Client settings librdkafka refuses with the consumer group protocol, and what sets them.
-_GROUP_SIDE = {
+# What sets each of the client settings librdkafka refuses with the consumer group protocol.
+_INSTEAD = {
     "session.timeout.ms": "use AckerConfig.session_timeout_ms (--session-timeout-ms), set on the group",
     "heartbeat.interval.ms": "use AckerConfig.heartbeat_interval_ms, set on the group",
     "partition.assignment.strategy": "the broker's range assignor is used",
@@ -79,9 +80,8 @@ class AckerClients:
             # broker-side range assignor gives equal-sized topics' partition i to one member,
             # and moves only what changes owner. Session and heartbeat are the group's
             # (set in start()); librdkafka refuses them here.
-            required["group.protocol"] = "consumer"
-            required["group.remote.assignor"] = "range"
-            for key, instead in _GROUP_SIDE.items():
+            required.update(CONSUMER_PROTOCOL)
+            for key, instead in _INSTEAD.items():
                 if key in cfg.consumer or key in self.settings.extra:
                     raise ConfigurationError(f"{key} cannot be set on the acker's consumer with group_protocol='consumer': {instead}")
         else:
@@ -92,7 +92,7 @@ class AckerClients:
             required["group.instance.id"] = f"{self.ns.name}.acker.{cfg.instance_id}"
         conf = self.settings.consumer_config(self.group_id, required=required, user=cfg.consumer, defaults=defaults)
         if cfg.group_protocol == "consumer":
-            for key in _GROUP_SIDE:  # the common consumer defaults' (a user's were refused above)
+            for key in GROUP_SIDE:  # the common consumer defaults' (a user's were refused above)
                 conf.pop(key, None)
         return conf | group_client_logging()
 

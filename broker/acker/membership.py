@@ -19,7 +19,13 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from broker.acker.config import AckerConfig
+from broker.kafka_io import consumer_protocol_refused, protocol_refused_text
 from broker.kafka_log import LIBRDKAFKA, RepeatFilter, RepeatLimiter, error_cb
+
+__all__ = [
+    "GROUP_CLIENT_LOG", "INSTANCE_IN_USE", "Rejoins", "classic", "consumer_protocol_refused",
+    "group_client_logging", "instance_in_use",
+]
 
 log = logging.getLogger("broker.acker")
 
@@ -28,21 +34,6 @@ INSTANCE_IN_USE = (KafkaError.UNRELEASED_INSTANCE_ID, KafkaError.FENCED_INSTANCE
 # description of the broker's error ("Fatal consumer error: Broker: The instance ID is
 # still used by another member in the consumer group").
 _IN_USE_TEXTS = tuple(KafkaError(code).str() for code in INSTANCE_IN_USE)
-
-
-# A cluster of Kafka >= 4.0 with the consumer protocol switched off
-# (group.coordinator.rebalance.protocols=classic) refuses its heartbeat: librdkafka reports
-# "Fatal error: Broker: API version not supported: ConsumerGroupHeartbeat fatal error: ...".
-_UNSUPPORTED = KafkaError(KafkaError.UNSUPPORTED_VERSION).str()
-
-
-def consumer_protocol_refused(err: KafkaError) -> bool:
-    """Whether the group refused the consumer protocol itself."""
-    return err.code() == KafkaError.UNSUPPORTED_VERSION or _protocol_refused_text(err.str())
-
-
-def _protocol_refused_text(text: str) -> bool:
-    return "ConsumerGroupHeartbeat" in text and _UNSUPPORTED in text
 
 
 def classic(config: AckerConfig, group: str, why: str) -> AckerConfig:
@@ -73,7 +64,7 @@ class _RefusalsAtDebug(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if _in_use_text(message) or _protocol_refused_text(message):
+        if _in_use_text(message) or protocol_refused_text(message):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return GROUP_CLIENT_LOG.isEnabledFor(logging.DEBUG)
         return True

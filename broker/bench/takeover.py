@@ -42,6 +42,7 @@ from broker.bench.figures import Figures, size_label
 from broker.bench.hops import Env
 from broker.dev.testing import stop_processes
 from broker.ledger.table import REGISTERED
+from broker.ranges import expand
 from broker.schemas import COUNTERS_KEY, LedgerEntry, encode_counters
 from broker.source import Source, SourceConfig
 from broker.task import Task
@@ -50,8 +51,8 @@ MODES = ("standby", "cold")
 P = 2
 
 _ASSIGNED = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO broker\.acker: assigned ledger partitions \[([\d, ]*)\] "
-    r"\(owning \[[\d, ]*\]\): (\d+) from standby/warm state, (\d+) changelog records read, (\d+) entries, ([\d.]+)s"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO broker\.acker: assigned ledger partitions \d+ (\[[\d, -]*\]) "
+    r"\(owning \d+ \[[\d, -]*\]\): (\d+) from standby/warm state, (\d+) changelog records read, (\d+) entries, ([\d.]+)s"
 )
 _CAUGHT_UP = re.compile(r"standby of ledger partition (\d+) caught up")
 
@@ -86,7 +87,7 @@ def _assignments(path: Path) -> list[dict[str, Any]]:
             stamp = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
             out.append({
                 "at": stamp,
-                "partitions": [int(p) for p in m.group(3).split(",") if p.strip()],
+                "partitions": expand(m.group(3)),
                 "from_standby": int(m.group(4)),
                 "records_read": int(m.group(5)),
                 "entries": int(m.group(6)),

@@ -237,5 +237,15 @@ def cluster(parser: argparse.ArgumentParser) -> None:
                         help="the namespace NS of the topics NS.persist, NS.acks ...")
 
 
+def service_cluster(parser: argparse.ArgumentParser) -> None:
+    """``cluster`` for a service: it waits for a cluster that cannot be reached yet."""
+    cluster(parser)
+    parser.add_argument(
+        "--wait-for-kafka-ms", metavar="MS", type=AT_LEAST_ZERO,
+        help="how long the service waits, asking again with back-off, for a cluster it cannot reach "
+        "or that does not answer its start-up look-ups (default 120000; 0: fail at once)",
+    )
+
+
 def json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON value on stdout")

@@ -4,9 +4,11 @@ answers before a command starts."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,13 +78,45 @@ REACH_TIMEOUT_S = 10.0
 REACH_POLL_S = (0.1, 1.0)
 """The first wait for the metadata answer, doubled up to the last: a refusal is seen between
 two waits, a distant cluster gets longer ones."""
+RETRY_PAUSE_S = (1.0, 10.0)
+"""A service's first pause before it tries an unreachable cluster again, doubled up to the last."""
+
+log = logging.getLogger(__name__)
 
 
-def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = REACH_TIMEOUT_S) -> None:
+def check_reachable(
+    settings: Any,
+    *,
+    verbose: bool = False,
+    timeout_s: float = REACH_TIMEOUT_S,
+    wait_s: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request: a command
     against a wrong address fails with the reason librdkafka saw (refused, unresolvable,
     authentication ...) as soon as it saw it - once every bootstrap server failed - and
-    after ``timeout_s`` for a cluster that connects but never answers."""
+    after ``timeout_s`` for a cluster that connects but never answers.
+
+    A service (``wait_s`` > 0) started while its cluster is down - a broker restarting - asks
+    again with growing pauses for up to ``wait_s``, saying so in one line, then fails the same
+    way; a refused authentication or TLS handshake fails at once."""
+    started, pause = clock(), RETRY_PAUSE_S[0]
+    while True:
+        try:
+            _reach(settings, verbose=verbose, timeout_s=timeout_s)
+            return
+        except KafkaUnreachable as exc:
+            if not exc.retriable or clock() - started + pause > wait_s:
+                raise
+            if pause == RETRY_PAUSE_S[0]:
+                log.warning("%s; trying again for up to %.0fs", exc, wait_s)
+        sleep(pause)
+        pause = min(pause * 2, RETRY_PAUSE_S[1])
+
+
+def _reach(settings: Any, *, verbose: bool, timeout_s: float) -> None:
+    """One attempt of ``check_reachable``."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -109,7 +143,9 @@ def check_reachable(settings: Any, *, verbose: bool = False, timeout_s: float = 
             break
     reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
     why = without_timing(reasons[-1]) if reasons else kafka_reason(failure)
-    raise KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}") from failure
+    unreachable = KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}")
+    unreachable.retriable = not any(e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL) for e in errors)
+    raise unreachable from failure
 
 
 def kafka_reason(exc: BaseException) -> str:
@@ -128,10 +164,14 @@ def cluster_settings(args: argparse.Namespace) -> Any:
     from broker.settings import KafkaSettings
 
     bootstrap, env_file = connection(args)
-    settings = KafkaSettings.from_env(bootstrap, **({"env_file": env_file} if env_file else {}))
+    # A service (--wait-for-kafka-ms) waits for a cluster it cannot reach yet; a command fails at once.
+    wait = getattr(args, "wait_for_kafka_ms", None)
+    overrides: dict[str, Any] = {} if wait is None else {"start_wait_s": wait / 1000}
+    settings = KafkaSettings.from_env(bootstrap, **({"env_file": env_file} if env_file else {}), **overrides)
     if args.verbose:
         print_config(settings, args.command)
-    check_reachable(settings, verbose=args.verbose)
+    service = hasattr(args, "wait_for_kafka_ms")
+    check_reachable(settings, verbose=args.verbose, wait_s=settings.start_wait_s if service else 0.0)
     return settings
 
 

@@ -18,11 +18,11 @@ from broker.cli.args import (
     PORT,
     POSITIVE,
     add_config_options,
-    cluster,
     command,
     config_values,
     option,
     positive_real,
+    service_cluster,
 )
 from broker.cli.connection import cluster_settings
 from broker.errors import ConfigurationError
@@ -95,7 +95,7 @@ def add_acker(sub: Any) -> None:
     from broker.acker.config import AckerConfig
 
     acker = command(sub, "acker", ACKER_HELP)
-    cluster(acker)
+    service_cluster(acker)
     acker.add_argument(
         "--instance-id",
         help="stable id of this instance: a restart with the same id fences its predecessor's "
@@ -135,6 +135,11 @@ TASK_OPTIONS = (
            help="how often the task waits for its outputs and commits its offsets (0: after every batch)"),
     option("--stop-on-exception", field="fail_on_exception", inverted=True,
            help="a handler exception stops the task (default: it fails the record: replay, then DLQ)"),
+    option(
+        "--group-protocol", choices=["consumer", "classic"],
+        help="consumer (KIP-848, Kafka >= 4.0; a cluster without it gets classic): only partitions that "
+        "change owner move; classic: cooperative-sticky, which may split a topic from its replay topic",
+    ),
     METRICS_PORT,
 )
 """The options of ``replaybroker task`` that set a ``TaskConfig`` field, in help order."""
@@ -150,7 +155,7 @@ def add_task(sub: Any) -> None:
     from broker.task import TaskConfig
 
     tk = command(sub, "task", TASK_HELP)
-    cluster(tk)
+    service_cluster(tk)
     tk.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
                     help="the handler, imported from the working directory or the installed packages")
     tk.add_argument("--topics", nargs="+", required=True, metavar="TOPIC", help="the data topics to consume")
@@ -282,7 +287,7 @@ def add_bridge(sub: Any) -> None:
     from broker.bridge import BridgeConfig
 
     br = command(sub, "bridge", BRIDGE_HELP)
-    cluster(br)
+    service_cluster(br)
     br.add_argument("--from", dest="from_topic", required=True, metavar="TOPIC", help="the input topic")
     br.add_argument("--to", metavar="TOPIC", help="the target data topic; it and its replay topic must exist "
                     "(default: TOPIC.guaranteed)")

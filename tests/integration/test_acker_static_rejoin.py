@@ -20,6 +20,7 @@ import pytest
 from broker import topics
 from broker.completions import OutcomeTail
 from broker.dev.testing import stop_processes, unique_name
+from broker.ranges import expand
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -27,7 +28,7 @@ from broker.task import Task, TaskContext, TaskRecord
 pytestmark = pytest.mark.integration
 
 P = 2
-ASSIGNED = re.compile(r"assigned ledger partitions \[[\d, ]*\] \(owning \[([\d, ]*)\]\)")
+ASSIGNED = re.compile(r"assigned ledger partitions \d+ \[[\d, -]*\] \(owning \d+ (\[[\d, -]*\])\)")
 
 
 def _start_acker(bootstrap: str, ns: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -38,7 +39,7 @@ def _start_acker(bootstrap: str, ns: str, log_path: Path) -> subprocess.Popen[by
 
 def _owns_all(log_path: Path) -> bool:
     owned = [m.group(1) for m in ASSIGNED.finditer(log_path.read_text(errors="replace"))]
-    return bool(owned) and len([p for p in owned[-1].split(",") if p.strip()]) == P
+    return bool(owned) and len(expand(owned[-1])) == P
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 from broker import topics
 from broker.completions import OutcomeTail
 from broker.dev.testing import stop_processes, unique_name
+from broker.ranges import expand
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -24,7 +25,7 @@ from broker.task import Task, TaskContext, TaskRecord
 pytestmark = pytest.mark.integration
 
 ASSIGNED = re.compile(
-    r"assigned ledger partitions \[([\d, ]*)\] \(owning \[([\d, ]*)\]\): (\d+) from standby/warm state, "
+    r"assigned ledger partitions \d+ (\[[\d, -]*\]) \(owning \d+ (\[[\d, -]*\])\): (\d+) from standby/warm state, "
     r"(\d+) changelog records read, (\d+) entries"
 )
 
@@ -44,7 +45,7 @@ def _assignments(log_path: Path) -> list[tuple[list[int], int, int, list[int], i
     for line in log_path.read_text(errors="replace").splitlines():
         m = ASSIGNED.search(line)
         if m:
-            new, owned = ([int(p) for p in g.split(",") if p.strip()] for g in (m.group(1), m.group(2)))
+            new, owned = (expand(g) for g in (m.group(1), m.group(2)))
             out.append((owned, int(m.group(3)), int(m.group(4)), new, int(m.group(5))))
     return out
 

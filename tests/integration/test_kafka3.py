@@ -1,7 +1,8 @@
 """The acker on a Kafka 3.x cluster (issue 32): its default group protocol (``consumer``,
 KIP-848) needs Kafka >= 4.0 - on 3.9 librdkafka's member waits forever without an error. The
 acker tells from the cluster and joins with the classic protocol and the range assignor, in
-one log line; records complete through it with the default settings.
+one log line; so does a task (cooperative-sticky); records complete through them with the
+default settings.
 
 A Kafka 3.9 of its own, started by the embedded launcher from Maven Central jars
 (``REPLAYBROKER_KAFKA_VERSION``; resolved once into the local Maven repository)."""
@@ -62,6 +63,7 @@ def test_records_complete_through_an_acker_with_default_settings_on_kafka_3(
         return None
 
     caplog.set_level(logging.INFO, "broker.acker")
+    caplog.set_level(logging.INFO, "broker.task")
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("a"), stats_interval_ms=3_600_000))
     task = Task(settings, ns, [data, topics.replay_topic(data)], unique_name("leaf"), ack)
     tail = OutcomeTail(settings, ns)
@@ -88,5 +90,7 @@ def test_records_complete_through_an_acker_with_default_settings_on_kafka_3(
     assert all(n == 1 for n in tail.log.completed_origins().values())
     assert acker.config.group_protocol == "classic"
     said = [r.getMessage() for r in caplog.records if "consumer group protocol" in r.getMessage()]
-    assert len(said) == 1 and "--group-protocol classic" in said[0]
+    assert len(said) == 2, said
+    assert "--group-protocol classic" in next(m for m in said if "the acker" in m)
+    assert "cooperative-sticky" in next(m for m in said if "task" in m)
     assert sorted(acker.last_assignment["owned"]) == [0, 1]  # type: ignore[call-overload]

@@ -373,7 +373,8 @@ def test_replays_of_a_key_keep_their_partition_and_failure_order(
             failed_seq[s.key].append(int((s.value or b"").split(b":")[1]))
     replayed: dict[bytes, list[tuple[int, int]]] = defaultdict(list)  # key -> (partition, seq)
     for msg in sorted(p.read(p.replay), key=lambda m: (m.partition(), m.offset())):
-        replayed[msg.key()].append((msg.partition(), int(msg.value().split(b":")[1])))
+        if msg.key() in partition_of:  # not the warm-up's: it times out when the task joins late
+            replayed[msg.key()].append((msg.partition(), int(msg.value().split(b":")[1])))
     assert sum(len(v) for v in replayed.values()) == sum(len(v) for v in failed_seq.values())
     for key in keys:
         assert len(failed_seq[key]) == per_key - per_key // 4

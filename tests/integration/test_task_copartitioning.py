@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import ConsumerGroupState
+from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from broker import topics
@@ -77,7 +77,10 @@ class Group:
         """(stable, member -> topic -> partitions) as the group coordinator has them. Asked of
         the broker: a consumer's own ``assignment()`` must not be called from another thread
         while it polls."""
-        description = self.admin.describe_consumer_groups([self.group_id])[self.group_id].result(30)
+        try:
+            description = self.admin.describe_consumer_groups([self.group_id])[self.group_id].result(10)
+        except (KafkaException, TimeoutError):  # a group the coordinator does not know yet
+            return False, {}
         out: dict[str, dict[str, set[int]]] = {}
         for member in description.members:
             owned: dict[str, set[int]] = {self.orders: set(), self.replay: set()}

@@ -30,7 +30,7 @@ def test_without_a_cluster_it_refuses_in_one_line(
 def test_v_prints_the_effective_configuration(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    def unreachable(settings: KafkaSettings, *, verbose: bool = False) -> None:
+    def unreachable(settings: KafkaSettings, *, verbose: bool = False, wait_s: float = 0.0) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
     monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)

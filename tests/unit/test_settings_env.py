@@ -102,7 +102,7 @@ def test_every_command_prints_its_effective_config_with_v(
     import broker.cli
     from broker.errors import KafkaUnreachable
 
-    def unreachable(settings: KafkaSettings, *, verbose: bool = False) -> None:
+    def unreachable(settings: KafkaSettings, *, verbose: bool = False, wait_s: float = 0.0) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
     monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+import broker.kafka_io
 import broker.task
 from broker.errors import KafkaClientError
 from broker.settings import KafkaSettings
@@ -112,3 +113,28 @@ def test_a_coordinator_not_ready_defers_the_commit_to_the_next_batch(
     task.finish()
     assert [(tp.topic, tp.partition, tp.offset) for tp in committed[0]] == [("orders", 0, 8)]
     assert task._uncommitted == {}
+
+
+def test_a_revocation_commits_the_partitions_that_go_before_it_lets_go(
+    task: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Incremental rebalancing revokes some partitions while the others stay: what was handled
+    of the ones that go is committed first, even through a coordinator that is not ready at
+    once, so their next owner redoes nothing."""
+    monkeypatch.setattr(Consumer, "error", KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    monkeypatch.setattr(broker.kafka_io.time, "sleep", lambda _s: None)
+    task.handle_batch([Message()])  # type: ignore[list-item]
+    task._uncommitted[("orders", 1)] = 3  # a partition that stays
+    calls: list[list[tuple[str, int, int]]] = []
+    real = Consumer.commit
+
+    def commit(self: Consumer, **kw: Any) -> None:
+        calls.append([(tp.topic, tp.partition, tp.offset) for tp in kw["offsets"]])
+        if len(calls) < 3:
+            real(self, **kw)
+
+    monkeypatch.setattr(Consumer, "commit", commit)
+    task._on_revoke(None, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    assert calls[0] == [("orders", 0, 8), ("orders", 1, 3)]  # finish(): everything handled, deferred
+    assert calls[1:] == [[("orders", 0, 8)], [("orders", 0, 8)]]  # then the revoked one, until taken
+    assert task._uncommitted == {("orders", 1): 3}  # the partition that stays: with the next commit
