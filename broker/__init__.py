@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         SerializationError,
         TopologyError,
     )
+    from broker.retry import RetryPolicy
     from broker.serde import AvroSerde, BytesSerde, JsonSerde, Serde
     from broker.settings import KafkaSettings
     from broker.source import SendResult, Source, SourceConfig
@@ -81,6 +82,7 @@ _EXPORTS = {
     "KafkaUnreachable": "broker.errors",
     "Namespace": "broker.topics",
     "ReplayBrokerError": "broker.errors",
+    "RetryPolicy": "broker.retry",
     "SendFailure": "broker.delivery",
     "SendResult": "broker.source",
     "Serde": "broker.serde",
@@ -115,6 +117,7 @@ __all__ = [
     "KafkaUnreachable",
     "Namespace",
     "ReplayBrokerError",
+    "RetryPolicy",
     "SendFailure",
     "SendResult",
     "Serde",

@@ -184,6 +184,8 @@ class TaskFigures(Protocol):
     processed: int
     failed: int
     rejected: int
+    outages: int
+    outage_tries: int
     undeliverable: int
     errors: int
     emitted: int
@@ -195,9 +197,10 @@ class TaskMetrics(Collector):
     """A task's series, read from its counters at scrape time (plain ints: a read from the
     server's thread sees a whole value)."""
 
-    def __init__(self, counters: Callable[[], TaskFigures]) -> None:
+    def __init__(self, counters: Callable[[], TaskFigures], outage_s: Callable[[], float] = lambda: 0.0) -> None:
         self.registry = CollectorRegistry()
         self._counters = counters
+        self._outage_s = outage_s
         self.registry.register(self)
 
     def collect(self) -> Iterable[Metric]:
@@ -210,10 +213,17 @@ class TaskMetrics(Collector):
              c.undeliverable),
             ("errors", "Exceptions raised by the handler", c.errors),
             ("skipped", "Superseded replays acked without running the handler", c.skipped),
+            ("outages", "Outages of a dependency begun (TaskConfig.outage)", c.outages),
+            ("outage_tries", "Inputs put back in an outage, tried again after a back-off", c.outage_tries),
         ):
             family = CounterMetricFamily(f"replaybroker_task_{name}", what)
             family.add_metric([], value)
             yield family
+        outage = GaugeMetricFamily(
+            "replaybroker_task_outage_seconds", "How long the current outage of a dependency has lasted (0: none)"
+        )
+        outage.add_metric([], self._outage_s())
+        yield outage
         outputs = CounterMetricFamily(
             "replaybroker_task_outputs", "Records written: children (anchored) and sink outputs", labels=["kind"]
         )

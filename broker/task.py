@@ -50,6 +50,8 @@ from broker.kafka_io import (
 )
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
+from broker.outage import Outage
+from broker.retry import RetryPolicy
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.task_acks import Events, TaskAcks
@@ -76,6 +78,14 @@ _TRANSIENT_COMMIT = frozenset(
 # How long a revocation waits for a coordinator that cannot take the commit of the partitions
 # that go: well inside max.poll.interval.ms (the rebalance waits for the callback meanwhile).
 _REVOKE_COMMIT_S = 10.0
+
+
+class _PutBack(Exception):  # a signal inside handle_batch, never raised out of it
+    """The handler met an outage exception (``TaskConfig.outage``): put ``records`` back."""
+
+    def __init__(self, records: list[TaskRecord]) -> None:
+        super().__init__()
+        self.records = records
 
 class TaskRecord(NamedTuple):
     """One input of a handler: where it was read, its key, value (bytes) and headers, and its
@@ -224,6 +234,13 @@ class TaskConfig:
     # error): such an exception rejects the input - dead-lettered at once, its DLQ reason
     # naming the exception's class - instead of spending its attempts (ctx.reject).
     fatal: tuple[type[BaseException], ...] = ()
+    # Exceptions that say a dependency is down, not that the input is bad (broker.outage):
+    # the input is put back and tried again after a back-off (``outage_retry``), the task's
+    # inputs paused meanwhile and the records it holds touched - no attempt is spent, nothing
+    # goes downstream. An input still in an outage ``outage_max_ms`` after it began is failed.
+    outage: tuple[type[Exception], ...] = ()
+    outage_max_ms: int = 60_000
+    outage_retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Outputs (children, sink outputs, events) that fail to deliver are sent again up to this
     # many rounds, the first after retry_backoff_ms, doubling; then their inputs are failed
     # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
@@ -276,10 +293,17 @@ class TaskConfig:
         for name in durations:
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"TaskConfig.{name} must not be negative, not {getattr(self, name)}")
-        fatal = self.fatal if isinstance(self.fatal, tuple) else (self.fatal,)
-        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in fatal):
-            raise ConfigurationError(f"TaskConfig.fatal must be exception classes, not {self.fatal!r}")
-        object.__setattr__(self, "fatal", fatal)
+        for name in ("fatal", "outage"):
+            given = getattr(self, name)
+            classes = given if isinstance(given, tuple) else (given,)
+            if not all(isinstance(t, type) and issubclass(t, Exception if name == "outage" else BaseException)
+                       for t in classes):
+                raise ConfigurationError(f"TaskConfig.{name} must be exception classes, not {given!r}")
+            object.__setattr__(self, name, classes)
+        if self.outage_max_ms < 0:
+            raise ConfigurationError(f"TaskConfig.outage_max_ms must not be negative, not {self.outage_max_ms}")
+        if not isinstance(self.outage_retry, RetryPolicy):
+            raise ConfigurationError(f"TaskConfig.outage_retry must be a RetryPolicy, not {self.outage_retry!r}")
 
 
 def without_replay_topics(topics: Iterable[str]) -> list[str]:
@@ -307,6 +331,8 @@ class TaskCounters:
     # Inputs taken before their partition was revoked: not processed, the owner reads them again.
     dropped_revoked: int = 0
     touches: int = 0  # deadline extensions sent (ctx.touch)
+    outages: int = 0  # outages begun (TaskConfig.outage)
+    outage_tries: int = 0  # inputs put back in an outage, to be tried again after a back-off
     skipped: int = 0  # superseded replays acked without running the handler
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
@@ -396,9 +422,12 @@ class Task:
         self.handler: Handler = handler or _no_handler
         self.batch_handler = batch_handler
         self.counters = TaskCounters()
+        # A dependency that is down (broker.outage): puts inputs back instead of failing them.
+        self._outage = Outage(self.config.outage_retry, self.config.outage_max_ms,
+                              max(100, self.config.touch_timeout_ms // 3))
         # Its own registry (many tasks run in one process), read at scrape time; served by
         # run() when config.metrics_port is set.
-        self.metrics = TaskMetrics(lambda: self.counters)
+        self.metrics = TaskMetrics(lambda: self.counters, self._outage.seconds)
         self.metrics_server: MetricsServer | None = None
         # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = Producer(
@@ -583,6 +612,8 @@ class Task:
         self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
         try:
             while not self._stop.is_set():
+                if self._outage.paused:
+                    self._wait_out_outage()
                 # poll() returns as soon as one message is there (consume(n, timeout) would
                 # wait the whole timeout unless n messages arrive); then take what is ready.
                 first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
@@ -649,10 +680,13 @@ class Task:
             origins = []
         began = time.monotonic()
         records = self._records(batch, events, offsets, origins)
-        if self.batch_handler is None:
-            self._handle_each(records, events)
-        else:
-            self._handle_all(self.batch_handler, list(records), events)
+        try:
+            if self.batch_handler is None:
+                self._handle_each(records, events)
+            else:
+                self._handle_all(self.batch_handler, list(records), events)
+        except _PutBack as back:
+            self._put_back(back.records, batch, offsets)
         if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
             self._slow_origins = set(origins)  # their replays may be superseded (_superseded)
             self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
@@ -787,9 +821,18 @@ class Task:
                 ctx = TaskContext(self, record)
                 try:
                     handler(record, ctx)
+                except self.config.outage as exc:
+                    if self._outage.holds_on():
+                        processed -= 1
+                        raise _PutBack([record]) from None
+                    if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
+                        raise
                 except Exception as exc:
                     if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
                         raise
+                else:
+                    if self._outage.since is not None:
+                        self._outage.over()
                 tracking = record.tracking
                 if tracking is not None and ctx.failed is None and not ctx.children:
                     srids.append(tracking.srid)
@@ -810,11 +853,81 @@ class Task:
         contexts = [TaskContext(self, r) for r in records]
         try:
             batch_handler(records, contexts)
+        except self.config.outage as exc:
+            if self._outage.holds_on():
+                self.counters.processed -= len(records)
+                raise _PutBack(records) from None
+            if not self._failed_by(exc, [c for c in contexts if c.failed is None]):
+                raise
         except Exception as exc:
             if not self._failed_by(exc, [c for c in contexts if c.failed is None]):
                 raise
+        else:
+            if self._outage.since is not None:
+                self._outage.over()
         for ctx in contexts:
             _settle(ctx, events, self.counters)
+
+    def _put_back(self, records: list[TaskRecord], rest: list[Message], offsets: Offsets) -> None:
+        """An outage (broker.outage): ``records`` and the messages of the batch not taken yet
+        (``rest``, in reverse order) are read again after a back-off - their partitions sought
+        back to the first of them, their offsets committed no further - and every assigned
+        partition pauses meanwhile."""
+        starts: dict[tuple[str, int], int] = {}
+        srids: list[int] = []
+        for r in records:
+            key = (r.topic, r.partition)
+            starts[key] = min(starts.get(key, r.offset), r.offset)
+            if r.tracking is not None:
+                srids.append(r.tracking.srid)
+        for msg in rest:
+            key, offset = (msg.topic(), msg.partition()), msg.offset()
+            if msg.error() is not None or offset is None or key[0] is None or key[1] is None:
+                continue
+            starts[(key[0], key[1])] = min(starts.get((key[0], key[1]), offset), offset)
+            tracking = tracking_of(tuple(msg.headers() or ()))
+            if tracking is not None:
+                srids.append(tracking.srid)
+        rest.clear()
+        for (topic, partition), offset in starts.items():
+            offsets[(topic, partition)] = offset
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:
+                # Not read again here: the committed offset stops before it, so its next owner
+                # (or this task, after a restart) reads it; meanwhile it may time out and be replayed.
+                log.warning("could not seek %s[%d] back to %d for the outage: %s", topic, partition, offset, exc)
+        first = self._outage.since is None
+        delay = self._outage.put_back(srids)
+        self.counters.outage_tries += 1
+        if first:
+            self.counters.outages += 1
+            log.warning("outage: %d input(s) put back (%s[%d]@%d first), inputs paused; trying again in %.2fs",
+                        len(srids), records[0].topic, records[0].partition, records[0].offset, delay)
+        self._pause_all()
+        self._touch_held()
+
+    def _wait_out_outage(self) -> None:
+        """In an outage: touch what was put back now and then, keep every partition paused
+        (those assigned meanwhile too), and resume them when the next try is due."""
+        if self._outage.touch_due():
+            self._touch_held()
+        if self._outage.resume_due():
+            self._outage.paused = False
+            with contextlib.suppress(KafkaException):
+                self._consumer.resume(self._consumer.assignment())
+        else:
+            self._pause_all()
+
+    def _pause_all(self) -> None:
+        with contextlib.suppress(KafkaException):
+            self._consumer.pause(self._consumer.assignment())
+
+    def _touch_held(self) -> None:
+        deadline = int(time.time() * 1000) + self.config.touch_timeout_ms
+        for srid in self._outage.held:
+            self._acks.touch(srid, deadline)
+        self.counters.touches += len(self._outage.held)
 
     def _failed_by(self, exc: Exception, contexts: list[TaskContext]) -> bool:
         """User code raised: fail its inputs (replay). False with ``fail_on_exception`` off:

@@ -37,7 +37,7 @@ def test_nothing_internal_is_exported() -> None:
         if name != "__version__":
             assert getattr(broker, name).__module__.split(".")[1] in {"app", "source", "task", "acker", "settings",
                                                                       "topics", "errors", "serde", "bridge", "sending",
-                                                                      "delivery"}
+                                                                      "delivery", "retry"}
     with pytest.raises(AttributeError):
         _ = broker.PartitionState  # type: ignore[attr-defined]
 

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError
 from broker import delivery
 from broker.delivery import Outputs
 from broker.headers import tracking_headers
+from broker.outage import Outage
 from broker.schemas import XorBatch
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
 from broker.task_acks import TaskAcks
@@ -64,6 +65,7 @@ def make_task(producer: FakeProducer, **config: Any) -> Task:
     task._uncommitted, task._commit_due = {}, 0.0
     task._markers, task._slow_origins, task._slow_until = None, set(), 0.0
     task._acks = TaskAcks(task._outputs, NS.acks, task.name, task.counters, lambda: task.ledger_partitions)
+    task._outage = Outage(task.config.outage_retry, task.config.outage_max_ms, 1_000)
     return task
 
 

@@ -1,0 +1,97 @@
+"""A dependency that is down is not the record's fault (``TaskConfig.outage``).
+
+When the handler raises one of the ``outage`` exceptions, the task does not fail the input -
+a failure would spend one of its attempts, and every record arriving during the outage would
+spend all of them in a second. It puts the input back instead, with everything after it in
+the batch:
+
+1. each of their partitions is sought back to its first record not handled, the offsets
+   committed for it stop there, and every assigned partition is paused (every record needs
+   the dependency: reading on would only fail the next one);
+2. while paused, the records put back are touched (``ctx.touch``) so that their deadlines do
+   not run out while they wait, and partitions assigned meanwhile are paused too;
+3. after a back-off (``outage_retry``: exponential, with jitter) the partitions are resumed
+   and the same input is tried again - one call to the dependency per try, not one per
+   record;
+4. the first input handled without an outage exception ends the outage; one that is still in
+   it ``outage_max_ms`` after the outage began is failed as before (a replay or, after its
+   attempts, the DLQ) and the next outage exception begins a new one.
+
+Nothing goes downstream for an input put back, and no attempt is spent. Records behind the
+paused partitions, not read yet, are not touched: their timeouts run (docs/design.md, Known
+gaps).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from broker.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+
+class Outage:
+    """The task's outage, if it is in one: since when, how many tries, what it holds back."""
+
+    __slots__ = ("_clock", "_last_touch", "_max_s", "_policy", "_touch_s", "held", "next_try", "paused", "since",
+                 "since_ms", "tries")
+
+    def __init__(self, policy: RetryPolicy, max_ms: int, touch_every_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._policy = policy
+        self._max_s = max_ms / 1000
+        self._touch_s = touch_every_ms / 1000
+        self._clock = clock
+        self.since: float | None = None  # monotonic, when the current outage began
+        self.since_ms: int | None = None  # the same, wall clock (for status and metrics)
+        self.tries = 0  # tries of the current outage so far
+        self.next_try = 0.0
+        self.paused = False
+        self.held: list[int] = []  # srids put back, touched while they wait
+        self._last_touch = 0.0
+
+    def holds_on(self) -> bool:
+        """Whether an outage exception now puts its input back (False: it has lasted
+        ``outage_max_ms``, the input is failed, and the outage is over)."""
+        now = self._clock()
+        if self.since is not None and now - self.since >= self._max_s:
+            log.warning("outage for %.1fs, past outage_max_ms: failing the input as any failure", now - self.since)
+            self.over()
+            return False
+        return True
+
+    def put_back(self, srids: list[int]) -> float:
+        """Inputs put back: pause for the next back-off; returns it in seconds."""
+        now = self._clock()
+        if self.since is None:
+            self.since, self.since_ms = now, int(time.time() * 1000)
+        self.tries += 1
+        delay = self._policy.delay_ms(self.tries) / 1000
+        self.next_try, self.paused, self.held = now + delay, True, srids
+        self._last_touch = now
+        return delay
+
+    def touch_due(self) -> bool:
+        if not self.held or self._clock() - self._last_touch < self._touch_s:
+            return False
+        self._last_touch = self._clock()
+        return True
+
+    def resume_due(self) -> bool:
+        return self.paused and self._clock() >= self.next_try
+
+    def over(self) -> float:
+        """The outage ended (an input went through, or one was given up): how long it was."""
+        lasted = 0.0 if self.since is None else self._clock() - self.since
+        if self.since is not None:
+            log.warning("outage over after %.1fs and %d tries", lasted, self.tries)
+        self.since = self.since_ms = None
+        self.tries, self.paused, self.held = 0, False, []
+        return lasted
+
+    def seconds(self) -> float:
+        """How long the current outage has lasted (0: none)."""
+        return 0.0 if self.since is None else self._clock() - self.since

@@ -1,0 +1,46 @@
+"""How long to wait before trying again: ``RetryPolicy`` (exponential back-off with jitter).
+
+Used by a task waiting out a dependency's outage (``TaskConfig.outage_retry``). The n-th wait
+is ``initial_ms * multiplier ** (n - 1)``, at most ``max_ms``, spread by ``jitter`` (a
+fraction: 0.2 waits 80 % to 120 % of it) so that many waiters do not come back together.
+A setting that makes no sense is refused when the policy is built.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from broker.errors import ConfigurationError
+
+__all__ = ["RetryPolicy"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    initial_ms: int = 200
+    multiplier: float = 2.0
+    max_ms: int = 5_000
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.initial_ms, int) or isinstance(self.initial_ms, bool) or self.initial_ms <= 0:
+            raise ConfigurationError(f"RetryPolicy.initial_ms must be a positive number of ms, not {self.initial_ms!r}")
+        if not isinstance(self.max_ms, int) or isinstance(self.max_ms, bool) or self.max_ms < self.initial_ms:
+            raise ConfigurationError(
+                f"RetryPolicy.max_ms must be a number of ms at least initial_ms ({self.initial_ms}), not {self.max_ms!r}"
+            )
+        if not (isinstance(self.multiplier, (int, float)) and math.isfinite(self.multiplier) and self.multiplier >= 1):
+            raise ConfigurationError(f"RetryPolicy.multiplier must be at least 1, not {self.multiplier!r}")
+        if not (isinstance(self.jitter, (int, float)) and 0 <= self.jitter <= 1):
+            raise ConfigurationError(f"RetryPolicy.jitter must be a fraction from 0 to 1, not {self.jitter!r}")
+
+    def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int:
+        """The wait before try ``attempt + 1`` (``attempt`` >= 1: the tries so far)."""
+        exponent = max(0, attempt - 1)
+        # min() before the power would overflow a float: the cap is reached long before.
+        base = self.max_ms if exponent > 64 else min(self.max_ms, self.initial_ms * self.multiplier**exponent)
+        if self.jitter:
+            base *= 1 + self.jitter * (2 * (rng or random).random() - 1)
+        return max(1, round(base))

@@ -1,0 +1,79 @@
+"""A dependency that is down for longer than a record's timeout (issue 43 item 3, the task's
+part): with ``TaskConfig(outage=...)`` the records arriving meanwhile are not dead-lettered
+and the service is not hammered - the task puts the input back, pauses, touches what it holds
+and tries one call per back-off. Real Kafka, the public API; ground truth is the completions
+and the DLQ on the broker."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+from broker import topics
+from broker.acker import Acker, AckerConfig
+from broker.dev.testing import unique_name
+from broker.kafka_io import read_to_end
+from broker.retry import RetryPolicy
+from broker.settings import KafkaSettings
+from broker.source import Source, SourceConfig
+from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+from tests.integration.ground_truth import Services
+
+pytestmark = pytest.mark.integration
+
+
+class ServiceDown(ConnectionError):
+    pass
+
+
+def test_records_arriving_during_an_outage_longer_than_their_timeout_all_complete(bootstrap: str) -> None:
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("outage"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 2})
+    down = threading.Event()
+    calls_while_down = 0
+
+    def enrich(record: TaskRecord, ctx: TaskContext) -> None:
+        nonlocal calls_while_down
+        if down.is_set():
+            calls_while_down += 1
+            raise ServiceDown("connection refused")
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    task = Task(
+        settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), enrich,
+        TaskConfig(poll_timeout_ms=50, outage=(ServiceDown,), outage_max_ms=60_000,
+                   outage_retry=RetryPolicy(200, 2.0, 1_000, 0.1), touch_timeout_ms=4_000),
+    )
+    services = Services(settings, ns, acker, task)
+    source = Source(settings, ns, SourceConfig(timeout_ms=3_000, max_attempts=3))
+    try:
+        origins = [source.send(topic, f"k{i}", b"order").origin for i in range(20)]
+        source.flush()
+        log = services.tail.log
+        services.wait(lambda: set(origins) <= set(log.completed_origins()), "the records before the outage")
+        down.set()  # the service goes down for 8 s: well past the records' 3 s timeout
+        began = time.monotonic()
+        during = []
+        while time.monotonic() - began < 8:
+            during.append(source.send(topic, f"k{len(during) % 7}", b"order").origin)
+            source.flush()
+            time.sleep(0.05)
+        down.clear()
+        services.wait(lambda: set(during) <= set(log.completed_origins()), "the records sent during the outage",
+                      limit_s=90)
+        assert not read_to_end(settings, ns.dlq, 1), "records dead-lettered because a dependency was down"
+        assert len(during) > 100 and calls_while_down < 40, (len(during), calls_while_down)
+        assert task.counters.outages >= 1 and task.counters.failed == 0
+        completed = log.completed_origins()
+        assert all(completed[o] == 1 for o in [*origins, *during])  # each completed once
+    finally:
+        services.stop()
+        source.close()
+        del acker, task, source
+        gc.collect()
+    assert not services.errors
