@@ -39,8 +39,30 @@ def run_status(args: argparse.Namespace) -> int:
     sources = result.pop("sources")
     for name, value in result.items():
         where = f"   ({sources[name]})" if name in sources else ""
-        print(f"{name:>24}: {value}{where}")
+        print(f"{name:>24}: {_readable(name, value)}{where}")
     return 0
+
+
+# A list longer than this is summed up in the text output (the JSON keeps it whole).
+LONGEST_LIST = 16
+
+
+def _readable(name: str, value: object) -> object:
+    """``value`` as a line of text stays readable at 1 000 partitions: partition numbers as
+    ranges, per-partition figures as their total, spread and the largest ones."""
+    if not isinstance(value, list) or len(value) <= LONGEST_LIST:
+        return value
+    from broker.ranges import counted
+
+    if name.endswith("_partitions"):  # partition numbers
+        return counted(value)
+    known = [(n, p) for p, n in enumerate(value) if isinstance(n, int)]
+    if not known:
+        return f"{len(value)} partitions, none known"
+    top = ", ".join(f"{p}: {n}" for n, p in sorted(known, reverse=True)[:5])
+    figures = [n for n, _ in known]
+    return (f"{len(value)} partitions: total {sum(figures)}, min {min(figures)}, max {max(figures)}; "
+            f"largest {top}")
 
 
 def add_trace(sub: Any) -> None:

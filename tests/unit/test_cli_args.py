@@ -228,3 +228,31 @@ def test_a_moment_is_iso_epoch_ms_or_a_span_ago() -> None:
     for bad in ("yesterday", "2h ago", "-5", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             moment(bad)
+
+
+def test_status_text_stays_readable_at_a_thousand_partitions(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: at P = 1 000 the text output printed every partition's figure; it sums them up
+    (the JSON keeps every figure)."""
+    import broker.status
+
+    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda *_a, **_k: None)
+    pending = [0] * 1000
+    pending[7], pending[999] = 40, 3
+    result = {"namespace": "big", "ledger_partitions": 1000, "pending": 43, "pending_per_partition": pending,
+              "pending_unknown_partitions": [*range(500, 700), 900], "sources": {"pending": "counters"}}
+    monkeypatch.setattr(broker.status, "status", lambda *_a: dict(result))
+    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big"]) == 0
+    out = capsys.readouterr().out
+    assert "pending_per_partition: 1000 partitions: total 43, min 0, max 40; largest 7: 40, 999: 3, 998: 0" in out
+    assert "pending_unknown_partitions: 201 [500-699, 900]" in out
+    assert len(max(out.splitlines(), key=len)) < 200
+    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big", "--json"]) == 0
+    assert len(orjson_loads(capsys.readouterr().out)["pending_per_partition"]) == 1000
+
+
+def orjson_loads(text: str) -> Any:
+    import orjson
+
+    return orjson.loads(text)
