@@ -118,6 +118,14 @@ class BatchResult:
     ``srid`` column (every srid in it fails). Failed srids are replayed at once (or
     dead-lettered after their max attempts); every other tracked input is acked.
 
+    ``rejected``: a string Column over ``rows``, the reason a row can never succeed (null: it
+    is not rejected) - a malformed record, a permanent error. A rejected row fails like a
+    failed one (no output, not acked), and its record is dead-lettered at once with
+    ``rb-reason: rejected: <reason>``, whatever attempts it has left (``TaskContext.reject``).
+    With ``failed`` it needs ``failed`` as a Column too. A batch run again after its sink
+    committed it fails its rejected rows instead (the sink's record keeps the srids, not the
+    reasons): they are replayed, and rejected again.
+
     ``write(ok, batch_id)``: writes the outputs from ``ok``, the rows of ``rows`` that did not
     fail, read from the pinned decision (step 2 of the module docstring); it may return the
     children to emit. Write outputs here, not in the handler: a write in the handler evaluates
@@ -135,6 +143,7 @@ class BatchResult:
     """
 
     failed: Column | DataFrame | None = None
+    rejected: Column | None = None
     emits: Sequence[Emit] = ()
     rows: DataFrame | None = None
     write: Writer | None = None
@@ -178,10 +187,15 @@ class Decision:
         failed: Column | DataFrame | None = None,
         *,
         failed_of: Callable[[], DataFrame] | None = None,
+        rejected: Column | None = None,
     ) -> None:
         self.ok = ok
         self._failed = failed
         self._failed_of = failed_of
+        # With ``failed`` a Column over the batch: the rejections' reasons, over the batch too
+        # (evaluated with it by the events job). Otherwise a failed DataFrame carries them in
+        # its ``REJECTION`` column.
+        self.rejected = rejected
 
     @property
     def failed(self) -> Column | DataFrame | None:
@@ -191,6 +205,7 @@ class Decision:
 
 
 DECISION = "_rb_failed"
+REJECTION = "_rb_rejection"  # why a failed row was rejected (null: failed, not rejected)
 
 
 def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None = None) -> Decision:
@@ -202,6 +217,8 @@ def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None
     rows are pinned even without a decision, so the inputs' ids are recorded under a pin.
     """
     rows = batch if result.rows is None else result.rows
+    if result.rejected is not None:
+        return _decide_rejections(rows, result, observer)
     failed = result.failed
     if failed is None:
         if observer is not None and result.write is not None:
@@ -239,6 +256,31 @@ def decide(batch: DataFrame, result: BatchResult, observer: EventObserver | None
         rows = observer.pin_rows(rows)
     # Untracked rows (null srid) match nothing and stay.
     return Decision(rows.join(srids.distinct(), SRID, "left_anti"), srids)
+
+
+def _decide_rejections(rows: DataFrame, result: BatchResult, observer: EventObserver | None) -> Decision:
+    """``decide`` with rejections: a rejected row fails, and its reason goes with its fail
+    mark - from one evaluation, as the decision: the events job's projection over the batch,
+    or the pinned rows."""
+    if isinstance(result.failed, DataFrame):
+        raise ConfigurationError("BatchResult.rejected needs failed as a Column (or None), not a DataFrame")
+    if SRID not in rows.columns:
+        raise ConfigurationError(
+            "BatchResult.rows lacks the srid column: carry it over from the batch, the fail marks are per srid"
+        )
+    reason = result.rejected.cast("string")  # type: ignore[union-attr]
+    flag = F.coalesce(result.failed, F.lit(False)) | reason.isNotNull() if result.failed is not None else reason.isNotNull()
+    if observer is not None:
+        observer.unobservable("rejections are read with the decision by the events job")
+    if result.write is None:
+        if result.rows is None:
+            return Decision(rows, flag, rejected=reason)
+        return Decision(rows, rows.where(flag).select(SRID, reason.alias(REJECTION)))
+    decided = pin(rows.withColumn(DECISION, flag).withColumn(REJECTION, reason))
+    return Decision(
+        decided.where(~F.col(DECISION)).drop(DECISION, REJECTION),
+        failed_of=lambda: decided.where(F.col(DECISION) & F.col(SRID).isNotNull()).select(SRID, REJECTION),
+    )
 
 
 def _evaluated_by_the_events_job(observer: EventObserver | None) -> None:
@@ -365,12 +407,15 @@ def xor_events(
     ledger_partitions: int,
     failed: Column | DataFrame | None = None,
     children: Sequence[DataFrame] = (),
+    rejected: Column | None = None,
 ) -> DataFrame:
     """The batch's events, unfolded, as one row: ``srids_be``/``xors_be`` (aligned) hold one
     ``(srid, x)`` per tracked input (``x`` its record id) and per child (``x`` its id),
     ``failed_be`` the srids failed (repeats possible), all packed as big-endian int64 bytes;
-    ``ledger_partitions``; and the counts ``inputs``, ``replay_inputs``, ``children``,
-    ``untracked`` (inputs with a null srid). ``collect_xor_batches`` folds them per srid.
+    ``ledger_partitions``; ``rejected``, the (srid, reason) of the failed ones rejected (a
+    ``rejected`` Column beside a ``failed`` one, or a failed DataFrame's ``REJECTION``
+    column); and the counts ``inputs``, ``replay_inputs``, ``children``, ``untracked``
+    (inputs with a null srid). ``collect_xor_batches`` folds them per srid.
 
     Every tracked row has a pair (``x`` 0 where it has no id). ``children`` are DataFrames
     of ``srid, child_id``. Everything per row runs in the JVM, as
@@ -385,21 +430,25 @@ def xor_events(
     if isinstance(failed, Column):
         fail_flag = F.coalesce(failed, F.lit(False))
     replay = f"coalesce(cast({IS_REPLAY} AS INT), 0)" if IS_REPLAY in inputs.columns else "0"
+    reason = (rejected if isinstance(failed, Column) and rejected is not None else F.lit(None)).cast("string")
     frames: dict[str, Any] = {  # spark.sql puts each in as a temporary view
         "inputs": inputs.select(
-            F.col(SRID), F.col(RECORD_ID), fail_flag.alias("_rb_fail"), F.expr(replay).alias("_rb_replay")
+            F.col(SRID), F.col(RECORD_ID), fail_flag.alias("_rb_fail"), F.expr(replay).alias("_rb_replay"),
+            reason.alias("_rb_reason"),
         )
     }
+    no_reason = "CAST(NULL AS STRING)"
     rows = [
         f"SELECT {SRID} AS srid, {RECORD_ID} AS x, _rb_fail AS fail, 1 AS n_inputs, "
-        "_rb_replay AS n_replays, 0 AS n_children FROM {inputs}"
+        "_rb_replay AS n_replays, 0 AS n_children, _rb_reason AS reason FROM {inputs}"
     ]
     for k, child in enumerate(children):
         frames[f"child{k}"] = child
-        rows.append(f"SELECT {SRID} AS srid, {CHILD_ID} AS x, false, 0, 0, 1 FROM {{child{k}}}")
+        rows.append(f"SELECT {SRID} AS srid, {CHILD_ID} AS x, false, 0, 0, 1, {no_reason} FROM {{child{k}}}")
     if isinstance(failed, DataFrame):
         frames["failed"] = failed
-        rows.append(f"SELECT {SRID} AS srid, CAST(NULL AS BIGINT) AS x, true, 0, 0, 0 FROM {{failed}}")
+        why = f"CAST({REJECTION} AS STRING)" if REJECTION in failed.columns else no_reason
+        rows.append(f"SELECT {SRID} AS srid, CAST(NULL AS BIGINT) AS x, true, 0, 0, 0, {why} FROM {{failed}}")
     text = _EVENTS_SQL.format(
         rows="\nUNION ALL ".join(rows),
         partitions=int(ledger_partitions),
@@ -418,6 +467,8 @@ _EVENTS_SQL = """
 WITH r AS ({rows})
 SELECT CAST({partitions} AS INT) AS ledger_partitions,
        {pack_srids} AS srids_be, {pack_xors} AS xors_be, {pack_fails} AS failed_be,
+       collect_list(named_struct('srid', srid, 'reason', reason))
+         FILTER (WHERE srid IS NOT NULL AND fail AND reason IS NOT NULL) AS rejected,
        CAST(coalesce(sum(n_inputs) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS inputs,
        CAST(coalesce(sum(n_replays) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS replay_inputs,
        CAST(coalesce(sum(n_children) FILTER (WHERE srid IS NOT NULL), 0) AS BIGINT) AS children,
@@ -460,7 +511,7 @@ def collect_xor_batches(
         np.frombuffer(bytes(row["srids_be"]), dtype=">i8"),
         np.frombuffer(bytes(row["xors_be"]), dtype=">i8"),
         np.frombuffer(bytes(row["failed_be"]), dtype=">i8"),
-        counts, producer, max_pairs,
+        counts, producer, max_pairs, {int(r["srid"]): r["reason"] for r in row["rejected"] or ()},
     )
 
 
@@ -472,21 +523,30 @@ def xor_batches(
     counts: Mapping[str, int],
     producer: str = "",
     max_pairs: int = 50_000,
+    rejected: Mapping[int, str] | None = None,
 ) -> tuple[list[XorBatch], dict[str, int]]:
     """Unfolded events (aligned ``(srid, x)`` pairs and failed srids) folded per srid and cut
-    per ledger partition; ``counts`` plus ``srids``, ``pairs``, ``fail_marks``."""
+    per ledger partition; ``counts`` plus ``srids``, ``pairs``, ``fail_marks``. A failed srid
+    in ``rejected`` (srid -> why) goes as a rejection instead of a fail mark."""
     folded = fold_events(srids, xors, failed)
+    rejects = np.array(sorted(rejected or ()), dtype=np.int64)
+    fails_only = np.setdiff1d(folded.failed, rejects, assume_unique=True) if rejects.size else folded.failed
     out = dict(counts)
     out.update(srids=folded.distinct_srids, pairs=len(folded.srids), fail_marks=len(folded.failed))
     pair_lp = np.mod(folded.srids, partitions)
-    fail_lp = np.mod(folded.failed, partitions)
+    fail_lp = np.mod(fails_only, partitions)
+    reject_lp = np.mod(rejects, partitions)
     batches: list[XorBatch] = []
-    for lp in np.union1d(pair_lp, fail_lp).tolist():
+    for lp in np.union1d(np.union1d(pair_lp, fail_lp), reject_lp).tolist():
         lp_srids, lp_xors = folded.srids[pair_lp == lp], folded.xors[pair_lp == lp]
-        fails = folded.failed[fail_lp == lp]
-        for start in range(0, max(len(lp_srids), len(fails)), max_pairs):
+        fails, lp_rejects = fails_only[fail_lp == lp], rejects[reject_lp == lp]
+        for start in range(0, max(len(lp_srids), len(fails), len(lp_rejects)), max_pairs):
             end = start + max_pairs
-            batches.append(XorBatch(lp, lp_srids[start:end], lp_xors[start:end], fails[start:end], producer))
+            chunk = lp_rejects[start:end]
+            batches.append(XorBatch(
+                lp, lp_srids[start:end], lp_xors[start:end], fails[start:end], producer,
+                rejected=chunk, rejected_reasons=tuple((rejected or {})[int(s)] for s in chunk.tolist()),
+            ))
     return batches, out
 
 
@@ -579,7 +639,9 @@ def _decision_of(batches: Sequence[XorBatch]) -> Committed:
     """What the acks say: the srids they complete (a pair) and fail (a fail mark)."""
     empty = np.empty(0, dtype=np.int64)
     acked = np.concatenate([empty, *(np.asarray(xb.srids, dtype=np.int64) for xb in batches)])
-    failed = np.concatenate([empty, *(np.asarray(xb.failed, dtype=np.int64) for xb in batches)])
+    # A rejection is recorded as a failure: a rerun fails the row (the reason is not kept).
+    failed = np.concatenate([empty, *(np.asarray(xb.failed, dtype=np.int64) for xb in batches),
+                             *(np.asarray(xb.rejected, dtype=np.int64) for xb in batches)])
     return Committed(acked, failed)
 
 
@@ -640,7 +702,7 @@ class Acking:
             if committed is not None:
                 # A rerun of a committed batch: the commit's decision, not a new one.
                 log.info("batch %d is committed in its sink: acking its recorded decision", batch_id)
-                result = replace(result, failed=committed_failures(rows, committed))
+                result = replace(result, failed=committed_failures(rows, committed), rejected=None)
             decision = decide(rows, result, observer)
             emits = list(result.emits)
             if result.write is not None:
@@ -656,7 +718,7 @@ class Acking:
             else:
                 if observer is not None:
                     log.debug("batch %d: events by a job of their own: %s", batch_id, observer.missed)
-                events = xor_events(batch, self.ledger_partitions, decision.failed, children)
+                events = xor_events(batch, self.ledger_partitions, decision.failed, children, decision.rejected)
                 xor_batches_, counts = collect_xor_batches(
                     events, self.config.name, self.config.max_pairs_per_message
                 )

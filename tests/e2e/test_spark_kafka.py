@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -159,3 +160,54 @@ def test_the_source_holds_an_empty_fetch_briefly(spark: SparkSession, bootstrap:
     assert options["kafka.isolation.level"] == "read_committed"
     mine = read_with_replay(spark, bootstrap, topic, options={"kafka.fetch.max.wait.ms": "250"})
     assert source_options(mine)["kafka.fetch.max.wait.ms"] == "250"
+
+
+@pytest.mark.parametrize("how", ["events-job", "rows", "pinned"])
+def test_rejected_rows_are_dead_lettered_at_once_with_their_reason(
+    spark: SparkSession, bootstrap: str, start_acker: Callable, consume_topic: Callable, tmp_path: Any, how: str
+) -> None:
+    """Issue 43 item 2: ``BatchResult(rejected=...)`` - a reason column - dead-letters its rows'
+    records on this attempt with ``rb-reason: rejected: <reason>``; ``failed`` rows are
+    replayed; the rest is acked. The same from the events job, a ``rows`` frame, and a
+    pinned decision (``write``). Ground truth: the DLQ, the replay topic and the tombstones."""
+    from broker.dev.testing import unique_name as fresh
+    from broker.kafka_io import read_to_end
+    from spark_jobs.sinks import OriginParquetSink
+
+    settings, ns = KafkaSettings(bootstrap), Namespace(fresh("sparkrej"))
+    topic = f"{ns.name}-orders"
+    create(settings, ns, 2, {topic: 2})
+    with Source(settings, ns, SourceConfig(timeout_ms=120_000, max_attempts=5)) as source:
+        for value in (b"ok", b"bad", b"ok", b"retry", b"bad"):
+            source.send(topic, value, value)
+    reason = F.when(F.col("value").cast("string") == "bad", F.lit("no such sku"))
+    failed = F.col("value").cast("string") == "retry"
+    written: list[int] = []
+
+    def handler(batch: DataFrame, batch_id: int) -> BatchResult:
+        if how == "events-job":
+            return BatchResult(failed=failed, rejected=reason)
+        if how == "rows":
+            return BatchResult(failed=failed, rejected=reason, rows=batch.select("srid", "value"))
+
+        def write(ok: DataFrame, _batch_id: int) -> None:
+            written.append(ok.count())
+            sink.write(ok.select("origin", "path", "srid"), _batch_id)
+
+        sink = OriginParquetSink(str(tmp_path / "sink"))
+        return BatchResult(failed=failed, rejected=reason, rows=batch.select("srid", "origin", "path", "value"),
+                           write=write, sink=sink)
+
+    with start_acker(ns):
+        batch = read_with_replay(spark, bootstrap, topic, stream=False)
+        with Acking(bootstrap, ns, handler) as acking:
+            stats = acking.process(batch, 0)
+        assert stats.fail_marks == 3
+        assert len(consume_topic(replay_topic(topic), 2, 1)) == 1  # only the failed one
+        _wait(lambda: len(read_to_end(settings, ns.dlq, 1)) == 2)
+    dead = read_to_end(settings, ns.dlq, 1)
+    assert sorted(m.value() for m in dead) == [b"bad", b"bad"]
+    assert {dict(m.headers() or ())["rb-reason"] for m in dead} == {b"rejected: no such sku"}
+    assert {dict(m.headers() or ())["rb-attempts"] for m in dead} == {b"1"}
+    if how == "pinned":
+        assert written == [2]  # the two ok rows: nothing of the rejected or failed
