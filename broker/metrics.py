@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: became of entries and input. The names are the counters' own (broker.acker.state).
 DECISIONS = (
     "completed", "timed_out", "failed", "replayed", "dlq", "quarantined", "orphans", "payload_lost", "refused",
-    "superseded", "superseded_settled", "completed_late",
+    "superseded", "superseded_settled", "completed_late", "rejections", "replays_waited",
 )
 
 #: Commit durations span an idle commit (~1 ms) to one that reads thousands of payloads.
@@ -67,6 +67,7 @@ class PartitionFigures:
     counters: Mapping[str, int]
     pending: int | None  # None: not computed since the state was restored
     oldest_pending_ms: int | None  # None: nothing pending, or its time is unknown
+    replays_waiting: int = 0  # replays due but waiting for their turn under the replay rate
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,10 @@ class AckerMetrics(Collector):
             "replaybroker_acker_oldest_pending_age_seconds",
             "Age of the oldest pending entry's registration (0: none pending)", labels=["partition"],
         )
+        waiting = GaugeMetricFamily(
+            "replaybroker_acker_replays_waiting", "Replays due but waiting for their turn under replay_rate_per_s",
+            labels=["partition"],
+        )
         for lp, fig in sorted(snap.partitions.items()):
             p = str(lp)
             for name in DECISIONS:
@@ -137,6 +142,7 @@ class AckerMetrics(Collector):
             folded.add_metric([p], fig.counters.get("folded", 0))
             registered.add_metric([p], fig.counters.get("registered", 0))
             adaptive.add_metric([p], fig.counters.get("adaptive", 0))
+            waiting.add_metric([p], fig.replays_waiting)
             if fig.pending is not None:
                 pending.add_metric([p], fig.pending)
                 if fig.pending == 0:
@@ -152,7 +158,7 @@ class AckerMetrics(Collector):
                 lag.add_metric([topic, str(partition)], messages)
         owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
         owned.add_metric([], len(snap.partitions))
-        yield from (decisions, folded, registered, adaptive, pending, age, lag, owned, *self._estimates(snap))
+        yield from (decisions, folded, registered, adaptive, pending, age, waiting, lag, owned, *self._estimates(snap))
 
     @staticmethod
     def _estimates(snap: AckerSnapshot) -> tuple[Metric, ...]:

@@ -72,6 +72,11 @@ class AckerConfig:
     # an outage: every payload cache is empty). The rest wait in their tables, durably,
     # and are decided by the next commits in persist order.
     max_fetches_per_commit: int = 2_000
+    # At most this many replays a second per data topic (None: no limit), with a second's
+    # worth as a burst: a replay over it waits in its table, durably and in its place
+    # (deferred to its turn), instead of landing on a pipeline that is still fragile. Per
+    # acker process: n ackers replay up to n times as many.
+    replay_rate_per_s: float | None = None
     payload_fetch_timeout_ms: int = 10_000
     payload_retry_ms: int = 1_000
     payload_retry_max_ms: int = 30_000
@@ -138,6 +143,10 @@ class AckerConfig:
         return self.static_membership and not self.instance_id_generated
 
     def __post_init__(self) -> None:
+        if self.replay_rate_per_s is not None and not (
+            isinstance(self.replay_rate_per_s, (int, float)) and 0 < self.replay_rate_per_s < float("inf")
+        ):
+            raise ConfigurationError(f"replay_rate_per_s must be a positive number or None, not {self.replay_rate_per_s!r}")
         if self.group_protocol not in ("consumer", "classic"):
             raise ConfigurationError(f"group_protocol must be 'consumer' or 'classic', not {self.group_protocol!r}")
         try:

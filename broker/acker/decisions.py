@@ -191,6 +191,8 @@ class Decider:
         self.config = config or AckerConfig()
         self._partition_counts = partition_counts
         self._replay_topics: dict[str, tuple[int | None, float]] = {}
+        # data topic -> the next free turn (epoch ms) under the replay rate
+        self._next_turn: dict[str, float] = {}
         self.partitions = 0  # P, known once the service has checked the topics
         # srid -> why the broker refused its replay for good (broker.acker.refusals): such a
         # srid is dead-lettered instead of being replayed into the same refusal again.
@@ -339,12 +341,45 @@ class Decider:
         if hold is not None:
             return fate.HELD, hold
         if not last:
+            turn = self._turn(st, r, c.now_ms)
+            if turn is not None:
+                return fate.RATE_LIMITED, self.ticker.tick_of(int(turn))
             return fate.REPLAYED, c.now_tick
         return fate.DEAD_LETTERED, c.now_tick  # held until every window ended, or none was open
+
+    def _turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float | None:
+        """When ``r`` may be replayed under its topic's replay rate (``replay_rate_per_s``, a
+        second's worth as a burst), if later than now; None: now. Turns are handed out in the
+        order of the decisions (persist order), so the ones that wait keep their order."""
+        rate = self.config.replay_rate_per_s
+        if rate is None:
+            return None
+        waiting = st.replay_turns.get(r.srid)
+        if waiting is not None:
+            turn = waiting[0]
+            if turn <= now_ms:
+                st.end_turn(r.srid)
+                return None
+            return turn
+        topic, gap = r.record.topic, 1_000.0 / rate
+        turn = max(self._next_turn.get(topic, 0.0), now_ms - 1_000.0 + gap)
+        self._next_turn[topic] = turn + gap
+        # One whose turn has come still waits behind those of its topic that wait (the gate
+        # brings them back a little after their turns): they go first, in their order.
+        if turn <= now_ms and not st.replays_waiting[topic]:
+            return None
+        st.replay_turns[r.srid] = (turn, topic)
+        st.replays_waiting[topic] += 1
+        st.count("replays_waited")
+        return max(turn, now_ms)
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
         """Do what ``r``'s row says."""
         row, tick = self._fate(c, st, r)
+        if row is fate.RATE_LIMITED:
+            self.cache.put(r.srid, r.payload)
+            c.wait(r.lp, r, tick)
+            return
         if row is fate.DEFERRED:
             self.cache.put(r.srid, r.payload)
             c.wait(r.lp, r, tick)

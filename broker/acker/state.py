@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -129,6 +129,11 @@ class PartitionState:
     # it is dead-lettered with that reason whatever attempts it has left. Durable: the changelog
     # record of the (FAILED) entry carries it, and a restore brings it back.
     rejections: dict[int, str] = field(default_factory=dict)
+    # srid -> its turn (epoch ms) under the replay rate (AckerConfig.replay_rate_per_s) and
+    # its data topic: it waits deferred until then, and goes then; how many wait per topic. In
+    # memory: a new owner gives them turns again (later, never earlier).
+    replay_turns: dict[int, tuple[float, str]] = field(default_factory=dict)
+    replays_waiting: Counter[str] = field(default_factory=Counter)
     # Decided in this commit, to be watched.
     watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
@@ -181,20 +186,31 @@ class PartitionState:
         self.payload_tries.pop(srid, None)
         self.timed_out_at.pop(srid, None)
         self.rejections.pop(srid, None)
+        self.end_turn(srid)
         return self.expired_values.pop(srid, None)
+
+    def end_turn(self, srid: int) -> None:
+        """``srid`` no longer waits for its replay's turn (replayed, or gone otherwise)."""
+        turn = self.replay_turns.pop(srid, None)
+        if turn is not None:
+            self.replays_waiting[turn[1]] -= 1
 
     def forget_decided(self) -> None:
         """Drop ``timed_out_at`` and ``rejections`` entries whose srid left the table otherwise
         (completed late while it waited, an orphan that expired): checked only when the dicts
         have doubled since the last check."""
-        if len(self.timed_out_at) + len(self.rejections) <= self._timed_out_checked:
+        if len(self.timed_out_at) + len(self.rejections) + len(self.replay_turns) <= self._timed_out_checked:
             return
-        for kept in (self.timed_out_at, self.rejections):
+        kinds: tuple[dict[int, Any], ...] = (self.timed_out_at, self.rejections, self.replay_turns)
+        for kept in kinds:
             if kept:
                 srids = np.unique(np.fromiter(kept, np.int64, len(kept)))
                 for srid in srids[self.table.hashtable.lookup(srids) < 0].tolist():
-                    del kept[srid]
-        self._timed_out_checked = 2 * (len(self.timed_out_at) + len(self.rejections)) + 1024
+                    if kept is self.replay_turns:
+                        self.end_turn(srid)
+                    else:
+                        del kept[srid]
+        self._timed_out_checked = 2 * (len(self.timed_out_at) + len(self.rejections) + len(self.replay_turns)) + 1024
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

@@ -72,6 +72,9 @@ ACKER_OPTIONS = (
         "supersedes the replay - and how long a last attempt's dead letter waits for it; 0: no "
         "watches (default: the orphan TTL)",
     ),
+    option("--replay-rate-per-s", type=positive_real,
+           help="replays a second per data topic at most, a second's worth as a burst; the rest wait "
+           "in the ledger, in order (default: no limit)"),
     option("--max-watches", type=AT_LEAST_ZERO,
            help="watches kept per ledger partition (those over it are not watched, counted watch_skipped)"),
     option(

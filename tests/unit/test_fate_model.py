@@ -136,9 +136,11 @@ class FateMachine(RuleBasedStateMachine):
         unlogged_ms=st.sampled_from([0, 200, 1_000, 10**9]),
         commit_interval_ms=st.sampled_from([100, 1_000] if "early" in DIMENSIONS else [0]),
         standby=st.booleans() if "group" in DIMENSIONS else st.just(False),
+        # Replays over a rate wait their turn in the table (deferred, value kept).
+        replay_rate=st.sampled_from([None, 1.0, 5.0]),
     )
     def start(self, cache: int, fetches: int, fail_hold_ms: int, unlogged_ms: int, commit_interval_ms: int = 0,
-              standby: bool = False) -> None:
+              standby: bool = False, replay_rate: float | None = None) -> None:
         self.config = AckerConfig(
             commit_interval_ms=commit_interval_ms, instance_id="model", stats_interval_ms=10**12,
             orphan_ttl_ms=60_000, watch_ms=WATCH_MS, fail_hold_ms=fail_hold_ms, replay_cache_entries=cache,
@@ -146,7 +148,7 @@ class FateMachine(RuleBasedStateMachine):
             # A payload above an open transaction (the acker's replays behind a source's) is
             # not readable until it ends: the in-memory reads are instant, the wait is not.
             payload_fetch_timeout_ms=50,
-            unlogged_ms=unlogged_ms, standby=standby,
+            unlogged_ms=unlogged_ms, standby=standby, replay_rate_per_s=replay_rate,
             adaptive_min_samples=3, adaptive_initial_ms=8_000, adaptive_floor_ms=FLOOR_MS,
         )
         self.ackers = [self._new_acker()]
