@@ -65,7 +65,7 @@ class Input(Enum):
     ENDED = "timed out or failed"
     DECIDED = "decided"
     UNREADABLE = "payload not readable"
-    OVER_RATE = "over its topic's replay rate"
+    BEFORE_TURN = "before its turn"
     LOST = "payload gone"
     UNDECODABLE = "persist record undecodable"
     WINDOWS_ENDED = "every window ended"
@@ -115,7 +115,7 @@ FAIL_WINS = Row((State.FAILED,), Input.DEADLINE, State.FAILED)
 REPLAYED = Row(_ENDED, Input.DECIDED, State.WATCH, Outcome.REPLAY, when=Condition.NOT_LAST)
 HELD = Row(_ENDED, Input.DECIDED, State.HELD, when=Condition.LAST)
 DEFERRED = Row(_ENDED, Input.UNREADABLE, State.DEFERRED)
-RATE_LIMITED = Row(_ENDED, Input.OVER_RATE, State.DEFERRED, when=Condition.NOT_LAST)
+WAITS = Row(_ENDED, Input.BEFORE_TURN, State.DEFERRED, when=Condition.NOT_LAST)
 LOST = Row(_ENDED, Input.LOST, State.GONE, Outcome.DLQ)
 QUARANTINED = Row(_ENDED, Input.UNDECODABLE, State.GONE, Outcome.DLQ)
 COMPLETED_LATE = Row((State.HELD,), Input.COMPLETED, State.GONE, Outcome.COMPLETED, when=Condition.TIMED_OUT)
@@ -129,6 +129,6 @@ RESTORED = Row(ANY, Input.RESTORE, None)
 
 # docs/design.md §6, "The states of an attempt", row by row.
 TABLE: tuple[Row, ...] = (
-    COMPLETES, FAILS, REJECTS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, RATE_LIMITED,
+    COMPLETES, FAILS, REJECTS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, WAITS,
     LOST, QUARANTINED, COMPLETED_LATE, HELD_SUPERSEDED, DEAD_LETTERED, SETTLED, WATCH_COMPLETED, HANDED_ON, UNWATCHED, RESTORED,
 )

@@ -19,9 +19,10 @@ import fastavro
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from broker.errors import DecodeError
+from broker.errors import ConfigurationError, DecodeError
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
 from broker.partitioning import PARTITIONERS
+from broker.retry import RetryPolicy
 
 _LE_I64 = np.dtype("<i8")
 
@@ -31,7 +32,14 @@ def _load(name: str) -> Any:
     return fastavro.parse_schema(json.loads(text))
 
 
-PERSISTED_RECORD = _load("persisted_record")
+# PersistedRecord as schemas/persisted_record.avsc has it (PERSISTED_RECORD_FULL), and without
+# its trailing ``retry`` (PERSISTED_RECORD): how a record without a back-off is written - byte
+# for byte as before the field existed - and how every record written before it reads.
+PERSISTED_RECORD_FULL = _load("persisted_record")
+_PERSISTED_RECORD_JSON = json.loads(resources.files("schemas").joinpath("persisted_record.avsc").read_text())
+PERSISTED_RECORD = fastavro.parse_schema(
+    {**_PERSISTED_RECORD_JSON, "fields": [f for f in _PERSISTED_RECORD_JSON["fields"] if f["name"] != "retry"]}
+)
 # XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and three prefixes of it: without
 # the trailing rejections (XOR_BATCH_WITH_SUPERSEDED), without ``superseded`` too
 # (XOR_BATCH_WITH_TOUCHES) and without the touch fields too (XOR_BATCH). A batch is encoded with
@@ -193,6 +201,7 @@ def encode_persisted(
     timeout_ms: int,
     max_attempts: int,
     history: tuple[Failure, ...] = (),
+    retry: RetryPolicy | None = None,
 ) -> bytes:
     """A persist value - its prefix and the ``PersistedRecord`` (bytes as fastavro's) -
     without building the dataclass."""
@@ -216,7 +225,15 @@ def encode_persisted(
             parts.append(raw)
             parts.append(avro_long(f.at_ms))
     parts.append(_EMPTY_ARRAY)
+    if retry is not None:
+        parts.append(avro_retry(retry))
     return b"".join(parts)
+
+
+def avro_retry(retry: RetryPolicy) -> bytes:
+    """A ``PersistedRecord``'s ``retry`` field, present (the record's last bytes)."""
+    return (_BRANCH_1 + avro_long(retry.initial_ms) + struct.pack("<d", float(retry.multiplier))
+            + avro_long(retry.max_ms) + struct.pack("<d", float(retry.jitter)))
 
 
 def avro_placement(topic: str, key_hash_partition: int, partitioner: str) -> bytes:
@@ -274,10 +291,12 @@ class FirstAttempts(NamedTuple):
     tail: bytes
 
     @classmethod
-    def of(cls, created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str) -> FirstAttempts:
+    def of(cls, created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str,
+           retry: RetryPolicy | None = None) -> FirstAttempts:
         return cls(
             persist_prefix_fields(created_ms, timeout_ms, 1, max_attempts, partitioner),
-            avro_long(created_ms) + avro_long(timeout_ms) + avro_long(max_attempts) + _EMPTY_ARRAY,
+            avro_long(created_ms) + avro_long(timeout_ms) + avro_long(max_attempts) + _EMPTY_ARRAY
+            + (b"" if retry is None else avro_retry(retry)),
         )
 
 
@@ -565,12 +584,13 @@ class PersistedRecord:
     timeout_ms: int = 30_000
     max_attempts: int = 5
     history: tuple[Failure, ...] = field(default=())
+    retry: RetryPolicy | None = None  # the back-off between attempts (None: at once)
 
     def encode(self) -> bytes:
         return encode_persisted(
             self.srid, self.origin, self.attempt, self.root_xor, self.record_id, self.topic,
             self.key_hash_partition, self.partitioner, self.key, self.value, self.headers,
-            self.created_ms, self.timeout_ms, self.max_attempts, self.history,
+            self.created_ms, self.timeout_ms, self.max_attempts, self.history, self.retry,
         )
 
     def prefix(self) -> bytes:
@@ -586,7 +606,19 @@ class PersistedRecord:
             raise DecodeError("empty PersistedRecord")
         if len(data) <= PERSIST_PREFIX_LEN:
             raise DecodeError(f"persist value shorter than its {PERSIST_PREFIX_LEN}-byte prefix and a record")
-        d = _decode(PERSISTED_RECORD, data[PERSIST_PREFIX_LEN:], "PersistedRecord")
+        body = data[PERSIST_PREFIX_LEN:]
+        try:
+            d = _decode(PERSISTED_RECORD, body, "PersistedRecord")
+        except DecodeError as short:
+            if "trailing bytes" not in str(short):
+                raise
+            try:
+                d = _decode(PERSISTED_RECORD_FULL, body, "PersistedRecord")
+            except DecodeError:
+                raise short from None
+            if d["retry"] is None:  # never written as null: the encoding leaves it out
+                raise short from None
+        retry = d.get("retry")
         try:
             record = cls(
                 srid=d["srid"],
@@ -604,9 +636,14 @@ class PersistedRecord:
                 timeout_ms=d["timeout_ms"],
                 max_attempts=d["max_attempts"],
                 history=tuple(Failure(**f) for f in d["history"]),
+                retry=None if retry is None else RetryPolicy(
+                    int(retry["initial_ms"]), float(retry["multiplier"]), int(retry["max_ms"]), float(retry["jitter"])
+                ),
             )
         except (KeyError, TypeError) as exc:
             raise DecodeError(f"PersistedRecord is missing {exc}") from exc
+        except ConfigurationError as exc:
+            raise DecodeError(f"PersistedRecord has a retry policy that makes no sense: {exc}") from exc
         try:
             expected = record.prefix()
         except ValueError as exc:

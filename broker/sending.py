@@ -21,6 +21,7 @@ from broker.delivery import PendingData, SendFailure
 from broker.errors import DeliveryError
 from broker.headers import AUTO_TIMEOUT_MS, H_TRACKING, Headers, as_bytes, user_headers
 from broker.placement import Placements
+from broker.retry import RetryPolicy
 from broker.schemas import FirstAttempts, avro_headers, encode_first_persisted, first_attempt_ids
 from broker.topics import Namespace
 
@@ -145,13 +146,15 @@ def new_id_pair_in(pools: list[Iterator[IdPair]], partition: int) -> IdPair:
     return pair
 
 
-_SHARED: dict[tuple[int, int, int, str], FirstAttempts] = {}
+_SHARED: dict[tuple[int, int, int, str, RetryPolicy | None], FirstAttempts] = {}
 
 
-def first_attempts(created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str) -> FirstAttempts:
+def first_attempts(
+    created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str, retry: RetryPolicy | None = None,
+) -> FirstAttempts:
     """``FirstAttempts.of``: the same for every record a source sends within one millisecond
     (``Source.send`` too), so the last few are kept."""
-    key = (created_ms, timeout_ms, max_attempts, partitioner)
+    key = (created_ms, timeout_ms, max_attempts, partitioner, retry)
     shared = _SHARED.get(key)
     if shared is None:
         if len(_SHARED) >= 64:
@@ -227,7 +230,8 @@ def send_batch(
     bounded = source.config.max_pending is not None
     # What every record of the batch shares, encoded once: its prefix after the ids, the
     # record's last fields (one clock reading per batch), the partitioner of the topic.
-    shared = first_attempts(source._pending.created_ms(), timeout_field(timeout), max_attempts, placements.partitioner(topic))
+    shared = first_attempts(source._pending.created_ms(), timeout_field(timeout), max_attempts,
+                            placements.partitioner(topic), source.config.retry)
     srids: list[int] = []  # the results, as columns (``first_results``)
     record_ids: list[int] = []
     partitions: list[int] = []

@@ -24,6 +24,7 @@ from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.kafka_io import client_error, kafka_errors
 from broker.placement import Placements
+from broker.retry import RetryPolicy
 from broker.schemas import (
     MAX_ATTEMPTS,
     Failure,
@@ -48,6 +49,7 @@ from broker.topics import Namespace, check, replay_topic
 
 log = logging.getLogger(__name__)
 
+
 __all__ = ["SendFailure", "SendResult", "Source", "SourceConfig", "Timeout"]
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class SourceConfig:
     # topic -> its own serde, over ``serde`` (an App's topics with a serde of their own).
     serde: Serde = BYTES
     serdes: Mapping[str, Serde] = field(default_factory=dict)
+    # The back-off between attempts, carried in each persist record: the acker replays a
+    # failed or timed-out attempt only once it has passed (docs/design.md §6), e.g.
+    # RetryPolicy(initial_ms=500, multiplier=2.0, max_ms=30_000, jitter=0.2). None: at once.
+    retry: RetryPolicy | None = None
 
 
 def _check_timeout(timeout: object) -> None:
@@ -148,6 +154,8 @@ class Source:
         self.sent = 0
         _check_timeout(self.config.timeout_ms)
         _check_max_attempts(self.config.max_attempts)
+        if self.config.retry is not None and not isinstance(self.config.retry, RetryPolicy):
+            raise ConfigurationError(f"SourceConfig.retry must be a RetryPolicy or None, not {self.config.retry!r}")
         if self.config.max_pending is not None and self.config.max_pending < 1:
             raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
         self._backpressure = Backpressure(
@@ -355,7 +363,7 @@ class Source:
         if partitioner is None:
             origin = srid
             shared = first_attempts(created_ms, timeout, max_attempts or self.config.max_attempts,
-                                    self._placements.partitioner(topic))
+                                    self._placements.partitioner(topic), self.config.retry)
             value = encode_first_persisted(
                 tracking, ids_avro, self._placements.placement(topic, partition), key_b, value_b,
                 avro_headers(own_headers), shared,
@@ -366,6 +374,7 @@ class Source:
             value = encode_persisted(
                 srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
                 own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
+                self.config.retry,
             )
         try:
             kafka_io.produce(

@@ -27,6 +27,7 @@ short is decided, so replays keep their originals' order across commits as well.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -238,7 +239,9 @@ class Decider:
         for lp, (failures, boundary) in taken.items():
             quota = quotas[lp] if time.monotonic() < deadline else 0
             self._read(c, lp, states[lp], failures, boundary, quota, deadline)
-        for r in c.ready:
+        # In the order the records were sent (their source's created_ms never goes back): the
+        # turns of a key's waiting replays are handed out in it (``_turn``).
+        for r in sorted(c.ready, key=lambda r: (r.record.created_ms, r.offset)):
             self._settle(c, states[r.lp], r)
         for lp, waits in c.waits.items():
             if waits:
@@ -343,40 +346,52 @@ class Decider:
         if not last:
             turn = self._turn(st, r, c.now_ms)
             if turn is not None:
-                return fate.RATE_LIMITED, self.ticker.tick_of(int(turn))
+                return fate.WAITS, self.ticker.tick_of(int(turn))
             return fate.REPLAYED, c.now_tick
         return fate.DEAD_LETTERED, c.now_tick  # held until every window ended, or none was open
 
     def _turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float | None:
-        """When ``r`` may be replayed under its topic's replay rate (``replay_rate_per_s``, a
-        second's worth as a burst), if later than now; None: now. Turns are handed out in the
-        order of the decisions (persist order), so the ones that wait keep their order."""
-        rate = self.config.replay_rate_per_s
-        if rate is None:
-            return None
+        """When ``r`` may be replayed, if later than now (None: now): once its back-off has
+        passed (``retry`` of its record: from when it timed out or failed, a jitter drawn from
+        its srid, so a re-decision gives the same) and in its place under its topic's replay
+        rate (``replay_rate_per_s``, a second's worth at once). A key (data topic, key-hash
+        partition) keeps its order: a turn is never before the latest one given to its key,
+        and one whose turn has come still waits while others of its key wait (the gate brings
+        them back a little after their turns) - they go first, in their order."""
         waiting = st.replay_turns.get(r.srid)
         if waiting is not None:
-            turn = waiting[0]
-            if turn <= now_ms:
+            if waiting[0] <= now_ms:
                 st.end_turn(r.srid)
                 return None
-            return turn
-        topic, gap = r.record.topic, 1_000.0 / rate
-        turn = max(self._next_turn.get(topic, 0.0), now_ms - 1_000.0 + gap)
-        self._next_turn[topic] = turn + gap
-        # One whose turn has come still waits behind those of its topic that wait (the gate
-        # brings them back a little after their turns): they go first, in their order.
-        if turn <= now_ms and not st.replays_waiting[topic]:
+            return waiting[0]
+        record, rate = r.record, self.config.replay_rate_per_s
+        if record.retry is None and rate is None:
             return None
-        st.replay_turns[r.srid] = (turn, topic)
-        st.replays_waiting[topic] += 1
+        turn = float(now_ms)
+        if record.retry is not None:
+            ended = st.timed_out_at.get(r.srid) if r.reason is Reason.TIMEOUT else None
+            if ended is None:
+                ended = st.failed_at.setdefault(r.srid, now_ms)
+            turn = max(turn, ended + record.retry.delay_ms(record.attempt, random.Random(r.srid)))
+        if rate is not None:
+            gap = 1_000.0 / rate
+            slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
+            self._next_turn[record.topic] = slot + gap
+            turn = max(turn, slot)
+        key = (record.topic, record.key_hash_partition)
+        if turn <= now_ms and not st.replays_waiting.get(key):
+            return None
+        turn = max(turn, st.last_turn.get(key, 0.0))
+        st.replay_turns[r.srid] = (turn, key)
+        st.replays_waiting[key] += 1
+        st.last_turn[key] = turn
         st.count("replays_waited")
         return max(turn, now_ms)
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
         """Do what ``r``'s row says."""
         row, tick = self._fate(c, st, r)
-        if row is fate.RATE_LIMITED:
+        if row is fate.WAITS:
             self.cache.put(r.srid, r.payload)
             c.wait(r.lp, r, tick)
             return

@@ -129,11 +129,16 @@ class PartitionState:
     # it is dead-lettered with that reason whatever attempts it has left. Durable: the changelog
     # record of the (FAILED) entry carries it, and a restore brings it back.
     rejections: dict[int, str] = field(default_factory=dict)
-    # srid -> its turn (epoch ms) under the replay rate (AckerConfig.replay_rate_per_s) and
-    # its data topic: it waits deferred until then, and goes then; how many wait per topic. In
+    # srid -> its replay's turn (epoch ms: its back-off passed and its place under the replay
+    # rate, broker.acker.decisions) and its key (data topic, key-hash partition): it waits
+    # deferred until then, and goes then; per key, how many wait and the latest turn given. In
     # memory: a new owner gives them turns again (later, never earlier).
-    replay_turns: dict[int, tuple[float, str]] = field(default_factory=dict)
-    replays_waiting: Counter[str] = field(default_factory=Counter)
+    replay_turns: dict[int, tuple[float, tuple[str, int]]] = field(default_factory=dict)
+    replays_waiting: Counter[tuple[str, int]] = field(default_factory=Counter)
+    last_turn: dict[tuple[str, int], float] = field(default_factory=dict)
+    # srid -> when its fail mark was decided, until it is replayed: its back-off runs from there
+    # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
+    failed_at: dict[int, int] = field(default_factory=dict)
     # Decided in this commit, to be watched.
     watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
@@ -186,6 +191,7 @@ class PartitionState:
         self.payload_tries.pop(srid, None)
         self.timed_out_at.pop(srid, None)
         self.rejections.pop(srid, None)
+        self.failed_at.pop(srid, None)
         self.end_turn(srid)
         return self.expired_values.pop(srid, None)
 
@@ -193,15 +199,19 @@ class PartitionState:
         """``srid`` no longer waits for its replay's turn (replayed, or gone otherwise)."""
         turn = self.replay_turns.pop(srid, None)
         if turn is not None:
-            self.replays_waiting[turn[1]] -= 1
+            key = turn[1]
+            self.replays_waiting[key] -= 1
+            if self.replays_waiting[key] <= 0:
+                del self.replays_waiting[key]
+                self.last_turn.pop(key, None)
 
     def forget_decided(self) -> None:
         """Drop ``timed_out_at`` and ``rejections`` entries whose srid left the table otherwise
         (completed late while it waited, an orphan that expired): checked only when the dicts
         have doubled since the last check."""
-        if len(self.timed_out_at) + len(self.rejections) + len(self.replay_turns) <= self._timed_out_checked:
+        kinds: tuple[dict[int, Any], ...] = (self.timed_out_at, self.rejections, self.replay_turns, self.failed_at)
+        if sum(map(len, kinds)) <= self._timed_out_checked:
             return
-        kinds: tuple[dict[int, Any], ...] = (self.timed_out_at, self.rejections, self.replay_turns)
         for kept in kinds:
             if kept:
                 srids = np.unique(np.fromiter(kept, np.int64, len(kept)))
@@ -210,7 +220,7 @@ class PartitionState:
                         self.end_turn(srid)
                     else:
                         del kept[srid]
-        self._timed_out_checked = 2 * (len(self.timed_out_at) + len(self.rejections) + len(self.replay_turns)) + 1024
+        self._timed_out_checked = 2 * sum(map(len, kinds)) + 1024
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

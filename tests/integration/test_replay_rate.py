@@ -39,7 +39,7 @@ def test_replays_go_out_at_the_rate_in_order(bootstrap: str) -> None:
     task = Task(settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), handler,
                 TaskConfig(poll_timeout_ms=50))
     services = Services(settings, ns, acker, task)
-    source = Source(settings, ns, SourceConfig(timeout_ms=120_000, max_attempts=3))
+    source = Source(settings, ns, SourceConfig(timeout_ms=120_000, max_attempts=3, retry=None))  # the rate alone
     try:
         sent = [source.send(topic, f"k{i % 5}", f"{i}".encode()).origin for i in range(n)]
         source.flush()

@@ -61,6 +61,7 @@ from broker.fate import Outcome, Reason
 from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.reference import FateModel, ModelAttempt
+from broker.retry import RetryPolicy
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
@@ -177,8 +178,11 @@ class FateMachine(RuleBasedStateMachine):
         timeout_ms=st.sampled_from([1_000, 3_000, *([AUTO_TIMEOUT_MS] if "auto" in DIMENSIONS else [])]),
         script=st.tuples(*[st.sampled_from(MOVES)] * 3),
         open_txn=st.booleans() if "txn" in DIMENSIONS else st.just(False),
+        # The back-off between attempts: at once, or a wait in the table (deferred, value kept).
+        retry=st.sampled_from([None, RetryPolicy(300, 2.0, 2_000, 0.2)]),
     )
-    def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str], open_txn: bool = False) -> None:
+    def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str], open_txn: bool = False,
+             retry: RetryPolicy | None = None) -> None:
         """A source sends ``n`` records at once (their deadlines fall due together); the
         tasks will handle attempt k of each as ``script[k - 1]`` says. ``open_txn``: in a
         transaction left open (``end_transactions`` ends it)."""
@@ -188,7 +192,7 @@ class FateMachine(RuleBasedStateMachine):
             record = PersistedRecord(
                 srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
                 key_hash_partition=self.sent % 4, key=b"k%d" % (self.sent % 5), value=b"v%d" % self.sent,
-                created_ms=self.clock.now_ms(), timeout_ms=timeout_ms, max_attempts=max_attempts,
+                created_ms=self.clock.now_ms(), timeout_ms=timeout_ms, max_attempts=max_attempts, retry=retry,
             )
             self.scripts[srid] = script
             lp = ids.ledger_partition(srid, self.cluster.partitions)

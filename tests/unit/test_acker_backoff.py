@@ -1,0 +1,107 @@
+"""Back-off between attempts (``SourceConfig.retry``, carried in the persist record; docs/design.md
+§6): a failed or timed-out attempt waits deferred in its table until its back-off has passed,
+then is replayed; while it waits a timed-out one still completes if its tree does; a key's
+replays keep their order whatever their delays. The real ``Acker`` on a stepped clock over the
+in-memory Kafka of tests/unit/log_cluster.py (the harness of test_acker_windows).
+
+Ground truth is what the acker wrote to the logs: replays' persist records, tombstones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from broker import ids
+from broker.retry import RetryPolicy
+from broker.schemas import PersistedRecord, XorBatch
+from tests.unit.test_acker_windows import NS, World
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    yield World(monkeypatch)
+
+
+SLOW = RetryPolicy(initial_ms=2_000, multiplier=3.0, max_ms=60_000, jitter=0.0)
+A, B, C = 0x1F3A_5C7E_9B2D_5000, 0x1F3A_5C7E_9B2D_5001, 0x1F3A_5C7E_9B2D_5002
+ROOT = 0x3243_F6A8_885A_5000
+
+
+def send(world: World, srid: int, *, retry: RetryPolicy | None = SLOW, key: bytes = b"customer-7",
+         attempt: int = 1, khp: int = 3) -> None:
+    record = PersistedRecord(
+        srid=srid, origin=srid, attempt=attempt, root_xor=ROOT + srid % 100, record_id=ROOT + srid % 100,
+        topic="orders", key_hash_partition=khp, key=key, value=b"order", created_ms=world.clock.now_ms(),
+        timeout_ms=1_000, max_attempts=5, retry=retry,
+    )
+    world.cluster.append(NS.persist, 0, ids.encode_id(srid), record.encode())
+
+
+def fail(world: World, srid: int) -> None:
+    empty = np.array([], np.int64)
+    world.cluster.append(NS.acks, 0, None, XorBatch(0, empty, empty, np.array([srid])).encode())
+
+
+def replayed(world: World) -> list[int]:
+    """The originals of the replays the acker wrote (its records have a history), in the order
+    it wrote them."""
+    return [r.origin for r in world.replays() if r.history]
+
+
+def test_a_timeout_is_replayed_once_its_back_off_has_passed(world: World) -> None:
+    send(world, A)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(2)  # timed out: it waits 2 s
+    assert not replayed(world) and not world.outcomes()
+    world.clock.advance(1_500)
+    world.step(2)
+    assert not replayed(world)
+    world.clock.advance(700)
+    world.step(3)
+    assert replayed(world) == [A]
+    (again,) = [r for r in world.replays() if r.history]
+    assert again.retry == SLOW  # every attempt carries the policy
+    assert again.history[-1].at_ms - again.history[-1].at_ms % 100 <= world.clock.now_ms()
+
+
+def test_a_timeout_that_completes_while_it_waits_is_never_replayed(world: World) -> None:
+    send(world, A)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(2)
+    world.ack(A, ROOT + A % 100)  # its tree completes during the back-off
+    world.step(2)
+    world.clock.advance(5_000)
+    world.step(3)
+    assert not replayed(world) and world.outcomes() == {A: "completed"}
+
+
+def test_without_a_policy_a_failure_is_replayed_at_once(world: World) -> None:
+    send(world, A, retry=None)
+    world.step(2)
+    fail(world, A)
+    world.step(3)
+    assert replayed(world) == [A]
+
+
+def test_a_keys_replays_keep_their_order_whatever_their_delays(world: World) -> None:
+    """A (attempt 3: an 18 s back-off) fails before B and C of the same key (attempt 1: 2 s);
+    D, another key, does not wait for them."""
+    d = 0x1F3A_5C7E_9B2D_5004
+    send(world, A, attempt=3)
+    send(world, B)
+    send(world, C)
+    send(world, d, khp=1, key=b"customer-9")
+    world.step(2)
+    for s in (A, B, C, d):
+        fail(world, s)
+    world.step(3)
+    world.clock.advance(2_100)
+    world.step(3)
+    assert replayed(world) == [d]  # B and C wait behind A
+    world.clock.advance(16_000)
+    world.step(3)
+    assert replayed(world) == [d, A, B, C]
