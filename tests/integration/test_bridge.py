@@ -391,7 +391,9 @@ def _refused(done: subprocess.CompletedProcess[str], *expected: str) -> None:
 
 def test_bridge_refuses_to_start_without_a_cluster() -> None:
     bootstrap = f"127.0.0.1:{_closed_port()}"
-    done = _run_cli("bridge", "--namespace", "ns", "--from", "orders", "--bootstrap", bootstrap)
+    # A service waits for its cluster (--wait-for-kafka-ms, default 2 minutes); 0: at once.
+    done = _run_cli("bridge", "--namespace", "ns", "--from", "orders", "--bootstrap", bootstrap,
+                    "--wait-for-kafka-ms", "0")
     _refused(done, bootstrap)
     assert len(done.stderr.splitlines()) < 5, done.stderr
 
