@@ -40,11 +40,10 @@ after its srid (500 KB ones too: a 500 KB value without its last two bytes), wit
 long past - or holds a ``timeout_ms`` that gives the replay no 64-bit deadline (its deadline
 during the run).
 
-ns.persist - dead-lettered at its deadline: a record registered the same way whose
-``key_hash_partition`` is negative decodes, but its replay is refused (no such partition of
-``<topic>.replay``): the acker aborts that commit, rewinds, and dead-letters the record
-(``rb-reason: timeout; cannot replay: ...``, its data key and value, ``rb-origin``) - a dead
-letter, not a quarantine, and counted once as ``dlq`` although its transaction was aborted.
+ns.persist - quarantined at registration too: a record cut before the end of its placement
+(``topic``, ``key_hash_partition``), or whose ``key_hash_partition`` is negative - no replay
+could go to it. (Before, it was registered and, at its deadline, its
+replay was refused: the commit aborted, the acker rewound and dead-lettered it.)
 
 ns.persist - ignored, not quarantined: a tombstone (null value) of an unknown srid is a
 completion the acker did not make (another owner's), not garbage.
@@ -77,7 +76,13 @@ from broker.dev.testing import unique_name
 from broker.errors import DecodeError
 from broker.headers import H_ORIGIN, H_REASON, H_SOURCE
 from broker.kafka_io import read_to_end
-from broker.schemas import PERSIST_PREFIX_LEN, PersistedRecord, XorBatch, avro_long
+from broker.schemas import (
+    PERSIST_PREFIX_LEN,
+    PersistedRecord,
+    XorBatch,
+    avro_long,
+    read_persist_prefixes,
+)
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskContext, TaskRecord
@@ -111,6 +116,7 @@ CATEGORIES: dict[str, tuple[str, int, str]] = {
     "acks: 500 KB random bytes": ("acks", 20, "quarantine"),
     "persist: random bytes": ("persist", 0, "quarantine"),
     "persist: truncated in its prefix or srid": ("persist", 400, "quarantine"),
+    "persist: truncated before its placement": ("persist", 100, "quarantine"),
     "persist: truncated record": ("persist", 300, "quarantine at its deadline"),
     "persist: value is not the key's srid": ("persist", 700, "quarantine"),
     "persist: key of the wrong length": ("persist", 600, "quarantine"),
@@ -120,7 +126,7 @@ CATEGORIES: dict[str, tuple[str, int, str]] = {
     "persist: 500 KB truncated PersistedRecord": ("persist", 20, "quarantine at its deadline"),
     "persist: deadline past 64 bits": ("persist", 100, "quarantine"),
     "persist: registered, timeout past 64 bits": ("persist", 50, "quarantine at its deadline"),
-    "persist: registered, negative key_hash_partition": ("persist", 50, "dead-lettered at its deadline"),
+    "persist: negative key_hash_partition": ("persist", 50, "quarantine"),
     "persist: tombstone of an unknown srid": ("persist", 200, "ignored"),
 }
 _rest = BAD_TOTAL - sum(n for _, n, _ in CATEGORIES.values())
@@ -240,10 +246,18 @@ class Fuzz:
             value = self.refused(PersistedRecord.decode, lambda: r.randbytes(r.randrange(1, 300)))
             return Bad(what, pe, p, key, value, self.garbage_headers(), (srid,))
         if what.startswith("persist: truncated"):
-            # Cut in the prefix or the record's srid (what the acker registers by), or after.
+            # Cut in the prefix or the record's srid (what the acker registers by), in the
+            # fields before its placement's end (topic, key_hash_partition: checked at
+            # registration too), or after.
             whole = self.record(srid).encode()
             read = PERSIST_PREFIX_LEN + len(avro_long(srid))
-            cut = r.randrange(1, read) if what.endswith("srid") else r.randrange(read, len(whole))
+            placed = int(read_persist_prefixes([whole]).placement_ends[0])
+            if what.endswith("srid"):
+                cut = r.randrange(1, read)
+            elif what.endswith("placement"):
+                cut = r.randrange(read, placed)
+            else:
+                cut = r.randrange(placed, len(whole))
             return Bad(what, pe, p, key, whole[:cut], self.garbage_headers(), (srid,))
         if what == "persist: value is not the key's srid":
             another = self.srid_in(p)
@@ -274,10 +288,8 @@ class Fuzz:
             # read when it times out, and a replay's deadline now + timeout_ms is no long.
             record = self.record(srid, timeout_ms=2**63 - 1 - r.randrange(CREATED_MS))
             return Bad(what, pe, p, key, self.due(record, self.soon_ms), None, (srid,))
-        if what == "persist: registered, negative key_hash_partition":
-            # Registered from its prefix; at its deadline the replay to partition -n of
-            # orders.replay is refused by the producer: the commit is aborted, the record is
-            # decided again and dead-lettered (reason: cannot replay).
+        if what == "persist: negative key_hash_partition":
+            # No replay could go to partition -n of orders.replay: quarantined at registration.
             record = dataclasses.replace(self.record(srid), key_hash_partition=-r.randrange(2, 2**31))
             return Bad(what, pe, p, key, self.due(record, self.soon_ms), None, (srid,))
         if what == "persist: tombstone of an unknown srid":
