@@ -4,7 +4,8 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
 
 - ``source``: writes ``ns.persist`` and its data topics (``DESCRIBE`` their replay topics,
   which ``Source`` checks), and its transactional id when it uses one;
-- ``task``: reads its input topics and their replay topics with its group, writes
+- ``task``: reads its input topics and their replay topics with its group (and that group's
+  configs: the consumer group protocol is told by them, its timeouts set there), writes
   ``ns.acks`` and its output (child) topics - and can NOT write ``ns.persist``: only a source
   starts a tree;
 - ``acker``: reads ``ns.persist``, ``ns.acks`` and ``ns.ledger`` in the group ``ns.acker``
@@ -140,8 +141,10 @@ def role_acls(
             raise ConfigurationError("the task role needs its input topics (--input)")
         acls |= _topic(ns.acks, "WRITE") | _topic(ns.superseded, "READ")  # markers: skip superseded replays
         # READ on its group is also what the marker reader needs (broker.markers: it looks
-        # up the coordinator of the task's group).
-        acls.add(Acl("GROUP", _user_name(role, "group", group, ns), "LITERAL", "READ"))
+        # up the coordinator of the task's group). Its configs: read to tell the consumer
+        # group protocol, written for session and heartbeat timeouts given to the task.
+        name = _user_name(role, "group", group, ns)
+        acls |= {Acl("GROUP", name, "LITERAL", op) for op in ("READ", "DESCRIBE_CONFIGS", "ALTER_CONFIGS")}
         for topic in inputs:
             acls |= _topic(_data_topic(role, topic, "read"), "READ") | _topic(replay_topic(topic), "READ")
         for topic in outputs:

@@ -37,7 +37,10 @@ def test_task_reads_inputs_writes_acks_and_outputs_never_persist() -> None:
     assert reads(acls) == {"orders", "orders.replay", NS.superseded}  # markers: skip superseded replays
     assert writes(acls) == {NS.acks, "enriched"}
     assert NS.persist not in writes(acls)
-    assert {a for a in acls if a.resource == "GROUP"} == {Acl("GROUP", "enrich", "LITERAL", "READ")}
+    # its group: read, and its configs (the consumer group protocol's check, its timeouts)
+    assert {a for a in acls if a.resource == "GROUP"} == {
+        Acl("GROUP", "enrich", "LITERAL", op) for op in ("READ", "DESCRIBE_CONFIGS", "ALTER_CONFIGS")
+    }
     assert not {a for a in acls if a.resource == "TRANSACTIONAL_ID"}
 
 
