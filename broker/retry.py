@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from broker.errors import ConfigurationError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "RetryPolicy"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,9 @@ class RetryPolicy:
         if self.jitter:
             base *= 1 + self.jitter * (2 * (rng or random).random() - 1)
         return max(1, round(base))
+
+
+# A source's back-off unless it sets its own (``SourceConfig.retry``): 0.5 s, 1 s, 2 s, ... at
+# most 30 s, so a failure that is over in a moment costs little and one that lasts does not burn
+# every attempt at once.
+DEFAULT_RETRY = RetryPolicy(initial_ms=500, multiplier=2.0, max_ms=30_000, jitter=0.2)

@@ -24,7 +24,7 @@ from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.kafka_io import client_error, kafka_errors
 from broker.placement import Placements
-from broker.retry import RetryPolicy
+from broker.retry import DEFAULT_RETRY, RetryPolicy
 from broker.schemas import (
     MAX_ATTEMPTS,
     Failure,
@@ -70,9 +70,9 @@ class SourceConfig:
     serde: Serde = BYTES
     serdes: Mapping[str, Serde] = field(default_factory=dict)
     # The back-off between attempts, carried in each persist record: the acker replays a
-    # failed or timed-out attempt only once it has passed (docs/design.md §6), e.g.
-    # RetryPolicy(initial_ms=500, multiplier=2.0, max_ms=30_000, jitter=0.2). None: at once.
-    retry: RetryPolicy | None = None
+    # failed or timed-out attempt only once it has passed (docs/design.md §6). The default,
+    # DEFAULT_RETRY, waits 0.5 s, 1 s, 2 s, ... (at most 30 s, jitter 0.2). None: at once.
+    retry: RetryPolicy | None = DEFAULT_RETRY
 
 
 def _check_timeout(timeout: object) -> None:

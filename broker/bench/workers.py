@@ -171,7 +171,10 @@ def run_source(config: dict[str, Any]) -> None:
     source = Source(
         _settings(config),
         config["namespace"],
-        SourceConfig(timeout_ms=config.get("timeout_ms", 30_000), max_attempts=config.get("max_attempts", 5)),
+        # No back-off: the replay figures measure the mechanism (a replay at once, or at its
+        # timeout), not the default policy's wait.
+        SourceConfig(timeout_ms=config.get("timeout_ms", 30_000), max_attempts=config.get("max_attempts", 5),
+                     retry=None),
     )
     topic = config["topic"]
 

@@ -36,3 +36,19 @@ def test_quickstart_completes_or_dead_letters_every_record(bootstrap: str) -> No
 def test_bridge_example_puts_an_existing_topic_under_the_guarantee(bootstrap: str) -> None:
     summary = run_example("bridge_pipeline.py", bootstrap, "--records", "300")
     assert summary["lost"] == 0 and summary["completed"] == summary["records"] == 300
+
+
+def test_failure_policy_waits_out_an_outage_and_rejects_what_fails_every_time(bootstrap: str) -> None:
+    """The service is down 5 s while orders arrive. Without the policy the orders of the outage
+    burn their attempts into the DLQ while the service is called over and over; with it no valid
+    order is dead-lettered, the service is tried a few times, not once per attempt, a malformed
+    order takes one attempt, and a flaky one's attempts are spaced by the back-off."""
+    args = ("--records", "600", "--rate", "100", "--down", "1:6")
+    without = run_example("failure_policy.py", bootstrap, *args, "--no-policy")
+    assert without["lost"] == 0 and without["dlq_valid"] > 0 and without["malformed_attempts_max"] == 6
+    policy = run_example("failure_policy.py", bootstrap, *args)
+    assert policy["lost"] == 0 and policy["dlq_valid"] == 0 and policy["dlq_malformed"] == 6
+    assert policy["completed"] == 594 and policy["malformed_attempts_max"] == 1
+    assert policy["calls_while_down"] < without["calls_while_down"] / 10
+    # DEFAULT_RETRY: 0.5 s, 1 s, 2 s (jitter 0.2) - each gap at least 80 % of its back-off.
+    assert [g >= 0.8 * b for g, b in zip(policy["flaky_gaps_s"], (0.5, 1.0, 2.0), strict=True)] == [True] * 3
