@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "spark")
+SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "redrive", "spark")
 
 
 def default_results_dir() -> Path:
@@ -99,6 +99,16 @@ def _specs() -> list[Spec]:
         Spec("latency.raw_p999_ms", "ms", "raw produce -> consume at the same rate, p99.9"),
         Spec("latency.p99_budget_ms", "ms", "target for the pipeline p99: commit interval + 100 ms"),
         Spec("latency.p99_vs_raw", "x", "pipeline p99 / raw p99"),
+        Spec("redrive.dead_letters", "records", "dead letters redriven (bench.redrive)"),
+        Spec("redrive.rate_asked", "records/s", "dlq redrive --rate"),
+        Spec("redrive.rate_written", "records/s", "redriven records the task wrote a second, first to last"),
+        Spec("redrive.rate_reported", "records/s", "redriven / seconds as dlq redrive reports it (planning included)"),
+        Spec("redrive.seconds", "s", "the redrive's process, start to exit"),
+        Spec("redrive.live_rate", "records/s", "live records sent a second, before and during the redrive"),
+        Spec("redrive.live_p50_ms_baseline", "ms", "live send -> written, p50, without a redrive"),
+        Spec("redrive.live_p99_ms_baseline", "ms", "live send -> written, p99, without a redrive"),
+        Spec("redrive.live_p50_ms_during", "ms", "live send -> written, p50, while the redrive runs"),
+        Spec("redrive.live_p99_ms_during", "ms", "live send -> written, p99, while the redrive runs"),
         Spec("replay.timeout_ms", "ms", "configured per-record timeout"),
         Spec("replay.after_fail_p50_ms", "ms", "explicit fail (task) -> replay record visible, p50"),
         Spec("replay.after_fail_p99_ms", "ms", "explicit fail (task) -> replay record visible, p99"),

@@ -31,13 +31,17 @@ from broker.app import App
 from broker.serde import JsonSerde
 from broker.task import TaskContext, TaskRecord
 
+WARM_UP_S = 3.0  # live traffic before the baseline window: the first sends open connections
+
 
 class _Store:
     """What the task wrote: live latencies by phase, redriven ids with when."""
 
     def __init__(self) -> None:
         self.fixed = threading.Event()
-        self.redrive_began = float("inf")  # wall clock: a live record sent after it is "during"
+        # wall clock: a live record sent before baseline_began is a warm-up, after redrive_began
+        # "during", after redrive_ended neither
+        self.baseline_began = self.redrive_began = self.redrive_ended = float("inf")
         self.latency: dict[str, list[float]] = {"baseline": [], "redrive": []}
         self.redriven: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -46,8 +50,11 @@ class _Store:
         now = time.time()
         with self._lock:
             if "sent" in order:
-                phase = "redrive" if order["sent"] >= self.redrive_began else "baseline"
-                self.latency[phase].append(now - order["sent"])
+                sent = order["sent"]
+                if self.baseline_began <= sent < self.redrive_began:
+                    self.latency["baseline"].append(now - sent)
+                elif self.redrive_began <= sent < self.redrive_ended:
+                    self.latency["redrive"].append(now - sent)
             else:
                 self.redriven.setdefault(order["id"], now)
 
@@ -68,17 +75,28 @@ def _app(store: _Store) -> App:
     return app
 
 
-def _live(app: App, rate: float, seconds: float) -> None:
-    topic = app.topics[f"{app.ns.name}.orders"]
-    began = time.monotonic()
-    with app.source() as source:
-        i = 0
-        while time.monotonic() - began < seconds:
-            ahead = began + i / rate - time.monotonic()
-            if ahead > 0:
-                time.sleep(ahead)
-            source.send(topic, f"live-{i % 101}", {"id": i, "sent": time.time()})
-            i += 1
+class _Live(threading.Thread):
+    """Live orders at ``rate`` a second from one source, until ``stop``."""
+
+    def __init__(self, app: App, rate: float) -> None:
+        super().__init__(name="bench-redrive-live", daemon=True)
+        self.app, self.rate, self.stop = app, rate, threading.Event()
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            topic = self.app.topics[f"{self.app.ns.name}.orders"]
+            began, i = time.monotonic(), 0
+            with self.app.source() as source:
+                while not self.stop.is_set():
+                    ahead = began + i / self.rate - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+                    source.send(topic, f"live-{i % 101}", {"id": i, "sent": time.time()})
+                    i += 1
+        except Exception as exc:  # noqa: BLE001 - reported by the measurement
+            self.error = exc
 
 
 def _wait(condition: Any, timeout_s: float, what: str) -> None:
@@ -118,22 +136,28 @@ def measure_redrive(bootstrap: str, *, dead: int = 10_000, rate: float = 500.0, 
 
             _wait(all_dead, 120 + dead / 100, "dead-lettering")
             store.fixed.set()
-            _live(app, live_rate, window_s)
+            live = _Live(app, live_rate)
+            time.sleep(WARM_UP_S)
+            store.baseline_began = time.time()
+            time.sleep(window_s)
             store.redrive_began = time.time()
             began = time.monotonic()
             command = [sys.executable, "-m", "broker", "dlq", "redrive", "--bootstrap", bootstrap,
                        "--namespace", app.ns.name, "--rate", str(rate), "--json"]
             with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
                 # files, not pipes: its JSON lists every record redriven, more than a pipe holds
-                redrive = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-                while redrive.poll() is None:
-                    _live(app, live_rate, 1.0)
+                returncode = subprocess.run(command, stdout=out, stderr=err, text=True, check=False).returncode
+                store.redrive_ended = time.time()
                 out.seek(0)
                 err.seek(0)
-                if redrive.returncode != 0:
-                    raise RuntimeError(f"dlq redrive exited {redrive.returncode}: {err.read()[-2000:]}")
+                if returncode != 0:
+                    raise RuntimeError(f"dlq redrive exited {returncode}: {err.read()[-2000:]}")
                 reported = json.load(out)
-            _live(app, live_rate, 2.0)  # the tail of the redrive still in the pipeline
+            time.sleep(2.0)  # the redrive's tail still in the pipeline, under live traffic
+            live.stop.set()
+            live.join()
+            if live.error is not None:
+                raise live.error
             _wait(lambda: len(store.redriven) >= dead, 120, "the redriven records' writes")
         written = sorted(store.redriven.values())
         span = written[-1] - written[0] if len(written) > 1 else float("nan")

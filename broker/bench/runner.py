@@ -10,7 +10,9 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 5. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
    adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
 6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby;
-7. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
+7. ``redrive``    - ``dlq redrive --rate`` of many dead letters: achieved rate, and live traffic's
+   latency meanwhile against the same traffic without it;
+8. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
    and a sink's micro-batch time against a small and a large table (one Spark session).
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
@@ -85,12 +87,16 @@ class Plan:
     spark_sink_batches: int = 2
     # OriginDeltaSink(optimize_every=n) against never, over 2n batches (bench.spark: optimize.*)
     spark_optimize_every: int = 4
+    # dead letters redriven at redrive_rate under live traffic (bench.redrive), each phase window_s
+    redrive_dead: int = 10_000
+    redrive_rate: float = 500.0
+    redrive_window_s: float = 15.0
 
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
             return cls(True, 4.0, 1.0, 5.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
-                       6_000, 48.0)
+                       6_000, 48.0, redrive_dead=1_000, redrive_window_s=5.0)
         return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
                    TAKEOVER_SIZES, 10_000, 120.0, spark_warm_s=180.0, spark_records=50_000, spark_batch_records=5_000,
                    spark_rounds=5,
@@ -101,9 +107,9 @@ class Plan:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
             return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
-                    "spark": 330}
+                    "redrive": 25, "spark": 330}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
-                "spark": 600}
+                "redrive": 70, "spark": 600}
 
 
 @dataclass
@@ -399,6 +405,14 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
         details["takeover"] = measure_takeover(env, figures, sizes=plan.takeover_sizes,
                                                session_timeout_ms=plan.takeover_session_timeout_ms, progress=update)
 
+    def redrive(update: Any) -> None:
+        from broker.bench.redrive import measure_redrive
+
+        measured = measure_redrive(env.bootstrap, dead=plan.redrive_dead, rate=plan.redrive_rate,
+                                   window_s=plan.redrive_window_s)
+        for key, value in measured.items():
+            figures.set(key, value)
+
     def spark(update: Any) -> None:
         compiler_before, began = compiler_cpu(env), time.monotonic()
         details["spark"] = measure_spark(env, figures, warm_s=plan.spark_warm_s, records=plan.spark_records,
@@ -418,6 +432,7 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
     guarded("latency", latency)
     guarded("replay", replay)
     guarded("takeover", takeover)
+    guarded("redrive", redrive)
     guarded("spark", spark)
 
 
