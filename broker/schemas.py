@@ -65,7 +65,7 @@ XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FI
 # From the shortest: a batch is read as each in turn while bytes are left over.
 _XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_WITH_REJECTED,
                         XOR_BATCH_FULL)
-# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``retry_after_ms``
+# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``retry_at_ms``
 # (LEDGER_ENTRY_WITH_REJECTION: a rejected entry's), without ``rejection`` too (LEDGER_ENTRY: a
 # deferred timeout's), and without ``timed_out_ms`` too: how every other entry is written (and
 # every entry written before the fields).
@@ -79,9 +79,9 @@ def _ledger_entry_without(names: tuple[str, ...]) -> Any:
     )
 
 
-LEDGER_ENTRY_WITH_REJECTION = _ledger_entry_without(("retry_after_ms",))
-LEDGER_ENTRY = _ledger_entry_without(("rejection", "retry_after_ms"))
-LEDGER_ENTRY_V1 = _ledger_entry_without(("timed_out_ms", "rejection", "retry_after_ms"))
+LEDGER_ENTRY_WITH_REJECTION = _ledger_entry_without(("retry_at_ms",))
+LEDGER_ENTRY = _ledger_entry_without(("rejection", "retry_at_ms"))
+LEDGER_ENTRY_V1 = _ledger_entry_without(("timed_out_ms", "rejection", "retry_at_ms"))
 
 
 def _encode(schema: Any, datum: dict[str, Any]) -> bytes:
@@ -335,33 +335,33 @@ def encode_first_persisted(
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
                           deadlines_ms: np.ndarray, timed_out_ms: np.ndarray | None = None,
                           rejections: Mapping[int, str] | None = None,
-                          retry_after_ms: Mapping[int, int] | None = None) -> list[bytes]:
+                          retry_at_ms: Mapping[int, int] | None = None) -> list[bytes]:
     """``encode_ledger_entry`` of whole columns (numpy varints, one slice per entry); the
     few entries with a ``timed_out_ms`` >= 0 get it appended, the few with a rejection (row
-    -> why) or a retry-after (row -> ms) the fields up to it (the ones before as defaults). A
-    rejected entry is never replayed: its retry-after is left out."""
+    -> why) or a retry time (row -> epoch ms) the fields up to it (the ones before as
+    defaults). A rejected entry is never replayed: its retry time is left out."""
     rows = avro_rows(values, flags, persist_offsets, deadlines_ms)
     timed: set[int] = set()
     if timed_out_ms is not None:
         timed = set(np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist())
         for i in timed:
             rows[i] += avro_long(int(timed_out_ms[i]))
-    rejections, retry_after_ms = rejections or {}, retry_after_ms or {}
-    for i in sorted(rejections.keys() | retry_after_ms.keys()):
+    rejections, retry_at_ms = rejections or {}, retry_at_ms or {}
+    for i in sorted(rejections.keys() | retry_at_ms.keys()):
         if i not in timed:
             rows[i] += avro_long(-1)
         rows[i] += avro_string(rejections.get(i, ""))
-        if i in retry_after_ms and i not in rejections:
-            rows[i] += avro_long(retry_after_ms[i])
+        if i in retry_at_ms and i not in rejections:
+            rows[i] += avro_long(retry_at_ms[i])
     return rows
 
 
 def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1,
-                        rejection: str = "", retry_after_ms: int = -1) -> bytes:
+                        rejection: str = "", retry_at_ms: int = -1) -> bytes:
     """A ``LedgerEntry`` value (bytes as fastavro's), without the dataclass."""
     out = avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
-    if retry_after_ms >= 0 and not rejection:
-        return out + avro_long(timed_out_ms) + avro_string(rejection) + avro_long(retry_after_ms)
+    if retry_at_ms >= 0 and not rejection:
+        return out + avro_long(timed_out_ms) + avro_string(rejection) + avro_long(retry_at_ms)
     if rejection:
         return out + avro_long(timed_out_ms) + avro_string(rejection)
     return out if timed_out_ms < 0 else out + avro_long(timed_out_ms)
@@ -805,27 +805,27 @@ class LedgerEntry:
     deadline_ms: int
     timed_out_ms: int = -1
     rejection: str = ""  # a rejected attempt's: why (docs/design.md §6)
-    retry_after_ms: int = -1  # a failed attempt's delay before its replay, as the task asked (-1: none)
+    retry_at_ms: int = -1  # a failed attempt's replay not before this, as its task asked (-1: none)
 
     def encode(self) -> bytes:
         return encode_ledger_entry(
             self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms, self.rejection,
-            self.retry_after_ms,
+            self.retry_at_ms,
         )
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:
         # Most records end after ``deadline_ms``: read them so first; bytes left over can only
-        # be ``timed_out_ms``, then ``rejection``, then ``retry_after_ms``.
+        # be ``timed_out_ms``, then ``rejection``, then ``retry_at_ms``.
         d = _decode_ledger_entry(data)
         return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1),
-                   d.get("rejection", ""), d.get("retry_after_ms", -1))
+                   d.get("rejection", ""), d.get("retry_at_ms", -1))
 
 
 def _decode_ledger_entry(data: bytes | None) -> dict[str, Any]:
     """A ``LedgerEntry`` read with each encoding in turn, from the shortest, while bytes are
     left over; a field that its encoding would have left out (an empty rejection ending a
-    record, a negative retry-after or one after a rejection) is refused as the trailing bytes
+    record, a negative retry time or one after a rejection) is refused as the trailing bytes
     of a shorter one."""
     encodings = (LEDGER_ENTRY_V1, LEDGER_ENTRY, LEDGER_ENTRY_WITH_REJECTION, LEDGER_ENTRY_FULL)
     for schema in encodings[:-1]:
@@ -837,8 +837,8 @@ def _decode_ledger_entry(data: bytes | None) -> dict[str, Any]:
                 raise
     else:
         d = _decode(LEDGER_ENTRY_FULL, data, "LedgerEntry")
-        if d["retry_after_ms"] < 0 or d["rejection"]:
-            raise DecodeError("LedgerEntry has trailing bytes: a retry_after_ms that is negative or after a rejection")
+        if d["retry_at_ms"] < 0 or d["rejection"]:
+            raise DecodeError("LedgerEntry has trailing bytes: a retry_at_ms that is negative or after a rejection")
         return d
     if schema is LEDGER_ENTRY_WITH_REJECTION and not d["rejection"]:
         raise DecodeError("LedgerEntry has trailing bytes: an empty rejection")

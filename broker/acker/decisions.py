@@ -352,8 +352,9 @@ class Decider:
 
     def _turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float | None:
         """When ``r`` may be replayed, if later than now (None: now): once its back-off has
-        passed (``retry`` of its record: from when it timed out or failed, a jitter drawn from
-        its srid, so a re-decision gives the same) and in its place under its topic's replay
+        passed (the time its task asked for with its fail mark, ``ctx.fail(retry_after_ms=...)``;
+        else ``retry`` of its record from when it timed out or failed, a jitter drawn from its
+        srid, so a re-decision gives the same) and in its place under its topic's replay
         rate (``replay_rate_per_s``, a second's worth at once). A key (data topic, key-hash
         partition) keeps its order: a turn is never before the latest one given to its key,
         and one whose turn has come still waits while others of its key wait (the gate brings
@@ -365,10 +366,11 @@ class Decider:
                 return None
             return waiting[0]
         record, rate = r.record, self.config.replay_rate_per_s
-        if record.retry is None and rate is None:
+        asked = st.retry_at.get(r.srid) if r.reason is Reason.FAILED else None  # its task's time
+        if asked is None and record.retry is None and rate is None:
             return None
-        turn = float(now_ms)
-        if record.retry is not None:
+        turn = float(now_ms if asked is None else max(now_ms, asked))
+        if asked is None and record.retry is not None:
             ended = st.timed_out_at.get(r.srid) if r.reason is Reason.TIMEOUT else None
             if ended is None:
                 ended = st.failed_at.setdefault(r.srid, now_ms)

@@ -21,6 +21,7 @@ from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
+from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
     PERSIST_ADAPTIVE,
     PERSIST_PREFIX_LEN,
@@ -268,6 +269,8 @@ class Ingest:
             xors.append(xb.xors)
             if xb.failed.size:
                 failed.append(xb.failed)
+                if xb.retry_after_ms.size:
+                    self._retry_afters(st, xb, self.clock.now_ms())
             if xb.rejected.size:
                 # A rejection is a fail mark whose attempt is the last (docs/design.md §6).
                 failed.append(xb.rejected)
@@ -303,6 +306,18 @@ class Ingest:
                 st.count("superseded_marks", int(m.size))
                 st.table.mark_superseded(m, orphan_tick)
 
+    @staticmethod
+    def _retry_afters(st: PartitionState, xb: XorBatch, now_ms: int) -> None:
+        """Keep when the fail marks' replays may go, as their task asked
+        (``ctx.fail(retry_after_ms=...)``; -1: not asked), until their decisions: a time on
+        the acker's clock, not a delay, so that a re-decision or a new owner waits no longer.
+        A delay past ``MAX_RETRY_AFTER_MS`` is held to it: a sender's bug must not park a
+        record in the ledger for good."""
+        asked = xb.retry_after_ms >= 0
+        at = now_ms + np.minimum(xb.retry_after_ms[asked], MAX_RETRY_AFTER_MS)
+        st.retry_at.update(zip(xb.failed[asked].tolist(), at.tolist(), strict=True))
+        st.count("retry_afters", int(asked.sum()))
+
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,
         bad_r: np.ndarray,
@@ -318,16 +333,18 @@ class Ingest:
             self.quarantine(st, msg, why)
             return None
         # Only the bad ones, re-encoded as an XorBatch (same partition and producer) to inspect.
-        reasons = xb.rejected_reasons
+        reasons, asked = xb.rejected_reasons, xb.retry_after_ms
         bad = XorBatch(
             xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer,
             rejected=xb.rejected[bad_r], rejected_reasons=tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if b),
+            retry_after_ms=asked[bad_f] if asked.size else asked,
         )
         self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
         return XorBatch(
             lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer, xb.touched, xb.touched_deadlines,
             xb.superseded, xb.rejected[~bad_r],
             tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if not b),
+            asked[~bad_f] if asked.size else asked,
         )
 
     def completed(self, st: PartitionState, done: Removed) -> None:

@@ -129,6 +129,11 @@ class PartitionState:
     # it is dead-lettered with that reason whatever attempts it has left. Durable: the changelog
     # record of the (FAILED) entry carries it, and a restore brings it back.
     rejections: dict[int, str] = field(default_factory=dict)
+    # srid -> when its replay may go (epoch ms) as the task asked with its fail mark
+    # (ctx.fail(retry_after_ms=...): its fold's time plus the delay), until its decision: used
+    # instead of its record's back-off. Durable like a rejection: the changelog record of the
+    # entry carries it, so a new owner replays it then too, neither earlier nor later.
+    retry_at: dict[int, int] = field(default_factory=dict)
     # srid -> its replay's turn (epoch ms: its back-off passed and its place under the replay
     # rate, broker.acker.decisions) and its key (data topic, key-hash partition): it waits
     # deferred until then, and goes then; per key, how many wait and the latest turn given. In
@@ -191,6 +196,7 @@ class PartitionState:
         self.payload_tries.pop(srid, None)
         self.timed_out_at.pop(srid, None)
         self.rejections.pop(srid, None)
+        self.retry_at.pop(srid, None)
         self.failed_at.pop(srid, None)
         self.end_turn(srid)
         return self.expired_values.pop(srid, None)
@@ -206,10 +212,13 @@ class PartitionState:
                 self.last_turn.pop(key, None)
 
     def forget_decided(self) -> None:
-        """Drop ``timed_out_at`` and ``rejections`` entries whose srid left the table otherwise
-        (completed late while it waited, an orphan that expired): checked only when the dicts
-        have doubled since the last check."""
-        kinds: tuple[dict[int, Any], ...] = (self.timed_out_at, self.rejections, self.replay_turns, self.failed_at)
+        """Drop what is kept per srid (``timed_out_at``, ``rejections``, ``retry_at``, the
+        turns) for srids that left the table otherwise (completed late while it waited, an
+        orphan that expired, a fail mark for a decided one): checked only when the dicts have
+        doubled since the last check."""
+        kinds: tuple[dict[int, Any], ...] = (
+            self.timed_out_at, self.rejections, self.retry_at, self.replay_turns, self.failed_at,
+        )
         if sum(map(len, kinds)) <= self._timed_out_checked:
             return
         for kept in kinds:

@@ -526,23 +526,23 @@ def test_malformed_retry_afters_are_a_decode_error() -> None:
 
 
 def test_a_ledger_entrys_retry_after_round_trips_and_older_entries_decode_without_it() -> None:
-    waits = LedgerEntry(5, 0x13, 3, 1_700_000_090_000, retry_after_ms=45_000)
+    waits = LedgerEntry(5, 0x13, 3, 1_700_000_090_000, retry_at_ms=45_000)
     assert LedgerEntry.decode(waits.encode()) == waits
-    timed = LedgerEntry(5, 0x11, 3, 1_700_000_090_000, timed_out_ms=1_700_000_030_000, retry_after_ms=0)
+    timed = LedgerEntry(5, 0x11, 3, 1_700_000_090_000, timed_out_ms=1_700_000_030_000, retry_at_ms=0)
     assert LedgerEntry.decode(timed.encode()) == timed
     older = io.BytesIO()  # an entry from before retry-afters: a rejected one, the longest then
     datum = {"value": 5, "flags": 3, "persist_offset": 3, "deadline_ms": 7, "timed_out_ms": -1, "rejection": "why"}
     fastavro.schemaless_writer(older, LEDGER_ENTRY_WITH_REJECTION, datum)
     assert LedgerEntry.decode(older.getvalue()) == LedgerEntry(5, 3, 3, 7, -1, "why")
-    assert LedgerEntry(5, 3, 3, 7, -1, "why", retry_after_ms=9).encode() == older.getvalue()  # never replayed
-    for bad in ({**datum, "retry_after_ms": 9}, {**datum, "rejection": "", "retry_after_ms": -5}):
+    assert LedgerEntry(5, 3, 3, 7, -1, "why", retry_at_ms=9).encode() == older.getvalue()  # never replayed
+    for bad in ({**datum, "retry_at_ms": 9}, {**datum, "rejection": "", "retry_at_ms": -5}):
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, LEDGER_ENTRY_FULL, bad)
         with pytest.raises(DecodeError, match="trailing bytes"):
             LedgerEntry.decode(buf.getvalue())
     columns = [np.array([5, 6], np.int64), np.array([3, 3], np.int64), np.array([3, 4], np.int64), np.array([7, 8], np.int64)]
     rows = encode_ledger_entries(*columns, None, None, {1: 45_000})
-    assert [LedgerEntry.decode(r) for r in rows] == [LedgerEntry(5, 3, 3, 7), LedgerEntry(6, 3, 4, 8, retry_after_ms=45_000)]
+    assert [LedgerEntry.decode(r) for r in rows] == [LedgerEntry(5, 3, 3, 7), LedgerEntry(6, 3, 4, 8, retry_at_ms=45_000)]
 
 
 def test_malformed_superseded_marks_are_a_decode_error() -> None:
