@@ -157,6 +157,8 @@ def collect_failures(
         rejected = st.rejections
         for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
             st.failures.append(Ended(srid, offset, Reason.REJECTED if srid in rejected else Reason.FAILED))
+        if rejected and len(failed):  # the failures by class: the rest of them are transient
+            st.count("failed_rejected", sum(s in rejected for s in failed.srids.tolist()))
 
 
 def _decoded(srid: int, payload: bytes, now_ms: int) -> PersistedRecord:
@@ -375,6 +377,7 @@ class Decider:
             if ended is None:
                 ended = st.failed_at.setdefault(r.srid, now_ms)
             turn = max(turn, ended + record.retry.delay_ms(record.attempt, random.Random(r.srid)))
+        backed_off = turn  # when its back-off ends (now: it has none left)
         if rate is not None:
             gap = 1_000.0 / rate
             slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
@@ -384,10 +387,11 @@ class Decider:
         if turn <= now_ms and not st.replays_waiting.get(key):
             return None
         turn = max(turn, st.last_turn.get(key, 0.0))
-        st.replay_turns[r.srid] = (turn, key)
-        st.replays_waiting[key] += 1
-        st.last_turn[key] = turn
-        st.count("replays_waited")
+        # Why it waits, for the metrics: its back-off (which decides its turn), or its turn under
+        # the rate or behind its key's earlier ones (due, but held back).
+        backing_off = backed_off > now_ms and backed_off >= turn
+        st.wait_turn(r.srid, turn, key, backing_off)
+        st.count("replays_backed_off" if backing_off else "replays_waited")
         return max(turn, now_ms)
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
@@ -514,6 +518,8 @@ class Decider:
             st.rejections.get(r.srid),
         )
         st.count(_COUNTED[decision.outcome])
+        if decision.outcome is Outcome.DLQ:
+            st.count_ended("dlq", (record.attempt,))
         if refused is not None and decision.outcome is Outcome.DLQ:
             st.count("refused")
         c.decided.append(Decided(record.created_ms, r.offset, r.lp, decision.records))

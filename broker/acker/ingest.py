@@ -143,14 +143,14 @@ class Ingest:
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
             keep = ~bad
             srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
-            roots = pre.roots[keep]
+            roots, attempts = pre.roots[keep], pre.attempts[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
             if not msgs:
                 return
         else:
-            roots = pre.roots
+            roots, attempts = pre.roots, pre.attempts
         # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
         # the persist record's own timestamp, the source's send time unless the topic
         # stamps append times.
@@ -177,6 +177,9 @@ class Ingest:
             new = [s for s, k in zip(new, keep, strict=True) if k]
             values = [v for v, k in zip(values, keep, strict=True) if k]
         self.cache.put_many(new, values)
+        replays = np.flatnonzero(attempts > 1)
+        if replays.size:  # the attempt a replay's completion ends at (PartitionState.count_ended)
+            st.replay_attempts.update(zip(srids[replays].tolist(), attempts[replays].tolist(), strict=True))
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
@@ -352,5 +355,6 @@ class Ingest:
             self.left(st, done.offsets)
             srids = done.srids.tolist()
             st.count("completed", len(srids))
+            st.count_completed(srids)
             st.tombstones.append((done.srids, OUTCOME_COMPLETED))
             self.cache.discard_many(srids)

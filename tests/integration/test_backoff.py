@@ -60,7 +60,7 @@ def test_attempts_wait_their_back_off_and_keep_their_order(bootstrap: str) -> No
             keyed = [o for i, o in enumerate(sent) if i % 3 == k]
             thirds = [seen[o][2][1] for o in keyed]
             assert thirds == sorted(thirds)
-        assert acker.totals.get("replays_waited", 0) >= 2 * len(sent) - 2
+        assert acker.totals.get("replays_backed_off", 0) >= 2 * len(sent) - 2
     finally:
         services.stop()
         source.close()

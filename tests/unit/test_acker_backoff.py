@@ -178,3 +178,36 @@ def test_a_retry_after_survives_a_takeover(world: World) -> None:
     world.step(3)
     assert replayed(world) == [A]  # 5 s from its failure, not again from the takeover
     assert world.outcomes() == {A: "replay"}
+
+
+def test_the_metrics_counters_attempts_at_the_end_failures_by_class_and_why_replays_wait(world: World) -> None:
+    """A fails (transient) and waits its back-off, B times out and waits too, C is rejected at
+    its first attempt, D fails on its last (attempt 5): the attempts each ended at, the
+    failures by class, and the replays backing off apart from those held back by their turn."""
+    d = 0x1F3A_5C7E_9B2D_5004
+    send(world, A)
+    send(world, B, key=b"customer-8", khp=2)
+    send(world, C, key=b"customer-9", khp=1)
+    send(world, d, key=b"customer-6", khp=0, attempt=5)
+    world.step(2)
+    fail(world, A)
+    fail(world, d)
+    empty = np.array([], np.int64)
+    world.cluster.append(NS.acks, 0, None, XorBatch(0, empty, empty, empty, rejected=np.array([C]),
+                                                    rejected_reasons=("bad",)).encode())
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(3)  # B timed out
+    (st,) = world.acker.states.values()
+    assert (len(st.replay_turns), st.backing_off) == (2, 2)
+    world.clock.advance(2_100)
+    world.step(3)
+    assert sorted(replayed(world)) == sorted([A, B]) and st.backing_off == 0
+    for replay in [r for r in world.replays() if r.history]:
+        world.ack(replay.srid, replay.root_xor)
+    world.step(3)
+    c = world.acker.counters()
+    assert (c["failed"], c.get("failed_rejected"), c["timed_out"]) == (3, 1, 1)
+    assert (c["replays_backed_off"], c.get("replays_waited", 0)) == (2, 0)
+    assert (c["ended_completed_le_2"], c["ended_completed_attempts"]) == (2, 4)
+    assert (c["ended_dlq_le_1"], c["ended_dlq_le_5"], c["ended_dlq_attempts"]) == (1, 1, 6)
