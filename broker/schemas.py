@@ -723,15 +723,15 @@ class XorBatch:
             "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
             "producer": self.producer,
         }
-        rejected = len(self.rejected) or retry_after
-        if not len(self.touched) and not len(self.superseded) and not rejected:
+        later = len(self.rejected) or retry_after  # the fields after ``superseded``
+        if not len(self.touched) and not len(self.superseded) and not later:
             return _encode(XOR_BATCH, datum)
         datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
         datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
-        if not len(self.superseded) and not rejected:
+        if not len(self.superseded) and not later:
             return _encode(XOR_BATCH_WITH_TOUCHES, datum)
         datum["superseded"] = np.ascontiguousarray(self.superseded, dtype=_LE_I64).tobytes()
-        if not rejected:
+        if not later:
             return _encode(XOR_BATCH_WITH_SUPERSEDED, datum)
         datum["rejected"] = np.ascontiguousarray(self.rejected, dtype=_LE_I64).tobytes()
         datum["rejected_reasons"] = list(self.rejected_reasons)
