@@ -27,7 +27,7 @@ from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -37,8 +37,15 @@ log = logging.getLogger(__name__)
 #: became of entries and input. The names are the counters' own (broker.acker.state).
 DECISIONS = (
     "completed", "timed_out", "failed", "replayed", "dlq", "quarantined", "orphans", "payload_lost", "refused",
-    "superseded", "superseded_settled", "completed_late", "rejections", "replays_waited",
+    "superseded", "superseded_settled", "completed_late", "rejections", "replays_waited", "replays_backed_off",
+    "retry_afters",
 )
+
+#: Upper bounds of the attempts histogram (the attempt a record ends at): most records end at
+#: their first, a policy's max_attempts is small, and none has more than MAX_ATTEMPTS (1 000).
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 20, 50, 100, 1000)
+#: The outcomes it is kept for: completed (the tree of that attempt), dead-lettered.
+ENDED = ("completed", "dlq")
 
 #: Commit durations span an idle commit (~1 ms) to one that reads thousands of payloads.
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -67,7 +74,8 @@ class PartitionFigures:
     counters: Mapping[str, int]
     pending: int | None  # None: not computed since the state was restored
     oldest_pending_ms: int | None  # None: nothing pending, or its time is unknown
-    replays_waiting: int = 0  # replays due but waiting for their turn under the replay rate
+    replays_waiting: int = 0  # replays due but held back: the replay rate, their key's earlier ones
+    replays_backing_off: int = 0  # replays waiting for their back-off (or their task's retry-after)
 
 
 @dataclass(frozen=True)
@@ -132,8 +140,13 @@ class AckerMetrics(Collector):
             "Age of the oldest pending entry's registration (0: none pending)", labels=["partition"],
         )
         waiting = GaugeMetricFamily(
-            "replaybroker_acker_replays_waiting", "Replays due but waiting for their turn under replay_rate_per_s",
+            "replaybroker_acker_replays_waiting",
+            "Replays due but waiting for their turn: under replay_rate_per_s, or behind their key's earlier ones",
             labels=["partition"],
+        )
+        backing_off = GaugeMetricFamily(
+            "replaybroker_acker_replays_backing_off",
+            "Replays waiting for their back-off (SourceConfig.retry, or the task's retry_after_ms)", labels=["partition"],
         )
         for lp, fig in sorted(snap.partitions.items()):
             p = str(lp)
@@ -143,6 +156,7 @@ class AckerMetrics(Collector):
             registered.add_metric([p], fig.counters.get("registered", 0))
             adaptive.add_metric([p], fig.counters.get("adaptive", 0))
             waiting.add_metric([p], fig.replays_waiting)
+            backing_off.add_metric([p], fig.replays_backing_off)
             if fig.pending is not None:
                 pending.add_metric([p], fig.pending)
                 if fig.pending == 0:
@@ -158,7 +172,35 @@ class AckerMetrics(Collector):
                 lag.add_metric([topic, str(partition)], messages)
         owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
         owned.add_metric([], len(snap.partitions))
-        yield from (decisions, folded, registered, adaptive, pending, age, waiting, lag, owned, *self._estimates(snap))
+        yield from (decisions, folded, registered, adaptive, pending, age, waiting, backing_off, lag, owned,
+                    *self._ends(snap), *self._estimates(snap))
+
+    @staticmethod
+    def _ends(snap: AckerSnapshot) -> tuple[Metric, ...]:
+        """How records end, from the partitions' cumulative counters: the attempt they end at
+        (``PartitionState.count_ended``) and the failures by class."""
+        attempts = HistogramMetricFamily(
+            "replaybroker_acker_attempts",
+            "The attempt at which records ended: completed (its tree) or dead-lettered", labels=["outcome", "partition"],
+        )
+        failures = CounterMetricFamily(
+            "replaybroker_acker_failures",
+            "Attempts that failed, by class: transient (a fail mark), timeout, rejected (ctx.reject, a fatal exception)",
+            labels=["class", "partition"],
+        )
+        for lp, fig in sorted(snap.partitions.items()):
+            p, c = str(lp), fig.counters
+            for outcome in ENDED:
+                seen, buckets = 0, []
+                for bound in (*ATTEMPT_BUCKETS, None):
+                    seen += c.get(f"ended_{outcome}_le_{bound or 'inf'}", 0)
+                    buckets.append(("+Inf" if bound is None else str(float(bound)), seen))
+                attempts.add_metric([outcome, p], buckets, c.get(f"ended_{outcome}_attempts", 0))
+            rejected = c.get("failed_rejected", 0)
+            failures.add_metric(["transient", p], c.get("failed", 0) - rejected)
+            failures.add_metric(["timeout", p], c.get("timed_out", 0))
+            failures.add_metric(["rejected", p], rejected)
+        return attempts, failures
 
     @staticmethod
     def _estimates(snap: AckerSnapshot) -> tuple[Metric, ...]:
@@ -230,6 +272,15 @@ class TaskMetrics(Collector):
         )
         outage.add_metric([], self._outage_s())
         yield outage
+        failures = CounterMetricFamily(
+            "replaybroker_task_failures",
+            "Inputs that failed, by class: transient (ctx.fail, an exception), rejected (ctx.reject, a fatal "
+            "exception), outage (put back in a dependency's outage: no attempt spent)", labels=["class"],
+        )
+        failures.add_metric(["transient"], c.failed)
+        failures.add_metric(["rejected"], c.rejected)
+        failures.add_metric(["outage"], c.outage_tries)
+        yield failures
         outputs = CounterMetricFamily(
             "replaybroker_task_outputs", "Records written: children (anchored) and sink outputs", labels=["kind"]
         )

@@ -4,6 +4,10 @@ Used by a task waiting out a dependency's outage (``TaskConfig.outage_retry``). 
 is ``initial_ms * multiplier ** (n - 1)``, at most ``max_ms``, spread by ``jitter`` (a
 fraction: 0.2 waits 80 % to 120 % of it) so that many waiters do not come back together.
 A setting that makes no sense is refused when the policy is built.
+
+A task may also say how long one failure waits (``ctx.fail(retry_after_ms=...)``: a rate limit's
+``Retry-After``, a resource known to be back at a given time): that delay replaces the policy's
+for that failure, bounded by ``MAX_RETRY_AFTER_MS``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,19 @@ from dataclasses import dataclass
 
 from broker.errors import ConfigurationError
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "MAX_RETRY_AFTER_MS", "RetryPolicy", "checked_retry_after_ms"]
+
+# 24 h. A failed record waits in the acker's ledger, its persist record kept, until its replay:
+# a longer wait is a schedule, not a retry, and would outlive the persist topic's retention.
+MAX_RETRY_AFTER_MS = 86_400_000
+
+
+def checked_retry_after_ms(ms: object) -> int:
+    """``ms`` as a retry-after, or ValueError: a whole number of ms from 0 (replay at once, the
+    policy notwithstanding) to ``MAX_RETRY_AFTER_MS``."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= MAX_RETRY_AFTER_MS:
+        raise ValueError(f"retry_after_ms must be a whole number of ms from 0 to {MAX_RETRY_AFTER_MS} (24 h), not {ms!r}")
+    return ms
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ _PERSISTED_RECORD_JSON = json.loads(resources.files("schemas").joinpath("persist
 PERSISTED_RECORD = fastavro.parse_schema(
     {**_PERSISTED_RECORD_JSON, "fields": [f for f in _PERSISTED_RECORD_JSON["fields"] if f["name"] != "retry"]}
 )
-# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and three prefixes of it: without
-# the trailing rejections (XOR_BATCH_WITH_SUPERSEDED), without ``superseded`` too
+# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and four prefixes of it: without
+# the trailing ``retry_after_ms`` (XOR_BATCH_WITH_REJECTED), without the rejections too
+# (XOR_BATCH_WITH_SUPERSEDED), without ``superseded`` too
 # (XOR_BATCH_WITH_TOUCHES) and without the touch fields too (XOR_BATCH). A batch is encoded with
 # the shortest that holds it (byte for byte the encoding before the later fields existed, so an
 # older acker reads it); older events decode as these.
@@ -49,6 +50,7 @@ XOR_BATCH_FULL = _load("xor_batch")
 _TOUCH_FIELDS = ("touched", "touched_deadlines")
 _SUPERSEDED_FIELDS = ("superseded",)
 _REJECTED_FIELDS = ("rejected", "rejected_reasons")
+_RETRY_AFTER_FIELDS = ("retry_after_ms",)
 _XOR_BATCH_JSON = json.loads(resources.files("schemas").joinpath("xor_batch.avsc").read_text())
 
 
@@ -56,22 +58,30 @@ def _xor_batch_without(names: tuple[str, ...]) -> Any:
     return fastavro.parse_schema({**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in names]})
 
 
-XOR_BATCH_WITH_SUPERSEDED = _xor_batch_without(_REJECTED_FIELDS)
-XOR_BATCH_WITH_TOUCHES = _xor_batch_without(_SUPERSEDED_FIELDS + _REJECTED_FIELDS)
-XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FIELDS)
+XOR_BATCH_WITH_REJECTED = _xor_batch_without(_RETRY_AFTER_FIELDS)
+XOR_BATCH_WITH_SUPERSEDED = _xor_batch_without(_REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
+XOR_BATCH_WITH_TOUCHES = _xor_batch_without(_SUPERSEDED_FIELDS + _REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
+XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
 # From the shortest: a batch is read as each in turn while bytes are left over.
-_XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_FULL)
-# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``rejection``
-# (LEDGER_ENTRY: a deferred timeout's), and without ``timed_out_ms`` too: how every other entry
-# is written (and every entry written before the fields).
+_XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_WITH_REJECTED,
+                        XOR_BATCH_FULL)
+# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``retry_at_ms``
+# (LEDGER_ENTRY_WITH_REJECTION: a rejected entry's), without ``rejection`` too (LEDGER_ENTRY: a
+# deferred timeout's), and without ``timed_out_ms`` too: how every other entry is written (and
+# every entry written before the fields).
 LEDGER_ENTRY_FULL = _load("ledger_entry")
 _LEDGER_ENTRY_JSON = json.loads(resources.files("schemas").joinpath("ledger_entry.avsc").read_text())
-LEDGER_ENTRY = fastavro.parse_schema(
-    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] != "rejection"]}
-)
-LEDGER_ENTRY_V1 = fastavro.parse_schema(
-    {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] not in ("timed_out_ms", "rejection")]}
-)
+
+
+def _ledger_entry_without(names: tuple[str, ...]) -> Any:
+    return fastavro.parse_schema(
+        {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] not in names]}
+    )
+
+
+LEDGER_ENTRY_WITH_REJECTION = _ledger_entry_without(("retry_at_ms",))
+LEDGER_ENTRY = _ledger_entry_without(("rejection", "retry_at_ms"))
+LEDGER_ENTRY_V1 = _ledger_entry_without(("timed_out_ms", "rejection", "retry_at_ms"))
 
 
 def _encode(schema: Any, datum: dict[str, Any]) -> bytes:
@@ -324,25 +334,34 @@ def encode_first_persisted(
 
 def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets: np.ndarray,
                           deadlines_ms: np.ndarray, timed_out_ms: np.ndarray | None = None,
-                          rejections: Mapping[int, str] | None = None) -> list[bytes]:
+                          rejections: Mapping[int, str] | None = None,
+                          retry_at_ms: Mapping[int, int] | None = None) -> list[bytes]:
     """``encode_ledger_entry`` of whole columns (numpy varints, one slice per entry); the
     few entries with a ``timed_out_ms`` >= 0 get it appended, the few with a rejection (row
-    -> why) both."""
+    -> why) or a retry time (row -> epoch ms) the fields up to it (the ones before as
+    defaults). A rejected entry is never replayed: its retry time is left out."""
     rows = avro_rows(values, flags, persist_offsets, deadlines_ms)
+    timed: set[int] = set()
     if timed_out_ms is not None:
-        for i in np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist():
+        timed = set(np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist())
+        for i in timed:
             rows[i] += avro_long(int(timed_out_ms[i]))
-    for i, why in (rejections or {}).items():
-        if timed_out_ms is None or timed_out_ms[i] < 0:
+    rejections, retry_at_ms = rejections or {}, retry_at_ms or {}
+    for i in sorted(rejections.keys() | retry_at_ms.keys()):
+        if i not in timed:
             rows[i] += avro_long(-1)
-        rows[i] += avro_string(why)
+        rows[i] += avro_string(rejections.get(i, ""))
+        if i in retry_at_ms and i not in rejections:
+            rows[i] += avro_long(retry_at_ms[i])
     return rows
 
 
 def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1,
-                        rejection: str = "") -> bytes:
+                        rejection: str = "", retry_at_ms: int = -1) -> bytes:
     """A ``LedgerEntry`` value (bytes as fastavro's), without the dataclass."""
     out = avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
+    if retry_at_ms >= 0 and not rejection:
+        return out + avro_long(timed_out_ms) + avro_string(rejection) + avro_long(retry_at_ms)
     if rejection:
         return out + avro_long(timed_out_ms) + avro_string(rejection)
     return out if timed_out_ms < 0 else out + avro_long(timed_out_ms)
@@ -671,7 +690,9 @@ class XorBatch:
     """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays;
     ``touched`` / ``touched_deadlines`` (int64, epoch ms) the deadline extensions (``ctx.touch``);
     ``superseded`` the replay srids the acker marks as superseded (docs/design.md §6);
-    ``rejected`` the srids the task rejected (``ctx.reject``), ``rejected_reasons`` why."""
+    ``rejected`` the srids the task rejected (``ctx.reject``), ``rejected_reasons`` why;
+    ``retry_after_ms`` aligned with ``failed`` (or empty: none has one), the delay the task
+    asked for before each one's replay (``ctx.fail(retry_after_ms=...)``; -1: the back-off's)."""
 
     ledger_partition: int
     srids: np.ndarray
@@ -683,6 +704,7 @@ class XorBatch:
     superseded: np.ndarray = field(default_factory=_no_ids)
     rejected: np.ndarray = field(default_factory=_no_ids)
     rejected_reasons: tuple[str, ...] = ()
+    retry_after_ms: np.ndarray = field(default_factory=_no_ids)
 
     def encode(self) -> bytes:
         if len(self.srids) != len(self.xors):
@@ -691,6 +713,9 @@ class XorBatch:
             raise ValueError("touched and touched_deadlines differ in length")
         if len(self.rejected) != len(self.rejected_reasons):
             raise ValueError("rejected and rejected_reasons differ in length")
+        retry_after = len(self.retry_after_ms)
+        if retry_after and retry_after != len(self.failed):
+            raise ValueError("retry_after_ms and failed differ in length")
         datum = {
             "ledger_partition": self.ledger_partition,
             "srids": np.ascontiguousarray(self.srids, dtype=_LE_I64).tobytes(),
@@ -698,18 +723,21 @@ class XorBatch:
             "failed": np.ascontiguousarray(self.failed, dtype=_LE_I64).tobytes(),
             "producer": self.producer,
         }
-        rejected = len(self.rejected)
-        if not len(self.touched) and not len(self.superseded) and not rejected:
+        later = len(self.rejected) or retry_after  # the fields after ``superseded``
+        if not len(self.touched) and not len(self.superseded) and not later:
             return _encode(XOR_BATCH, datum)
         datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
         datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
-        if not len(self.superseded) and not rejected:
+        if not len(self.superseded) and not later:
             return _encode(XOR_BATCH_WITH_TOUCHES, datum)
         datum["superseded"] = np.ascontiguousarray(self.superseded, dtype=_LE_I64).tobytes()
-        if not rejected:
+        if not later:
             return _encode(XOR_BATCH_WITH_SUPERSEDED, datum)
         datum["rejected"] = np.ascontiguousarray(self.rejected, dtype=_LE_I64).tobytes()
         datum["rejected_reasons"] = list(self.rejected_reasons)
+        if not retry_after:
+            return _encode(XOR_BATCH_WITH_REJECTED, datum)
+        datum["retry_after_ms"] = np.ascontiguousarray(self.retry_after_ms, dtype=_LE_I64).tobytes()
         return _encode(XOR_BATCH_FULL, datum)
 
     @classmethod
@@ -734,6 +762,9 @@ class XorBatch:
         touched, deadlines = d.get("touched", b""), d.get("touched_deadlines", b"")
         superseded, rejected = d.get("superseded", b""), d.get("rejected", b"")
         reasons = tuple(d.get("rejected_reasons", ()))
+        retry_after = d.get("retry_after_ms", b"")
+        if len(retry_after) not in (0, len(failed)):
+            raise DecodeError(f"XorBatch retry-afters are malformed ({len(retry_after)} bytes, {len(failed)} of fail marks)")
         if len(superseded) % 8:
             raise DecodeError(f"XorBatch superseded array is malformed ({len(superseded)} bytes)")
         if len(rejected) % 8 or len(rejected) // 8 != len(reasons):
@@ -755,6 +786,7 @@ class XorBatch:
             superseded=np.frombuffer(superseded, dtype=_LE_I64).astype(np.int64, copy=False),
             rejected=np.frombuffer(rejected, dtype=_LE_I64).astype(np.int64, copy=False),
             rejected_reasons=reasons,
+            retry_after_ms=np.frombuffer(retry_after, dtype=_LE_I64).astype(np.int64, copy=False),
         )
 
 
@@ -773,31 +805,44 @@ class LedgerEntry:
     deadline_ms: int
     timed_out_ms: int = -1
     rejection: str = ""  # a rejected attempt's: why (docs/design.md §6)
+    retry_at_ms: int = -1  # a failed attempt's replay not before this, as its task asked (-1: none)
 
     def encode(self) -> bytes:
         return encode_ledger_entry(
-            self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms, self.rejection
+            self.value, self.flags, self.persist_offset, self.deadline_ms, self.timed_out_ms, self.rejection,
+            self.retry_at_ms,
         )
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:
         # Most records end after ``deadline_ms``: read them so first; bytes left over can only
-        # be ``timed_out_ms``, then ``rejection``.
+        # be ``timed_out_ms``, then ``rejection``, then ``retry_at_ms``.
+        d = _decode_ledger_entry(data)
+        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1),
+                   d.get("rejection", ""), d.get("retry_at_ms", -1))
+
+
+def _decode_ledger_entry(data: bytes | None) -> dict[str, Any]:
+    """A ``LedgerEntry`` read with each encoding in turn, from the shortest, while bytes are
+    left over; a field that its encoding would have left out (an empty rejection ending a
+    record, a negative retry time or one after a rejection) is refused as the trailing bytes
+    of a shorter one."""
+    encodings = (LEDGER_ENTRY_V1, LEDGER_ENTRY, LEDGER_ENTRY_WITH_REJECTION, LEDGER_ENTRY_FULL)
+    for schema in encodings[:-1]:
         try:
-            d = _decode(LEDGER_ENTRY_V1, data, "LedgerEntry")
+            d: dict[str, Any] = _decode(schema, data, "LedgerEntry")
+            break
         except DecodeError as exc:
             if "trailing bytes" not in str(exc):
                 raise
-            try:
-                d = _decode(LEDGER_ENTRY, data, "LedgerEntry")
-            except DecodeError as longer:
-                if "trailing bytes" not in str(longer):
-                    raise
-                d = _decode(LEDGER_ENTRY_FULL, data, "LedgerEntry")
-                if not d["rejection"]:  # never written empty: the encoding leaves it out
-                    raise DecodeError("LedgerEntry has trailing bytes: an empty rejection") from None
-        return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1),
-                   d.get("rejection", ""))
+    else:
+        d = _decode(LEDGER_ENTRY_FULL, data, "LedgerEntry")
+        if d["retry_at_ms"] < 0 or d["rejection"]:
+            raise DecodeError("LedgerEntry has trailing bytes: a retry_at_ms that is negative or after a rejection")
+        return d
+    if schema is LEDGER_ENTRY_WITH_REJECTION and not d["rejection"]:
+        raise DecodeError("LedgerEntry has trailing bytes: an empty rejection")
+    return d
 
 
 # --------------------------------------------------------------------------- LedgerCounters

@@ -51,7 +51,7 @@ from broker.kafka_io import (
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.outage import Outage
-from broker.retry import RetryPolicy
+from broker.retry import RetryPolicy, checked_retry_after_ms
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.task_acks import Events, TaskAcks
@@ -124,7 +124,7 @@ class TaskContext:
     handler wrote to the outside world itself - and return. Returning acks the input;
     ``fail`` replays it instead, ``reject`` dead-letters it at once."""
 
-    __slots__ = ("_task", "children", "children_xor", "failed", "record", "rejected")
+    __slots__ = ("_task", "children", "children_xor", "failed", "record", "rejected", "retry_after_ms")
 
     def __init__(self, task: Task, record: TaskRecord) -> None:
         self._task = task
@@ -133,6 +133,7 @@ class TaskContext:
         self.children = 0
         self.failed: str | None = None
         self.rejected = False
+        self.retry_after_ms: int | None = None
 
     def emit(
         self,
@@ -200,8 +201,14 @@ class TaskContext:
         timeout = self._task.config.touch_timeout_ms if timeout_ms is None else timeout_ms
         self._task._acks.touch(tracking.srid, int(time.time() * 1000) + timeout)
 
-    def fail(self, reason: str = "failed") -> None:
-        """Fail the input's source record now: the acker replays it (or sends it to the DLQ)."""
+    def fail(self, reason: str = "failed", retry_after_ms: int | None = None) -> None:
+        """Fail the input's source record now: the acker replays it (or sends it to the DLQ).
+
+        ``retry_after_ms``: how long the replay waits, instead of the source's back-off
+        (``SourceConfig.retry``; without one it waits too) - a rate limit's ``Retry-After``, say.
+        0 replays it at once; at most ``broker.retry.MAX_RETRY_AFTER_MS`` (24 h); anything else
+        raises ValueError (the input is then failed by the exception, with the back-off)."""
+        self.retry_after_ms = None if retry_after_ms is None else checked_retry_after_ms(retry_after_ms)
         self.failed = reason
 
     def reject(self, reason: str = "rejected") -> None:
@@ -349,6 +356,8 @@ def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
         counters.rejected += 1
     elif ctx.failed is not None:
         events.failed.append(tracking.srid)
+        if ctx.retry_after_ms is not None:
+            events.retry_after_ms[tracking.srid] = ctx.retry_after_ms
         counters.failed += 1
     else:
         events.srids.append(tracking.srid)

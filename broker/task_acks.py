@@ -27,13 +27,14 @@ class Events:
     srids failed, in the order they were settled. Flat lists - two appends per input -
     ``send`` splits them by ledger partition once per batch."""
 
-    __slots__ = ("failed", "rejected", "srids", "xors")
+    __slots__ = ("failed", "rejected", "retry_after_ms", "srids", "xors")
 
     def __init__(self) -> None:
         self.srids: list[int] = []
         self.xors: list[int] = []
         self.failed: list[int] = []
         self.rejected: dict[int, str] = {}  # srid -> why (ctx.reject, a fatal exception)
+        self.retry_after_ms: dict[int, int] = {}  # failed srid -> its delay (ctx.fail(retry_after_ms=...))
 
     def __len__(self) -> int:
         return len(self.srids) + len(self.failed) + len(self.rejected)
@@ -98,8 +99,17 @@ class TaskAcks:
             value = XorBatch(
                 lp, lp_srids, lp_xors, lp_failed, self.name,
                 rejected=lp_rejected, rejected_reasons=tuple(reasons[i] for i in at.tolist()),
+                retry_after_ms=self._retry_after(lp_failed, events.retry_after_ms),
             ).encode()
             self.outputs.produce(self.acks, value=value, partition=lp)
+
+    @staticmethod
+    def _retry_after(failed: np.ndarray, asked: dict[int, int]) -> np.ndarray:
+        """The retry-after column of ``failed`` (-1: the back-off's), empty when none asked
+        for one: such a batch keeps its shorter encoding."""
+        if not asked or not any(s in asked for s in failed.tolist()):
+            return _EMPTY
+        return np.array([asked.get(s, -1) for s in failed.tolist()], dtype=np.int64)
 
     def touch(self, srid: int, deadline_ms: int) -> None:
         """One touch, sent now: the handler is still running. Its delivery is not waited

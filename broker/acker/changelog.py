@@ -304,6 +304,7 @@ class Changelog:
             for srid in srids.tolist():
                 st.timed_out_at.pop(srid, None)
                 st.rejections.pop(srid, None)
+                st.retry_at.pop(srid, None)
         live = [(k, v) for k, v in latest.items() if v is not None and len(k) == 8]
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
@@ -319,6 +320,10 @@ class Changelog:
                     st.rejections[srid] = e.rejection
                 elif st.rejections:
                     st.rejections.pop(srid, None)
+                if e.retry_at_ms >= 0:
+                    st.retry_at[srid] = e.retry_at_ms
+                elif st.retry_at:
+                    st.retry_at.pop(srid, None)
             st.table.restore(
                 srids,
                 np.array([e.value for e in entries], dtype=np.int64),

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import TypeVar
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -50,6 +51,8 @@ from broker.ledger.entries import DEFERRED, FAILED, Entries
 from broker.replay import Outgoing
 from broker.schemas import COUNTERS_KEY, LedgerCounters, encode_ledger_entries
 from broker.topics import Namespace
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,7 +92,7 @@ def take_changes(
             # big-int arithmetic per entry).
             values = encode_ledger_entries(
                 up.values, up.flags, up.offsets, ticker.ms_of_ticks(up.deadlines), timed_out_column(st, up),
-                rejection_rows(st, up),
+                rows_of(st.rejections, up), rows_of(st.retry_at, up),
             )
             batch.changelog.append((lp, _keys(up.srids), values))
         if len(delta.tombstones):
@@ -122,12 +125,13 @@ def timed_out_column(st: PartitionState, up: Entries) -> np.ndarray | None:
     return column
 
 
-def rejection_rows(st: PartitionState, up: Entries) -> dict[int, str] | None:
-    """Row -> why, for the rejected entries among ``up`` (None: there is none): their
-    changelog records carry it, so a new owner dead-letters them with it."""
-    if not st.rejections:
+def rows_of(kept: Mapping[int, T], up: Entries) -> dict[int, T] | None:
+    """Row -> what ``kept`` holds for the entries among ``up`` (None: there is none): a
+    rejection's why, a retry time. Their changelog records carry it, so a new owner decides
+    them as this one would: dead-letters them with the why, replays them at that time."""
+    if not kept:
         return None
-    rows = {i: st.rejections[s] for i, s in enumerate(up.srids.tolist()) if s in st.rejections}
+    rows = {i: kept[s] for i, s in enumerate(up.srids.tolist()) if s in kept}
     return rows or None
 
 

@@ -157,6 +157,8 @@ def collect_failures(
         rejected = st.rejections
         for srid, offset in zip(failed.srids.tolist(), failed.offsets.tolist(), strict=True):
             st.failures.append(Ended(srid, offset, Reason.REJECTED if srid in rejected else Reason.FAILED))
+        if rejected and len(failed):  # the failures by class: the rest of them are transient
+            st.count("failed_rejected", sum(s in rejected for s in failed.srids.tolist()))
 
 
 def _decoded(srid: int, payload: bytes, now_ms: int) -> PersistedRecord:
@@ -352,8 +354,9 @@ class Decider:
 
     def _turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float | None:
         """When ``r`` may be replayed, if later than now (None: now): once its back-off has
-        passed (``retry`` of its record: from when it timed out or failed, a jitter drawn from
-        its srid, so a re-decision gives the same) and in its place under its topic's replay
+        passed (the time its task asked for with its fail mark, ``ctx.fail(retry_after_ms=...)``;
+        else ``retry`` of its record from when it timed out or failed, a jitter drawn from its
+        srid, so a re-decision gives the same) and in its place under its topic's replay
         rate (``replay_rate_per_s``, a second's worth at once). A key (data topic, key-hash
         partition) keeps its order: a turn is never before the latest one given to its key,
         and one whose turn has come still waits while others of its key wait (the gate brings
@@ -365,14 +368,16 @@ class Decider:
                 return None
             return waiting[0]
         record, rate = r.record, self.config.replay_rate_per_s
-        if record.retry is None and rate is None:
+        asked = st.retry_at.get(r.srid) if r.reason is Reason.FAILED else None  # its task's time
+        if asked is None and record.retry is None and rate is None:
             return None
-        turn = float(now_ms)
-        if record.retry is not None:
+        turn = float(now_ms if asked is None else max(now_ms, asked))
+        if asked is None and record.retry is not None:
             ended = st.timed_out_at.get(r.srid) if r.reason is Reason.TIMEOUT else None
             if ended is None:
                 ended = st.failed_at.setdefault(r.srid, now_ms)
             turn = max(turn, ended + record.retry.delay_ms(record.attempt, random.Random(r.srid)))
+        backed_off = turn  # when its back-off ends (now: it has none left)
         if rate is not None:
             gap = 1_000.0 / rate
             slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
@@ -382,10 +387,11 @@ class Decider:
         if turn <= now_ms and not st.replays_waiting.get(key):
             return None
         turn = max(turn, st.last_turn.get(key, 0.0))
-        st.replay_turns[r.srid] = (turn, key)
-        st.replays_waiting[key] += 1
-        st.last_turn[key] = turn
-        st.count("replays_waited")
+        # Why it waits, for the metrics: its back-off (which decides its turn), or its turn under
+        # the rate or behind its key's earlier ones (due, but held back).
+        backing_off = backed_off > now_ms and backed_off >= turn
+        st.wait_turn(r.srid, turn, key, backing_off)
+        st.count("replays_backed_off" if backing_off else "replays_waited")
         return max(turn, now_ms)
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
@@ -512,6 +518,8 @@ class Decider:
             st.rejections.get(r.srid),
         )
         st.count(_COUNTED[decision.outcome])
+        if decision.outcome is Outcome.DLQ:
+            st.count_ended("dlq", (record.attempt,))
         if refused is not None and decision.outcome is Outcome.DLQ:
             st.count("refused")
         c.decided.append(Decided(record.created_ms, r.offset, r.lp, decision.records))

@@ -21,6 +21,7 @@ from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
+from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
     PERSIST_ADAPTIVE,
     PERSIST_PREFIX_LEN,
@@ -142,14 +143,14 @@ class Ingest:
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
             keep = ~bad
             srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
-            roots = pre.roots[keep]
+            roots, attempts = pre.roots[keep], pre.attempts[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
             if not msgs:
                 return
         else:
-            roots = pre.roots
+            roots, attempts = pre.roots, pre.attempts
         # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
         # the persist record's own timestamp, the source's send time unless the topic
         # stamps append times.
@@ -176,6 +177,9 @@ class Ingest:
             new = [s for s, k in zip(new, keep, strict=True) if k]
             values = [v for v, k in zip(values, keep, strict=True) if k]
         self.cache.put_many(new, values)
+        replays = np.flatnonzero(attempts > 1)
+        if replays.size:  # the attempt a replay's completion ends at (PartitionState.count_ended)
+            st.replay_attempts.update(zip(srids[replays].tolist(), attempts[replays].tolist(), strict=True))
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
@@ -268,6 +272,8 @@ class Ingest:
             xors.append(xb.xors)
             if xb.failed.size:
                 failed.append(xb.failed)
+                if xb.retry_after_ms.size:
+                    self._retry_afters(st, xb, self.clock.now_ms())
             if xb.rejected.size:
                 # A rejection is a fail mark whose attempt is the last (docs/design.md §6).
                 failed.append(xb.rejected)
@@ -303,6 +309,18 @@ class Ingest:
                 st.count("superseded_marks", int(m.size))
                 st.table.mark_superseded(m, orphan_tick)
 
+    @staticmethod
+    def _retry_afters(st: PartitionState, xb: XorBatch, now_ms: int) -> None:
+        """Keep when the fail marks' replays may go, as their task asked
+        (``ctx.fail(retry_after_ms=...)``; -1: not asked), until their decisions: a time on
+        the acker's clock, not a delay, so that a re-decision or a new owner waits no longer.
+        A delay past ``MAX_RETRY_AFTER_MS`` is held to it: a sender's bug must not park a
+        record in the ledger for good."""
+        asked = xb.retry_after_ms >= 0
+        at = now_ms + np.minimum(xb.retry_after_ms[asked], MAX_RETRY_AFTER_MS)
+        st.retry_at.update(zip(xb.failed[asked].tolist(), at.tolist(), strict=True))
+        st.count("retry_afters", int(asked.sum()))
+
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,
         bad_r: np.ndarray,
@@ -318,16 +336,18 @@ class Ingest:
             self.quarantine(st, msg, why)
             return None
         # Only the bad ones, re-encoded as an XorBatch (same partition and producer) to inspect.
-        reasons = xb.rejected_reasons
+        reasons, asked = xb.rejected_reasons, xb.retry_after_ms
         bad = XorBatch(
             xb.ledger_partition, xb.srids[bad_s], xb.xors[bad_s], xb.failed[bad_f], xb.producer,
             rejected=xb.rejected[bad_r], rejected_reasons=tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if b),
+            retry_after_ms=asked[bad_f] if asked.size else asked,
         )
         self.quarantine(st, msg, f"{why}; the rest of the batch was folded", bad.encode())
         return XorBatch(
             lp, xb.srids[~bad_s], xb.xors[~bad_s], xb.failed[~bad_f], xb.producer, xb.touched, xb.touched_deadlines,
             xb.superseded, xb.rejected[~bad_r],
             tuple(r for r, b in zip(reasons, bad_r.tolist(), strict=True) if not b),
+            asked[~bad_f] if asked.size else asked,
         )
 
     def completed(self, st: PartitionState, done: Removed) -> None:
@@ -335,5 +355,6 @@ class Ingest:
             self.left(st, done.offsets)
             srids = done.srids.tolist()
             st.count("completed", len(srids))
+            st.count_completed(srids)
             st.tombstones.append((done.srids, OUTCOME_COMPLETED))
             self.cache.discard_many(srids)

@@ -475,7 +475,8 @@ class Acker:
                 st.summarize()
         self.metrics.publish(AckerSnapshot(
             {
-                lp: PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms, len(st.replay_turns))
+                lp: PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms,
+                                     len(st.replay_turns) - st.backing_off, st.backing_off)
                 for lp, st in self.states.items()
             },
             {key: inp.lag for key, inp in self.expiry.inputs.items()},

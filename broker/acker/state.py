@@ -13,6 +13,10 @@ import numpy as np
 from broker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.table import LedgerTable
+from broker.metrics import ATTEMPT_BUCKETS
+
+_BOUNDS = np.array(ATTEMPT_BUCKETS, dtype=np.int64)
+_BUCKET_NAMES = (*map(str, ATTEMPT_BUCKETS), "inf")
 
 COUNTERS = (
     "registered",  # persist records folded
@@ -129,13 +133,25 @@ class PartitionState:
     # it is dead-lettered with that reason whatever attempts it has left. Durable: the changelog
     # record of the (FAILED) entry carries it, and a restore brings it back.
     rejections: dict[int, str] = field(default_factory=dict)
+    # srid -> when its replay may go (epoch ms) as the task asked with its fail mark
+    # (ctx.fail(retry_after_ms=...): its fold's time plus the delay), until its decision: used
+    # instead of its record's back-off. Durable like a rejection: the changelog record of the
+    # entry carries it, so a new owner replays it then too, neither earlier nor later.
+    retry_at: dict[int, int] = field(default_factory=dict)
     # srid -> its replay's turn (epoch ms: its back-off passed and its place under the replay
-    # rate, broker.acker.decisions) and its key (data topic, key-hash partition): it waits
-    # deferred until then, and goes then; per key, how many wait and the latest turn given. In
-    # memory: a new owner gives them turns again (later, never earlier).
-    replay_turns: dict[int, tuple[float, tuple[str, int]]] = field(default_factory=dict)
+    # rate, broker.acker.decisions), its key (data topic, key-hash partition) and whether its
+    # back-off is what it waits for: it waits deferred until then, and goes then; per key, how
+    # many wait and the latest turn given; how many wait for their back-off (the rest are due,
+    # held back by the rate or their key's order). In memory: a new owner gives them turns
+    # again (later, never earlier).
+    replay_turns: dict[int, tuple[float, tuple[str, int], bool]] = field(default_factory=dict)
     replays_waiting: Counter[tuple[str, int]] = field(default_factory=Counter)
     last_turn: dict[tuple[str, int], float] = field(default_factory=dict)
+    backing_off: int = 0
+    # srid -> its attempt, for the registered replays (attempt > 1; a first attempt is not
+    # kept): the attempt a completion ends at (``count_ended``). In memory, refilled by the
+    # persist records a new owner reads again; one restored from the changelog alone counts as 1.
+    replay_attempts: dict[int, int] = field(default_factory=dict)
     # srid -> when its fail mark was decided, until it is replayed: its back-off runs from there
     # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
     failed_at: dict[int, int] = field(default_factory=dict)
@@ -191,25 +207,39 @@ class PartitionState:
         self.payload_tries.pop(srid, None)
         self.timed_out_at.pop(srid, None)
         self.rejections.pop(srid, None)
+        self.retry_at.pop(srid, None)
         self.failed_at.pop(srid, None)
+        self.replay_attempts.pop(srid, None)
         self.end_turn(srid)
         return self.expired_values.pop(srid, None)
+
+    def wait_turn(self, srid: int, turn: float, key: tuple[str, int], backing_off: bool) -> None:
+        """``srid`` waits for its replay's ``turn`` (``backing_off``: for its back-off)."""
+        self.replay_turns[srid] = (turn, key, backing_off)
+        self.replays_waiting[key] += 1
+        self.last_turn[key] = turn
+        self.backing_off += backing_off
 
     def end_turn(self, srid: int) -> None:
         """``srid`` no longer waits for its replay's turn (replayed, or gone otherwise)."""
         turn = self.replay_turns.pop(srid, None)
         if turn is not None:
             key = turn[1]
+            self.backing_off -= turn[2]
             self.replays_waiting[key] -= 1
             if self.replays_waiting[key] <= 0:
                 del self.replays_waiting[key]
                 self.last_turn.pop(key, None)
 
     def forget_decided(self) -> None:
-        """Drop ``timed_out_at`` and ``rejections`` entries whose srid left the table otherwise
-        (completed late while it waited, an orphan that expired): checked only when the dicts
-        have doubled since the last check."""
-        kinds: tuple[dict[int, Any], ...] = (self.timed_out_at, self.rejections, self.replay_turns, self.failed_at)
+        """Drop what is kept per srid (``timed_out_at``, ``rejections``, ``retry_at``, the
+        turns) for srids that left the table otherwise (completed late while it waited, an
+        orphan that expired, a fail mark for a decided one): checked only when the dicts have
+        doubled since the last check."""
+        kinds: tuple[dict[int, Any], ...] = (
+            self.timed_out_at, self.rejections, self.retry_at, self.replay_turns, self.failed_at,
+            self.replay_attempts,
+        )
         if sum(map(len, kinds)) <= self._timed_out_checked:
             return
         for kept in kinds:
@@ -221,6 +251,26 @@ class PartitionState:
                     else:
                         del kept[srid]
         self._timed_out_checked = 2 * sum(map(len, kinds)) + 1024
+
+    def count_ended(self, outcome: str, attempts: Sequence[int]) -> None:
+        """Records that ended (``outcome``: completed, dlq) at these attempts, for the attempts
+        histogram: counters per bucket (``ended_<outcome>_le_<bound>``) and their sum - in
+        the changelog's counters, so they go on across owners like the others."""
+        a = np.asarray(attempts, dtype=np.int64)
+        per_bucket = np.bincount(np.searchsorted(_BOUNDS, a), minlength=len(_BOUNDS) + 1).tolist()
+        for name, n in zip(_BUCKET_NAMES, per_bucket, strict=True):
+            self.count(f"ended_{outcome}_le_{name}", n)
+        self.count(f"ended_{outcome}_attempts", int(a.sum()))
+
+    def count_completed(self, srids: list[int]) -> None:
+        """``srids`` completed: at the attempts kept for the replays among them, the others at
+        their first (no look-up while no replay is pending)."""
+        if self.replay_attempts:
+            pop = self.replay_attempts.pop
+            self.count_ended("completed", [pop(s, 1) for s in srids])
+        else:
+            self.count("ended_completed_le_1", len(srids))
+            self.count("ended_completed_attempts", len(srids))
 
     def count(self, name: str, n: int = 1) -> None:
         if n:

@@ -343,6 +343,8 @@ class ModelAttempt:
     given_ms: int | None = None  # an adaptive deadline as the acker first gave it, once seen
     payload_lost: bool = False  # its persist record was deleted before it was decided
     rejected: bool = False  # its fail mark was a rejection (``failed_ms``): its last attempt
+    retry_after_ms: int | None = None  # its fail mark asked its replay to wait this long
+    replayed_ms: int | None = None  # when its replay was decided (its replay's history ``at_ms``), once known
 
     @property
     def window_from_ms(self) -> int:
@@ -437,6 +439,11 @@ class FateModel:
                 if a.outcome is Outcome.REPLAY and a.acked_ms is not None and a.acked_ms < a.deadline_ms and (
                         a.failed_ms is None):
                     out.append(f"attempt {a.number} of {origin} replayed though its tree completed before its deadline")
+                # a replay its fail mark asked to wait goes no sooner (ctx.fail(retry_after_ms=...))
+                if (a.reason is Reason.FAILED and a.retry_after_ms is not None and a.failed_ms is not None
+                        and a.replayed_ms is not None and a.replayed_ms < a.failed_ms + a.retry_after_ms):
+                    out.append(f"attempt {a.number} of {origin} replayed at {a.replayed_ms}, before its retry-after "
+                               f"({a.retry_after_ms} ms from its fail mark at {a.failed_ms})")
                 # a fail mark wins over the clock: written before the deadline, it is the reason
                 if a.reason is Reason.TIMEOUT and a.failed_ms is not None and a.failed_ms < a.deadline_ms:
                     out.append(f"attempt {a.number} of {origin} failed before its deadline, replayed as a timeout")

@@ -105,3 +105,109 @@ def test_a_keys_replays_keep_their_order_whatever_their_delays(world: World) -> 
     world.clock.advance(16_000)
     world.step(3)
     assert replayed(world) == [d, A, B, C]
+
+
+def fail_after(world: World, srid: int, retry_after_ms: int) -> None:
+    """A fail mark with the delay the task asked for (``ctx.fail(retry_after_ms=...)``)."""
+    empty = np.array([], np.int64)
+    batch = XorBatch(0, empty, empty, np.array([srid]), retry_after_ms=np.array([retry_after_ms], np.int64))
+    world.cluster.append(NS.acks, 0, None, batch.encode())
+
+
+def test_a_retry_after_beats_the_policy_shorter_or_longer(world: World) -> None:
+    """The policy waits 2 s; A asked for 0.5 s, B for 10 s, C for nothing: the policy's."""
+    send(world, A)
+    send(world, B, key=b"customer-8", khp=2)
+    send(world, C, key=b"customer-9", khp=1)
+    world.step(2)
+    fail_after(world, A, 500)
+    fail_after(world, B, 10_000)
+    fail(world, C)
+    world.step(3)
+    assert not replayed(world)
+    world.clock.advance(700)
+    world.step(3)
+    assert replayed(world) == [A]
+    world.clock.advance(1_500)
+    world.step(3)
+    assert replayed(world) == [A, C]
+    world.clock.advance(6_000)
+    world.step(3)
+    assert B not in replayed(world)  # 8.2 s of its 10 s (A's and C's replays timed out meanwhile)
+    world.clock.advance(2_000)
+    world.step(3)
+    assert B in replayed(world)
+    assert all(r.retry == SLOW for r in world.replays())  # the next failure has the policy again
+
+
+def test_a_retry_after_waits_without_a_policy_and_0_replays_at_once(world: World) -> None:
+    send(world, A, retry=None)
+    send(world, B, retry=SLOW, key=b"customer-8", khp=2)
+    world.step(2)
+    fail_after(world, A, 3_000)
+    fail_after(world, B, 0)
+    world.step(3)
+    assert replayed(world) == [B]
+    world.clock.advance(2_000)
+    world.step(3)
+    assert replayed(world) == [B]
+    world.clock.advance(1_200)
+    world.step(3)
+    assert replayed(world) == [B, A]
+
+
+def test_a_retry_after_survives_a_takeover(world: World) -> None:
+    """When the task asked the replay to go is in the waiting entry's changelog record: a new
+    owner replays it then too - without it, no policy would replay it at once."""
+    send(world, A, retry=None)
+    world.step(2)
+    fail_after(world, A, 5_000)
+    folded_ms = world.clock.now_ms()
+    world.step(3)
+    assert not replayed(world)
+    world.clock.advance(1_000)
+    world.acker = world.new_acker()  # kill -9
+    world.step(3)
+    # Restored, so that a decision put off past a takeover (a payload not readable yet, a
+    # record newer than one not read) still waits for it.
+    assert world.acker.states[0].retry_at == {A: folded_ms + 5_000}
+    world.clock.advance(3_700)
+    world.step(3)
+    assert not replayed(world)  # 4.7 s of its 5 s
+    world.clock.advance(700)
+    world.step(3)
+    assert replayed(world) == [A]  # 5 s from its failure, not again from the takeover
+    assert world.outcomes() == {A: "replay"}
+
+
+def test_the_metrics_counters_attempts_at_the_end_failures_by_class_and_why_replays_wait(world: World) -> None:
+    """A fails (transient) and waits its back-off, B times out and waits too, C is rejected at
+    its first attempt, D fails on its last (attempt 5): the attempts each ended at, the
+    failures by class, and the replays backing off apart from those held back by their turn."""
+    d = 0x1F3A_5C7E_9B2D_5004
+    send(world, A)
+    send(world, B, key=b"customer-8", khp=2)
+    send(world, C, key=b"customer-9", khp=1)
+    send(world, d, key=b"customer-6", khp=0, attempt=5)
+    world.step(2)
+    fail(world, A)
+    fail(world, d)
+    empty = np.array([], np.int64)
+    world.cluster.append(NS.acks, 0, None, XorBatch(0, empty, empty, empty, rejected=np.array([C]),
+                                                    rejected_reasons=("bad",)).encode())
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(3)  # B timed out
+    (st,) = world.acker.states.values()
+    assert (len(st.replay_turns), st.backing_off) == (2, 2)
+    world.clock.advance(2_100)
+    world.step(3)
+    assert sorted(replayed(world)) == sorted([A, B]) and st.backing_off == 0
+    for replay in [r for r in world.replays() if r.history]:
+        world.ack(replay.srid, replay.root_xor)
+    world.step(3)
+    c = world.acker.counters()
+    assert (c["failed"], c.get("failed_rejected"), c["timed_out"]) == (3, 1, 1)
+    assert (c["replays_backed_off"], c.get("replays_waited", 0)) == (2, 0)
+    assert (c["ended_completed_le_2"], c["ended_completed_attempts"]) == (2, 4)
+    assert (c["ended_dlq_le_1"], c["ended_dlq_le_5"], c["ended_dlq_attempts"]) == (1, 1, 6)

@@ -90,9 +90,10 @@ FLOOR_MS = 1_000  # adaptive floor ("auto"): an adaptive deadline is at least cr
 DELAYS = {"late_now": 0, "late_quarter": WATCH_MS // 4, "late_edge": WATCH_MS // 2 - 100, "late_past": 2 * WATCH_MS}
 WINDOW = {"win_quarter": WATCH_MS // 4, "win_half": WATCH_MS // 2, "win_end": WATCH_MS - 150,
           "win_past": WATCH_MS + 1_000}
-MOVES = ("ack", "fail", "reject", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
+MOVES = ("ack", "fail", "fail_after", "reject", "drop", "touch", *DELAYS, *(WINDOW if "window" in DIMENSIONS else ()),
          *(("quick",) if "early" in DIMENSIONS else ()))
 _NONE = np.array([], np.int64)
+RETRY_AFTER_MS = 1_500  # a "fail_after" move's (longer than the drawn policy's first delay)
 
 
 class FateMachine(RuleBasedStateMachine):
@@ -232,7 +233,7 @@ class FateMachine(RuleBasedStateMachine):
             self.planned.append((created_ms + (200 if a.srid in self.auto else timeout_ms // 2), a.srid, "ack"))
         elif move == "quick":  # completions that trickle in: every commit may be an early one
             self.planned.append((created_ms + 40, a.srid, "ack"))
-        elif move in ("fail", "reject"):
+        elif move in ("fail", "fail_after", "reject"):
             self.planned.append((created_ms + 10, a.srid, move))
         elif move in DELAYS:  # a slow task: after the deadline
             self.planned.append((a.deadline_ms + DELAYS[move], a.srid, "ack"))
@@ -275,6 +276,10 @@ class FateMachine(RuleBasedStateMachine):
             elif what == "reject":  # a fail mark whose attempt is the last (design §6, "Rejection")
                 a.failed_ms, a.rejected = self.clock.now_ms(), True
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, rejected=np.array([srid], np.int64), rejected_reasons=("bad",))
+            elif what == "fail_after":  # ctx.fail(retry_after_ms=...): its replay waits that long
+                a.failed_ms, a.retry_after_ms = self.clock.now_ms(), RETRY_AFTER_MS
+                batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64),
+                                 retry_after_ms=np.array([RETRY_AFTER_MS], np.int64))
             else:
                 a.failed_ms = self.clock.now_ms()
                 batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64))
@@ -415,6 +420,8 @@ class FateMachine(RuleBasedStateMachine):
             for h in r.history:
                 before = self.model.attempts[h.srid]
                 before.reason = Reason(h.reason)
+                if before.replayed_ms is None:
+                    before.replayed_ms = h.at_ms
                 if before.reason is Reason.TIMEOUT and before.timed_out_ms is None:
                     before.timed_out_ms = h.at_ms
                     self._timed_out(before)
@@ -584,3 +591,25 @@ def test_a_replay_written_as_the_drain_ends_lives_its_whole_life() -> None:
         for _ in range(fails):
             then(machine.commit_fails)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_replay_its_fail_mark_asked_to_wait_goes_no_sooner() -> None:
+    """``ctx.fail(retry_after_ms=...)`` (the "fail_after" move): the replay is decided no
+    sooner than the fail mark plus its delay, with or without a policy, across the steps of an
+    acker that reads it late."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=150)
+    then(machine.send, max_attempts=3, n=2, script=("fail_after", "ack", "ack"), timeout_ms=3_000)
+    then(machine.send, max_attempts=3, n=2, script=("fail_after", "fail_after", "ack"), timeout_ms=3_000,
+         retry=RetryPolicy(300, 2.0, 2_000, 0.0))
+    for _ in range(12):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    asked = [a for a in machine.model.attempts.values() if a.retry_after_ms is not None]
+    assert len(asked) >= 4 and all(a.replayed_ms is not None for a in asked if a.number == 1)
+    machine.teardown()

@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 from broker.errors import DecodeError
 from broker.headers import AUTO_TIMEOUT_MS
 from broker.schemas import (
+    LEDGER_ENTRY_FULL,
+    LEDGER_ENTRY_WITH_REJECTION,
     PERSIST_PREFIX,
     PERSIST_PREFIX_LEN,
     XOR_BATCH,
     XOR_BATCH_FULL,
+    XOR_BATCH_WITH_REJECTED,
     XOR_BATCH_WITH_SUPERSEDED,
     XOR_BATCH_WITH_TOUCHES,
     Failure,
@@ -29,6 +32,7 @@ from broker.schemas import (
     XorBatch,
     decode_counters,
     encode_counters,
+    encode_ledger_entries,
 )
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -480,12 +484,65 @@ def test_rejections_round_trip_with_their_reasons_and_batches_without_them_keep_
 @pytest.mark.parametrize(("rejected", "reasons"), [(b"\x01" * 9, ["x"]), (b"\x01" * 8, []), (b"", ["x"])])
 def test_malformed_rejections_are_a_decode_error(rejected: bytes, reasons: list[str]) -> None:
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, XOR_BATCH_FULL, {
+    fastavro.schemaless_writer(buf, XOR_BATCH_WITH_REJECTED, {
         "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"", "producer": "",
         "touched": b"", "touched_deadlines": b"", "superseded": b"", "rejected": rejected, "rejected_reasons": reasons,
     })
     with pytest.raises(DecodeError, match="rejections are malformed"):
         XorBatch.decode(buf.getvalue())
+
+
+def test_retry_afters_round_trip_beside_their_fail_marks_and_batches_without_them_keep_the_shorter_encodings() -> None:
+    empty = np.empty(0, np.int64)
+    failed = np.array([9, 21], np.int64)
+    asked = XorBatch(3, empty, empty, failed, "t", retry_after_ms=np.array([30_000, -1], np.int64))
+    back = XorBatch.decode(asked.encode())
+    assert (back.failed.tolist(), back.retry_after_ms.tolist(), back.rejected.size) == ([9, 21], [30_000, -1], 0)
+    rejects = XorBatch(3, empty, empty, failed, "t", rejected=np.array([11], np.int64), rejected_reasons=("bad",))
+    older = io.BytesIO()  # what a sender from before retry-afters writes
+    fastavro.schemaless_writer(older, XOR_BATCH_WITH_REJECTED, {
+        "ledger_partition": 3, "srids": b"", "xors": b"", "failed": failed.astype("<i8").tobytes(), "producer": "t",
+        "touched": b"", "touched_deadlines": b"", "superseded": b"", "rejected": np.array([11], "<i8").tobytes(),
+        "rejected_reasons": ["bad"],
+    })
+    assert rejects.encode() == older.getvalue()
+    assert XorBatch.decode(older.getvalue()).retry_after_ms.size == 0
+    plain = XorBatch(3, empty, empty, failed, "t")
+    assert plain.encode() == XorBatch.decode(plain.encode()).encode()  # the shortest encoding still
+    assert len(plain.encode()) < len(rejects.encode()) < len(asked.encode())
+    with pytest.raises(ValueError, match="retry_after_ms and failed differ"):
+        XorBatch(3, empty, empty, failed, "t", retry_after_ms=np.array([1], np.int64)).encode()
+
+
+def test_malformed_retry_afters_are_a_decode_error() -> None:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, XOR_BATCH_FULL, {
+        "ledger_partition": 0, "srids": b"", "xors": b"", "failed": b"\x01" * 16, "producer": "",
+        "touched": b"", "touched_deadlines": b"", "superseded": b"", "rejected": b"", "rejected_reasons": [],
+        "retry_after_ms": b"\x01" * 8,
+    })
+    with pytest.raises(DecodeError, match="retry-afters are malformed"):
+        XorBatch.decode(buf.getvalue())
+
+
+def test_a_ledger_entrys_retry_after_round_trips_and_older_entries_decode_without_it() -> None:
+    waits = LedgerEntry(5, 0x13, 3, 1_700_000_090_000, retry_at_ms=45_000)
+    assert LedgerEntry.decode(waits.encode()) == waits
+    timed = LedgerEntry(5, 0x11, 3, 1_700_000_090_000, timed_out_ms=1_700_000_030_000, retry_at_ms=0)
+    assert LedgerEntry.decode(timed.encode()) == timed
+    older = io.BytesIO()  # an entry from before retry-afters: a rejected one, the longest then
+    datum = {"value": 5, "flags": 3, "persist_offset": 3, "deadline_ms": 7, "timed_out_ms": -1, "rejection": "why"}
+    fastavro.schemaless_writer(older, LEDGER_ENTRY_WITH_REJECTION, datum)
+    assert LedgerEntry.decode(older.getvalue()) == LedgerEntry(5, 3, 3, 7, -1, "why")
+    assert LedgerEntry(5, 3, 3, 7, -1, "why", retry_at_ms=9).encode() == older.getvalue()  # never replayed
+    for bad in ({**datum, "retry_at_ms": 9}, {**datum, "rejection": "", "retry_at_ms": -5}):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, LEDGER_ENTRY_FULL, bad)
+        with pytest.raises(DecodeError, match="trailing bytes"):
+            LedgerEntry.decode(buf.getvalue())
+    columns = [np.array([5, 6], np.int64), np.array([3, 3], np.int64), np.array([3, 4], np.int64), np.array([7, 8], np.int64)]
+    rows = encode_ledger_entries(*columns, None, None, {1: 45_000})
+    assert [LedgerEntry.decode(r) for r in rows] == [LedgerEntry(5, 3, 3, 7), LedgerEntry(6, 3, 4, 8, retry_at_ms=45_000)]
 
 
 def test_malformed_superseded_marks_are_a_decode_error() -> None:

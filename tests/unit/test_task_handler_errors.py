@@ -10,6 +10,7 @@ import pytest
 import broker.task
 from broker.errors import ConfigurationError
 from broker.headers import Tracking
+from broker.retry import checked_retry_after_ms
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
@@ -119,3 +120,52 @@ def test_rejections_go_to_their_ledger_partitions_with_their_reasons() -> None:
     assert batches[0].srids.tolist() == [4]
     assert (batches[0].rejected.tolist(), batches[0].rejected_reasons) == ([6, 8], ("a", "c"))
     assert (batches[1].rejected.tolist(), batches[1].rejected_reasons) == ([7], ("b",))
+
+
+def _asking(record: TaskRecord, ctx: TaskContext) -> None:
+    if record.offset == 1:
+        ctx.fail("429 Too Many Requests", retry_after_ms=30_000)
+    elif record.offset == 2:
+        ctx.fail("flaky")
+    elif record.offset == 4:
+        ctx.fail("nonsense", retry_after_ms=-1)
+
+
+def test_a_fail_with_retry_after_goes_out_beside_its_fail_mark_and_a_bad_one_is_an_exception(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43 item 1: ``ctx.fail(retry_after_ms=...)`` overrides the back-off of that one
+    failure; a value out of range raises, and the exception fails the input as any other."""
+    task, sent = _task(monkeypatch, handler=_asking)
+    task.handle_batch(_inputs())
+    tracking = [Tracking.from_headers(m.headers()) for m in _inputs()]
+    (events,) = sent
+    assert events.retry_after_ms == {tracking[0].srid: 30_000}  # type: ignore[union-attr]
+    assert set(events.failed) == {tracking[0].srid, tracking[1].srid, tracking[3].srid}  # type: ignore[union-attr]
+    assert task.counters.errors == 1  # the bad retry_after_ms
+
+
+def test_retry_afters_go_out_aligned_with_their_partitions_fail_marks() -> None:
+    produced: list[tuple[int, bytes]] = []
+
+    class Outputs:
+        def produce(self, topic: str, *, value: bytes, partition: int) -> None:
+            produced.append((partition, value))
+
+    events = Events()
+    events.failed = [6, 7, 8, 9]
+    events.retry_after_ms = {8: 0, 7: 2_500}
+    TaskAcks(Outputs(), "unit.acks", "t", TaskCounters(), lambda: 2).send(events)  # type: ignore[arg-type]
+    batches = {lp: XorBatch.decode(v) for lp, v in produced}
+    assert (batches[0].failed.tolist(), batches[0].retry_after_ms.tolist()) == ([6, 8], [-1, 0])
+    assert (batches[1].failed.tolist(), batches[1].retry_after_ms.tolist()) == ([7, 9], [2_500, -1])
+    events.retry_after_ms = {}
+    produced.clear()
+    TaskAcks(Outputs(), "unit.acks", "t", TaskCounters(), lambda: 2).send(events)  # type: ignore[arg-type]
+    assert all(XorBatch.decode(v).retry_after_ms.size == 0 for _, v in produced)  # the shorter encoding
+
+
+@pytest.mark.parametrize("ms", [-1, 86_400_001, 1.5, True, "10"])
+def test_a_retry_after_outside_0_to_24_h_is_refused(ms: object) -> None:
+    with pytest.raises(ValueError, match="retry_after_ms must be a whole number of ms from 0 to 86400000"):
+        checked_retry_after_ms(ms)
