@@ -1,0 +1,100 @@
+"""The timeout clock of a ledger partition stops while a task is in an outage (docs/design.md
+§6, *Outages*).
+
+A task whose dependency is down (``TaskConfig.outage``, ``broker.outage``) pauses its inputs.
+The records queued unread behind it - on its input topics, or still on a topic before it -
+cannot complete meanwhile, and the task cannot name them: it has not read them. So it reports
+the outage instead, to every ledger partition: an *outage beat* on each ``ns.acks[i]``, "in an
+outage since ``since_ms``, covered until ``until_ms``" (a few seconds ahead of its clock, never
+more than ``outage_max_ms`` after ``since_ms``). A partition keeps the union of the intervals
+its beats covered, and each interval a beat adds stops its clock:
+
+    a stop [a, b):  every pending entry whose deadline is after ``a`` gets ``b - a`` more
+
+which is what a clock standing still from ``a`` to ``b`` does to them: a deadline before the
+outage began is not held up by it, a deadline after it by the whole stop, and an entry
+registered during the outage gains only the stops after its registration. Worked example,
+beats every second covering 3 s ahead, an outage from 10 s to 14.5 s:
+
+    beat at 10 s: since 10, until 13 -> stop [10, 13)   entry due at 12 -> 15; due at 9: as it was
+    beat at 11 s: since 10, until 14 -> stop [13, 14)   -> 16
+    ...
+    beat at 14 s: since 10, until 17 -> stop [16, 17)   -> 19   (outage 4.5 s, stop 7 s)
+
+The clock thus stops at most the cover longer than the outage, and a task killed in an outage
+stops it at most the cover past its last beat. A beat is an input of its ledger partition like
+an event: read in order, before expiry at any tick after it was sent (gated, broker.acker.lag).
+
+Durable: the partition's stop so far (``until_ms``) and the tasks it heard from travel in its
+``__counters__`` record (``as_counters`` / ``from_counters``), written in the transaction of the
+deadlines the stop moved (they are DIRTY, so logged), so a beat folded again after a rewind or
+by a new owner adds nothing twice - and a stop once given is never taken back.
+
+Pure: no clock, no I/O; times are the beats' own (epoch ms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: Keys of the stop's state in a ``__counters__`` record's counters (not counts: ``replaybroker
+#: status`` reads them apart).
+PREFIX = "outage."
+UNTIL_KEY = "outage.stopped_until_ms"
+SINCE_PREFIX = "outage.since_ms:"
+LAST_PREFIX = "outage.until_ms:"
+
+#: A task not heard from for this long after its last beat's cover is forgotten.
+FORGET_MS = 600_000
+
+
+class ClockStops:
+    """One ledger partition's stopped clock: how far it stopped, and for which tasks."""
+
+    __slots__ = ("tasks", "until_ms")
+
+    def __init__(self, until_ms: int = 0, tasks: dict[str, tuple[int, int]] | None = None) -> None:
+        self.until_ms = until_ms  # the clock stopped up to here (0: never)
+        self.tasks: dict[str, tuple[int, int]] = tasks or {}  # task -> (since_ms, until_ms) of its last beat
+
+    def beat(self, task: str, since_ms: int, until_ms: int) -> tuple[int, int] | None:
+        """A task's beat: in an outage since ``since_ms``, covered up to ``until_ms``. Returns
+        the interval ``[a, b)`` the clock stops for now (None: the beat covers nothing new)."""
+        prev = self.tasks.get(task)
+        self.tasks[task] = (since_ms, until_ms if prev is None or prev[0] != since_ms else max(prev[1], until_ms))
+        for name in [n for n, (_, u) in self.tasks.items() if u < until_ms - FORGET_MS]:
+            del self.tasks[name]
+        start = max(since_ms, self.until_ms)
+        if until_ms <= start:
+            return None
+        self.until_ms = until_ms
+        return start, until_ms
+
+    def in_outage(self, now_ms: int) -> dict[str, int]:
+        """The tasks whose last beat still covers ``now_ms``, and since when they are in an outage."""
+        return {name: since for name, (since, until) in self.tasks.items() if until > now_ms}
+
+    def as_counters(self) -> dict[str, int]:
+        """The state as ``__counters__`` entries (empty: the clock never stopped)."""
+        if not self.until_ms and not self.tasks:
+            return {}
+        out = {UNTIL_KEY: self.until_ms}
+        for name, (since, until) in self.tasks.items():
+            out[SINCE_PREFIX + name] = since
+            out[LAST_PREFIX + name] = until
+        return out
+
+    @classmethod
+    def from_counters(cls, counters: Mapping[str, int]) -> tuple[ClockStops, dict[str, int]]:
+        """The state kept in ``counters``, and the counters without it."""
+        rest = {k: v for k, v in counters.items() if not k.startswith(PREFIX)}
+        tasks = {
+            k[len(SINCE_PREFIX):]: (v, counters.get(LAST_PREFIX + k[len(SINCE_PREFIX):], v))
+            for k, v in counters.items() if k.startswith(SINCE_PREFIX)
+        }
+        return cls(counters.get(UNTIL_KEY, 0), tasks), rest
+
+
+def outages_in(counters: Mapping[str, int], now_ms: int) -> dict[str, int]:
+    """The tasks in an outage at ``now_ms`` by a ``__counters__`` record's counters, and since when."""
+    return ClockStops.from_counters(counters)[0].in_outage(now_ms)
