@@ -12,20 +12,23 @@ its beats covered, and each interval a beat adds stops its clock:
     a stop [a, b):  every pending entry whose deadline is after ``a`` gets ``b - a`` more
 
 which is what a clock standing still from ``a`` to ``b`` does to them: a deadline before the
-outage began is not held up by it, a deadline after it by the whole stop, and an entry
-registered during the outage gains only the stops after its registration. Worked example,
-beats every second covering 3 s ahead, an outage from 10 s to 14.5 s:
+outage began is not held up by it, a deadline after it by the whole stop. A record created
+while the clock stands (at ``c``, in the current stop ``[s, b)``; registered after the beats
+that stopped it) starts its timeout when the clock moves again: ``b - max(c, s)`` more
+(``held_back``), and the stops after it as any entry. Worked example, beats every second
+covering 3 s ahead, an outage from 10 s to 14.5 s, timeouts of 2 s:
 
     beat at 10 s: since 10, until 13 -> stop [10, 13)   entry due at 12 -> 15; due at 9: as it was
-    beat at 11 s: since 10, until 14 -> stop [13, 14)   -> 16
+    record created at 10.5 s, due at 12.5 -> registered due at 12.5 + (13 - 10.5) = 15
+    beat at 11 s: since 10, until 14 -> stop [13, 14)   both -> 16
     ...
-    beat at 14 s: since 10, until 17 -> stop [16, 17)   -> 19   (outage 4.5 s, stop 7 s)
+    beat at 14 s: since 10, until 17 -> stop [16, 17)   both -> 19   (outage 4.5 s, stop 7 s)
 
 The clock thus stops at most the cover longer than the outage, and a task killed in an outage
 stops it at most the cover past its last beat. A beat is an input of its ledger partition like
 an event: read in order, before expiry at any tick after it was sent (gated, broker.acker.lag).
 
-Durable: the partition's stop so far (``until_ms``) and the tasks it heard from travel in its
+Durable: the partition's current stop (``since_ms``, ``until_ms``) and the tasks it heard from travel in its
 ``__counters__`` record (``as_counters`` / ``from_counters``), written in the transaction of the
 deadlines the stop moved (they are DIRTY, so logged), so a beat folded again after a rewind or
 by a new owner adds nothing twice - and a stop once given is never taken back.
@@ -37,10 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 #: Keys of the stop's state in a ``__counters__`` record's counters (not counts: ``replaybroker
 #: status`` reads them apart).
 PREFIX = "outage."
 UNTIL_KEY = "outage.stopped_until_ms"
+START_KEY = "outage.stopped_since_ms"
 SINCE_PREFIX = "outage.since_ms:"
 LAST_PREFIX = "outage.until_ms:"
 
@@ -51,10 +57,11 @@ FORGET_MS = 600_000
 class ClockStops:
     """One ledger partition's stopped clock: how far it stopped, and for which tasks."""
 
-    __slots__ = ("tasks", "until_ms")
+    __slots__ = ("since_ms", "tasks", "until_ms")
 
-    def __init__(self, until_ms: int = 0, tasks: dict[str, tuple[int, int]] | None = None) -> None:
-        self.until_ms = until_ms  # the clock stopped up to here (0: never)
+    def __init__(self, since_ms: int = 0, until_ms: int = 0, tasks: dict[str, tuple[int, int]] | None = None) -> None:
+        self.since_ms = since_ms  # the current (or last) stop began here
+        self.until_ms = until_ms  # and the clock stands still up to here (0: it never stopped)
         self.tasks: dict[str, tuple[int, int]] = tasks or {}  # task -> (since_ms, until_ms) of its last beat
 
     def beat(self, task: str, since_ms: int, until_ms: int) -> tuple[int, int] | None:
@@ -67,8 +74,21 @@ class ClockStops:
         start = max(since_ms, self.until_ms)
         if until_ms <= start:
             return None
+        if since_ms > self.until_ms:  # a new stop, not the current one going on
+            self.since_ms = since_ms
         self.until_ms = until_ms
         return start, until_ms
+
+    def held_back(self, created_ms: np.ndarray, deadlines_ms: np.ndarray) -> np.ndarray:
+        """How much later the timeouts of records created at ``created_ms`` (due at
+        ``deadlines_ms``) end, registered now: a record created before the current stop and
+        due after it began waits the whole stop, one created during it from its creation to
+        the stop's end (the module doc); the others, 0."""
+        if not self.until_ms:
+            return np.zeros(len(created_ms), np.int64)
+        start = np.maximum(np.asarray(created_ms, np.int64), self.since_ms)
+        held = (start < self.until_ms) & (np.asarray(deadlines_ms, np.int64) > self.since_ms)
+        return np.where(held, self.until_ms - start, 0)
 
     def in_outage(self, now_ms: int) -> dict[str, int]:
         """The tasks whose last beat still covers ``now_ms``, and since when they are in an outage."""
@@ -78,7 +98,7 @@ class ClockStops:
         """The state as ``__counters__`` entries (empty: the clock never stopped)."""
         if not self.until_ms and not self.tasks:
             return {}
-        out = {UNTIL_KEY: self.until_ms}
+        out = {START_KEY: self.since_ms, UNTIL_KEY: self.until_ms}
         for name, (since, until) in self.tasks.items():
             out[SINCE_PREFIX + name] = since
             out[LAST_PREFIX + name] = until
@@ -92,7 +112,7 @@ class ClockStops:
             k[len(SINCE_PREFIX):]: (v, counters.get(LAST_PREFIX + k[len(SINCE_PREFIX):], v))
             for k, v in counters.items() if k.startswith(SINCE_PREFIX)
         }
-        return cls(counters.get(UNTIL_KEY, 0), tasks), rest
+        return cls(counters.get(START_KEY, 0), counters.get(UNTIL_KEY, 0), tasks), rest
 
 
 def outages_in(counters: Mapping[str, int], now_ms: int) -> dict[str, int]:
