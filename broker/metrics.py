@@ -68,6 +68,7 @@ class PartitionFigures:
     pending: int | None  # None: not computed since the state was restored
     oldest_pending_ms: int | None  # None: nothing pending, or its time is unknown
     replays_waiting: int = 0  # replays due but waiting for their turn under the replay rate
+    tasks_in_outage: int = 0  # tasks whose outage beats stop the partition's clock now (broker.ledger.outages)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,15 @@ class AckerMetrics(Collector):
             "replaybroker_acker_replays_waiting", "Replays due but waiting for their turn under replay_rate_per_s",
             labels=["partition"],
         )
+        stopped = CounterMetricFamily(
+            "replaybroker_acker_outage_stopped_seconds",
+            "How long the ledger partition's timeout clock stood still for tasks in an outage (TaskConfig.outage)",
+            labels=["partition"],
+        )
+        in_outage = GaugeMetricFamily(
+            "replaybroker_acker_tasks_in_outage", "Tasks whose outage beats stop the ledger partition's clock now",
+            labels=["partition"],
+        )
         for lp, fig in sorted(snap.partitions.items()):
             p = str(lp)
             for name in DECISIONS:
@@ -143,6 +153,8 @@ class AckerMetrics(Collector):
             registered.add_metric([p], fig.counters.get("registered", 0))
             adaptive.add_metric([p], fig.counters.get("adaptive", 0))
             waiting.add_metric([p], fig.replays_waiting)
+            stopped.add_metric([p], fig.counters.get("outage_stopped_ms", 0) / 1000)
+            in_outage.add_metric([p], fig.tasks_in_outage)
             if fig.pending is not None:
                 pending.add_metric([p], fig.pending)
                 if fig.pending == 0:
@@ -158,7 +170,8 @@ class AckerMetrics(Collector):
                 lag.add_metric([topic, str(partition)], messages)
         owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
         owned.add_metric([], len(snap.partitions))
-        yield from (decisions, folded, registered, adaptive, pending, age, waiting, lag, owned, *self._estimates(snap))
+        yield from (decisions, folded, registered, adaptive, pending, age, waiting, stopped, in_outage, lag, owned,
+                    *self._estimates(snap))
 
     @staticmethod
     def _estimates(snap: AckerSnapshot) -> tuple[Metric, ...]:
@@ -192,6 +205,7 @@ class TaskFigures(Protocol):
     rejected: int
     outages: int
     outage_tries: int
+    outage_beats: int
     undeliverable: int
     errors: int
     emitted: int
@@ -230,6 +244,16 @@ class TaskMetrics(Collector):
         )
         outage.add_metric([], self._outage_s())
         yield outage
+        in_outage = GaugeMetricFamily(
+            "replaybroker_task_in_outage", "1 while a dependency is down (TaskConfig.outage): the task sends outage beats"
+        )
+        in_outage.add_metric([], 1.0 if self._outage_s() > 0 else 0.0)
+        yield in_outage
+        beats = CounterMetricFamily(
+            "replaybroker_task_outage_beats", "Outage beats sent: the timeout clock of what waits behind the task stops"
+        )
+        beats.add_metric([], c.outage_beats)
+        yield beats
         outputs = CounterMetricFamily(
             "replaybroker_task_outputs", "Records written: children (anchored) and sink outputs", labels=["kind"]
         )

@@ -87,6 +87,10 @@ def test_a_beat_holds_back_a_timeout_by_the_stop(world: World) -> None:
     world.send(X, ROOT, max_attempts=3, timeout_ms=1_000)  # due at T0 + 1 s
     world.step(2)
     beat(world, T0 + 200, T0 + 3_200)  # the clock stands 3 s: due at T0 + 4 s
+    at(world, 3_000)
+    metric = world.acker.metrics.registry.get_sample_value
+    assert metric("replaybroker_acker_tasks_in_outage", {"partition": "0"}) == 1
+    assert metric("replaybroker_acker_outage_stopped_seconds_total", {"partition": "0"}) == 3.0
     at(world, 3_900)
     assert not world.outcomes() and not world.replays()
     at(world, 4_100)
