@@ -45,7 +45,7 @@ def test_beats_stop_the_clock_for_the_union_of_what_they_cover() -> None:
     assert stops.beat("b", 11_000, 13_500) is None  # another task, covered already
     assert stops.beat("a", 10_000, 12_000) is None  # a beat read again
     assert stops.beat("a", 20_000, 22_000) == (20_000, 22_000)  # a new outage: a new stop
-    assert (stops.since_ms, stops.until_ms) == (20_000, 22_000)
+    assert stops.stops == [(10_000, 14_000), (20_000, 22_000)] and stops.until_ms == 22_000
     assert stops.in_outage(21_000) == {"a": 20_000} and stops.in_outage(22_000) == {}
 
 
@@ -58,6 +58,9 @@ def test_a_record_created_during_the_stop_starts_its_timeout_when_the_clock_move
     # creation; after: nothing
     assert stops.held_back(created, deadlines).tolist() == [3_000, 0, 2_500, 0, 3_000]
     assert ClockStops().held_back(created, deadlines).tolist() == [0] * 5
+    stops.beat("a", 20_000, 21_000)  # a second stop: what the first added counts for it
+    assert stops.held_back(np.array([5_000, 5_000, 14_000]), np.array([12_000, 18_000, 19_000])).tolist() == [
+        3_000, 4_000, 0]  # 12 -> 15 (not after 20: no more); 18 -> 21 -> 22; created after the first, due before the second
 
 
 def test_the_stop_travels_in_the_counters_record() -> None:
@@ -67,7 +70,7 @@ def test_the_stop_travels_in_the_counters_record() -> None:
     record = LedgerCounters.decode(LedgerCounters(counters, 1).encode())
     back, rest = ClockStops.from_counters(record.counters)
     assert rest == {"completed": 4}
-    assert (back.since_ms, back.until_ms, back.tasks) == (10_000, 13_000, {"enrich": (10_000, 13_000)})
+    assert (back.stops, back.tasks) == ([(10_000, 13_000)], {"enrich": (10_000, 13_000)})
     assert outages_in(record.counters, 12_000) == {"enrich": 10_000}
     assert without_outages(record.counters) == {"completed": 4}
     assert ClockStops().as_counters() == {}
