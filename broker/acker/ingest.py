@@ -22,9 +22,9 @@ from broker.ledger.clock import Clock, Ticker
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
 from broker.schemas import (
+    OUTAGE_BEAT_KEY,
     PERSIST_ADAPTIVE,
     PERSIST_PREFIX_LEN,
-    OUTAGE_BEAT_KEY,
     OutageBeat,
     PersistPrefixes,
     XorBatch,
