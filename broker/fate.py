@@ -60,6 +60,7 @@ class Input(Enum):
     FAIL_MARK = "fail mark"
     REJECTION = "rejection"
     TOUCH = "touch"
+    OUTAGE_BEAT = "outage beat"
     SUPERSEDED_MARK = "superseded mark"
     DEADLINE = "deadline passed"
     ENDED = "timed out or failed"
@@ -109,6 +110,9 @@ COMPLETES = Row((State.PENDING,), Input.COMPLETED, State.GONE, Outcome.COMPLETED
 FAILS = Row((State.PENDING,), Input.FAIL_MARK, State.FAILED)
 REJECTS = Row((State.PENDING,), Input.REJECTION, State.FAILED)
 TOUCHED = Row((State.PENDING,), Input.TOUCH, State.PENDING)
+# A task's outage stops the clock of what is pending (broker.ledger.outages): read like an
+# event, so before any expiry at a tick after the beat was sent.
+STOPPED = Row((State.PENDING,), Input.OUTAGE_BEAT, State.PENDING, gated=True)
 MARKED = Row((State.PENDING,), Input.SUPERSEDED_MARK, State.PENDING)
 TIMES_OUT = Row((State.PENDING,), Input.DEADLINE, State.TIMED_OUT, gated=True)
 FAIL_WINS = Row((State.FAILED,), Input.DEADLINE, State.FAILED)
@@ -129,6 +133,6 @@ RESTORED = Row(ANY, Input.RESTORE, None)
 
 # docs/design.md §6, "The states of an attempt", row by row.
 TABLE: tuple[Row, ...] = (
-    COMPLETES, FAILS, REJECTS, TOUCHED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, WAITS,
+    COMPLETES, FAILS, REJECTS, TOUCHED, STOPPED, MARKED, TIMES_OUT, FAIL_WINS, REPLAYED, HELD, DEFERRED, WAITS,
     LOST, QUARANTINED, COMPLETED_LATE, HELD_SUPERSEDED, DEAD_LETTERED, SETTLED, WATCH_COMPLETED, HANDED_ON, UNWATCHED, RESTORED,
 )

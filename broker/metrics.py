@@ -76,6 +76,7 @@ class PartitionFigures:
     oldest_pending_ms: int | None  # None: nothing pending, or its time is unknown
     replays_waiting: int = 0  # replays due but held back: the replay rate, their key's earlier ones
     replays_backing_off: int = 0  # replays waiting for their back-off (or their task's retry-after)
+    tasks_in_outage: int = 0  # tasks whose outage beats stop the partition's clock now (broker.ledger.outages)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,15 @@ class AckerMetrics(Collector):
             "replaybroker_acker_replays_backing_off",
             "Replays waiting for their back-off (SourceConfig.retry, or the task's retry_after_ms)", labels=["partition"],
         )
+        stopped = CounterMetricFamily(
+            "replaybroker_acker_outage_stopped_seconds",
+            "How long the ledger partition's timeout clock stood still for tasks in an outage (TaskConfig.outage)",
+            labels=["partition"],
+        )
+        in_outage = GaugeMetricFamily(
+            "replaybroker_acker_tasks_in_outage", "Tasks whose outage beats stop the ledger partition's clock now",
+            labels=["partition"],
+        )
         for lp, fig in sorted(snap.partitions.items()):
             p = str(lp)
             for name in DECISIONS:
@@ -157,6 +167,8 @@ class AckerMetrics(Collector):
             adaptive.add_metric([p], fig.counters.get("adaptive", 0))
             waiting.add_metric([p], fig.replays_waiting)
             backing_off.add_metric([p], fig.replays_backing_off)
+            stopped.add_metric([p], fig.counters.get("outage_stopped_ms", 0) / 1000)
+            in_outage.add_metric([p], fig.tasks_in_outage)
             if fig.pending is not None:
                 pending.add_metric([p], fig.pending)
                 if fig.pending == 0:
@@ -172,8 +184,8 @@ class AckerMetrics(Collector):
                 lag.add_metric([topic, str(partition)], messages)
         owned = GaugeMetricFamily("replaybroker_acker_owned_partitions", "Ledger partitions this acker owns")
         owned.add_metric([], len(snap.partitions))
-        yield from (decisions, folded, registered, adaptive, pending, age, waiting, backing_off, lag, owned,
-                    *self._ends(snap), *self._estimates(snap))
+        yield from (decisions, folded, registered, adaptive, pending, age, waiting, backing_off, stopped, in_outage,
+                    lag, owned, *self._ends(snap), *self._estimates(snap))
 
     @staticmethod
     def _ends(snap: AckerSnapshot) -> tuple[Metric, ...]:
@@ -234,6 +246,7 @@ class TaskFigures(Protocol):
     rejected: int
     outages: int
     outage_tries: int
+    outage_beats: int
     undeliverable: int
     errors: int
     emitted: int
@@ -281,6 +294,16 @@ class TaskMetrics(Collector):
         failures.add_metric(["rejected"], c.rejected)
         failures.add_metric(["outage"], c.outage_tries)
         yield failures
+        in_outage = GaugeMetricFamily(
+            "replaybroker_task_in_outage", "1 while a dependency is down (TaskConfig.outage): the task sends outage beats"
+        )
+        in_outage.add_metric([], 1.0 if self._outage_s() > 0 else 0.0)
+        yield in_outage
+        beats = CounterMetricFamily(
+            "replaybroker_task_outage_beats", "Outage beats sent: the timeout clock of what waits behind the task stops"
+        )
+        beats.add_metric([], c.outage_beats)
+        yield beats
         outputs = CounterMetricFamily(
             "replaybroker_task_outputs", "Records written: children (anchored) and sink outputs", labels=["kind"]
         )

@@ -17,9 +17,12 @@ the batch:
    it ``outage_max_ms`` after the outage began is failed as before (a replay or, after its
    attempts, the DLQ) and the next outage exception begins a new one.
 
-Nothing goes downstream for an input put back, and no attempt is spent. Records behind the
-paused partitions, not read yet, are not touched: their timeouts run (docs/design.md, Known
-gaps).
+Nothing goes downstream for an input put back, and no attempt is spent. The records queued
+behind the paused partitions, not read yet (or not even at this hop yet), cannot be touched:
+the task names none of them. It reports the outage instead: every ``BEAT_EVERY_MS`` while it
+lasts an outage beat to every ledger partition says since when, covering ``BEAT_COVER_MS``
+ahead (never past ``outage_max_ms`` after it began), and the acker stops their timeout clock
+for that long (broker.ledger.outages, docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -32,16 +35,23 @@ from broker.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
+#: How often a task in an outage sends its beat, and how far ahead a beat covers: more than
+#: one beat ahead, so that a try that blocks a while (a connect timeout) leaves no gap; a task
+#: killed in an outage stops the clock at most this long after its last beat.
+BEAT_EVERY_MS = 1_000
+BEAT_COVER_MS = 3_000
+
 
 class Outage:
     """The task's outage, if it is in one: since when, how many tries, what it holds back."""
 
-    __slots__ = ("_clock", "_last_touch", "_max_s", "_policy", "_touch_s", "held", "next_try", "paused", "since",
-                 "since_ms", "tries")
+    __slots__ = ("_clock", "_last_beat", "_last_touch", "_max_ms", "_max_s", "_policy", "_touch_s", "held",
+                 "next_try", "paused", "since", "since_ms", "tries")
 
     def __init__(self, policy: RetryPolicy, max_ms: int, touch_every_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._policy = policy
+        self._max_ms = max_ms
         self._max_s = max_ms / 1000
         self._touch_s = touch_every_ms / 1000
         self._clock = clock
@@ -52,6 +62,7 @@ class Outage:
         self.paused = False
         self.held: list[int] = []  # srids put back, touched while they wait
         self._last_touch = 0.0
+        self._last_beat: float | None = None
 
     def holds_on(self) -> bool:
         """Whether an outage exception now puts its input back (False: it has lasted
@@ -80,6 +91,18 @@ class Outage:
         self._last_touch = self._clock()
         return True
 
+    def beat_due(self, now_ms: int) -> tuple[int, int] | None:
+        """``(since_ms, until_ms)`` of the beat to send now (None: none due): at once when an
+        outage begins, then every ``BEAT_EVERY_MS``; covering ``BEAT_COVER_MS`` past
+        ``now_ms`` (wall clock), never past ``outage_max_ms`` after the outage began."""
+        if self.since is None or self.since_ms is None:
+            return None
+        now = self._clock()
+        if self._last_beat is not None and now - self._last_beat < BEAT_EVERY_MS / 1000:
+            return None
+        self._last_beat = now
+        return self.since_ms, min(now_ms + BEAT_COVER_MS, self.since_ms + self._max_ms)
+
     def resume_due(self) -> bool:
         return self.paused and self._clock() >= self.next_try
 
@@ -88,7 +111,7 @@ class Outage:
         lasted = 0.0 if self.since is None else self._clock() - self.since
         if self.since is not None:
             log.warning("outage over after %.1fs and %d tries", lasted, self.tries)
-        self.since = self.since_ms = None
+        self.since = self.since_ms = self._last_beat = None
         self.tries, self.paused, self.held = 0, False, []
         return lasted
 

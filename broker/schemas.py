@@ -685,6 +685,39 @@ def _no_ids() -> np.ndarray:
     return np.empty(0, np.int64)
 
 
+#: Key of an outage beat in ``ns.acks`` (every other message there has none).
+OUTAGE_BEAT_KEY = b"rb-outage"
+_BEAT = struct.Struct(">qq")
+
+
+@dataclass(frozen=True)
+class OutageBeat:
+    """A task in an outage (``TaskConfig.outage``) to one ledger partition: in an outage since
+    ``since_ms``, the clock of what it holds stopped up to ``until_ms`` (its clock, epoch ms;
+    broker.ledger.outages). In ``ns.acks[i]`` with key ``OUTAGE_BEAT_KEY``: the two times
+    (8 B big-endian each), then the task's name (UTF-8)."""
+
+    task: str
+    since_ms: int
+    until_ms: int
+
+    def encode(self) -> bytes:
+        return _BEAT.pack(self.since_ms, self.until_ms) + self.task.encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> OutageBeat:
+        if data is None or len(data) < _BEAT.size:
+            raise DecodeError(f"outage beat shorter than {_BEAT.size} bytes")
+        since, until = _BEAT.unpack_from(data)
+        try:
+            task = data[_BEAT.size:].decode()
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"outage beat's task name is not UTF-8: {exc}") from None
+        if since <= 0 or until < since:
+            raise DecodeError(f"outage beat since {since} until {until}")
+        return cls(task, since, until)
+
+
 @dataclass(frozen=True)
 class XorBatch:
     """Events of one ledger partition. ``srids``/``xors``/``failed`` are int64 arrays;

@@ -12,6 +12,9 @@ partition, however long ``ns.persist``, ``ns.ledger`` and ``ns.dlq`` are.
   unknown (``pending_unknown_partitions``) until its acker decides something there;
 - ``completed``, ``replayed``, ``timed_out``, ``failed``, ``orphans``, ``quarantined`` ...:
   the per-partition counters, summed;
+- ``outages``: the tasks in an outage of a dependency now (``TaskConfig.outage``), since when -
+  by the beats the ackers folded (broker.ledger.outages), as of their last commit: a task whose
+  last beat covers now;
 - ``dlq``: records the acker ever dead-lettered (``dlq`` + ``quarantined`` +
   ``payload_lost``: every record it writes to ``ns.dlq``), not what retention kept there;
   ``replaybroker dlq list`` reads the topic.
@@ -26,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from broker.errors import TopologyError
 from broker.kafka_io import kafka_errors, watermarks
+from broker.ledger.outages import ClockStops, outages_in
 from broker.schemas import COUNTERS_KEY, LedgerCounters
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -44,11 +48,14 @@ def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
     pending: list[int | None] = [0] * P  # a partition without a record: no acker decided anything yet
     counters: dict[str, int] = {}
     oldest: int | None = None
+    outages: dict[str, int] = {}  # task -> since when (epoch ms)
     for p, record in records.items():
         pending[p] = record.pending
         if record.oldest_pending_ms is not None and (oldest is None or record.oldest_pending_ms < oldest):
             oldest = record.oldest_pending_ms
-        for name, value in record.counters.items():
+        for task, since in outages_in(record.counters, now_ms).items():
+            outages[task] = min(since, outages.get(task, since))
+        for name, value in without_outages(record.counters).items():
             counters[name] = counters.get(name, 0) + value
     unknown = [p for p, n in enumerate(pending) if n is None]
     updated = min((r.updated_ms for r in records.values()), default=None)
@@ -64,6 +71,9 @@ def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
         "replayed": counters.get("replayed", 0),
         "superseded": counters.get("superseded", 0),
         "dlq": sum(counters.get(name, 0) for name in DEAD_LETTERED),
+        "outages": {
+            task: {"since_ms": since, "for_s": round((now_ms - since) / 1000, 3)} for task, since in sorted(outages.items())
+        },
         "counters": counters,
         "counters_age_s": None if updated is None else round((now_ms - updated) / 1000, 3),
         "messages_read": read,
@@ -74,10 +84,16 @@ def status(settings: KafkaSettings, namespace: str) -> dict[str, Any]:
             "replayed": where,
             "superseded": where,
             "dlq": f"{where}: " + " + ".join(DEAD_LETTERED),
+            "outages": f"{where}: the outage beats of tasks (TaskConfig.outage) that cover now",
             "counters": where,
             "messages_read": f"{ns.ledger}, backwards from each partition's end",
         },
     }
+
+
+def without_outages(counters: dict[str, int]) -> dict[str, int]:
+    """A counters record's counters without the state of its stopped clock (not counts)."""
+    return ClockStops.from_counters(counters)[1]
 
 
 #: First window read back from a partition's end; doubled until the key is found. Small: an

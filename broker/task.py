@@ -340,6 +340,7 @@ class TaskCounters:
     touches: int = 0  # deadline extensions sent (ctx.touch)
     outages: int = 0  # outages begun (TaskConfig.outage)
     outage_tries: int = 0  # inputs put back in an outage, to be tried again after a back-off
+    outage_beats: int = 0  # outage beats sent: the clock of what waits behind the task stops (broker.outage)
     skipped: int = 0  # superseded replays acked without running the handler
     superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
 
@@ -915,18 +916,28 @@ class Task:
                         len(srids), records[0].topic, records[0].partition, records[0].offset, delay)
         self._pause_all()
         self._touch_held()
+        self._outage_beat()
 
     def _wait_out_outage(self) -> None:
         """In an outage: touch what was put back now and then, keep every partition paused
         (those assigned meanwhile too), and resume them when the next try is due."""
         if self._outage.touch_due():
             self._touch_held()
+        self._outage_beat()
         if self._outage.resume_due():
             self._outage.paused = False
             with contextlib.suppress(KafkaException):
                 self._consumer.resume(self._consumer.assignment())
         else:
             self._pause_all()
+
+    def _outage_beat(self) -> None:
+        """Stop the timeout clock of what waits unread behind the paused task (broker.outage)."""
+        due = self._outage.beat_due(int(time.time() * 1000))
+        if due is not None:
+            with contextlib.suppress(KafkaException):
+                self._acks.outage_beat(*due)
+            self.counters.outage_beats += 1
 
     def _pause_all(self) -> None:
         with contextlib.suppress(KafkaException):

@@ -1,7 +1,8 @@
 """What a ``Task`` writes to ``ns.acks`` (docs/design.md §4): ``XorBatch`` values of one ledger
 partition each - a batch's events (and the fail marks of the inputs it failed), the fail marks
 of source records whose outputs could not be delivered, and touches (``TaskContext.touch``:
-deadline extensions). All go out through the task's ``Outputs``, so an event batch that fails
+deadline extensions), and outage beats (``TaskConfig.outage``: the clock of what waits behind
+the task stops, broker.ledger.outages). All but the beats go out through the task's ``Outputs``, so an event batch that fails
 to deliver is sent again like any output.
 """
 
@@ -13,9 +14,9 @@ from typing import Protocol
 
 import numpy as np
 
-from broker import ids
+from broker import ids, kafka_io
 from broker.delivery import Failed, Outputs, failed_srids
-from broker.schemas import XorBatch
+from broker.schemas import OUTAGE_BEAT_KEY, OutageBeat, XorBatch
 
 log = logging.getLogger("broker.task")  # the task's own lines: a user filters them there
 
@@ -120,6 +121,17 @@ class TaskAcks:
         self.outputs.produce(self.acks, value=value, partition=lp)
         self.outputs.producer.poll(0)
         self.counters.touches += 1
+
+    def outage_beat(self, since_ms: int, until_ms: int) -> None:
+        """The task is in an outage since ``since_ms``: to every ledger partition, stop the
+        timeout clock of what is pending there up to ``until_ms`` (broker.ledger.outages) -
+        every partition, because the records queued unread behind the task are unknown to it.
+        Not waited for, and not sent again: a lost beat stops the clock less, as if the
+        outage were shorter (the records time out as they would without it)."""
+        value = OutageBeat(self.name, since_ms, until_ms).encode()
+        for lp in range(self.ledger_partitions()):
+            kafka_io.produce(self.outputs.producer, self.acks, key=OUTAGE_BEAT_KEY, value=value, partition=lp)
+        self.outputs.producer.poll(0)
 
     def fail_undeliverable(self, lost: list[Failed], events: Events | None = None) -> set[int]:
         """Fail the source records of outputs that cannot be delivered - in ``events`` when

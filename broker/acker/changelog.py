@@ -47,6 +47,7 @@ from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
+from broker.ledger.outages import ClockStops
 from broker.schemas import COUNTERS_KEY, LedgerCounters, LedgerEntry
 from broker.topics import Namespace
 
@@ -284,7 +285,8 @@ class Changelog:
         raw_counters = latest.pop(COUNTERS_KEY, None)
         if raw_counters:
             record = LedgerCounters.decode(raw_counters)
-            st.counters = record.counters
+            # The stopped clock travels with the counters (broker.ledger.outages).
+            st.stops, st.counters = ClockStops.from_counters(record.counters)
             # Written with the last change of the table (every change of its pending entries
             # is counted): the restored table's figures. The oldest entry's time is the one
             # registration time known (None in an older record: computed when needed).

@@ -104,7 +104,7 @@ def take_changes(
             st.summarize()
             st.floor = restore_floor(st, position)
             record = LedgerCounters(
-                st.counters, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms, st.floor
+                {**st.counters, **st.stops.as_counters()}, now_ms, st.pending, st.oldest_pending_offset, st.oldest_pending_ms, st.floor
             )
             batch.changelog.append((lp, [COUNTERS_KEY], [record.encode()]))
             st.counters_dirty = False

@@ -23,8 +23,10 @@ from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
 from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
+    OUTAGE_BEAT_KEY,
     PERSIST_ADAPTIVE,
     PERSIST_PREFIX_LEN,
+    OutageBeat,
     PersistPrefixes,
     XorBatch,
     read_persist_prefixes,
@@ -32,6 +34,10 @@ from broker.schemas import (
 from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
+
+#: An outage beat stops the clock at most this long past its own timestamp (the task covers
+#: a few seconds ahead: broker.outage.BEAT_COVER_MS).
+MAX_BEAT_COVER_MS = 10_000
 
 
 class Ingest:
@@ -143,14 +149,14 @@ class Ingest:
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
             keep = ~bad
             srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
-            roots, attempts = pre.roots[keep], pre.attempts[keep]
+            roots, attempts, created = pre.roots[keep], pre.attempts[keep], pre.created_ms[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
             values = [v for v, k in zip(values, kept, strict=True) if k]
             if not msgs:
                 return
         else:
-            roots, attempts = pre.roots, pre.attempts
+            roots, attempts, created = pre.roots, pre.attempts, pre.created_ms
         # One sample per batch for the age of the oldest pending entry (RegistrationTimes):
         # the persist record's own timestamp, the source's send time unless the topic
         # stamps append times.
@@ -158,9 +164,17 @@ class Ingest:
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
         auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
+        given = auto_mask
+        if st.stops.until_ms:
+            # Created while a task's outage stopped the clock: the timeout starts when it
+            # moves again (broker.ledger.outages) - a deadline of the acker's, logged.
+            held = st.stops.held_back(created, deadline_ms)
+            if held.any():
+                deadline_ms = deadline_ms + held
+                given = held > 0 if auto_mask is None else auto_mask | (held > 0)
         # An adaptive deadline is the acker's, not the persist record's: logged (``given``).
         result = st.table.register(
-            srids, roots, offsets, self.ticker.ticks_of(deadline_ms), auto_mask, orphan_ttl=self.orphan_ttl_ticks
+            srids, roots, offsets, self.ticker.ticks_of(deadline_ms), given, orphan_ttl=self.orphan_ttl_ticks
         )
         dup = int(result.duplicates.sum())
         if not again:
@@ -235,6 +249,9 @@ class Ingest:
         P = self.partitions
         self._reading(batch)
         for msg in batch:
+            if msg.key() == OUTAGE_BEAT_KEY:
+                self.outage_beat(st, msg)
+                continue
             try:
                 xb = XorBatch.decode(msg.value())
                 if xb.ledger_partition != lp:
@@ -320,6 +337,31 @@ class Ingest:
         at = now_ms + np.minimum(xb.retry_after_ms[asked], MAX_RETRY_AFTER_MS)
         st.retry_at.update(zip(xb.failed[asked].tolist(), at.tolist(), strict=True))
         st.count("retry_afters", int(asked.sum()))
+
+    def outage_beat(self, st: PartitionState, msg: Message) -> None:
+        """A task in an outage: the partition's timeout clock stops for the time its beat adds
+        (broker.ledger.outages) - at most ``MAX_BEAT_COVER_MS`` past the beat's own timestamp,
+        so a beat with a cover too long (or a clock far ahead) cannot stop the clock for long.
+        Read in order with the events, so before any expiry at a tick after it was sent."""
+        try:
+            beat = OutageBeat.decode(msg.value())
+        except DecodeError as exc:
+            self.quarantine(st, msg, str(exc))
+            return
+        ts_type, ts = msg.timestamp()
+        sent = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms()
+        until = min(beat.until_ms, sent + MAX_BEAT_COVER_MS)
+        st.count("outage_beats")
+        if until <= beat.since_ms:
+            return
+        # On tick bounds, so that the next beat's interval starts where this one's ended.
+        end = self.ticker.tick_of(until)
+        stopped = st.stops.beat(beat.task, beat.since_ms, self.ticker.ms_of(end))
+        if stopped is None:
+            return
+        start = self.ticker.current_tick(stopped[0])
+        st.table.stop_clock(start, end - start)
+        st.count("outage_stopped_ms", (end - start) * self.ticker.tick_ms)
 
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,

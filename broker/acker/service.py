@@ -473,16 +473,18 @@ class Acker:
         for st in self.states.values():
             if st.pending is None:  # restored from an older counters record: once
                 st.summarize()
+        now_ms = self.clock.now_ms()
         self.metrics.publish(AckerSnapshot(
             {
                 lp: PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms,
-                                     len(st.replay_turns) - st.backing_off, st.backing_off)
+                                     len(st.replay_turns) - st.backing_off, st.backing_off,
+                                     len(st.stops.in_outage(now_ms)))
                 for lp, st in self.states.items()
             },
             {key: inp.lag for key, inp in self.expiry.inputs.items()},
             {
                 topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)
-                for topic, e in self.adaptive.estimates(self.clock.now_ms()).items()
+                for topic, e in self.adaptive.estimates(now_ms).items()
             },
         ))
 

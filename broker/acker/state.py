@@ -12,6 +12,7 @@ import numpy as np
 
 from broker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
+from broker.ledger.outages import ClockStops
 from broker.ledger.table import LedgerTable
 from broker.metrics import ATTEMPT_BUCKETS
 
@@ -43,6 +44,8 @@ COUNTERS = (
     "watch_skipped",  # replayed timeouts not watched (max_watches reached, or the decision was put off)
     "dlq_held",  # last attempts whose dead letter waited (an earlier attempt's watch, or its own late events)
     "completed_late",  # timed-out records whose tree completed while their decision waited (in "completed")
+    "outage_beats",  # outage beats of tasks received (broker.ledger.outages)
+    "outage_stopped_ms",  # how long the partition's timeout clock stood still for tasks in an outage
 )
 
 
@@ -155,6 +158,9 @@ class PartitionState:
     # srid -> when its fail mark was decided, until it is replayed: its back-off runs from there
     # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
     failed_at: dict[int, int] = field(default_factory=dict)
+    # How far the timeout clock stood still for tasks in an outage, and which tasks: durable,
+    # in the counters record (broker.ledger.outages).
+    stops: ClockStops = field(default_factory=ClockStops)
     # Decided in this commit, to be watched.
     watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)

@@ -49,7 +49,15 @@ LONGEST_LIST = 16
 
 def _readable(name: str, value: object) -> object:
     """``value`` as a line of text stays readable at 1 000 partitions: partition numbers as
-    ranges, per-partition figures as their total, spread and the largest ones."""
+    ranges, per-partition figures as their total, spread and the largest ones; the tasks in an
+    outage with since when (UTC) and for how long."""
+    if name == "outages" and isinstance(value, dict):
+        from datetime import UTC, datetime
+
+        return "; ".join(
+            f"{task} since {datetime.fromtimestamp(o['since_ms'] / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC ({o['for_s']:.1f} s)"
+            for task, o in value.items()
+        ) or "none"
     if not isinstance(value, list) or len(value) <= LONGEST_LIST:
         return value
     from broker.ranges import counted

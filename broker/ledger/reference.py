@@ -334,7 +334,7 @@ class ModelAttempt:
     origin: int
     number: int
     max_attempts: int
-    deadline_ms: int  # its deadline; of an adaptive one, a lower bound (created + the floor)
+    deadline_ms: int  # its deadline (held back by outages); of an adaptive one, a lower bound (created + the floor)
     acked_ms: int | None = None  # every event of its tree written at this time
     failed_ms: int | None = None  # a fail mark written at this time
     outcome: Outcome | None = None  # its persist tombstone's rb-outcome, once written
@@ -388,12 +388,42 @@ class FateModel:
         self.whole_window = whole_window
         self.attempts: dict[int, ModelAttempt] = {}
         self.origins: dict[int, list[ModelAttempt]] = {}
+        # When the clock stood still for a task's outage (§6, *Outages*): ``[since, until)``,
+        # oldest first, none overlapping.
+        self.stops: list[tuple[int, int]] = []
 
-    def attempt(self, srid: int, origin: int, number: int, max_attempts: int, deadline_ms: int) -> ModelAttempt:
-        a = ModelAttempt(srid, origin, number, max_attempts, deadline_ms)
+    def attempt(self, srid: int, origin: int, number: int, max_attempts: int, deadline_ms: int,
+                created_ms: int | None = None) -> ModelAttempt:
+        """A new attempt; created at ``created_ms`` (None: before every stop known), its
+        deadline held back by the stops since."""
+        a = ModelAttempt(srid, origin, number, max_attempts, self.held(created_ms, deadline_ms))
         self.attempts[srid] = a
         self.origins.setdefault(origin, []).append(a)
         return a
+
+    def held(self, created_ms: int | None, deadline_ms: int) -> int:
+        """A deadline as a clock that stood still in the stops makes it: each stop after the
+        creation holds it back by its length if it was due after the stop began, by the rest
+        of the stop if created during it."""
+        for since, until in self.stops:
+            start = since if created_ms is None else max(created_ms, since)
+            if start < until and deadline_ms > since:
+                deadline_ms += until - start
+        return deadline_ms
+
+    def stop(self, since_ms: int, until_ms: int) -> None:
+        """An outage beat: the clock stands still from ``since_ms`` to ``until_ms`` (the part
+        not covered yet); every attempt still pending that was due after it began is held back."""
+        start = max(since_ms, self.stops[-1][1] if self.stops else since_ms)
+        if until_ms <= start:
+            return
+        if self.stops and since_ms <= self.stops[-1][1]:
+            self.stops[-1] = (self.stops[-1][0], until_ms)
+        else:
+            self.stops.append((since_ms, until_ms))
+        for a in self.attempts.values():
+            if a.outcome is None and a.reason is None and a.deadline_ms > start:
+                a.deadline_ms += until_ms - start
 
     def counts(self, a: ModelAttempt) -> bool | None:
         """Whether ``a``'s completed tree must complete the record (None: it may)."""

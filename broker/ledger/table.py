@@ -9,7 +9,7 @@ the table is built; its methods are theirs:
   there, the LOGGED srids that left; reading entries (``get``, ``entries``, ``pending``);
 - ``Folding`` (``broker.ledger.folding``): what an entry means and the rules that fold events
   and persist records into it - ``fold``, ``register``, ``mark_failed`` / ``take_failed``;
-- ``Timeouts`` (``broker.ledger.timeouts``): deadlines - ``touch``, ``expire``, ``due``;
+- ``Timeouts`` (``broker.ledger.timeouts``): deadlines - ``touch``, ``stop_clock``, ``expire``, ``due``;
 - ``Deferrals`` (``broker.ledger.waiting``): decisions that wait - ``defer``,
   ``take_deferred``;
 - ``Watches`` (``broker.ledger.watches``): replayed attempts watched for a late completion
@@ -122,6 +122,10 @@ class LedgerTable:
     def touch(self, srids: np.ndarray, deadlines: np.ndarray, orphan_ttl: int = 0) -> int:
         """Push deadlines forward, never back (``Timeouts.touch``)."""
         return self._timeouts.touch(srids, deadlines, orphan_ttl)
+
+    def stop_clock(self, after: int, ticks: int) -> int:
+        """The clock stood still ``ticks`` from tick ``after`` on (``Timeouts.stop``)."""
+        return self._timeouts.stop(after, ticks)
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return the entries due at ``now_tick`` (``Timeouts.expire``)."""

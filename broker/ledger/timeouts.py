@@ -1,5 +1,5 @@
-"""Deadlines of the ledger table's entries: ``touch`` pushes them forward, ``expire`` takes out
-the entries whose deadline has come.
+"""Deadlines of the ledger table's entries: ``touch`` pushes them forward, ``stop`` holds
+them back while a task is in an outage, ``expire`` takes out the entries whose deadline has come.
 
 Timeouts are Storm's RotatingMap, one bucket per tick
 ------------------------------------------------------
@@ -93,6 +93,25 @@ class Timeouts:
         if moved.size:
             store.lower_min_deadline(int(target[later].min()))
         return int(applies.sum())
+
+    def stop(self, after: int, ticks: int) -> int:
+        """The clock stood still ``ticks`` from tick ``after`` on (a task's outage,
+        broker.ledger.outages): every registered, pending entry whose deadline is after
+        ``after`` gets ``ticks`` more; one due before was not held up by it. Failed, deferred
+        and watched entries are decided already, orphans wait for a persist record, not a
+        task: none of them moves. A deadline that moved is DIRTY (the changelog carries it:
+        a restore keeps the stop). Returns how many moved. One scan of the columns."""
+        if ticks <= 0:
+            return 0
+        t = self._store.hashtable
+        moved = np.flatnonzero(
+            ((t.flags & STATE) == REGISTERED) & (t.deadline > after) & (t.deadline < INT32_MAX)
+        )
+        if moved.size:
+            later = np.minimum(t.deadline[moved].astype(np.int64) + ticks, INT32_MAX - 1)
+            t.deadline[moved] = later.astype(t.deadline.dtype)
+            t.flags[moved] |= DIRTY
+        return int(moved.size)
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return entries with ``deadline <= now_tick``; call once per tick.

@@ -15,10 +15,12 @@ import pytest
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.dev.testing import unique_name
+from broker.headers import Tracking
 from broker.kafka_io import read_to_end
 from broker.retry import RetryPolicy
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
+from broker.status import status
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from tests.integration.ground_truth import Services
 
@@ -71,6 +73,66 @@ def test_records_arriving_during_an_outage_longer_than_their_timeout_all_complet
         assert task.counters.outages >= 1 and task.counters.failed == 0
         completed = log.completed_origins()
         assert all(completed[o] == 1 for o in [*origins, *during])  # each completed once
+    finally:
+        services.stop()
+        source.close()
+        del acker, task, source
+        gc.collect()
+    assert not services.errors
+
+
+def test_records_queued_unread_behind_a_task_in_an_outage_do_not_time_out(bootstrap: str) -> None:
+    """The task's part keeps alive only what it has read; the records queued behind its paused
+    partitions are kept alive by its outage beats: the acker stops their timeout clock while
+    the outage lasts (docs/design.md §6, "Outages"). An 8 s outage, a 3 s timeout, records
+    queued meanwhile: none is replayed, each completes in its first attempt."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("outage"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 2})
+    down = threading.Event()
+
+    def enrich(record: TaskRecord, ctx: TaskContext) -> None:
+        if down.is_set():
+            raise ServiceDown("connection refused")
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    task = Task(
+        settings, ns, [topic, topics.replay_topic(topic)], unique_name("task"), enrich,
+        # Five inputs per poll: a try reads five records, the others stay queued unread behind them.
+        TaskConfig(poll_timeout_ms=50, batch_size=5, outage=(ServiceDown,), outage_max_ms=60_000,
+                   outage_retry=RetryPolicy(500, 2.0, 1_000, 0.1), touch_timeout_ms=4_000),
+    )
+    services = Services(settings, ns, acker, task)
+    source = Source(settings, ns, SourceConfig(timeout_ms=3_000, max_attempts=3))
+    try:
+        warm = [source.send(topic, f"k{i}", b"order").origin for i in range(10)]
+        source.flush()
+        log = services.tail.log
+        services.wait(lambda: set(warm) <= set(log.completed_origins()), "the records before the outage")
+        down.set()
+        began = time.monotonic()
+        queued = []
+        seen = {}
+        while time.monotonic() - began < 8:
+            queued.append(source.send(topic, f"k{len(queued) % 7}", b"order").origin)
+            source.flush()
+            time.sleep(0.05)
+            if not seen and time.monotonic() - began > 3:
+                seen = status(settings, ns.name)["outages"]  # which tasks are in an outage, since when
+        down.clear()
+        assert list(seen) == [task.name] and 2 < seen[task.name]["for_s"] < 8, seen
+        services.wait(lambda: set(queued) <= set(log.completed_origins()), "the records queued in the outage",
+                      limit_s=90)
+        replays = read_to_end(settings, topics.replay_topic(topic), 2)
+        replayed = {t.origin for t in (Tracking.from_headers(list(m.headers() or ())) for m in replays) if t}
+        assert not replays, (f"{len(replays)} records queued behind the outage were replayed (timed out): "
+                             f"{sorted(queued.index(o) for o in replayed if o in queued)} of {len(queued)}")
+        assert not read_to_end(settings, ns.dlq, 1)
+        assert task.counters.outages >= 1 and task.counters.failed == 0
+        completed = log.completed_origins()
+        assert all(completed[o] == 1 for o in [*warm, *queued])
+        assert sum(st.counters.get("outage_stopped_ms", 0) for st in acker.states.values()) >= 6_000
     finally:
         services.stop()
         source.close()

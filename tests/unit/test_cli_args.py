@@ -241,12 +241,14 @@ def test_status_text_stays_readable_at_a_thousand_partitions(
     pending = [0] * 1000
     pending[7], pending[999] = 40, 3
     result = {"namespace": "big", "ledger_partitions": 1000, "pending": 43, "pending_per_partition": pending,
-              "pending_unknown_partitions": [*range(500, 700), 900], "sources": {"pending": "counters"}}
+              "pending_unknown_partitions": [*range(500, 700), 900], "sources": {"pending": "counters"},
+              "outages": {"big.enrich": {"since_ms": 1_700_000_000_000, "for_s": 12.5}}}
     monkeypatch.setattr(broker.status, "status", lambda *_a: dict(result))
     assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big"]) == 0
     out = capsys.readouterr().out
     assert "pending_per_partition: 1000 partitions: total 43, min 0, max 40; largest 7: 40, 999: 3, 998: 0" in out
     assert "pending_unknown_partitions: 201 [500-699, 900]" in out
+    assert "outages: big.enrich since 2023-11-14 22:13:20 UTC (12.5 s)" in out  # the tasks in an outage
     assert len(max(out.splitlines(), key=len)) < 200
     assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big", "--json"]) == 0
     assert len(orjson_loads(capsys.readouterr().out)["pending_per_partition"]) == 1000

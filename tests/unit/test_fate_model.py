@@ -30,7 +30,10 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   its table: no log holds an unlogged one) is never shortened;
 - ``group``: two ackers in one group: joins, clean hand-overs (revoke and warm state),
   kill -9 and takeover, with or without ``--standby``;
-- ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted.
+- ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
+- ``outage``: a task's outage beats on every ``ns.acks`` partition (§6, *Outages*): the model
+  holds back every deadline the stop covers, so a tree completed before the held-back
+  deadline must complete its record without a replay.
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
 stays well under a minute on two cores). The long run that looks for new sequences::
@@ -62,15 +65,15 @@ from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.reference import FateModel, ModelAttempt
 from broker.retry import RetryPolicy
-from broker.schemas import PersistedRecord, XorBatch
+from broker.schemas import OUTAGE_BEAT_KEY, OutageBeat, PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 from tests.unit.log_cluster import Cluster, Message
 
-ALL_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "txn")
+ALL_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "txn", "outage")
 # CI's: every dimension but "txn", which is slow (a restore that reads ns.persist past an
 # open transaction waits for it for its whole slice, ten seconds of wall clock in this harness).
-DEFAULT_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group")
+DEFAULT_DIMENSIONS = ("timestamps", "window", "early", "delete", "auto", "group", "outage")
 _dims = os.environ.get("REPLAYBROKER_MODEL_DIMENSIONS")
 DIMENSIONS = frozenset(
     DEFAULT_DIMENSIONS if _dims is None else ALL_DIMENSIONS if _dims.strip() == "all"
@@ -286,6 +289,30 @@ class FateMachine(RuleBasedStateMachine):
             self.cluster.append(NS.acks, lp, None, batch.encode())
         self.clock.advance(end - self.clock.now_ms())
 
+    @precondition(lambda self: "outage" in DIMENSIONS)
+    @rule(ms=st.sampled_from([1_000, 3_000, 8_000]), going_on=st.booleans())
+    def outage(self, ms: int, going_on: bool) -> None:
+        """A task in an outage (§6, *Outages*): its beat to every ledger partition stops the
+        clock from now (or from the last stop's start: the outage goes on) for ``ms``."""
+        now = self.clock.now_ms()
+        since = self.model.stops[-1][0] if going_on and self.model.stops else now
+        beat = OutageBeat("enrich", since, now + ms).encode()
+        for lp in range(self.cluster.partitions):
+            self.cluster.append(NS.acks, lp, OUTAGE_BEAT_KEY, beat)
+        # The records queued behind the task that it would complete late or drop complete
+        # once it is back instead: after their deadline, before the held-back one.
+        queued = {
+            a.srid: a.deadline_ms for a in self.model.attempts.values()
+            if a.outcome is None and a.reason is None and a.acked_ms is None and a.failed_ms is None
+            and a.deadline_ms > now and a.srid in self.roots
+            and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
+        }
+        self.model.stop(since, now + ms)
+        held = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
+        queued = {srid: before for srid, before in queued.items() if held[srid] > before}
+        self.planned = [p for p in self.planned if p[1] not in queued]
+        self.planned += [((before + held[srid]) // 2, srid, "ack") for srid, before in queued.items()]
+
     @rule(lp=st.integers(0, 1), n=st.integers(5, 40))
     def backlog(self, lp: int, n: int) -> None:
         """Events of other trees pile up on one input partition: the acker reads them a few
@@ -414,7 +441,7 @@ class FateMachine(RuleBasedStateMachine):
             if auto:
                 self.auto.add(r.srid)
             a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts,
-                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms))
+                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms), r.created_ms)
             self._plan(a, r.created_ms, FLOOR_MS if auto else r.timeout_ms)
         for r in records:
             for h in r.history:
@@ -612,4 +639,28 @@ def test_a_replay_its_fail_mark_asked_to_wait_goes_no_sooner() -> None:
         then(machine.step, n=2)
     asked = [a for a in machine.model.attempts.values() if a.retry_after_ms is not None]
     assert len(asked) >= 4 and all(a.replayed_ms is not None for a in asked if a.number == 1)
+    machine.teardown()
+
+
+def test_a_tree_completed_after_its_deadline_but_inside_an_outage_completes_without_a_replay() -> None:
+    """The records queued behind a task in an outage complete after their deadline, before the
+    deadline the outage held back (§6, *Outages*): not one is replayed - those sent before the
+    beat and those sent during the stop alike."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
+    then(machine.send, max_attempts=3, n=2, script=("late_now", "ack", "ack"), timeout_ms=1_000)
+    then(machine.step, n=2)
+    then(machine.outage, ms=3_000, going_on=False)
+    then(machine.advance, ms=300)
+    then(machine.send, max_attempts=3, n=2, script=("drop", "ack", "ack"), timeout_ms=1_000)
+    then(machine.outage, ms=3_000, going_on=True)
+    for _ in range(20):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 4
     machine.teardown()

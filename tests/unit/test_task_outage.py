@@ -187,3 +187,49 @@ def test_retry_delays_grow_to_their_cap_within_their_jitter() -> None:
     rng = random.Random(7)
     delays = [jittered.delay_ms(1, rng) for _ in range(500)]
     assert 800 <= min(delays) < 850 and 1_150 < max(delays) <= 1_200
+
+
+def test_an_outage_sends_a_beat_at_once_then_every_second_never_past_outage_max_ms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The records queued behind the paused task are unknown to it: it reports the outage to
+    every ledger partition instead (broker.ledger.outages)."""
+    def handler(record: TaskRecord, ctx: TaskContext) -> None:
+        raise Down("down")
+
+    task, _sent, _touched, clock = make(monkeypatch, handler, outage_max_ms=4_000)
+    beats: list[tuple[int, int]] = []
+    monkeypatch.setattr(TaskAcks, "outage_beat", lambda _self, since, until: beats.append((since, until)))
+    wall = {"ms": 1_700_000_000_000}
+    monkeypatch.setattr(broker.task.time, "time", lambda: wall["ms"] / 1000)
+    task.handle_batch([Message(0, 1)])
+    since = task._outage.since_ms
+    assert since is not None and beats == [(since, wall["ms"] + 3_000)]  # at once, covering 3 s ahead
+    clock.now += 0.5
+    wall["ms"] += 500
+    task._wait_out_outage()
+    assert len(beats) == 1  # not due yet
+    clock.now += 0.5
+    wall["ms"] += 500
+    task._wait_out_outage()
+    assert beats[-1] == (since, wall["ms"] + 3_000) and task.counters.outage_beats == 2
+    clock.now += 2.0
+    wall["ms"] += 2_000
+    task._wait_out_outage()
+    assert beats[-1] == (since, since + 4_000)  # never past outage_max_ms after it began
+
+
+def test_the_beat_goes_to_every_ledger_partition_with_its_key() -> None:
+    from broker.schemas import OUTAGE_BEAT_KEY, OutageBeat
+
+    produced: list[tuple[str, dict[str, Any]]] = []
+
+    class Recording(Producer):
+        def produce(self, topic: str, **kwargs: Any) -> None:
+            produced.append((topic, kwargs))
+
+    outputs = type("Outputs", (), {"producer": Recording({})})()
+    acks = TaskAcks(outputs, "unit.acks", "g", broker.task.TaskCounters(), lambda: 3)  # type: ignore[arg-type]
+    acks.outage_beat(1_000, 4_000)
+    assert [(t, k["partition"], k["key"]) for t, k in produced] == [("unit.acks", p, OUTAGE_BEAT_KEY) for p in range(3)]
+    assert OutageBeat.decode(produced[0][1]["value"]) == OutageBeat("g", 1_000, 4_000)
