@@ -447,6 +447,10 @@ def test_manual_clock_stepped_past_the_deadline_replays_without_waiting(pipeline
     # Past the deadline: created_ms is the wall time of the send, a moment after the clock's
     # start, so step well beyond start + timeout.
     clock.advance(360_000)
+    # It times out, then waits its back-off (DEFAULT_RETRY: 0.5 s +-20 %) on the same clock.
+    p.wait(lambda: acker.counters()["timed_out"] == 1, "the timeout")
+    assert acker.counters()["replayed"] == 0
+    clock.advance(1_000)
     p.wait(p.completed({result.origin}), "the replay to complete")
     counters = acker.counters()
     assert (counters["timed_out"], counters["replayed"], counters["completed"]) == (1, 1, 1)
