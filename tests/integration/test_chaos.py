@@ -9,6 +9,9 @@ under test believes):
 - the acker's exactly-once counters (``ns.ledger``) equal what the topics show: completed
   and replay tombstones in ``ns.persist``, records in ``ns.dlq``, persist records folded.
 
+The sources keep the default back-off (``DEFAULT_RETRY``): a failed attempt waits in the ledger
+for its turn - in the changelog, across the kills and takeovers - before its replay.
+
 Two ackers run (one ``--standby``); the scenario has its own embedded broker, so that it can
 kill -9 it mid-run and bring it back on the same data and ports. The same checks run on:
 
