@@ -547,6 +547,8 @@ def _check(report: ChaosReport, settings: KafkaSettings, ns: topics.Namespace, s
     for name, value in want.items():
         if counters.get(name, 0) != value:
             problems.append(f"counter {name}={counters.get(name, 0)}, the topics show {value}")
+    if tombstones["replay"] and not counters.get("replays_backed_off", 0):
+        problems.append(f"{tombstones['replay']} replays and not one waited its back-off (DEFAULT_RETRY)")
 
 
 # --------------------------------------------------------------------------- fates across takeovers
