@@ -11,7 +11,10 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
    adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
 6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby;
 7. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
-   and a sink's micro-batch time against a small and a large table (one Spark session).
+   and a sink's micro-batch time against a small and a large table (one Spark session);
+8. ``scale``      - P=1000 against P=16, 1, 2 and 4 ackers, kill -9 of one of 4 with and
+   without standbys, Zipf keys, idle cost, a task joining (bench.scale): on a 3-broker
+   cluster of its own, whatever ``--bootstrap`` says.
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
 a temporary run directory for this run and stopped after it. Outputs go to
@@ -101,9 +104,9 @@ class Plan:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
             return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
-                    "spark": 330}
+                    "spark": 330, "scale": 240}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
-                "spark": 600}
+                "spark": 600, "scale": 600}
 
 
 @dataclass
@@ -299,7 +302,7 @@ def run(options: Options) -> dict[str, Any]:
 
     guarded("fold", fold)
 
-    kafka_sections = [s for s in options.sections if s != "fold"]
+    kafka_sections = [s for s in options.sections if s not in ("fold", "scale")]
     if kafka_sections:
         try:
             with _kafka(options, progress) as (bootstrap, kafka_desc, kafka_pid):
@@ -314,6 +317,14 @@ def run(options: Options) -> dict[str, Any]:
                         _delete_topics(env)
         except Exception as exc:  # noqa: BLE001 - e.g. the embedded Kafka does not start
             errors["kafka"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    # scale starts a cluster of its own: after the embedded broker has stopped
+    def scale(update: Any) -> None:
+        from broker.bench.scale import measure_scale
+
+        details["scale"] = measure_scale(workdir, figures, quick=plan.quick,
+                                         commit_interval_ms=options.commit_interval_ms, progress=update)
+
+    guarded("scale", scale)
     meta.setdefault("kafka", "not used")
     if "kafka" in errors:
         figures.unavailable(FIGURE_KEYS, f"not measured: {errors['kafka'].splitlines()[0][:300]}")
