@@ -237,6 +237,35 @@ def _run(env: Env, partitions: int, label: str) -> Iterator[_Run]:
         run.close()
 
 
+TAKEOVER_WAIT_S = 300.0
+CHUNK_S = 3.0
+
+
+class _Chunks:
+    """A source kept sending at ``rate`` in short runs, one queued at a time, for as long as a
+    takeover takes (a worker's run has a fixed length)."""
+
+    def __init__(self, source: Proc, rate: float) -> None:
+        self.source, self.rate, self.outstanding = source, rate, 0
+
+    def keep_sending(self) -> None:
+        while not self.source.events.empty():
+            if self.source.events.get_nowait().get("event") == "sent":
+                self.outstanding -= 1
+        if self.outstanding == 0:
+            self.source.send(cmd="run", rate=self.rate, duration=CHUNK_S)
+            self.outstanding += 1
+
+    def drain(self) -> None:
+        for _ in range(self.outstanding):
+            self.source.wait_event("sent", CHUNK_S + 60)
+        self.outstanding = 0
+
+
+def _covered(taken: list[dict[str, Any]]) -> set[int]:
+    return set().union(*(set(a["partitions"]) for a in taken)) if taken else set()
+
+
 def takeover(run: _Run, source: Proc, victim: str, rate: float) -> dict[str, Any]:
     """kill -9 of ``victim`` under load: when its partitions complete again, what waited.
 
@@ -258,35 +287,38 @@ def takeover(run: _Run, source: Proc, victim: str, rate: float) -> dict[str, Any
                 if msg.error() is None and msg.key() is not None:
                     (persisted if msg.value() is not None else completed)[msg.key()] = msg.timestamp()[1] / 1000
 
-    seconds = SESSION_TIMEOUT_MS / 1000 + 20
+    chunks = _Chunks(source, rate)
     try:
-        source.send(cmd="run", rate=rate, duration=seconds)
+        chunks.keep_sending()
         read(2.0)
         killed_at = time.time()
         run.ackers[victim].popen.kill()
         run.ackers[victim].popen.wait(30)
-        deadline = time.monotonic() + seconds - 5
-        first = None
-        while first is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        first: float | None = None
+        taken: list[dict[str, Any]] = []
+        while first is None or not _covered(taken) >= lps:
+            if time.monotonic() > deadline:
+                raise BenchError(f"{victim}'s partitions not taken over within {TAKEOVER_WAIT_S:.0f}s of its kill "
+                                 f"(completion seen: {first is not None}, partitions restored: {len(_covered(taken))} "
+                                 f"of {len(lps)})")
+            chunks.keep_sending()
             read(0.5)
             first = min((at for at in completed.values() if at > killed_at), default=None)
-        if first is None:
-            raise BenchError(f"no completion on {victim}'s partitions within {seconds:.0f}s of its kill")
+            taken = [a for n in survivors for a in assignments(run.ackers[n].log_path)[before[n]:]
+                     if set(a["partitions"]) & lps]
         read(3.0)
     finally:
         tail.close()
-    source.wait_event("sent", seconds + 60)
+        chunks.drain()
     run.ackers.pop(victim).stop(5)
-    taken = [a for n in survivors for a in assignments(run.ackers[n].log_path)[before[n]:]
-             if set(a["partitions"]) & lps]
-    covered = set().union(*(set(a["partitions"]) for a in taken)) if taken else set()
     late = sum(1 for key, at in completed.items() if at >= first and persisted.get(key, first) < first)
     restore_s = max((a["seconds"] for a in taken), default=None)
     return {
         "partitions": len(lps),
         "total_s": first - killed_at,
         "after_session_s": max(first - killed_at - SESSION_TIMEOUT_MS / 1000, 0.0),
-        "all_assigned_s": max(a["at"] for a in taken) - killed_at if covered >= lps else None,
+        "all_assigned_s": max(a["at"] for a in taken) - killed_at,
         "late_records": late,
         "restore_s": restore_s,
         "partitions_per_s": len(lps) / restore_s if restore_s else None,
