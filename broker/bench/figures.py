@@ -94,6 +94,10 @@ def _specs() -> list[Spec]:
         Spec("latency.pipeline_start_p99_ms", "ms",
              "p99 of the records sent in the run's first seconds (the warm window, from idle to the load): "
              "left out of the p50/p99/p99.9 above"),
+        Spec("latency.fixed_load_rps", "records/s", "a fixed offered load, the same in every run"),
+        Spec("latency.fixed_p50_ms", "ms", "persist -> completed tombstone visible at the fixed load, p50"),
+        Spec("latency.fixed_p99_ms", "ms", "persist -> completed tombstone visible at the fixed load, p99 "
+             "(two runs compare by it: the 50 % load moves with the peak)"),
         Spec("latency.raw_p50_ms", "ms", "raw produce -> consume at the same rate, p50"),
         Spec("latency.raw_p99_ms", "ms", "raw produce -> consume at the same rate, p99"),
         Spec("latency.raw_p999_ms", "ms", "raw produce -> consume at the same rate, p99.9"),

@@ -370,7 +370,12 @@ def run(options: Options) -> dict[str, Any]:
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
     from broker.bench.adaptive import measure_adaptive
-    from broker.bench.pipeline import compiler_cpu, measure_latency, measure_throughput
+    from broker.bench.pipeline import (
+        compiler_cpu,
+        measure_fixed_latency,
+        measure_latency,
+        measure_throughput,
+    )
     from broker.bench.replay import measure_replay
     from broker.bench.restore import measure_restore
     from broker.bench.spark import measure_spark
@@ -394,6 +399,8 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                               progress=update)
         series["latency"] = lat
         details["latency"] = {k: v for k, v in lat.items() if not hasattr(v, "shape")}
+        update(0.9, "at the fixed load")
+        details["latency"]["fixed"] = measure_fixed_latency(env, figures, duration=plan.latency_s, warm=plan.warm_s)
 
     def replay(update: Any) -> None:
         def part(start: float, share: float) -> Callable[[float, str], None]:
