@@ -263,6 +263,7 @@ def _scale_specs() -> list[Spec]:
              "assignor (tasks before the consumer protocol)"),
         Spec("scale.task_steady_max_gap_ms", "ms", "the longest such gap before the join (the steady baseline)"),
         Spec("scale.idle_acker_cpu_pct", "%", "an idle acker's CPU, % of a core (P=16)", zero=True),
+        Spec("scale.idle_acker_p1000_cpu_pct", "%", "an idle acker's CPU owning 1 000 ledger partitions, % of a core"),
         Spec("scale.idle_task_cpu_pct", "%", "an idle task's CPU, % of a core", zero=True),
         Spec("scale.idle_brokers_cpu_pct", "%", "the 3 brokers' CPU with that idle acker and task, % of a core"),
         Spec("scale.idle_brokers_base_cpu_pct", "%", "the 3 brokers' CPU with no client, % of a core (the baseline)"),

@@ -321,8 +321,9 @@ def run(options: Options) -> dict[str, Any]:
     def scale(update: Any) -> None:
         from broker.bench.scale import measure_scale
 
-        details["scale"] = measure_scale(workdir, figures, quick=plan.quick,
-                                         commit_interval_ms=options.commit_interval_ms, progress=update)
+        details["scale"] = {}
+        measure_scale(workdir, figures, details["scale"], quick=plan.quick,
+                      commit_interval_ms=options.commit_interval_ms, progress=update)
 
     guarded("scale", scale)
     meta.setdefault("kafka", "not used")
