@@ -220,6 +220,8 @@ def _scale_specs() -> list[Spec]:
                  f"ledger partitions restored per second of that callback, P={p}"),
         ]
     specs += [
+        Spec("scale.p1000.served_s", "s", "topics of P=1000 created -> one acker owns every ledger partition "
+             "(the brokers create 4 000 partitions x 3 replicas first)"),
         Spec("scale.cpu_p1000_vs_p16", "x", "acker CPU per completed record, P=1000 / P=16", ("<=", 1.5)),
         Spec("scale.commit_p1000_vs_p16", "x", "mean commit time, P=1000 / P=16"),
         Spec("scale.p16.status_s", "s", "`replaybroker status` wall time (a new process), P=16"),

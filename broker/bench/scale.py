@@ -386,10 +386,12 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
     out: dict[str, Any] = {}
     with _run(env, 1000, "scale1000") as run:
         step(0.25, "P=1000: starting one acker")
+        created = time.monotonic()
         run.start_acker("a0")
         run.task()
         source = run.source()
-        run.balanced(300)
+        run.balanced(plan.takeover_wait_s * 4)
+        figures.set("scale.p1000.served_s", time.monotonic() - created)
         run.warm(source)
         step(0.28, "P=1000: idle acker")
         idle = _idle({"acker": run.ackers["a0"].popen.pid}, plan.idle_s)
