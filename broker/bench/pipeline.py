@@ -169,9 +169,9 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
     return series
 
 
-# The fixed load of latency.fixed_*: about 40 % of the pipeline's peak on the 2-core machine
-# (docs/benchmarks.md), within reach of any host the bench runs on.
-FIXED_LOAD_RPS = 20_000.0
+# The fixed load of latency.fixed_*: a tenth of the pipeline's peak on the 2-core machine
+# (docs/benchmarks.md), so a busier or smaller host still keeps up with it.
+FIXED_LOAD_RPS = 10_000.0
 
 
 def measure_fixed_latency(env: Env, figures: Figures, *, duration: float, warm: float = 0.0) -> dict[str, Any]:
