@@ -183,12 +183,12 @@ class _Run:
     def mark(self) -> Mark:
         return ledger_mark(self.env.settings, self.ns.name, self.P)
 
-    def warm(self, source: Proc, n: int = 200) -> None:
+    def warm(self, source: Proc, timeout: float = 180.0, n: int = 200) -> None:
         """Records through every stage before anything is measured (joins, restores)."""
         start = self.mark().total
         source.send(cmd="run", n=n, rate=100.0)
         source.wait_event("sent", 120)
-        wait_until(lambda: self.mark().total - start >= n, 180, [*self.ackers.values(), *self.others],
+        wait_until(lambda: self.mark().total - start >= n, timeout, [*self.ackers.values(), *self.others],
                    "the warm-up records to complete")
 
     def window(self, source: Proc, rate: float, seconds: float) -> Window:
@@ -392,11 +392,12 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
         source = run.source()
         run.balanced(plan.takeover_wait_s * 4)
         figures.set("scale.p1000.served_s", time.monotonic() - created)
-        run.warm(source)
-        step(0.28, "P=1000: idle acker")
+        # Before any traffic: what needs no task (whose group may still be joining)
+        step(0.28, "P=1000: idle acker, status")
         idle = _idle({"acker": run.ackers["a0"].popen.pid}, plan.idle_s)
         figures.set("scale.idle_acker_p1000_cpu_pct", idle["acker"])
         figures.set("scale.status_p1000_s", run.status_s())
+        run.warm(source, plan.takeover_wait_s * 2)
         for i, n in enumerate(SCALE_ACKERS):
             step(0.3 + 0.08 * i, f"P=1000: {n} ackers")
             while len(run.ackers) < n:
@@ -436,7 +437,7 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
                     run.start_acker(f"s{i}", standby=True)
                 run.balanced(300)
                 _caught_up(run, 120)
-                run.warm(source)
+                run.warm(source, plan.takeover_wait_s * 2)
             victim = sorted(run.ackers)[-1]
             t = takeover(run, source, victim, plan.rate, plan.takeover_wait_s)
             out[f"takeover_{mode}"] = t
