@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "spark", "scale")
+# What a run without --only measures: scale starts a 3-broker cluster of its own and creates
+# 1 000 ledger partitions on it (bench.scale), minutes on a small host - only when asked.
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "scale")
 
 
 def default_results_dir() -> Path:

@@ -14,7 +14,7 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
    and a sink's micro-batch time against a small and a large table (one Spark session);
 8. ``scale``      - P=1000 against P=16, 1, 2 and 4 ackers, kill -9 of one of 4 with and
    without standbys, Zipf keys, idle cost, a task joining (bench.scale): on a 3-broker
-   cluster of its own, whatever ``--bootstrap`` says.
+   cluster of its own, whatever ``--bootstrap`` says; only with ``--only scale``.
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
 a temporary run directory for this run and stopped after it. Outputs go to
@@ -42,7 +42,13 @@ from typing import Any
 import orjson
 
 from broker.bench import report
-from broker.bench.figures import FIGURE_KEYS, SECTIONS, TAKEOVER_SIZES, Figures, default_results_dir
+from broker.bench.figures import (
+    DEFAULT_SECTIONS,
+    FIGURE_KEYS,
+    TAKEOVER_SIZES,
+    Figures,
+    default_results_dir,
+)
 from broker.bench.hops import Env, run_hop
 from broker.bench.progress import Progress
 
@@ -116,7 +122,7 @@ class Options:
     bootstrap: str | None = None
     results_dir: Path = field(default_factory=default_results_dir)
     partitions: int = 4
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
     profile: bool = False
     skip_share: bool = False
     commit_interval_ms: int = 100

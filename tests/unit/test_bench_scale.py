@@ -84,3 +84,18 @@ def test_gap_counts_the_edges() -> None:
     assert _gap_ms([1.1, 1.2, 1.9], 1.0, 2.0) == pytest.approx(700)
     assert _gap_ms([], 1.0, 1.5) == pytest.approx(500)  # nothing handled: the whole span
     assert _gap_ms([0.5, 1.05, 3.0], 1.0, 1.1) == pytest.approx(50)  # outside the span: ignored
+
+
+def test_scale_runs_only_when_named_and_reports_the_issue_figures() -> None:
+    from broker.bench.figures import DEFAULT_SECTIONS, SECTIONS, SPECS
+
+    assert "scale" in SECTIONS and "scale" not in DEFAULT_SECTIONS
+    targets = {
+        "scale.acker_cpu_4_vs_1": ("<=", 1.25),
+        "scale.cpu_p1000_vs_p16": ("<=", 1.5),
+        "scale.status_p1000_s": ("<=", 2.0),
+        "scale.task_join_max_gap_ms": ("<=", 1000.0),
+        "scale.takeover_standby_s": ("<=", 5.0),
+    }
+    assert {key: SPECS[key].target for key in targets} == targets
+    assert SPECS["scale.task_join_max_gap_ms_eager"].target is None
