@@ -52,7 +52,10 @@ class SupersededMarkers:
             # up the group's coordinator: a task passes its own group, which its ACLs allow.
             group_id or f"{ns.name}.superseded.reader",
             required={"isolation.level": "read_committed", "enable.auto.commit": False},
-            defaults={"fetch.wait.max.ms": 50, "fetch.min.bytes": 1},
+            # A marker completes the fetch the broker holds at once (one byte is enough), so
+            # the wait costs a marker no latency; it only sets how often an idle reader asks
+            # every broker again - each task reads all of ns.superseded.
+            defaults={"fetch.wait.max.ms": 500, "fetch.min.bytes": 1},
         ))
         self._consumer.assign([TopicPartition(ns.superseded, p, OFFSET_BEGINNING) for p in range(n)])
 

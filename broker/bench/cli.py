@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from broker.bench.figures import SECTIONS, default_results_dir
+from broker.bench.figures import DEFAULT_SECTIONS, SECTIONS, default_results_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", type=Path, default=default_results_dir(),
                         help="where results go (default: %(default)s)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS,
+                        help="run only these sections (default: all but scale, which runs only when named)")
     parser.add_argument("--profile", action="store_true",
                         help="run every process under pyinstrument; text profiles next to the results")
     parser.add_argument("--skip-share", action="store_true", help="do not run the share-group baseline")
@@ -40,7 +41,7 @@ def main_bench(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         results_dir=args.results_dir,
         partitions=args.partitions,
-        sections=tuple(args.only) if args.only else SECTIONS,
+        sections=tuple(args.only) if args.only else DEFAULT_SECTIONS,
         profile=args.profile,
         skip_share=args.skip_share,
         commit_interval_ms=args.commit_interval_ms,

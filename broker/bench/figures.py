@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "redrive", "spark")
+SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "redrive", "spark", "scale")
+# What a run without --only measures: scale starts a 3-broker cluster of its own and creates
+# 1 000 ledger partitions on it (bench.scale), minutes on a small host - only when asked.
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "scale")
 
 
 def default_results_dir() -> Path:
@@ -94,6 +97,10 @@ def _specs() -> list[Spec]:
         Spec("latency.pipeline_start_p99_ms", "ms",
              "p99 of the records sent in the run's first seconds (the warm window, from idle to the load): "
              "left out of the p50/p99/p99.9 above"),
+        Spec("latency.fixed_load_rps", "records/s", "a fixed offered load, the same in every run"),
+        Spec("latency.fixed_p50_ms", "ms", "persist -> completed tombstone visible at the fixed load, p50"),
+        Spec("latency.fixed_p99_ms", "ms", "persist -> completed tombstone visible at the fixed load, p99 "
+             "(two runs compare by it: the 50 % load moves with the peak)"),
         Spec("latency.raw_p50_ms", "ms", "raw produce -> consume at the same rate, p50"),
         Spec("latency.raw_p99_ms", "ms", "raw produce -> consume at the same rate, p99"),
         Spec("latency.raw_p999_ms", "ms", "raw produce -> consume at the same rate, p99.9"),
@@ -202,6 +209,79 @@ def _specs() -> list[Spec]:
         Spec("spark.optimize.files_after", "files", "files of the table after the last OPTIMIZE"),
         Spec("spark.optimize.files", "files", "files of the compacted table after the batches"),
         Spec("spark.optimize.plain_files", "files", "files of the table never compacted after the same batches"),
+    ]
+    return specs + _scale_specs()
+
+
+SCALE_ACKERS = (1, 2, 4)
+SCALE_PARTITIONS = (16, 1000)
+
+
+def _scale_specs() -> list[Spec]:
+    """bench.scale: a 3-broker cluster, many ledger partitions, several ackers and tasks."""
+    specs = [
+        Spec("scale.load_rps", "records/s", "offered load of every scale run (fixed, so two runs compare)"),
+        Spec("scale.session_timeout_s", "s", "the ackers' session timeout in the scale runs"),
+    ]
+    for p in SCALE_PARTITIONS:
+        specs += [
+            Spec(f"scale.p{p}.cpu_us_per_record", "µs", f"one acker's CPU per completed record, P={p}"),
+            Spec(f"scale.p{p}.commit_ms", "ms", f"the acker's mean commit (one transaction over its partitions), P={p}"),
+            Spec(f"scale.p{p}.takeover_restore_s", "s",
+                 f"a survivor's assignment callback (restore) after kill -9 of one of two ackers, P={p}"),
+            Spec(f"scale.p{p}.takeover_partitions_per_s", "partitions/s",
+                 f"ledger partitions restored per second of that callback, P={p}"),
+        ]
+    specs += [
+        Spec("scale.p1000.served_s", "s", "topics of P=1000 created -> one acker owns every ledger partition "
+             "(the brokers create 4 000 partitions x 3 replicas first)"),
+        Spec("scale.cpu_p1000_vs_p16", "x", "acker CPU per completed record, P=1000 / P=16", ("<=", 1.5)),
+        Spec("scale.commit_p1000_vs_p16", "x", "mean commit time, P=1000 / P=16"),
+        Spec("scale.p16.status_s", "s", "`replaybroker status` wall time (a new process), P=16"),
+        Spec("scale.status_p1000_s", "s", "`replaybroker status` wall time (a new process), P=1000", ("<=", 2.0)),
+    ]
+    for n in SCALE_ACKERS:
+        specs += [
+            Spec(f"scale.ackers{n}.cpu_us_per_record", "µs", f"CPU of all {n} ackers per completed record, P=1000"),
+            Spec(f"scale.ackers{n}.instance_cpu_us_per_record", "µs",
+                 f"the busiest of {n} ackers: its CPU per record it completed, P=1000"),
+            Spec(f"scale.ackers{n}.records_max_vs_min", "x",
+                 f"records completed by the busiest of {n} ackers / the idlest, uniform keys, P=1000"),
+        ]
+    specs += [
+        Spec("scale.acker_cpu_2_vs_1", "x", "total acker CPU per completed record, 2 instances / 1"),
+        Spec("scale.acker_cpu_4_vs_1", "x", "total acker CPU per completed record, 4 instances / 1", ("<=", 1.25)),
+        Spec("scale.zipf_s", "exponent", "Zipf exponent of the skewed run's keys", zero=True),
+        Spec("scale.zipf_partition_max_vs_mean", "x", "records of the busiest ledger partition / the mean, Zipf keys, "
+             "P=1000"),
+        Spec("scale.uniform_partition_max_vs_mean", "x", "the same with keys taken in turn (the run's baseline)"),
+        Spec("scale.zipf_acker_max_vs_min", "x", "records of the busiest of 4 ackers / the idlest, Zipf keys"),
+        Spec("scale.zipf_acker_max_vs_mean", "x", "records of the busiest of 4 ackers / the mean, Zipf keys"),
+    ]
+    for mode in ("cold", "standby"):
+        how = "with --standby" if mode == "standby" else "without standby"
+        specs += [
+            Spec(f"scale.takeover_{mode}_s", "s", f"kill -9 of one of 4 ackers (P=1000, {how}): the session's "
+                 "expiry -> the first completion on one of its partitions",
+                 ("<=", 5.0) if mode == "standby" else None, zero=True),
+            Spec(f"scale.takeover_{mode}_total_s", "s", f"the same from the kill, {how}"),
+            Spec(f"scale.takeover_{mode}_all_s", "s",
+                 f"kill -9 -> every partition of the victim assigned to a survivor (its log), {how}"),
+            Spec(f"scale.takeover_{mode}_late_records", "records",
+                 f"records of the victim's partitions completed only after the takeover (they waited), {how}",
+                 zero=True),
+        ]
+    specs += [
+        Spec("scale.task_join_max_gap_ms", "ms", "a task's longest gap between records handled while a second "
+             "task joins its group (consumer group protocol)", ("<=", 1000.0)),
+        Spec("scale.task_join_max_gap_ms_eager", "ms", "the same with the classic protocol and the eager range "
+             "assignor (tasks before the consumer protocol)"),
+        Spec("scale.task_steady_max_gap_ms", "ms", "the longest such gap before the join (the steady baseline)"),
+        Spec("scale.idle_acker_cpu_pct", "%", "an idle acker's CPU, % of a core (P=16)", zero=True),
+        Spec("scale.idle_acker_p1000_cpu_pct", "%", "an idle acker's CPU owning 1 000 ledger partitions, % of a core"),
+        Spec("scale.idle_task_cpu_pct", "%", "an idle task's CPU, % of a core", zero=True),
+        Spec("scale.idle_brokers_cpu_pct", "%", "the 3 brokers' CPU with that idle acker and task, % of a core"),
+        Spec("scale.idle_brokers_base_cpu_pct", "%", "the 3 brokers' CPU with no client, % of a core (the baseline)"),
     ]
     return specs
 

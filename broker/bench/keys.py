@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from broker.bench.figures import Figures
 from broker.partitioning import get_partitioner
+
+if TYPE_CHECKING:
+    import numpy as np
 
 BATCH = 256  # the bench source's batch
 KEYS = [b"order-%012d" % i for i in range(BATCH)]  # 18 bytes, a key per record
@@ -59,12 +63,36 @@ def ledger_skew(partitions: int, s: float, seed: int = 7) -> float:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    weights = 1.0 / np.arange(1, ZIPF_KEYS + 1) ** s
-    counts = rng.multinomial(ZIPF_RECORDS, weights / weights.sum())
+    counts = rng.multinomial(ZIPF_RECORDS, zipf_weights(ZIPF_KEYS, s))
     keys = [b"customer-%d" % i for i in range(ZIPF_KEYS)]
     lps = np.array(get_partitioner("kafka").partition_many(keys, partitions))
     per_partition = np.bincount(lps, weights=counts, minlength=partitions)
     return float(per_partition.max() / per_partition.mean())
+
+
+def zipf_weights(keys: int, s: float) -> np.ndarray:
+    """The probability of key rank 1..``keys`` under a Zipf law of exponent ``s`` (0: uniform)."""
+    import numpy as np
+
+    weights = 1.0 / np.arange(1, keys + 1) ** s
+    return np.asarray(weights / weights.sum())
+
+
+def zipf_indices(n: int, keys: int, s: float, seed: int = 7) -> np.ndarray:
+    """``n`` key indices in [0, ``keys``) drawn from ``zipf_weights``: a source cycles through
+    them, so a run's keys follow the law whatever its length (``bench.scale``)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).choice(keys, size=n, p=zipf_weights(keys, s))
+
+
+def spread(counts: Sequence[float]) -> dict[str, float | None]:
+    """How evenly work is split: the busiest against the mean, and against the idlest
+    (None when one got nothing: an idle partition or acker makes the ratio infinite)."""
+    if not counts:
+        return {"max_vs_mean": None, "max_vs_min": None}
+    top, low, mean = max(counts), min(counts), sum(counts) / len(counts)
+    return {"max_vs_mean": top / mean if mean > 0 else None, "max_vs_min": top / low if low > 0 else None}
 
 
 def measure_skew(figures: Figures) -> None:

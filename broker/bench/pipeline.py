@@ -169,6 +169,27 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
     return series
 
 
+# The fixed load of latency.fixed_*: a tenth of the pipeline's peak on the 2-core machine
+# (docs/benchmarks.md), so a busier or smaller host still keeps up with it.
+FIXED_LOAD_RPS = 10_000.0
+
+
+def measure_fixed_latency(env: Env, figures: Figures, *, duration: float, warm: float = 0.0) -> dict[str, Any]:
+    """``latency.fixed_*``: the pipeline's latency at ``FIXED_LOAD_RPS`` whatever the peak.
+    ``latency.pipeline_*`` run at 50 % of the peak measured in the same run, which moves
+    with the peak (and its p99 with the load): two runs compare by these."""
+    run = run_hop(env, "pipeline", duration=duration, rate=FIXED_LOAD_RPS, warm=warm, drain=True,
+                  drain_timeout=60 + duration * 4, tail="sample")
+    lat = run.latencies_ms()[run.created_ms >= (run.t0 + warm) * 1000]
+    if lat.size == 0:
+        raise BenchError(f"pipeline at {FIXED_LOAD_RPS:g} records/s: no latencies after the first {warm:g} s")
+    p50, p99 = np.percentile(lat, [50, 99])
+    figures.set("latency.fixed_load_rps", FIXED_LOAD_RPS)
+    figures.set("latency.fixed_p50_ms", float(p50), samples=int(lat.size))
+    figures.set("latency.fixed_p99_ms", float(p99), samples=int(lat.size), max_ms=round(float(lat.max()), 1))
+    return {"rate": FIXED_LOAD_RPS, "p50_ms": float(p50), "p99_ms": float(p99), "samples": int(lat.size)}
+
+
 def record_check(figures: Figures, check: dict[str, Any] | None) -> None:
     """``check.counters_vs_tail``: completions by the acker's counters (as throughput counts
     them) over those a tail read on the same persist partition, in a drained run - 1 exactly."""

@@ -50,6 +50,8 @@ def _rows() -> list[Row]:
          "latency.raw_p99_ms", "latency.p99_vs_raw"),
         ("completion latency p99.9 ms (50 % load)", "latency.pipeline_p999_ms", "raw produce -> consume p99.9",
          "latency.raw_p999_ms", None),
+        ("completion latency p99 ms, fixed load", "latency.fixed_p99_ms", "at 50 % of this run's peak",
+         "latency.pipeline_p99_ms", None),
         ("replay after explicit fail p50 ms", "replay.after_fail_p50_ms", "configured timeout", "replay.timeout_ms",
          None),
         ("replay after explicit fail p99 ms", "replay.after_fail_p99_ms", "configured timeout", "replay.timeout_ms",
@@ -75,6 +77,16 @@ def _rows() -> list[Row]:
          "spark.parquet_sink_small_batch_p50_ms", "spark.parquet_sink_batch_growth"),
         ("OriginDeltaSink batch ms (mean), optimize_every", "spark.optimize.batch_mean_ms", "never compacted",
          "spark.optimize.plain_batch_mean_ms", "spark.optimize.batch_cost"),
+        ("scale: acker CPU µs per record, P=1000", "scale.p1000.cpu_us_per_record", "P=16",
+         "scale.p16.cpu_us_per_record", "scale.cpu_p1000_vs_p16"),
+        ("scale: CPU µs per record, 4 ackers in total", "scale.ackers4.cpu_us_per_record", "1 acker",
+         "scale.ackers1.cpu_us_per_record", "scale.acker_cpu_4_vs_1"),
+        ("scale: `status` s, P=1000", "scale.status_p1000_s", "P=16", "scale.p16.status_s", None),
+        ("scale: a task's longest pause ms, another joins", "scale.task_join_max_gap_ms",
+         "eager range assignor", "scale.task_join_max_gap_ms_eager", None),
+        ("scale: takeover s after the session, standby", "scale.takeover_standby_s", "without standby",
+         "scale.takeover_cold_s", None),
+        ("scale: idle acker, % of a core", "scale.idle_acker_cpu_pct", "idle task", "scale.idle_task_cpu_pct", None),
     ]
     return rows
 

@@ -13,7 +13,10 @@ Sections, in this order (the Kafka-free one first, while the broker is idle):
 7. ``redrive``    - ``dlq redrive --rate`` of many dead letters: achieved rate, and live traffic's
    latency meanwhile against the same traffic without it;
 8. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
-   and a sink's micro-batch time against a small and a large table (one Spark session).
+   and a sink's micro-batch time against a small and a large table (one Spark session);
+9. ``scale``      - P=1000 against P=16, 1, 2 and 4 ackers, kill -9 of one of 4 with and
+   without standbys, Zipf keys, idle cost, a task joining (bench.scale): on a 3-broker
+   cluster of its own, whatever ``--bootstrap`` says; only with ``--only scale``.
 
 Kafka: ``--bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else an embedded Kafka started in
 a temporary run directory for this run and stopped after it. Outputs go to
@@ -41,7 +44,13 @@ from typing import Any
 import orjson
 
 from broker.bench import report
-from broker.bench.figures import FIGURE_KEYS, SECTIONS, TAKEOVER_SIZES, Figures, default_results_dir
+from broker.bench.figures import (
+    DEFAULT_SECTIONS,
+    FIGURE_KEYS,
+    TAKEOVER_SIZES,
+    Figures,
+    default_results_dir,
+)
 from broker.bench.hops import Env, run_hop
 from broker.bench.progress import Progress
 
@@ -107,9 +116,9 @@ class Plan:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
             return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
-                    "redrive": 25, "spark": 330}
+                    "redrive": 25, "spark": 330, "scale": 240}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
-                "redrive": 70, "spark": 600}
+                "redrive": 70, "spark": 600, "scale": 600}
 
 
 @dataclass
@@ -119,7 +128,7 @@ class Options:
     bootstrap: str | None = None
     results_dir: Path = field(default_factory=default_results_dir)
     partitions: int = 4
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
     profile: bool = False
     skip_share: bool = False
     commit_interval_ms: int = 100
@@ -305,7 +314,7 @@ def run(options: Options) -> dict[str, Any]:
 
     guarded("fold", fold)
 
-    kafka_sections = [s for s in options.sections if s != "fold"]
+    kafka_sections = [s for s in options.sections if s not in ("fold", "scale")]
     if kafka_sections:
         try:
             with _kafka(options, progress) as (bootstrap, kafka_desc, kafka_pid):
@@ -320,6 +329,15 @@ def run(options: Options) -> dict[str, Any]:
                         _delete_topics(env)
         except Exception as exc:  # noqa: BLE001 - e.g. the embedded Kafka does not start
             errors["kafka"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    # scale starts a cluster of its own: after the embedded broker has stopped
+    def scale(update: Any) -> None:
+        from broker.bench.scale import measure_scale
+
+        details["scale"] = {}
+        measure_scale(workdir, figures, details["scale"], quick=plan.quick,
+                      commit_interval_ms=options.commit_interval_ms, progress=update)
+
+    guarded("scale", scale)
     meta.setdefault("kafka", "not used")
     if "kafka" in errors:
         figures.unavailable(FIGURE_KEYS, f"not measured: {errors['kafka'].splitlines()[0][:300]}")
@@ -365,7 +383,12 @@ def run(options: Options) -> dict[str, Any]:
 def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
     from broker.bench.adaptive import measure_adaptive
-    from broker.bench.pipeline import compiler_cpu, measure_latency, measure_throughput
+    from broker.bench.pipeline import (
+        compiler_cpu,
+        measure_fixed_latency,
+        measure_latency,
+        measure_throughput,
+    )
     from broker.bench.replay import measure_replay
     from broker.bench.restore import measure_restore
     from broker.bench.spark import measure_spark
@@ -389,6 +412,8 @@ def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, de
                               progress=update)
         series["latency"] = lat
         details["latency"] = {k: v for k, v in lat.items() if not hasattr(v, "shape")}
+        update(0.9, "at the fixed load")
+        details["latency"]["fixed"] = measure_fixed_latency(env, figures, duration=plan.latency_s, warm=plan.warm_s)
 
     def replay(update: Any) -> None:
         def part(start: float, share: float) -> Callable[[float, str], None]:

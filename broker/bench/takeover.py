@@ -77,7 +77,7 @@ def _fill(env: Env, ns: topics.Namespace, per_partition: int) -> None:
         raise RuntimeError("changelog records not delivered")
 
 
-def _assignments(path: Path) -> list[dict[str, Any]]:
+def assignments(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if not path.exists():
         return out
@@ -104,7 +104,7 @@ def _owner(logs: dict[str, Path], lp: int) -> str | None:
     """The acker whose latest assignment gave it ``lp`` (each owns one of two here)."""
     latest: tuple[float, str] | None = None
     for name, path in logs.items():
-        for a in _assignments(path):
+        for a in assignments(path):
             if lp in a["partitions"] and (latest is None or a["at"] > latest[0]):
                 latest = (a["at"], name)
     return latest[1] if latest else None
@@ -196,14 +196,14 @@ def _one(env: Env, entries: int, standby: bool, session_timeout_ms: int,
             _wait(lambda: victim_lp in _caught_up(logs[survivor]), 300, "the survivor's standby to catch up")
         probe = _Probe(env, ns, data)
         _wait(lambda: all(probe.completed_since(lp, 0) for lp in range(P)), 120, "completions on both partitions")
-        before = len(_assignments(logs[survivor]))
+        before = len(assignments(logs[survivor]))
         progress("kill -9")
         killed_at = time.time()
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait(30)
 
         def taken() -> dict[str, Any] | None:
-            return next((a for a in _assignments(logs[survivor])[before:] if victim_lp in a["partitions"]), None)
+            return next((a for a in assignments(logs[survivor])[before:] if victim_lp in a["partitions"]), None)
 
         _wait(lambda: taken() is not None, 120, "the survivor to take the partition over")
         _wait(lambda: probe.completed_since(victim_lp, killed_at) is not None, 120,

@@ -74,6 +74,21 @@ def record_key(i: int) -> bytes:
     return b"key-%d" % (i % KEYS)
 
 
+def _keys(config: dict[str, Any]) -> Callable[[int], bytes]:
+    """Record i's key: ``record_key``, or one of ``config["keys"]`` keys, in turn or (with
+    ``config["zipf_s"]``) drawn from a Zipf law - the ledger partition follows the key, so
+    this is how skew reaches the ackers (``bench.scale``)."""
+    keys = config.get("keys")
+    if keys is None:
+        return record_key
+    if config.get("zipf_s") is None:
+        return lambda i: b"key-%d" % (i % keys)
+    from broker.bench.keys import zipf_indices
+
+    drawn = zipf_indices(1 << 16, keys, float(config["zipf_s"])).tolist()
+    return lambda i: b"key-%d" % drawn[i % len(drawn)]
+
+
 def fraction(srid: int, salt: bytes) -> float:
     """A deterministic draw in [0, 1) per srid (failure injection, as in broker.demo)."""
     digest = hashlib.blake2b(srid.to_bytes(8, "big", signed=True) + salt, digest_size=8).digest()
@@ -177,12 +192,13 @@ def run_source(config: dict[str, Any]) -> None:
                      retry=None),
     )
     topic = config["topic"]
+    key = _keys(config)
 
     def send(i: int) -> None:
-        source.send(topic, record_key(i), record_value(i))
+        source.send(topic, key(i), record_value(i))
 
     def send_many(i: int, k: int) -> None:  # the batch API, as a source with bursts uses it
-        source.send_many(topic, [(record_key(j), record_value(j)) for j in range(i, i + k)])
+        source.send_many(topic, [(key(j), record_value(j)) for j in range(i, i + k)])
         source.poll()
 
     _producer_loop(send, source.poll, source.flush, None if config.get("per_record") else send_many)
