@@ -19,11 +19,12 @@ In this order (docs/design.md §5):
    it (registered with the record's deadline, nothing else yet) is left out for at most
    ``AckerConfig.unlogged_ms`` of the acker's clock, and needs no tombstone when it leaves
    unlogged; a restore reads it back from ``ns.persist`` from the floor (broker.acker.unlogged);
-4. the input offsets (``send_offsets_to_transaction``) of EVERY owned input partition, also
-   those where nothing new was read, then the commit. The group coordinator checks these
-   offsets against the member's generation: an acker that lost its partitions (it stalled,
-   another member took over) has its commit refused, so a zombie writes nothing. A
-   transaction without offsets would not be checked, so there is none.
+4. the input offsets (``send_offsets_to_transaction``) of the owned input partitions that
+   moved since the last commit and of those it writes for (all of them when that is none),
+   then the commit. The group coordinator checks these offsets against the member's
+   generation: an acker that lost its partitions (it stalled, another member took over) has
+   its commit refused, so a zombie writes nothing. A transaction without offsets would not be
+   checked, so there is none.
 A crash anywhere before the commit aborts all of it: the next owner restores the changelog
 and resumes from the committed offsets, so each event is reflected exactly once.
 """

@@ -21,6 +21,7 @@ from broker.settings import KafkaSettings
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
+    R2,
     S1,
     T0,
     FakeConsumer,
@@ -37,17 +38,25 @@ from tests.unit.test_acker_timeouts import (
 __all__ = ["fake_kafka"]  # the fixture, used by name
 
 
-def test_every_transaction_carries_the_offsets_of_every_owned_partition(fake_kafka: None) -> None:
+def test_a_transaction_carries_the_offsets_that_moved_and_those_of_the_partitions_it_writes_for(
+    fake_kafka: None,
+) -> None:
     clock = ManualClock(T0)
     acker, consumer, producer = make_acker(clock)
     consumer.batches.append([persist_msg(persisted(S1, R1, T0, timeout_ms=1_000))])  # persist[0]@0
     run_steps(acker)
     owned = {(NS.persist, 0): 1, (NS.persist, 1): 0, (NS.acks, 0): 0, (NS.acks, 1): 0}
-    assert producer.offsets == [owned]
+    assert producer.offsets == [owned]  # the first commit: every owned partition's
     clock.advance(1_100)
     run_steps(acker)  # nothing new was read; the timeout's replay is committed all the same
     assert outcomes(producer) == {S1: b"replay"}
-    assert producer.offsets == [owned, owned]  # ... with the offsets: a zombie's would be fenced
+    # ... with the offsets of the partition it writes for: a zombie's would be fenced
+    assert producer.offsets[1:] == [{(NS.persist, 0): 1, (NS.acks, 0): 0}]
+    other = S1 + 1  # ledger partition 1 of 2
+    consumer.batches.append([persist_msg(persisted(other, R2, clock.now_ms(), timeout_ms=60_000))])
+    run_steps(acker)
+    # Only the partition read: at P = 1 000 every owned one's would be 2 000 offsets a commit.
+    assert producer.offsets[2:] == [{(NS.persist, 1): 1, (NS.acks, 1): 0}]
 
 
 def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_commits_nothing(
