@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any
 
 import orjson
 
@@ -78,7 +79,7 @@ def build(service: CustomerService, observed: Observed, *, policy: bool) -> App:
     orders = app.topic("orders", partitions=4)
     app.acker()
     # --8<-- [start:policy]
-    options = {
+    options: dict[str, Any] = {
         "outage": (ConnectionError,),  # the service is down: pause, retry in place, no attempt spent
         "outage_max_ms": 120_000,  # ... for at most 2 minutes, then fail the input as any failure
         "fatal": (ValueError,),  # a malformed order fails every time: dead-lettered at once
@@ -131,7 +132,7 @@ def gaps(observed: Observed) -> list[float]:
     for order_id, seen in observed.attempts.items():
         if order_id % FLAKY_EVERY != 7:
             continue
-        first = {}
+        first: dict[int, float] = {}
         for attempt, when in seen:
             first.setdefault(attempt, when)
         for n in range(1, FLAKY_FAILURES + 1):
