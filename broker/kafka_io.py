@@ -16,6 +16,7 @@ for these errors (it only flags errors of its own retry machinery), so the codes
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -196,7 +197,10 @@ def watermarks(
 
     def ask(spec: OffsetSpec) -> dict[int, int]:
         futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=level, request_timeout=30)
-        return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+        try:
+            return {tp.partition: int(f.result(timeout=40).offset) for tp, f in futures.items()}
+        except concurrent.futures.TimeoutError:  # no broker answered at all
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"list_offsets of {topic}")) from None
 
     if not tps:
         return {}

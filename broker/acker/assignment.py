@@ -196,10 +196,12 @@ class Assignment:
         # warm standby, so getting the partition back (range rebalances are eager) costs a
         # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
         clean = clean and not self.outgoing
+        warm: dict[int, PartitionState] = {}
         for lp in lps:
             st = self.states.pop(lp, None)
             if st is not None and clean and not st.failures and not st.tombstones:
-                self.changelog.keep_warm(lp, st)
+                warm[lp] = st
+        self.changelog.keep_warm(warm)
         self.drop(lps)
         self.changelog.assign_standby(self.partitions, self.owned())
         if self.live.incremental:

@@ -24,6 +24,7 @@ from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
+from broker.ranges import counted
 from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
@@ -171,4 +172,4 @@ class Recovery:
             self.live.consumer.pause(tps)
         self.assignment.drop(set(lps))
         self.restores.add(lps, tps)
-        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", lps, sorted(self.states))
+        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", counted(lps), counted(self.states))

@@ -5,10 +5,11 @@ takeover reads a large changelog (docs/design.md §5, Assignment and restore).
 One assignment callback is one ``Pending``: its input partitions are assigned paused. First
 their committed offsets are fetched (stable ones: this waits for a transaction a dead owner
 left open - up to its transaction timeout - so it is asked again each step, briefly, never
-blocking the loop); then its ledger partitions' ``RestoreJob``s run one after the other, each
-for at most ``budget_s`` per step, each followed by the read of ``ns.persist`` that registers
-the entries its changelog leaves out (broker.acker.unlogged), from its restore floor. When
-the last one is done, the caller installs the
+blocking the loop); then the watermarks of its changelogs and persist partitions, in one
+batch each; then its ledger partitions' ``RestoreJob``s are read side by side (up to
+``MAX_READING`` partitions at once, for at most ``budget_s`` per step), each followed by the
+read of ``ns.persist`` that registers the entries its changelog leaves out
+(broker.acker.unlogged), from its restore floor. When the last one is done, the caller installs the
 states, seeks the inputs to the committed offsets (anything fetched before is read again)
 and resumes them. A partition revoked or lost while restoring is cancelled.
 """
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from broker.acker.changelog import Changelog, RestoreJob
+from broker.acker.changelog import MAX_READING, Changelog, RestoreJob
 from broker.acker.state import PartitionState
 from broker.acker.unlogged import Register, Unlogged, UnloggedJob
+from broker.ranges import counted
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class Pending:
     tps: list[TopicPartition]  # its input partitions
     starts: list[TopicPartition] | None = None  # ... at their committed offsets, once known
     jobs: dict[int, RestoreJob] = field(default_factory=dict)
+    persist_marks: dict[int, tuple[int, int]] = field(default_factory=dict)  # asked after ``starts``
+    committed: dict[int, int] = field(default_factory=dict)  # ledger partition -> its persist input's start
     unlogged: dict[int, UnloggedJob | None] = field(default_factory=dict)  # once its changelog is read
     began: float = field(default_factory=time.monotonic)
     states: dict[int, PartitionState] = field(default_factory=dict)
@@ -85,20 +89,35 @@ class Restores:
             head.starts = self._starts(head.tps, max(budget_s, 0.05))
             if head.starts is None:
                 return None
-            # After the offsets: the changelog's end is read now, past whatever they reflect.
-            head.jobs = {lp: self.changelog.begin(lp) for lp in head.lps}
-        if head.jobs:
-            lp, job = next(iter(head.jobs.items()))
-            if self.changelog.advance(job, budget_s) and self._read_unlogged(head, lp, job, budget_s):
-                assert job.state is not None
-                head.states[lp] = job.state
-                head.read += job.read
-                head.warm += job.reused
-                del head.jobs[lp]
+            # After the offsets: the ends are read now, past whatever they reflect.
+            marks = self.changelog.marks_of(head.lps)
+            head.persist_marks = self.changelog.marks_of(head.lps, self.changelog.ns.persist)
+            head.jobs = {lp: self.changelog.begin(lp, marks[lp]) for lp in head.lps}
+        deadline = time.monotonic() + budget_s
+        while True:
+            self._sweep(head)
+            if not head.jobs or time.monotonic() >= deadline:
+                break
+            self.changelog.pump(min(0.05, max(deadline - time.monotonic(), 0.001)))
         if head.done:
             self.pending.pop(0)
             return head
         return None
+
+    def _sweep(self, head: Pending) -> None:
+        """Start what may start, and take the partitions whose reads are all done."""
+        for lp, job in list(head.jobs.items()):
+            if not job.done and not job.reading:
+                if self.changelog.reading >= MAX_READING:
+                    continue
+                self.changelog.start(job)
+            if not job.done or not self._read_unlogged(head, lp, job):
+                continue
+            assert job.state is not None
+            head.states[lp] = job.state
+            head.read += job.read
+            head.warm += job.reused
+            del head.jobs[lp]
 
     def _report_slow(self, head: Pending) -> None:
         now = time.monotonic()
@@ -119,18 +138,25 @@ class Restores:
                 )
         log.warning(
             "ledger partitions %s restoring for %.0fs (%d pending callbacks): waiting for %s",
-            head.lps, now - head.began, len(self.pending), waits,
+            counted(head.lps), now - head.began, len(self.pending), waits,
         )
 
-    def _read_unlogged(self, head: Pending, lp: int, job: RestoreJob, budget_s: float) -> bool:
+    def _read_unlogged(self, head: Pending, lp: int, job: RestoreJob) -> bool:
         """After ``lp``'s changelog: its entries the changelog leaves out, from ``ns.persist``
         below the committed persist offset. True once done."""
         assert job.state is not None and head.starts is not None
         if lp not in head.unlogged:
-            committed = next(tp.offset for tp in head.starts if tp.topic == self.changelog.ns.persist and tp.partition == lp)
-            head.unlogged[lp] = self.unlogged.begin(lp, job.state, committed)
+            if not head.committed:
+                persist = self.changelog.ns.persist
+                head.committed = {tp.partition: tp.offset for tp in head.starts if tp.topic == persist}
+            committed = head.committed[lp]
+            head.unlogged[lp] = self.unlogged.begin(lp, job.state, committed, head.persist_marks.get(lp))
         read = head.unlogged[lp]
-        return read is None or self.unlogged.advance(read, budget_s)
+        if read is None:
+            return True
+        if not read.done and not read.reading and self.changelog.reading < MAX_READING:
+            self.unlogged.start(read)
+        return read.done
 
     def cancel(self, lps: Iterable[int]) -> None:
         """Partitions revoked or lost while restoring: forget them."""

@@ -42,10 +42,11 @@ from confluent_kafka import (
     Message,
     Producer,
 )
+from confluent_kafka.admin import AdminClient
 
 from broker.acker import superseding
 from broker.acker.assignment import RESTORE_SLICE_S, Assignment, committed_starts
-from broker.acker.changelog import Changelog
+from broker.acker.changelog import Changelog, Marks
 from broker.acker.clients import AckerClients
 from broker.acker.commit import Batch, Transactions, positions_of, take_changes
 from broker.acker.config import AckerConfig
@@ -69,6 +70,7 @@ from broker.kafka_io import (
     max_message_bytes,
     partition_counts,
     set_group_timeouts,
+    watermarks,
 )
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, SystemClock, Ticker
@@ -80,6 +82,7 @@ from broker.metrics import (
     TopicEstimate,
     serve,
 )
+from broker.ranges import ranges
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check
@@ -92,6 +95,20 @@ EARLY_COMMIT = 0.5
 IDLE_POLL_S = 0.001
 """A poll that took this long found nothing fetched: the acker had caught up with its input."""
 
+
+
+def batch_marks(settings: KafkaSettings) -> Marks:
+    """Watermarks of many partitions in one admin request (a restore or a revoke of 1 000
+    partitions asks them all at once); one admin client for the acker's life, made when
+    first needed."""
+    admin: list[AdminClient] = []
+
+    def marks(topic: str, lps: list[int]) -> dict[int, tuple[int, int]]:
+        if not admin:
+            admin.append(AdminClient(settings.client_config()))
+        return watermarks(settings, topic, lps, committed=False, admin=admin[0])
+
+    return marks
 
 class Due(Enum):
     """Why a commit is due (``Acker._commit_due``)."""
@@ -159,7 +176,7 @@ class Acker:
         standby = Consumer(self.clients.standby()) if self.config.standby else None
         fetcher = PersistFetcher(ns, Consumer(self.clients.fetcher()))
         cache = PayloadCache(self.config.replay_cache_entries)
-        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock)
+        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock, batch_marks(settings))
         # One latency estimate per source topic for the whole process (timeout "auto").
         self.adaptive = AdaptiveTimeouts(self.config.adaptive)
         self.decider = Decider(
@@ -528,7 +545,7 @@ class Acker:
         log.info(
             "acker %s partitions=%s %s%s",
             self.config.instance_id,
-            sorted(self.states),
+            ranges(self.states),
             " ".join(f"{k}={v}" for k, v in c.items()),
             f" adaptive {adaptive}" if adaptive else "",
         )

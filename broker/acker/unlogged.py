@@ -26,7 +26,6 @@ ahead of a re-registered entry, which could then time out before its tombstone i
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,12 +66,15 @@ class Unlogged:
         self.changelog = changelog
         self.register = register
 
-    def begin(self, lp: int, st: PartitionState, committed: int) -> UnloggedJob | None:
+    def begin(
+        self, lp: int, st: PartitionState, committed: int, marks: tuple[int, int] | None = None
+    ) -> UnloggedJob | None:
         """The read for ``lp`` restored into ``st``, whose persist input resumes at
-        ``committed``; None when nothing below it is left out of the changelog."""
+        ``committed``; None when nothing below it is left out of the changelog. ``marks``:
+        the watermarks of ``ns.persist[lp]``, asked after ``committed`` was."""
         if st.floor is None or st.floor >= committed:
             return None
-        low, high = self.changelog.watermarks(lp, self.ns.persist)
+        low, high = marks if marks is not None else self.changelog.watermarks(lp, self.ns.persist)
         if low > st.floor:
             # Deleted (DeleteRecords, a retention policy) before their entries were logged: a
             # clean hand-over logs every entry first, a crash does not (docs/design.md, Known gaps).
@@ -83,43 +85,42 @@ class Unlogged:
             )
         return UnloggedJob(lp, st, max(st.floor, low), committed, high)
 
+    def start(self, job: UnloggedJob) -> None:
+        """Begin the read (the changelog's restorer adds the partition); an empty one is
+        finished at once."""
+        if job.done or job.reading:
+            return
+        if job.end <= job.start:
+            self._finish(job)
+            return
+        job.records.clear()  # from the floor again if the read was cancelled meanwhile
+        self.changelog.read_for(job, TopicPartition(self.ns.persist, job.lp, job.start), lambda msgs: self._read(job, msgs))
+
     def advance(self, job: UnloggedJob, budget_s: float | None) -> bool:
         """Read for about ``budget_s`` (None: to the end); once at the end, register what
         is left out. True once done."""
-        if job.done:
-            return True
-        if job.end <= job.start:
-            return self._finish(job)
-        if not job.reading:  # from the floor again: another job had the restorer meanwhile
-            job.records.clear()
-            self.changelog.read_for(job, TopicPartition(self.ns.persist, job.lp, job.start))
-        consumer = self.changelog.restorer
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        try:
-            while True:
-                at_end = False
-                for msg in consumer.consume(10_000, 0.05):
-                    err = msg.error()
-                    if err is None:
-                        job.read += 1
-                        key = msg.key() or b""
-                        if msg.value() is None:
-                            job.records.pop(key, None)  # the srid left
-                        elif msg.offset() < job.committed:
-                            job.records.setdefault(key, msg)
-                    elif err.code() == KafkaError._PARTITION_EOF:
-                        # read_committed stops at the last stable offset: the end is reached
-                        # once transactions open before it are decided
-                        at_end = at_end or msg.offset() >= job.end
-                    else:
-                        raise KafkaException(err)
-                if at_end:
-                    return self._finish(job)
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
-        except BaseException:
-            self.changelog.cancel(job)
-            raise
+        self.start(job)
+        return self.changelog.drive(job, budget_s)
+
+    def _read(self, job: UnloggedJob, msgs: list[Message]) -> None:
+        at_end = False
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                job.read += 1
+                key = msg.key() or b""
+                if msg.value() is None:
+                    job.records.pop(key, None)  # the srid left
+                elif msg.offset() < job.committed:
+                    job.records.setdefault(key, msg)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                # read_committed stops at the last stable offset: the end is reached once
+                # transactions open before it are decided
+                at_end = at_end or msg.offset() >= job.end
+            else:
+                raise KafkaException(err)
+        if at_end:
+            self._finish(job)
 
     def _finish(self, job: UnloggedJob) -> bool:
         self.changelog.cancel(job)

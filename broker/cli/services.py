@@ -58,6 +58,12 @@ ACKER_OPTIONS = (
         "group.consumer.min/max.session.timeout.ms",
     ),
     option("--commit-interval-ms", type=POSITIVE, help="time between commits"),
+    option(
+        "--transaction-timeout-ms", type=POSITIVE,
+        help="how long a commit's transaction may stay open before its coordinator aborts it; a "
+        "takeover after a kill -9 waits this long for the dead instance's open transaction. Raise it "
+        "when a commit touching many partitions takes longer (one produce request a partition)",
+    ),
     # Records sent with timeout "auto".
     option("--adaptive-floor-ms", type=POSITIVE, help="'auto' timeouts: the shortest the acker gives"),
     option("--adaptive-ceiling-ms", type=POSITIVE,

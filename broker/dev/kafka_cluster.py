@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -135,12 +136,17 @@ def stop_recorded(run_dir: Path) -> bool:
 class LocalCluster:
     """``nodes`` combined broker/controller nodes in ``run_dir`` (node i in ``node-<i>``)."""
 
-    def __init__(self, nodes: int = 3, run_dir: Path | str | None = None, *, heap: str = "384m") -> None:
+    def __init__(
+        self, nodes: int = 3, run_dir: Path | str | None = None, *, heap: str = "384m",
+        properties: Mapping[str, object] | None = None,
+    ) -> None:
+        """``properties``: broker settings over ``NODE_PROPERTIES`` (the last of a key wins)."""
         if nodes < 1:
             raise LocalKafkaError("a cluster needs at least one node")
         self.nodes = nodes
         self.run_dir = Path(run_dir) if run_dir else default_cluster_dir()
         self.heap = heap
+        self.properties = dict(properties or {})
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.state: ClusterState | None = None
         self._jvm: list[str] = []
@@ -188,7 +194,7 @@ class LocalCluster:
             (d / "server.properties").write_text(NODE_PROPERTIES.format(
                 node_id=i + 1, voters=voters, port=broker_ports[i], controller_port=controller_ports[i],
                 data_dir=d / "data", replication=self.replication, min_insync=self.min_insync,
-            ))
+            ) + "".join(f"{key}={value}\n" for key, value in self.properties.items()))
             (d / "log4j2.properties").write_text(LOG4J2_PROPERTIES.format(log_file=d / "server.log", level="INFO"))
         self._jvm = [java, f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                      "-XX:CICompilerCount=1", "-cp", classpath]

@@ -103,6 +103,10 @@ class Cluster:
     def high(self, topic: str, partition: int) -> int:
         return len(self.logs[(topic, partition)])
 
+    def marks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """Watermarks in one batch (an admin client's list_offsets)."""
+        return {p: (self.low(topic, p), self.high(topic, p)) for p in partitions}
+
     def low(self, topic: str, partition: int) -> int:
         return self.starts[(topic, partition)]
 
@@ -200,6 +204,7 @@ class Cluster:
         monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: self.partitions)
         monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
         monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
+        monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: self.marks)
         # A restore finishes inside its first slice however loaded the machine (the wall clock
         # is the one thing these tests do not step): the steps a test counts stay the same.
         monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
@@ -320,7 +325,9 @@ class ClusterConsumer:
         for tp in tps:
             self._move(tp)
 
-    incremental_assign = assign
+    def incremental_assign(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            self._move(tp)
 
     def unassign(self, *_: Any) -> None:
         if not self.is_group:

@@ -69,6 +69,7 @@ def test_a_refused_instance_id_is_waited_out_with_back_off_and_one_line(
     fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
 ) -> None:
     monkeypatch.setattr(broker.acker.service, "Consumer", RefusedConsumer)
+    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
     RefusedConsumer.refusals = 5
     clock = ManualClock(T0)
     acker, _, producer = make_acker(clock)  # session timeout 10 s: waits capped at 5 s
@@ -198,6 +199,7 @@ def test_a_cluster_that_refuses_the_consumer_protocol_gets_a_classic_member(
     protocol switched off its heartbeat is refused (a fatal error, every time): the acker
     joins with the classic one on its next join, in one line, not an ERROR per second."""
     monkeypatch.setattr(broker.acker.service, "Consumer", ProtocolOffConsumer)
+    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
     acker, _, producer = make_acker(ManualClock(T0))
     waits: list[float] = []
     monkeypatch.setattr(acker._stop, "wait", waits.append)

@@ -151,6 +151,7 @@ def persist_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[PersistLog]:
 
     monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
     monkeypatch.setattr(broker.acker.service, "Consumer", consumer)
+    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
     monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
     monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
     monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)

@@ -48,6 +48,9 @@ class Msg:
     def error(self) -> None:
         return None
 
+    def topic(self) -> str:
+        return NS.ledger
+
     def partition(self) -> int:
         return 0
 
@@ -67,6 +70,9 @@ class Msg:
 class Eof:
     def error(self) -> KafkaError:
         return KafkaError(KafkaError._PARTITION_EOF)
+
+    def topic(self) -> str:
+        return NS.ledger
 
     def partition(self) -> int:
         return 0
@@ -111,7 +117,12 @@ class LedgerConsumer:
         (tp,) = tps
         self.position = self.ledger.low if tp.offset == OFFSET_BEGINNING else max(tp.offset, self.ledger.low)
 
+    incremental_assign = assign
+
     def unassign(self) -> None:
+        self.position = None
+
+    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
         self.position = None
 
     def consume(self, *_: Any) -> list[Any]:
@@ -140,7 +151,7 @@ def revoked_with_x_and_y(clock: ManualClock) -> tuple[Ledger, Changelog]:
     changelog = changelog_over(ledger, clock)
     st, _, _ = changelog.take(0)
     assert X in st.table and Y in st.table
-    changelog.keep_warm(0, st)
+    changelog.keep_warm({0: st})
     return ledger, changelog
 
 
@@ -256,6 +267,6 @@ def test_a_warm_state_is_kept_without_the_entries_its_changelog_leaves_out() -> 
     st.table.register(np.array([Z]), np.array([7]), np.array([3]), np.array([100], np.int32))  # unlogged
     st.table.take_dirty()
     assert Z in st.table
-    changelog.keep_warm(0, st)
+    changelog.keep_warm({0: st})
     st, _, reused = changelog.take(0)
     assert reused and X in st.table and Z not in st.table

@@ -78,7 +78,7 @@ def test_the_acker_flags_cover_what_the_command_line_sets() -> None:
         "--commit-interval-ms": "250", "--adaptive-floor-ms": "500", "--adaptive-ceiling-ms": "60000",
         "--adaptive-safety-factor": "2.5", "--orphan-ttl-ms": "1000", "--watch-ms": "0", "--max-watches": "3",
         "--expiry-lag-slack": "7", "--standby": None, "--metrics-port": "0", "--unsafe-no-transactions": None,
-        "--replay-rate-per-s": "500",
+        "--replay-rate-per-s": "500", "--transaction-timeout-ms": "60000",
     }
     assert set(given) == {o.flag for o in ACKER_OPTIONS}
     argv = ["acker", *CLUSTER, "--instance-id", "a1"]
@@ -90,7 +90,7 @@ def test_the_acker_flags_cover_what_the_command_line_sets() -> None:
     assert (config.adaptive_safety_factor, config.orphan_ttl_ms, config.watch_ms) == (2.5, 1000, 0)
     assert (config.max_watches, config.expiry_lag_slack, config.standby) == (3, 7, True)
     assert (config.metrics_port, config.exactly_once, config.instance_id) == (0, False, "a1")
-    assert config.replay_rate_per_s == 500.0
+    assert (config.replay_rate_per_s, config.transaction_timeout_ms) == (500.0, 60_000)
 
 
 def test_the_spark_demo_takes_the_sinks_of_its_job() -> None:
