@@ -36,7 +36,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   deadline must complete its record without a replay.
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
-stays well under a minute on two cores). The long run that looks for new sequences::
+stays well under a minute on two cores, one fixed set of them; given, the examples are random).
+The long run that looks for new sequences::
 
     REPLAYBROKER_MODEL_DIMENSIONS=all REPLAYBROKER_MODEL_EXAMPLES=1500 \\
         timeout 900 python -m pytest tests/unit/test_fate_model.py -x
@@ -514,9 +515,12 @@ class FateMachine(RuleBasedStateMachine):
 
 
 EXAMPLES = int(os.environ.get("REPLAYBROKER_MODEL_EXAMPLES", "60"))
+# CI's budget runs one fixed set of examples (a red run is a regression, not a new find the
+# next commit would meet by chance); a run given REPLAYBROKER_MODEL_EXAMPLES explores.
+DERANDOMIZE = "REPLAYBROKER_MODEL_EXAMPLES" not in os.environ
 TestFateRule = FateMachine.TestCase
 TestFateRule.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+    max_examples=EXAMPLES, stateful_step_count=40, deadline=None, derandomize=DERANDOMIZE,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
