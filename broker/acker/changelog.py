@@ -86,6 +86,9 @@ Marks = Callable[[str, list[int]], dict[int, tuple[int, int]]]
 
 # At most this many partitions are read at once; the others wait their turn.
 MAX_READING = 256
+# Watermarks of more partitions than this come in one admin batch; fewer are asked on the
+# restorer, one round trip each (no admin client to connect inside an assignment callback).
+BATCH_MARKS_FROM = 16
 
 
 @dataclass
@@ -169,7 +172,7 @@ class Changelog:
         topic = topic or self.ns.ledger
         lps = sorted(set(lps))
         got: dict[int, tuple[int, int]] = {}
-        if self._marks is not None and len(lps) > 1:
+        if self._marks is not None and len(lps) > BATCH_MARKS_FROM:
             try:
                 got = self._marks(topic, lps)
             except KafkaException as exc:

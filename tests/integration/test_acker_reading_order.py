@@ -73,7 +73,7 @@ def test_acks_read_ahead_of_persist_are_paused_and_every_record_completes(bootst
     assert producer.flush(30) == 0
 
     acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
-    acker.reading.behind = 1_000  # of the test's 3 000 records a partition (the default is 5 000)
+    acker.reading.behind = 300  # of the test's 3 000 records a partition (the default is 5 000)
     # (a false timeout would have its outcome within the timeout after the last completion)
     outcomes = outcomes_under(settings, ns, acker, {r.origin for r in sent}, limit_s=120, settle_s=TIMEOUT_MS / 1000)
     not_completed = sorted(o for o, seen in outcomes.items() if seen != ["completed"])
