@@ -21,34 +21,11 @@ from broker.acker.state import PartitionState
 from broker.ledger.clock import Ticker
 from broker.schemas import encode_ledger_entry
 from broker.topics import Namespace
+from tests.unit.log_cluster import Message
 
 NS = Namespace("sidebyside")
 T0 = 1_700_000_000_000
 P = 600
-
-
-class Msg:
-    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                 err: KafkaError | None = None) -> None:
-        self._t, self._p, self._o, self._k, self._v, self._e = topic, partition, offset, key, value, err
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def key(self) -> bytes | None:
-        return self._k
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def error(self) -> KafkaError | None:
-        return self._e
 
 
 class Restorer:
@@ -76,8 +53,8 @@ class Restorer:
         out: list[Any] = []
         for (topic, p), at in list(self.positions.items()):
             log = self.logs.get((topic, p), [])
-            out += [Msg(topic, p, o, k, v) for o, (k, v) in enumerate(log) if o >= at]
-            out.append(Msg(topic, p, len(log), None, None, KafkaError(KafkaError._PARTITION_EOF)))
+            out += [Message(topic, p, o, k, v) for o, (k, v) in enumerate(log) if o >= at]
+            out.append(Message(topic, p, len(log), None, None, err=KafkaError(KafkaError._PARTITION_EOF)))
             self.positions[(topic, p)] = len(log)
         return out
 
