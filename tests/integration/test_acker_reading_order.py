@@ -30,6 +30,11 @@ RECORDS = 6_000
 PAYLOAD = b"x" * 4_000  # 24 MB of persist records: many fetches of 1 MiB per partition
 TIMEOUT_MS = 3_000
 ACKS_PER_BATCH = 100
+# Persist is written and fetched in small pieces, so the acker's first fetches bring all the acks
+# (about 100 KB a partition) and no more than a few hundred persist records of 3 000, however
+# late its acks partitions start fetching: with the defaults (1 MB producer batches, 1 MiB
+# fetches, 64 MB prefetched) the persist backlog was all in once, behind a loaded CI machine.
+PIECE = 32 * 1024
 
 
 def _orphans_logged(settings: KafkaSettings, ns: topics.Namespace) -> int:
@@ -52,7 +57,7 @@ def test_acks_read_ahead_of_persist_are_paused_and_every_record_completes(bootst
     ns = topics.Namespace(unique_name("order"))
     data = f"{ns.name}.orders"
     topics.create(settings, ns, P, {data: 2})
-    source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS))
+    source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS, producer={"batch.size": PIECE}))
     sent = [source.send(data, b"k%d" % i, PAYLOAD) for i in range(RECORDS)]
     source.flush()
     source.close()
@@ -72,8 +77,12 @@ def test_acks_read_ahead_of_persist_are_paused_and_every_record_completes(bootst
         producer.poll(0)
     assert producer.flush(30) == 0
 
-    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
-    acker.reading.behind = 300  # of the test's 3 000 records a partition (the default is 5 000)
+    acker = Acker(settings, ns, AckerConfig(
+        instance_id=unique_name("acker"), stats_interval_ms=3_600_000,
+        consumer={"max.partition.fetch.bytes": PIECE, "queued.max.messages.kbytes": 256},
+    ))
+    acker.reading.behind = 100  # of the test's 3 000 records a partition (the default is 5 000): up to
+    # 100 a partition are folded before their persist records, by the table
     # (a false timeout would have its outcome within the timeout after the last completion)
     outcomes = outcomes_under(settings, ns, acker, {r.origin for r in sent}, limit_s=120, settle_s=TIMEOUT_MS / 1000)
     not_completed = sorted(o for o, seen in outcomes.items() if seen != ["completed"])
