@@ -120,7 +120,7 @@ REPLAYED = Row(_ENDED, Input.DECIDED, State.WATCH, Outcome.REPLAY, when=Conditio
 HELD = Row(_ENDED, Input.DECIDED, State.HELD, when=Condition.LAST)
 DEFERRED = Row(_ENDED, Input.UNREADABLE, State.DEFERRED)
 WAITS = Row(_ENDED, Input.BEFORE_TURN, State.DEFERRED, when=Condition.NOT_LAST)
-LOST = Row(_ENDED, Input.LOST, State.GONE, Outcome.DLQ)
+LOST = Row(_ENDED, Input.LOST, State.HELD)
 QUARANTINED = Row(_ENDED, Input.UNDECODABLE, State.GONE, Outcome.DLQ)
 COMPLETED_LATE = Row((State.HELD,), Input.COMPLETED, State.GONE, Outcome.COMPLETED, when=Condition.TIMED_OUT)
 HELD_SUPERSEDED = Row((State.HELD,), Input.SUPERSEDED_MARK, State.GONE, Outcome.COMPLETED)

@@ -475,13 +475,16 @@ class Decider:
         it adds no window of its own. ``last``: the record's last attempt, or a rejected one."""
         if not last:
             return None
-        watch_ms = self.config.watch_for_ms
-        if watch_ms <= 0:
-            return None
         ends = [h.at_ms for h in record.history if h.reason == Reason.TIMEOUT]
         if timed_out_ms is not None:
             ends.append(timed_out_ms)
-        if not ends:
+        return self._held_until(ends, read_tick)
+
+    def _held_until(self, ends: list[int], read_tick: int | None) -> int | None:
+        """The tick the last of the windows opened at ``ends`` ends, if the partition is not
+        read past it yet (``read_tick``), else None."""
+        watch_ms = self.config.watch_for_ms
+        if watch_ms <= 0 or not ends:
             return None
         tick = self.ticker.tick_of(max(ends) + watch_ms)
         return tick if read_tick is None or tick > read_tick else None
@@ -549,15 +552,27 @@ class Decider:
         c.wait(lp, failure, self.ticker.tick_of(c.now_ms + delay_ms))  # fate.DEFERRED
 
     def _lost(self, c: _Commit, lp: int, st: PartitionState, failure: Ended, detail: str) -> None:
-        """``fate.LOST``: dead-letter a failed record whose payload cannot be had, with what is
-        known of it."""
+        """``fate.LOST``: a failed record whose payload cannot be had is held like a last
+        attempt, then dead-lettered with what is known of it (``fate.DEAD_LETTERED``). Its
+        history went with the payload, but every earlier attempt ended before this one was
+        sent: the windows that can still complete the record end by this one's end (its
+        timeout, durable, or its failure's decision) + ``watch_ms``."""
         srid, offset, reason = failure
+        if reason is Reason.TIMEOUT:
+            ended = st.timed_out_at.setdefault(srid, c.now_ms)
+        else:
+            ended = st.failed_at.setdefault(srid, c.now_ms)
+        hold = self._held_until([ended], c.ticks.get(lp))
+        if hold is not None:
+            st.count("dlq_held")
+            c.wait(lp, failure, hold)  # fate.LOST: held
+            return
         st.decided(srid)
         why = f"persist record of {srid} ({reason.value}): {detail}"
         st.count("payload_lost")
         log.error("dead-lettered %s[%d]@%d without its value: %s", self.ns.persist, lp, offset, why)
         c.decided.append(Decided(0, offset, lp, (lost_payload_record(self.ns, lp, offset, srid, why),)))
-        st.tombstones.append(((srid,), fate.LOST.tombstone))
+        st.tombstones.append(((srid,), fate.DEAD_LETTERED.tombstone))
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""

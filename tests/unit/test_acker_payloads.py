@@ -234,7 +234,12 @@ def test_a_lost_payload_is_dead_lettered_and_blocks_no_other_entry(persist_log: 
         persist_log.records[0][0] = FakeMessage(NS.persist, 0, 0, ids.encode_id(a), None)
     persist_log.clock.advance(TIMEOUT_MS + 100)
     run_steps(acker)
-    # the other partition AND the other entry of the same partition are replayed
+    # the other partition AND the other entry of the same partition are replayed; the lost
+    # one is held while a window may be open (its history went with its payload, fate.LOST)
+    assert outcomes(producer) == {b: b"replay", c: b"replay"}
+    assert acker.counters()["dlq_held"] == 1
+    persist_log.clock.advance(acker.config.watch_for_ms)
+    run_steps(acker, 3)
     assert outcomes(producer) == {a: b"dlq", b: b"replay", c: b"replay"}
     assert sorted(replayed(producer)) == [b"order 1", b"order 2"]
     # the lost one: key = its srid, the reason, where it was; counted; nothing left pending
@@ -287,6 +292,9 @@ def test_an_unreadable_payload_is_retried_with_back_off_then_dead_lettered(persi
     # 1 s, 2 s, 4 s, then bounded at 4 s (each rounded up to the next 100 ms tick at most)
     gaps = np.diff(tries).tolist()
     assert len(tries) == 5 and all(0 <= g - want <= 100 for g, want in zip(gaps, [1_000, 2_000, 4_000, 4_000], strict=True))
+    assert outcomes(producer) == {}  # held until its window ended (fate.LOST)
+    persist_log.clock.advance(acker.config.watch_for_ms)
+    run_steps(acker, 3)
     assert outcomes(producer) == {a: b"dlq"}
     assert b"5 tries" in (dlq(producer)[a][H_REASON] or b"")
     c = acker.counters()

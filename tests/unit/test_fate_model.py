@@ -668,3 +668,27 @@ def test_a_tree_completed_after_its_deadline_but_inside_an_outage_completes_with
         then(machine.step, n=2)
     assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 4
     machine.teardown()
+
+
+def test_a_lost_payload_waits_for_the_window_of_an_earlier_attempt() -> None:
+    """A run the model found (issue #42): records of max 2 attempts whose first attempt times
+    out and completes just before its window ends (``win_end``), the replay's tree completing
+    late. Both heads of ``ns.persist`` are deleted before the replay is decided: its payload is
+    gone. Its dead letter waits until every earlier window ended, as any dead letter does, so
+    the late completion of the first attempt settles it."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, commit_interval_ms=0, fetches=1, fail_hold_ms=0, unlogged_ms=200)
+    then(machine.send, max_attempts=2, n=2, script=("win_end", "late_edge", "ack"), timeout_ms=1_000)
+    for _ in range(6):
+        then(machine.advance, ms=300)
+        then(machine.step, n=3)
+    then(machine.delete_head, lp=0)
+    then(machine.delete_head, lp=1)
+    then(machine.advance, ms=300)
+    then(machine.step, n=3)
+    machine.teardown()  # drains: every record has the fate the model gives it
