@@ -54,6 +54,7 @@ from broker.acker.state import PartitionState, empty_state
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.ledger.outages import ClockStops
+from broker.ranges import counted
 from broker.schemas import COUNTERS_KEY, LedgerCounters, LedgerEntry
 from broker.topics import Namespace
 
@@ -447,11 +448,29 @@ class Changelog:
                     self.fresh_ms[msg.partition()] = max(self.fresh_ms.get(msg.partition(), ts), ts)
         for lp, records in latest.items():
             self.apply(self.standby[lp][0], records)
-        for lp in self.standby.keys() - self._caught_up:
-            _, high = self._standby_consumer.get_watermark_offsets(TopicPartition(self.ns.ledger, lp), cached=True)
-            if high is not None and high >= 0 and self.standby[lp][1] >= high:
-                self._caught_up.add(lp)
-                log.info("standby of ledger partition %d caught up at offset %d", lp, high)
+        self._note_caught_up()
+
+    def _note_caught_up(self) -> None:
+        """Log the standby partitions read to their ends since the last call (each once while
+        it stays standby), in one line. The consumer's position, not the last record read,
+        says how far: the changelog ends with a transaction's commit marker, which takes an
+        offset and is never delivered; a partition with nothing to read has no position and
+        counts once its cached watermarks meet."""
+        assert self._standby_consumer is not None
+        waiting = [TopicPartition(self.ns.ledger, lp) for lp in sorted(self.standby.keys() - self._caught_up)]
+        if not waiting:
+            return
+        caught: list[int] = []
+        for tp in self._standby_consumer.position(waiting):
+            low, high = self._standby_consumer.get_watermark_offsets(tp, cached=True)
+            if high is None or high < 0:
+                continue  # not fetched yet
+            at = tp.offset if tp.offset >= 0 else self.standby[tp.partition][1]
+            if at >= high or low == high:
+                caught.append(tp.partition)
+        if caught:
+            self._caught_up.update(caught)
+            log.info("standby of ledger partitions %s caught up", counted(caught))
 
     def close(self) -> None:
         self._restorer.close()

@@ -491,7 +491,7 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
     return out
 
 
-_CAUGHT_UP = re.compile(r"standby of ledger partition (\d+) caught up")
+_CAUGHT_UP = re.compile(r"standby of ledger partitions \d+ (\[[^]]*\]) caught up")
 
 
 def _caught_up(run: _Run, timeout: float) -> None:
@@ -500,7 +500,7 @@ def _caught_up(run: _Run, timeout: float) -> None:
         owners = run.owners()
         for name, proc in run.ackers.items():
             text = proc.log_path.read_text(errors="replace")
-            warm = {int(m.group(1)) for m in _CAUGHT_UP.finditer(text)}
+            warm = {lp for m in _CAUGHT_UP.finditer(text) for lp in expand(m.group(1))}
             others = set().union(*(lps for n, lps in owners.items() if n != name))
             if not others <= warm:
                 return False

@@ -54,7 +54,7 @@ _ASSIGNED = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO broker\.acker: assigned ledger partitions \d+ (\[[\d, -]*\]) "
     r"\(owning \d+ \[[\d, -]*\]\): (\d+) from standby/warm state, (\d+) changelog records read, (\d+) entries, ([\d.]+)s"
 )
-_CAUGHT_UP = re.compile(r"standby of ledger partition (\d+) caught up")
+_CAUGHT_UP = re.compile(r"standby of ledger partitions \d+ (\[[^]]*\]) caught up")
 
 
 def _fill(env: Env, ns: topics.Namespace, per_partition: int) -> None:
@@ -97,7 +97,7 @@ def assignments(path: Path) -> list[dict[str, Any]]:
 
 
 def _caught_up(path: Path) -> set[int]:
-    return {int(m.group(1)) for m in _CAUGHT_UP.finditer(path.read_text(errors="replace"))}
+    return {lp for m in _CAUGHT_UP.finditer(path.read_text(errors="replace")) for lp in expand(m.group(1))}
 
 
 def _owner(logs: dict[str, Path], lp: int) -> str | None:

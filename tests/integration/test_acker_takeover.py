@@ -28,6 +28,7 @@ ASSIGNED = re.compile(
     r"assigned ledger partitions \d+ (\[[\d, -]*\]) \(owning \d+ (\[[\d, -]*\])\): (\d+) from standby/warm state, "
     r"(\d+) changelog records read, (\d+) entries"
 )
+CAUGHT_UP = re.compile(r"standby of ledger partitions \d+ (\[[\d, -]*\]) caught up")
 
 
 def _start_acker(bootstrap: str, ns: str, instance: str, log_path: Path, standby: bool) -> subprocess.Popen[bytes]:
@@ -50,6 +51,11 @@ def _assignments(log_path: Path) -> list[tuple[list[int], int, int, list[int], i
     return out
 
 
+def _caught_up(log_path: Path) -> set[int]:
+    """The partitions a standby logged as read to the end of their changelogs."""
+    return {lp for m in CAUGHT_UP.finditer(log_path.read_text(errors="replace")) for lp in expand(m.group(1))}
+
+
 def _wait(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -69,6 +75,12 @@ def test_survivor_takes_over_partitions_of_a_killed_acker(bootstrap: str, tmp_pa
         # Both members own two ledger partitions each.
         _wait(lambda: all(_assignments(p) and len(_assignments(p)[-1][0]) == 2 for p in logs.values()),
               60, "two ackers sharing four partitions")
+        if standby:
+            # Each says when it has tailed the other's changelogs to their ends - empty ones, or
+            # ending with a commit marker (an offset never delivered): what an operator waits for.
+            for name, other in (("a1", "a2"), ("a2", "a1")):
+                theirs = set(_assignments(logs[other])[-1][0])
+                _wait(lambda theirs=theirs, name=name: theirs <= _caught_up(logs[name]), 30, f"{name}'s standbys to catch up")
         # Pending entries: no task runs yet, so every record stays registered - in the changelog
         # once it waited unlogged_ms (1 s), before that only in ns.persist.
         source = Source(settings, ns, SourceConfig(timeout_ms=600_000))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    OFFSET_INVALID,
     TIMESTAMP_CREATE_TIME,
     KafkaError,
     KafkaException,
@@ -105,8 +106,11 @@ class Ledger:
 class LedgerConsumer:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.position: int | None = None
+        self.at: int | None = None
         self.queries = 0
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID if self.at is None else self.at) for tp in tps]
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
@@ -115,21 +119,21 @@ class LedgerConsumer:
 
     def assign(self, tps: list[TopicPartition]) -> None:
         (tp,) = tps
-        self.position = self.ledger.low if tp.offset == OFFSET_BEGINNING else max(tp.offset, self.ledger.low)
+        self.at = self.ledger.low if tp.offset == OFFSET_BEGINNING else max(tp.offset, self.ledger.low)
 
     incremental_assign = assign
 
     def unassign(self) -> None:
-        self.position = None
+        self.at = None
 
     def incremental_unassign(self, tps: list[TopicPartition]) -> None:
-        self.position = None
+        self.at = None
 
     def consume(self, *_: Any) -> list[Any]:
-        if self.position is None:
+        if self.at is None:
             return []
-        out: list[Any] = [Msg(r) for r in self.ledger.records if r.offset >= self.position]
-        self.position = self.ledger.high
+        out: list[Any] = [Msg(r) for r in self.ledger.records if r.offset >= self.at]
+        self.at = self.ledger.high
         return [*out, Eof()]
 
     def close(self) -> None:
