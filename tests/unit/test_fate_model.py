@@ -692,3 +692,26 @@ def test_a_lost_payload_waits_for_the_window_of_an_earlier_attempt() -> None:
     then(machine.advance, ms=300)
     then(machine.step, n=3)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+
+def test_a_beat_sent_after_a_deadline_may_come_too_late_to_hold_it_back() -> None:
+    """A run the model found: records sent in a stop, timed out by the acker at a tick before
+    a task's next beat was sent, which stops the clock back to its outage's start ("the outage
+    goes on", after a gap in its beats); their trees completed before the deadline that beat
+    holds back. An expiry does not wait for a beat sent after its tick (gated): the model must
+    not hold back a deadline that passed before the beat was sent."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, commit_interval_ms=100, fail_hold_ms=0)
+    then(machine.outage, ms=8_000, going_on=False)
+    then(machine.send, max_attempts=2, n=3, script=("late_past", "ack", "ack"), timeout_ms=1_000)
+    then(machine.advance, ms=25_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=25_000)
+    then(machine.outage, ms=3_000, going_on=True)
+    machine.teardown()  # drains: every record has the fate the model gives it
