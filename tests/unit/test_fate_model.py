@@ -32,7 +32,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   kill -9 and takeover, with or without ``--standby``;
 - ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
 - ``outage``: a task's outage beats on every ``ns.acks`` partition (§6, *Outages*): the model
-  holds back every deadline the stop covers, so a tree completed before the held-back
+  holds back every deadline the stop covers that is due after the beat was sent (one due by
+  then may have timed out before the beat was read), so a tree completed before the held-back
   deadline must complete its record without a replay.
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
@@ -308,7 +309,7 @@ class FateMachine(RuleBasedStateMachine):
             and a.deadline_ms > now and a.srid in self.roots
             and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
         }
-        self.model.stop(since, now + ms)
+        self.model.stop(since, now + ms, now)
         held = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
         queued = {srid: before for srid, before in queued.items() if held[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
