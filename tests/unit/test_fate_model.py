@@ -716,3 +716,32 @@ def test_a_beat_sent_after_a_deadline_may_come_too_late_to_hold_it_back() -> Non
     then(machine.advance, ms=25_000)
     then(machine.outage, ms=3_000, going_on=True)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+@pytest.mark.parametrize("registered_before_the_beat", [False, True])
+def test_a_record_created_in_a_gap_of_the_beats_is_held_back_by_the_rest_of_the_stop(
+        registered_before_the_beat: bool) -> None:
+    """Records created after a stop's cover ran out, due after the next beat of the outage
+    (which stops the clock from the end of the last cover): the acker holds them back by the
+    rest of the stop from their creation if it registers them after the beat, by all of it if
+    before. Their trees complete before the lesser deadline: completed without a replay
+    either way."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=0)
+    then(machine.outage, ms=8_000, going_on=False)
+    then(machine.advance, ms=25_000)
+    then(machine.send, max_attempts=2, n=2, script=("drop", "ack", "ack"), timeout_ms=3_000)
+    if registered_before_the_beat:
+        then(machine.step, n=2)
+    then(machine.advance, ms=1_000)
+    then(machine.outage, ms=3_000, going_on=True)
+    for _ in range(10):
+        then(machine.advance, ms=1_000)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
+    machine.teardown()
