@@ -335,6 +335,7 @@ class ModelAttempt:
     number: int
     max_attempts: int
     deadline_ms: int  # its deadline (held back by outages); of an adaptive one, a lower bound (created + the floor)
+    created_ms: int | None = None  # None: before every stop known
     acked_ms: int | None = None  # every event of its tree written at this time
     failed_ms: int | None = None  # a fail mark written at this time
     outcome: Outcome | None = None  # its persist tombstone's rb-outcome, once written
@@ -389,31 +390,45 @@ class FateModel:
         self.attempts: dict[int, ModelAttempt] = {}
         self.origins: dict[int, list[ModelAttempt]] = {}
         # When the clock stood still for a task's outage (§6, *Outages*): ``[since, until)``,
-        # oldest first, none overlapping.
+        # oldest first, none overlapping; and each part of them a beat added, with the time
+        # it was sent: ``(start, until, sent)``, oldest first.
         self.stops: list[tuple[int, int]] = []
+        self.pieces: list[tuple[int, int, int]] = []
 
     def attempt(self, srid: int, origin: int, number: int, max_attempts: int, deadline_ms: int,
                 created_ms: int | None = None) -> ModelAttempt:
         """A new attempt; created at ``created_ms`` (None: before every stop known), its
         deadline held back by the stops since."""
-        a = ModelAttempt(srid, origin, number, max_attempts, self.held(created_ms, deadline_ms))
+        a = ModelAttempt(srid, origin, number, max_attempts, self.held(created_ms, deadline_ms), created_ms)
         self.attempts[srid] = a
         self.origins.setdefault(origin, []).append(a)
         return a
 
     def held(self, created_ms: int | None, deadline_ms: int) -> int:
-        """A deadline as a clock that stood still in the stops makes it: each stop after the
-        creation holds it back by its length if it was due after the stop began, by the rest
-        of the stop if created during it."""
-        for since, until in self.stops:
-            start = since if created_ms is None else max(created_ms, since)
-            if start < until and deadline_ms > since:
-                deadline_ms += until - start
+        """A deadline as a clock that stood still in the stops must make it: each part of a
+        stop after the creation holds it back by its length, by the rest of it if created
+        during it (``_holds``)."""
+        for piece in self.pieces:
+            deadline_ms += self._holds(piece, created_ms, deadline_ms)
         return deadline_ms
 
-    def stop(self, since_ms: int, until_ms: int) -> None:
-        """An outage beat: the clock stands still from ``since_ms`` to ``until_ms`` (the part
-        not covered yet); every attempt still pending that was due after it began is held back."""
+    @staticmethod
+    def _holds(piece: tuple[int, int, int], created_ms: int | None, deadline_ms: int) -> int:
+        """How much the part ``[start, until)`` of a stop, added by a beat sent at ``sent``,
+        must hold back a deadline: ``until - max(start, created)`` if the deadline is after
+        both ``start`` and ``sent``, else nothing. A deadline due by ``sent`` may have timed
+        out before the beat was read (an expiry waits only for what was sent before its tick);
+        of a record created in ``[start, sent)`` (a beat that covers a gap back to its
+        outage's start), the acker holds back the whole part if it registered the record before
+        the beat, the rest from its creation if after: the model asks the least."""
+        start, until, sent = piece
+        begin = start if created_ms is None else max(created_ms, start)
+        return until - begin if begin < until and deadline_ms > max(start, sent) else 0
+
+    def stop(self, since_ms: int, until_ms: int, sent_ms: int) -> None:
+        """An outage beat sent at ``sent_ms``: the clock stands still from ``since_ms`` to
+        ``until_ms`` (the part not covered yet); every attempt still pending is held back as
+        ``_holds`` says."""
         start = max(since_ms, self.stops[-1][1] if self.stops else since_ms)
         if until_ms <= start:
             return
@@ -421,9 +436,11 @@ class FateModel:
             self.stops[-1] = (self.stops[-1][0], until_ms)
         else:
             self.stops.append((since_ms, until_ms))
+        piece = (start, until_ms, sent_ms)
+        self.pieces.append(piece)
         for a in self.attempts.values():
-            if a.outcome is None and a.reason is None and a.deadline_ms > start:
-                a.deadline_ms += until_ms - start
+            if a.outcome is None and a.reason is None:
+                a.deadline_ms += self._holds(piece, a.created_ms, a.deadline_ms)
 
     def counts(self, a: ModelAttempt) -> bool | None:
         """Whether ``a``'s completed tree must complete the record (None: it may)."""

@@ -32,7 +32,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   kill -9 and takeover, with or without ``--standby``;
 - ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
 - ``outage``: a task's outage beats on every ``ns.acks`` partition (§6, *Outages*): the model
-  holds back every deadline the stop covers, so a tree completed before the held-back
+  holds back every deadline the stop covers that is due after the beat was sent (one due by
+  then may have timed out before the beat was read), so a tree completed before the held-back
   deadline must complete its record without a replay.
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
@@ -308,7 +309,7 @@ class FateMachine(RuleBasedStateMachine):
             and a.deadline_ms > now and a.srid in self.roots
             and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
         }
-        self.model.stop(since, now + ms)
+        self.model.stop(since, now + ms, now)
         held = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
         queued = {srid: before for srid, before in queued.items() if held[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
@@ -692,3 +693,55 @@ def test_a_lost_payload_waits_for_the_window_of_an_earlier_attempt() -> None:
     then(machine.advance, ms=300)
     then(machine.step, n=3)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+
+def test_a_beat_sent_after_a_deadline_may_come_too_late_to_hold_it_back() -> None:
+    """A run the model found: records sent in a stop, timed out by the acker at a tick before
+    a task's next beat was sent, which stops the clock back to its outage's start ("the outage
+    goes on", after a gap in its beats); their trees completed before the deadline that beat
+    holds back. An expiry does not wait for a beat sent after its tick (gated): the model must
+    not hold back a deadline that passed before the beat was sent."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, commit_interval_ms=100, fail_hold_ms=0)
+    then(machine.outage, ms=8_000, going_on=False)
+    then(machine.send, max_attempts=2, n=3, script=("late_past", "ack", "ack"), timeout_ms=1_000)
+    then(machine.advance, ms=25_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=25_000)
+    then(machine.outage, ms=3_000, going_on=True)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+@pytest.mark.parametrize("registered_before_the_beat", [False, True])
+def test_a_record_created_in_a_gap_of_the_beats_is_held_back_by_the_rest_of_the_stop(
+        registered_before_the_beat: bool) -> None:
+    """Records created after a stop's cover ran out, due after the next beat of the outage
+    (which stops the clock from the end of the last cover): the acker holds them back by the
+    rest of the stop from their creation if it registers them after the beat, by all of it if
+    before. Their trees complete before the lesser deadline: completed without a replay
+    either way."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=0)
+    then(machine.outage, ms=8_000, going_on=False)
+    then(machine.advance, ms=25_000)
+    then(machine.send, max_attempts=2, n=2, script=("drop", "ack", "ack"), timeout_ms=3_000)
+    if registered_before_the_beat:
+        then(machine.step, n=2)
+    then(machine.advance, ms=1_000)
+    then(machine.outage, ms=3_000, going_on=True)
+    for _ in range(10):
+        then(machine.advance, ms=1_000)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
+    machine.teardown()
