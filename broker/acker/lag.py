@@ -176,14 +176,16 @@ class ExpiryGate:
         self._observe(now_ms)
         now_tick = ticker.current_tick(now_ms)
         due = {lp: st.table.due(now_tick) for lp, st in states.items()}
+        anything_due = any(due.values())
         read: dict[int, int | None] = {}
         for lp in states:
             read_ms = self._read_ms(lp)
-            if any(due.values()) and (read_ms is None or read_ms < now_ms) and self._query_unproven(lp, now_ms):
+            if anything_due and (read_ms is None or read_ms < now_ms) and self._query_unproven(lp, now_ms):
                 read_ms = self._read_ms(lp)
             read[lp] = read_ms
         ticks = {lp: None if ms is None else ticker.current_tick(min(now_ms, ms)) for lp, ms in read.items()}
-        held = sum(due[lp] - (0 if ticks[lp] is None else st.table.due(ticks[lp] or 0)) for lp, st in states.items())
+        held = sum(due[lp] - (0 if ticks[lp] is None else st.table.due(ticks[lp] or 0))
+                   for lp, st in states.items() if due[lp])
         if held:
             self.holds += 1
             behind = min(read, key=lambda lp: read[lp] or -1)  # the partition read least far

@@ -43,6 +43,13 @@ from broker.ledger.waiting import Deferrals
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
 
 
+
+# ``take_dirty`` of a partition with nothing to log, shared: a column of no entries cannot change.
+_NOTHING = ChangelogDelta(
+    Entries(*(np.empty(0, dtype) for dtype in (np.int64, np.int64, np.int16, np.int64, np.int32))),
+    np.empty(0, np.int64),
+)
+
 class Changelog:
     """The entries as the changelog sees them: dirty ones out, records back in, unlogged ones
     (see the module doc)."""
@@ -76,6 +83,8 @@ class Changelog:
             back = found[found >= 0]
             t.flags[back] |= DIRTY
         slots = t.flagged(DIRTY)
+        if not slots.size and not tombstones.size:
+            return _NOTHING  # the common case of an idle partition: no column gathered
         f = t.flags[slots]
         upserts = Entries(
             srids=t.keys[slots],

@@ -61,8 +61,10 @@ class Removed:
 
     @classmethod
     def empty(cls, with_values: bool = False) -> Removed:
-        """No entries (``values`` an empty column where ``with_values``, else None)."""
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64) if with_values else None)
+        """No entries (``values`` an empty column where ``with_values``, else None): one
+        instance each, shared - asked for per partition per commit, and a column of no
+        entries cannot change."""
+        return _NONE_REMOVED[with_values]
 
     @classmethod
     def concat(cls, parts: list[Removed]) -> Removed:
@@ -73,6 +75,12 @@ class Removed:
             return parts[0]
         return cls(np.concatenate([p.srids for p in parts]), np.concatenate([p.offsets for p in parts]))
 
+
+
+_NONE_REMOVED = {
+    False: Removed(np.empty(0, np.int64), np.empty(0, np.int64)),
+    True: Removed(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)),
+}
 
 class Registered(NamedTuple):
     """Result of ``register``."""

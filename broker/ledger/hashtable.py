@@ -186,6 +186,8 @@ class SridTable:
         """Slots whose flags have ``bit`` set: find the uint64 words holding one, then look
         inside them (free slots have flags 0, so they never match)."""
         words = np.flatnonzero(self.flags.view(np.uint64) & np.uint64(_BYTE_ONES * bit))
+        if not words.size:
+            return words  # none: an empty int64 column, as the slots would be
         candidates = (words[:, None] * 8 + np.arange(8)).reshape(-1)
         return candidates[(self.flags[candidates] & bit) != 0]
 
