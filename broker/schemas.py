@@ -933,20 +933,19 @@ class LedgerCounters:
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerCounters:
-        # An older record ends after ``updated_ms`` (or after the pending fields): read it the
-        # oldest way first; bytes left over can only be the fields appended since.
-        first: DecodeError | None = None
-        for schema in _COUNTERS_ENCODINGS:
+        # Each encoding appends fields to the one before: a record is read the newest way
+        # first (today's records, one read), an older one runs out of bytes there and is read
+        # the next older way. What no encoding reads fails with the oldest one's error.
+        error: DecodeError | None = None
+        for schema in reversed(_COUNTERS_ENCODINGS):
             try:
                 d = _decode(schema, data, "LedgerCounters")
                 break
             except DecodeError as exc:
-                first = first or exc
-                if "trailing bytes" not in str(exc):
-                    raise first from None
+                error = exc
         else:
-            assert first is not None
-            raise first
+            assert error is not None
+            raise error
         return cls(
             dict(d["counters"]), int(d["updated_ms"]),
             d.get("pending"), d.get("oldest_pending_offset"), d.get("oldest_pending_ms"), d.get("restore_floor"),

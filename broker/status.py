@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from broker.errors import TopologyError
 from broker.kafka_io import kafka_errors, watermarks
@@ -155,7 +155,7 @@ def _read_windows(
         if time.monotonic() > deadline:
             raise TopologyError(f"could not read {topic} to its end")
         done: list[int] = []
-        for msg in consumer.consume(10_000, 0.05):
+        for msg in _fetched(consumer):
             p = msg.partition() or 0
             if p not in open_:
                 continue
@@ -177,3 +177,14 @@ def _read_windows(
             consumer.pause([TopicPartition(topic, p) for p in done])
     consumer.unassign()
     return last, read
+
+
+def _fetched(consumer: Consumer) -> list[Message]:
+    """What is fetched now, or else what comes within 50 ms - as soon as it comes: a batch
+    ``consume`` waits out its whole timeout unless the batch fills (at 1 000 partitions a
+    read takes a dozen fetch rounds, each would wait it)."""
+    msgs = consumer.consume(10_000, 0)
+    if msgs:
+        return msgs
+    first = consumer.poll(0.05)
+    return [] if first is None else [first, *consumer.consume(10_000, 0)]
