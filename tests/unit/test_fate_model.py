@@ -29,8 +29,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   before it steps again;
 - ``auto``: adaptive timeouts (``timeout_ms="auto"``) with a small ``adaptive_min_samples``:
   fast completions drop the estimate; the deadline the acker first gives an attempt (seen in
-  its table: no log holds an unlogged one) is never shortened; ``warm_up`` brings the
-  estimate from cold to its floor in one burst, then may fail the next commit (a rewind);
+  its table: no log holds an unlogged one) is never shortened; ``warm_up`` drops the
+  estimate to its floor in one burst, then may fail the next commits (rewinds);
 - ``group``: two ackers in one group: joins, clean hand-overs (revoke and warm state),
   kill -9 and takeover, with or without ``--standby``;
 - ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
@@ -416,21 +416,27 @@ class FateMachine(RuleBasedStateMachine):
         self.takeover(which)
 
     @precondition(lambda self: "auto" in DIMENSIONS and bool(self.ackers))
-    @rule(n=st.integers(3, 6), which=st.integers(0, 1), rewind=st.booleans())
-    def warm_up(self, n: int, which: int, rewind: bool) -> None:
+    @rule(n=st.integers(3, 6), which=st.integers(0, 1), fails=st.integers(0, 2))
+    def warm_up(self, n: int, which: int, fails: int) -> None:
         """A burst of fast adaptive completions: ``n`` adaptive records whose trees complete
-        in 200 ms, read - the estimate of their topic drops to its floor; then (``rewind``) the
-        commit that reads a second such burst fails (a commit that writes nothing is not
-        tried, so it takes new input) and the acker rewinds: the adaptive entries registered
-        while the estimate was cold are restored, with the deadlines they were first given."""
+        in 200 ms, read - the estimate of their topic drops to its floor. Then (``fails``)
+        the commits that read a second such burst are refused, one or two (a commit that
+        writes nothing is not tried, so it takes new input; each rewinds the partitions it
+        touched): the adaptive entries registered while the estimate was cold are restored,
+        with the deadlines they were first given - and the clock moves past the floor, the
+        acker stepping, so a deadline restored shorter would show."""
         self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
         self._then(self.advance, 300)
         self._then(self.step, n=3, which=which)
-        if rewind:
-            self._then(self.commit_fails)
+        if fails:
+            for _ in range(fails):
+                self._then(self.commit_fails)
             self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
             self._then(self.advance, 300)
-            self.step(n=3, which=which)
+            self._then(self.step, n=3, which=which)
+            self._then(self.step, n=3, which=which)
+            self._then(self.advance, FLOOR_MS)
+            self.step(n=6, which=which)
 
     @precondition(lambda self: bool(self.ackers))
     @rule()
