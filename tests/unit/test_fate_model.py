@@ -754,3 +754,33 @@ def test_a_lost_payload_waits_for_the_window_of_an_earlier_attempt() -> None:
     then(machine.advance, ms=300)
     then(machine.step, n=3)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_rewind_logs_the_entries_it_reads_back_from_persist() -> None:
+    """A run the model found (issue #42, shrunk): two records registered, committed past and
+    left out of the changelog; the next commit fails, and the rewind reads them back from
+    ``ns.persist``; the commit after it, more than ``unlogged_ms`` after the first, must log
+    them (§6, *Durable*) - the rewound state no longer knew how long they had waited. Then
+    ``ns.persist``'s head is deleted as far as that allows and the acker killed: the new owner
+    has them from the changelog, and their trees complete them."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
+    then(machine.send, max_attempts=1, n=2, script=("touch", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=1)
+    then(machine.advance, ms=300)
+    then(machine.commit_fails)
+    then(machine.backlog, lp=0, n=5)
+    then(machine.backlog, lp=1, n=5)
+    then(machine.advance, ms=600)
+    then(machine.step, n=1)
+    then(machine.advance, ms=300)
+    then(machine.step, n=1)
+    then(machine.delete_head, lp=0)
+    then(machine.takeover, which=0)
+    assert machine.cluster.starts[(NS.persist, 0)] > 0
+    machine.teardown()  # drains: every record has the fate the model gives it
