@@ -136,7 +136,8 @@ class FateMachine(RuleBasedStateMachine):
         self.offsets: dict[int, tuple[int, int]] = {}  # srid -> (ledger partition, persist offset)
         self.auto: set[int] = set()  # srids of adaptive attempts
         self.bad: dict[tuple[int, int], int] = {}  # (ledger partition, offset) -> srid of a bad value
-        self.commits: list[tuple[int, int, dict[int, int]]] = []  # (transactions, ms, committed persist offsets)
+        # (transactions, ms, committed persist offsets, ledger partitions of the acker that committed)
+        self.commits: list[tuple[int, int, dict[int, int], frozenset[int]]] = []
         self.sent = 0
 
     # ------------------------------------------------------------------ set-up
@@ -334,13 +335,16 @@ class FateMachine(RuleBasedStateMachine):
     @precondition(lambda self: "delete" in DIMENSIONS)
     @rule(lp=st.integers(0, 1))
     def delete_head(self, lp: int) -> None:
-        """DeleteRecords on ``ns.persist[lp]``, as far as the acker committed past those records
-        and then committed again more than ``unlogged_ms`` later: what it leaves out of the
-        changelog it has logged by then (§6, *Durable*)."""
+        """DeleteRecords on ``ns.persist[lp]``, as far as an acker committed past those records
+        and then the owner of ``lp`` committed again more than ``unlogged_ms`` later: what it
+        leaves out of the changelog it has logged by then (§6, *Durable*: on its clock, at its
+        commits - the other member's commits log nothing of ``lp``, and an owner that stalls
+        logs nothing either)."""
         self._scan()
         wait = self.config.unlogged_ms
-        before = max((c.get(lp, 0) for tx, ms, c in self.commits
-                      if any(tx2 > tx and ms2 - ms > wait for tx2, ms2, _ in self.commits)), default=0)
+        before = max((c.get(lp, 0) for tx, ms, c, _ in self.commits
+                      if any(tx2 > tx and ms2 - ms > wait and lp in owned for tx2, ms2, _, owned in self.commits)),
+                     default=0)
         if before <= self.cluster.starts[(NS.persist, lp)]:
             return
         for srid, (p, offset) in self.offsets.items():
@@ -369,15 +373,19 @@ class FateMachine(RuleBasedStateMachine):
             acker.assignment.subscribe()
         for _ in range(n):
             acker.step()
+            self._note_commits(acker)
         if self.config.commit_interval_ms == 0:
             acker.commit()
-        self._note_commits()
+            self._note_commits(acker)
 
-    def _note_commits(self) -> None:
+    def _note_commits(self, acker: Acker) -> None:
+        """The transactions since the last call, as of the last: its committed offsets, and
+        the partitions of ``acker`` after its step (those its commit covered: a step polls -
+        revoked, assigned, restored - then commits)."""
         if not self.commits or self.commits[-1][0] != self.cluster.transactions:
             committed = {lp: self.cluster.offsets.get((f"{NS.name}.acker", NS.persist, lp), 0)
                          for lp in range(self.cluster.partitions)}
-            self.commits.append((self.cluster.transactions, self.clock.now_ms(), committed))
+            self.commits.append((self.cluster.transactions, self.clock.now_ms(), committed, frozenset(acker.states)))
 
     @precondition(lambda self: bool(self.ackers))
     @rule(n=st.integers(1, 6), which=st.integers(0, 1))
@@ -783,4 +791,34 @@ def test_a_rewind_logs_the_entries_it_reads_back_from_persist() -> None:
     then(machine.delete_head, lp=0)
     then(machine.takeover, which=0)
     assert machine.cluster.starts[(NS.persist, 0)] > 0
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_the_other_members_commits_do_not_make_a_deletion_safe() -> None:
+    """The harness's judgement (``delete_head``): the member that owns ``ns.persist[1]``
+    registers records there, commits past them and stalls, while the other member commits on
+    for more than ``unlogged_ms``. Nothing has logged them, so they may not be deleted: the
+    owner's crash would lose them (§6, *Durable*: its clock, its commits)."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=2_000, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
+    then(machine.step, n=1, which=0)
+    then(machine.join)
+    for _ in range(2):
+        then(machine.step, n=1, which=0)
+        then(machine.step, n=1, which=1)
+    assert set(machine.ackers[1].states) == {1}
+    then(machine.send, max_attempts=1, n=4, script=("touch", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=1, which=1)
+    for ms in (300, 1_000):
+        then(machine.advance, ms=ms)
+        then(machine.backlog, lp=0, n=5)
+        then(machine.step, n=1, which=0)
+    then(machine.delete_head, lp=1)
+    assert machine.cluster.starts[(NS.persist, 1)] == 0
+    then(machine.takeover, which=1)
     machine.teardown()  # drains: every record has the fate the model gives it
