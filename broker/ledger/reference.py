@@ -411,9 +411,13 @@ class FateModel:
                 deadline_ms += until - start
         return deadline_ms
 
-    def stop(self, since_ms: int, until_ms: int) -> None:
-        """An outage beat: the clock stands still from ``since_ms`` to ``until_ms`` (the part
-        not covered yet); every attempt still pending that was due after it began is held back."""
+    def stop(self, since_ms: int, until_ms: int, sent_ms: int | None = None) -> None:
+        """An outage beat sent at ``sent_ms`` (None: ``since_ms``): the clock stands still
+        from ``since_ms`` to ``until_ms`` (the part not covered yet); every attempt still
+        pending that is due after the beat was sent is held back. One due between the stop's
+        start and the beat keeps its deadline: the acker may have timed it out before it read
+        the beat (an expiry waits only for what was sent before its tick), and a beat takes no
+        decision back; held back or not, that deadline judges both fates right."""
         start = max(since_ms, self.stops[-1][1] if self.stops else since_ms)
         if until_ms <= start:
             return
@@ -421,8 +425,9 @@ class FateModel:
             self.stops[-1] = (self.stops[-1][0], until_ms)
         else:
             self.stops.append((since_ms, until_ms))
+        due_after = max(start, since_ms if sent_ms is None else sent_ms)
         for a in self.attempts.values():
-            if a.outcome is None and a.reason is None and a.deadline_ms > start:
+            if a.outcome is None and a.reason is None and a.deadline_ms > due_after:
                 a.deadline_ms += until_ms - start
 
     def counts(self, a: ModelAttempt) -> bool | None:

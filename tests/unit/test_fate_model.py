@@ -317,7 +317,7 @@ class FateMachine(RuleBasedStateMachine):
             and a.deadline_ms > now and a.srid in self.roots
             and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
         }
-        self.model.stop(since, now + ms)
+        self.model.stop(since, now + ms, now)
         held = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
         queued = {srid: before for srid, before in queued.items() if held[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
@@ -821,4 +821,30 @@ def test_the_other_members_commits_do_not_make_a_deletion_safe() -> None:
     then(machine.delete_head, lp=1)
     assert machine.cluster.starts[(NS.persist, 1)] == 0
     then(machine.takeover, which=1)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_an_outage_reported_late_holds_back_no_deadline_already_passed() -> None:
+    """A run the model found (issue #42, shrunk): records whose first attempt fails and whose
+    replay's tree completes late (``late_edge``); the acker times the replays out, then a beat
+    reports an outage going on since before them (its task's beats stopped for 9 s). The beat
+    takes no expiry back: a deadline due before it was sent keeps its judgement, held back or
+    not (§6, *Outages*), so their replays are right."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000, standby=True)
+    then(machine.outage, ms=1_000, going_on=False)
+    then(machine.advance, ms=300)
+    then(machine.backlog, lp=0, n=29)
+    then(machine.send, max_attempts=3, n=3, script=("fail", "late_edge", "late_now"), timeout_ms=1_000)
+    then(machine.advance, ms=50)
+    for advances in (8, 2, 1, 1, 2, 2):
+        for _ in range(advances):
+            then(machine.advance, ms=600)
+        then(machine.step, n=3)
+    then(machine.outage, ms=1_000, going_on=True)
     machine.teardown()  # drains: every record has the fate the model gives it
