@@ -23,8 +23,8 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
 - ``early``: ``commit_interval_ms`` > 0 on a stepped ``time.monotonic``: early commits while
   completions trickle, interval commits as the clock moves; ``trickle`` makes up to 14 early
   commits in a row, with no interval commit between them;
-- ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the acker committed again
-  more than ``unlogged_ms`` after committing past it (so it logged what it left out), and
+- ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the partition's owner committed
+  again more than ``unlogged_ms`` after a commit past it (so it logged what it left out), and
   compaction of ``ns.persist``; ``delete_then_crash`` deletes both heads and kills the acker
   before it steps again;
 - ``auto``: adaptive timeouts (``timeout_ms="auto"``) with a small ``adaptive_min_samples``:
