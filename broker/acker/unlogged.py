@@ -6,7 +6,7 @@ changelog record, and none when it leaves. The counters record of each transacti
 the partition's *restore floor*, at or below the persist offset of every such entry
 (broker.acker.commit.restore_floor). After
 its changelog is read, a partition being restored (a takeover, a rewind, a warm or standby
-state taken) gets them back in two passes over ``ns.persist[lp]``:
+state taken) gets them back from ``ns.persist[lp]``:
 
 1. read from the floor **to the end** of the log (``read_committed``; the end as the read
    began, after the committed offsets were fetched - so every tombstone the transactions
@@ -16,7 +16,14 @@ state taken) gets them back in two passes over ``ns.persist[lp]``:
 2. register what is left and not in the table already, through ``Ingest.register`` (with
    the records' deadlines: an entry with an adaptive deadline is logged, never left out, so
    it comes back from the changelog), counting nothing again: the restored counters hold
-   them, and a bad record was quarantined when it was first read.
+   them, and a bad record was quarantined when it was first read;
+3. make them DIRTY, so the first commit of the restored state logs them. An entry may stay
+   out of the changelog for ``AckerConfig.unlogged_ms`` of the acker's clock from the commit
+   that first passed its persist record (docs/design.md §6, *Durable*), and only the state
+   this one replaces knew when that was (``PartitionState.commit_positions``): after a
+   takeover, or a rewind after failed commits, the time may be up already. They are few
+   (what was registered since the last commit that logged the older ones), so logging them
+   at once costs little.
 
 Records at and after the committed offset are the main consumer's, as ever. The main
 consumer is not sought back to the floor instead: the lag gate moves on with the records
@@ -138,6 +145,7 @@ class Unlogged:
             msgs = [m for m, a in zip(msgs, absent.tolist(), strict=True) if a]
         if msgs:
             self.register(job.state, job.lp, msgs)
+            job.state.table.log_older(job.committed)
         log.info(
             "ledger partition %d: %d entries left out of its changelog registered again from %s[%d] "
             "(offsets %d..%d read, %d records)", job.lp, len(msgs), self.ns.persist, job.lp, job.start, job.end, job.read,

@@ -313,3 +313,24 @@ def test_early_commits_do_not_keep_an_entry_out_of_the_changelog_for_ever(monkey
     world.run()
     world.drain()
     assert world.outcomes().get(x) == ["completed"]
+
+
+@pytest.mark.parametrize("restore", ["rewind", "takeover"])
+def test_a_restore_logs_the_entries_it_reads_back_in_its_first_commit(monkeypatch: pytest.MonkeyPatch, restore: str) -> None:
+    """How long an entry has been left out of the changelog is known only to the state that
+    left it out: the restored one logs the entries it reads back from ``ns.persist`` at once,
+    well before ``unlogged_ms`` of its own clock, so a record committed past and deleted after
+    the bound is never lost, however many commits failed in between (§6, *Durable*)."""
+    world = World(monkeypatch)
+    srids = world.send(3)
+    world.run()
+    assert world.entry_records(srids) == []
+    world.ack(srids[:1])
+    if restore == "rewind":
+        world.cluster.fail_commits = 1  # the commit of the completion fails: the partition is rewound
+    else:
+        world.acker = world.new_acker()  # kill -9: a new owner restores the partition
+    world.run()
+    assert world.outcomes() == {srids[0]: ["completed"]}
+    assert world.entry_records(srids[1:]) == [(s, False) for s in srids[1:]]
+    assert world.floors()[-1] == len(srids)  # none left out: the committed offset

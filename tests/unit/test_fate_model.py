@@ -21,13 +21,16 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   deadline + ``watch_ms``) and past it - and the model judges every completion by that window
   exactly (without it, only those before ``deadline + watch_ms / 2``);
 - ``early``: ``commit_interval_ms`` > 0 on a stepped ``time.monotonic``: early commits while
-  completions trickle, interval commits as the clock moves;
-- ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the acker committed again
-  more than ``unlogged_ms`` after committing past it (so it logged what it left out), and
-  compaction of ``ns.persist``;
+  completions trickle, interval commits as the clock moves; ``trickle`` makes up to 14 early
+  commits in a row, with no interval commit between them;
+- ``delete``: DeleteRecords of ``ns.persist``'s head, as far as the partition's owner committed
+  again more than ``unlogged_ms`` after a commit past it (so it logged what it left out), and
+  compaction of ``ns.persist``; ``delete_then_crash`` deletes both heads and kills the acker
+  before it steps again;
 - ``auto``: adaptive timeouts (``timeout_ms="auto"``) with a small ``adaptive_min_samples``:
   fast completions drop the estimate; the deadline the acker first gives an attempt (seen in
-  its table: no log holds an unlogged one) is never shortened;
+  its table: no log holds an unlogged one) is never shortened; ``warm_up`` drops the
+  estimate to its floor in one burst, then may fail the next commits (rewinds);
 - ``group``: two ackers in one group: joins, clean hand-overs (revoke and warm state),
   kill -9 and takeover, with or without ``--standby``;
 - ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
@@ -35,6 +38,11 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   holds back every deadline the stop covers that is due after the beat was sent (one due by
   then may have timed out before the beat was read), so a tree completed before the held-back
   deadline must complete its record without a replay.
+
+The compound rules (``trickle``, ``delete_then_crash``, ``warm_up``) are runs of the plain
+rules, the invariant checked after each: sequences that one rule drawn at a time hardly ever
+lines up (issue #42: on 6ee45d7, an entry never logged through early commits, lost by a
+deletion and a takeover; an adaptive deadline shortened by a rewind).
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
 stays well under a minute on two cores, one fixed set of them; given, the examples are random).
@@ -129,7 +137,8 @@ class FateMachine(RuleBasedStateMachine):
         self.offsets: dict[int, tuple[int, int]] = {}  # srid -> (ledger partition, persist offset)
         self.auto: set[int] = set()  # srids of adaptive attempts
         self.bad: dict[tuple[int, int], int] = {}  # (ledger partition, offset) -> srid of a bad value
-        self.commits: list[tuple[int, int, dict[int, int]]] = []  # (transactions, ms, committed persist offsets)
+        # (transactions, ms, committed persist offsets, ledger partitions of the acker that committed)
+        self.commits: list[tuple[int, int, dict[int, int], frozenset[int]]] = []
         self.sent = 0
 
     # ------------------------------------------------------------------ set-up
@@ -327,13 +336,16 @@ class FateMachine(RuleBasedStateMachine):
     @precondition(lambda self: "delete" in DIMENSIONS)
     @rule(lp=st.integers(0, 1))
     def delete_head(self, lp: int) -> None:
-        """DeleteRecords on ``ns.persist[lp]``, as far as the acker committed past those records
-        and then committed again more than ``unlogged_ms`` later: what it leaves out of the
-        changelog it has logged by then (§6, *Durable*)."""
+        """DeleteRecords on ``ns.persist[lp]``, as far as an acker committed past those records
+        and then the owner of ``lp`` committed again more than ``unlogged_ms`` later: what it
+        leaves out of the changelog it has logged by then (§6, *Durable*: on its clock, at its
+        commits - the other member's commits log nothing of ``lp``, and an owner that stalls
+        logs nothing either)."""
         self._scan()
         wait = self.config.unlogged_ms
-        before = max((c.get(lp, 0) for tx, ms, c in self.commits
-                      if any(tx2 > tx and ms2 - ms > wait for tx2, ms2, _ in self.commits)), default=0)
+        before = max((c.get(lp, 0) for tx, ms, c, _ in self.commits
+                      if any(tx2 > tx and ms2 - ms > wait and lp in owned for tx2, ms2, _, owned in self.commits)),
+                     default=0)
         if before <= self.cluster.starts[(NS.persist, lp)]:
             return
         for srid, (p, offset) in self.offsets.items():
@@ -362,20 +374,78 @@ class FateMachine(RuleBasedStateMachine):
             acker.assignment.subscribe()
         for _ in range(n):
             acker.step()
+            self._note_commits(acker)
         if self.config.commit_interval_ms == 0:
             acker.commit()
-        self._note_commits()
+            self._note_commits(acker)
 
-    def _note_commits(self) -> None:
+    def _note_commits(self, acker: Acker) -> None:
+        """The transactions since the last call, as of the last: its committed offsets, and
+        the partitions of ``acker`` after its step (those its commit covered: a step polls -
+        revoked, assigned, restored - then commits)."""
         if not self.commits or self.commits[-1][0] != self.cluster.transactions:
             committed = {lp: self.cluster.offsets.get((f"{NS.name}.acker", NS.persist, lp), 0)
                          for lp in range(self.cluster.partitions)}
-            self.commits.append((self.cluster.transactions, self.clock.now_ms(), committed))
+            self.commits.append((self.cluster.transactions, self.clock.now_ms(), committed, frozenset(acker.states)))
 
     @precondition(lambda self: bool(self.ackers))
     @rule(n=st.integers(1, 6), which=st.integers(0, 1))
     def step(self, n: int, which: int = 0) -> None:
         self._run(self.ackers[which % len(self.ackers)], n)
+
+    # Compound rules: runs of the rules above that random draws of one rule at a time hardly
+    # ever line up; each is those rules in a row, the invariant checked after every one.
+
+    def _then(self, rule: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        rule(*args, **kwargs)
+        self.follows_the_rule()
+
+    @precondition(lambda self: "early" in DIMENSIONS and bool(self.ackers))
+    @rule(k=st.integers(1, 14), which=st.integers(0, 1))
+    def trickle(self, k: int, which: int) -> None:
+        """Completions trickle in: ``k`` times a record that completes at once ("quick") is
+        sent, the clock moves 0.6 of a commit interval and the acker steps - so every commit is
+        an early one (its poll waited, a completed tree waits for its tombstone), ``k`` early
+        commits in a row with no interval commit between them, while what else is pending
+        stays as it is."""
+        gap = max(self.config.commit_interval_ms * 3 // 5, 1)
+        for _ in range(k):
+            self._then(self.send, n=1, max_attempts=1, timeout_ms=1_000, script=("quick", "quick", "quick"))
+            self._then(self.advance, gap)
+            self._then(self.step, n=3, which=which)
+
+    @precondition(lambda self: "delete" in DIMENSIONS and bool(self.ackers))
+    @rule(which=st.integers(0, 1))
+    def delete_then_crash(self, which: int) -> None:
+        """DeleteRecords of both ``ns.persist`` heads as far as ``delete_head`` may, then kill -9
+        before the acker steps again: the new owner has only the changelog and what is left
+        of ``ns.persist``."""
+        self._then(self.delete_head, 0)
+        self._then(self.delete_head, 1)
+        self.takeover(which)
+
+    @precondition(lambda self: "auto" in DIMENSIONS and bool(self.ackers))
+    @rule(n=st.integers(3, 6), which=st.integers(0, 1), fails=st.integers(0, 2))
+    def warm_up(self, n: int, which: int, fails: int) -> None:
+        """A burst of fast adaptive completions: ``n`` adaptive records whose trees complete
+        in 200 ms, read - the estimate of their topic drops to its floor. Then (``fails``)
+        the commits that read a second such burst are refused, one or two (a commit that
+        writes nothing is not tried, so it takes new input; each rewinds the partitions it
+        touched): the adaptive entries registered while the estimate was cold are restored,
+        with the deadlines they were first given - and the clock moves past the floor, the
+        acker stepping, so a deadline restored shorter would show."""
+        self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
+        self._then(self.advance, 300)
+        self._then(self.step, n=3, which=which)
+        if fails:
+            for _ in range(fails):
+                self._then(self.commit_fails)
+            self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
+            self._then(self.advance, 300)
+            self._then(self.step, n=3, which=which)
+            self._then(self.step, n=3, which=which)
+            self._then(self.advance, FLOOR_MS)
+            self.step(n=6, which=which)
 
     @precondition(lambda self: bool(self.ackers))
     @rule()
@@ -745,3 +815,89 @@ def test_a_record_created_in_a_gap_of_the_beats_is_held_back_by_the_rest_of_the_
         then(machine.step, n=2)
     assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
     machine.teardown()
+
+
+def test_a_rewind_logs_the_entries_it_reads_back_from_persist() -> None:
+    """A run the model found (issue #42, shrunk): two records registered, committed past and
+    left out of the changelog; the next commit fails, and the rewind reads them back from
+    ``ns.persist``; the commit after it, more than ``unlogged_ms`` after the first, must log
+    them (§6, *Durable*) - the rewound state no longer knew how long they had waited. Then
+    ``ns.persist``'s head is deleted as far as that allows and the acker killed: the new owner
+    has them from the changelog, and their trees complete them."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
+    then(machine.send, max_attempts=1, n=2, script=("touch", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=1)
+    then(machine.advance, ms=300)
+    then(machine.commit_fails)
+    then(machine.backlog, lp=0, n=5)
+    then(machine.backlog, lp=1, n=5)
+    then(machine.advance, ms=600)
+    then(machine.step, n=1)
+    then(machine.advance, ms=300)
+    then(machine.step, n=1)
+    then(machine.delete_head, lp=0)
+    then(machine.takeover, which=0)
+    assert machine.cluster.starts[(NS.persist, 0)] > 0
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_the_other_members_commits_do_not_make_a_deletion_safe() -> None:
+    """The harness's judgement (``delete_head``): the member that owns ``ns.persist[1]``
+    registers records there, commits past them and stalls, while the other member commits on
+    for more than ``unlogged_ms``. Nothing has logged them, so they may not be deleted: the
+    owner's crash would lose them (§6, *Durable*: its clock, its commits)."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=2_000, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
+    then(machine.step, n=1, which=0)
+    then(machine.join)
+    for _ in range(2):
+        then(machine.step, n=1, which=0)
+        then(machine.step, n=1, which=1)
+    assert set(machine.ackers[1].states) == {1}
+    then(machine.send, max_attempts=1, n=4, script=("touch", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=1, which=1)
+    for ms in (300, 1_000):
+        then(machine.advance, ms=ms)
+        then(machine.backlog, lp=0, n=5)
+        then(machine.step, n=1, which=0)
+    then(machine.delete_head, lp=1)
+    assert machine.cluster.starts[(NS.persist, 1)] == 0
+    then(machine.takeover, which=1)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_an_outage_reported_late_holds_back_no_deadline_already_passed() -> None:
+    """A run the model found (issue #42, shrunk): records whose first attempt fails and whose
+    replay's tree completes late (``late_edge``); the acker times the replays out, then a beat
+    reports an outage going on since before them (its task's beats stopped for 9 s). The beat
+    takes no expiry back: a deadline due before it was sent keeps its judgement, held back or
+    not (§6, *Outages*), so their replays are right."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000, standby=True)
+    then(machine.outage, ms=1_000, going_on=False)
+    then(machine.advance, ms=300)
+    then(machine.backlog, lp=0, n=29)
+    then(machine.send, max_attempts=3, n=3, script=("fail", "late_edge", "late_now"), timeout_ms=1_000)
+    then(machine.advance, ms=50)
+    for advances in (8, 2, 1, 1, 2, 2):
+        for _ in range(advances):
+            then(machine.advance, ms=600)
+        then(machine.step, n=3)
+    then(machine.outage, ms=1_000, going_on=True)
+    machine.teardown()  # drains: every record has the fate the model gives it
