@@ -60,6 +60,9 @@ class Ingest:
         self.replay_partitions = replay_partitions
         # Latency per source topic and the deadlines it gives records with timeout "auto".
         self.adaptive = adaptive or AdaptiveTimeouts()
+        # srid -> the adaptive deadline given since the last commit that passed (its entry is
+        # logged by the next commit): what a rewind would otherwise give again, shorter.
+        self.given: dict[int, int] = {}
         self.clock = clock
         self.ticker = ticker
         self.orphan_ttl_ms = orphan_ttl_ms
@@ -163,7 +166,7 @@ class Ingest:
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
-        auto_mask = self._adaptive_deadlines(st, offsets, values, adaptive, deadline_ms)
+        auto_mask = self._adaptive_deadlines(st, srids, offsets, values, adaptive, deadline_ms)
         given = auto_mask
         if st.stops.until_ms:
             # Created while a task's outage stopped the clock: the timeout starts when it
@@ -197,13 +200,17 @@ class Ingest:
         self.completed(st, result.completed)
 
     def _adaptive_deadlines(
-        self, st: PartitionState, offsets: np.ndarray, values: list[bytes], adaptive: np.ndarray,
+        self, st: PartitionState, srids: np.ndarray, offsets: np.ndarray, values: list[bytes], adaptive: np.ndarray,
         deadline_ms: np.ndarray,
     ) -> np.ndarray | None:
         """Give the records with an adaptive timeout their deadline, ``now + clamp(quantile x
         safety factor, floor, ceiling)`` of their topic's latency (in ``deadline_ms``, in
         place), and note when they were registered, for their latency when they leave.
-        Returns the mask of auto records (None: none in the batch, nothing done)."""
+        Returns the mask of auto records (None: none in the batch, nothing done).
+
+        A deadline once given is never shortened (docs/design.md §6): one given since the last
+        commit that passed (``given``) is not in the changelog yet, so a rewind reads its record
+        again - registered again, it keeps the later of its two deadlines."""
         if not adaptive.any():
             if len(st.auto_runs):  # a run of fixed records ends the auto run before it
                 st.auto_runs.note(offsets, np.full(offsets.size, -1, np.int32), self.clock.now_ms())
@@ -215,6 +222,10 @@ class Ingest:
             tids[i] = topic_id(topic_of(values[i]))
         auto = tids >= 0
         deadline_ms[auto] = self.adaptive.deadlines(tids[auto], now)
+        given = self.given
+        for i in np.flatnonzero(auto).tolist():
+            srid, ms = int(srids[i]), int(deadline_ms[i])
+            deadline_ms[i] = given[srid] = max(ms, given.get(srid, ms))
         st.auto_runs.note(offsets, tids, now)
         return auto
 

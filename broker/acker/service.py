@@ -482,6 +482,7 @@ class Acker:
             self.recovery.on_commit_error(exc, touched)
             return False
         self._committed_positions.update(moved)
+        self.ingest.given.clear()  # every entry registered so far is logged now
         self.refusals.settle(batch.records)
         self.commits += 1
         self._committed_totals.clear()

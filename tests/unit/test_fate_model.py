@@ -901,3 +901,32 @@ def test_an_outage_reported_late_holds_back_no_deadline_already_passed() -> None
         then(machine.step, n=3)
     then(machine.outage, ms=1_000, going_on=True)
     machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_rewind_before_the_first_commit_keeps_an_adaptive_deadline() -> None:
+    """A run the model found (issue #42): an adaptive record registered, with a cold
+    estimate's deadline, on a partition just handed over; the next commit fails, and the
+    rewind restores a changelog that never held it (the commit that would have logged it is
+    the one that failed). Read again from ``ns.persist`` with the warm estimate, it must keep
+    the deadline it was given: timed out no sooner."""
+    machine = FateMachine()
+
+    def then(rule: Callable[..., None], **kwargs: Any) -> None:
+        rule(**kwargs)
+        machine.follows_the_rule()
+
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000)
+    for _ in range(3):
+        then(machine.commit_fails)
+    then(machine.join)
+    then(machine.advance, ms=50)
+    then(machine.send_bad, field="attempt")
+    then(machine.backlog, lp=0, n=26)
+    then(machine.warm_up, fails=0, n=5, which=1)
+    then(machine.trickle, k=1, which=0)
+    then(machine.hand_over, which=0)
+    then(machine.backlog, lp=0, n=5)
+    then(machine.send, max_attempts=1, n=2, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.send, max_attempts=2, n=1, script=("drop", "ack", "ack"), timeout_ms=AUTO_TIMEOUT_MS)
+    then(machine.trickle, k=8, which=0)
+    machine.teardown()  # drains: every record has the fate the model gives it
