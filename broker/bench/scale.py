@@ -48,7 +48,7 @@ from broker.bench.figures import SCALE_ACKERS, Figures
 from broker.bench.hops import Env
 from broker.bench.keys import spread
 from broker.bench.procs import BenchError, Proc, wait_until, worker
-from broker.bench.takeover import assignments
+from broker.bench.takeover import assignments, caught_up
 from broker.dev.kafka_local import free_port
 from broker.ranges import expand
 
@@ -476,7 +476,7 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
                 for i in range(4):
                     run.start_acker(f"s{i}", standby=True)
                 run.balanced(300)
-                _caught_up(run, 120)
+                _standbys_caught_up(run, 120)
                 run.warm(source, plan.takeover_wait_s * 2)
             victim = sorted(run.ackers)[-1]
             t = takeover(run, source, victim, plan.rate, plan.takeover_wait_s)
@@ -491,16 +491,12 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
     return out
 
 
-_CAUGHT_UP = re.compile(r"standby of ledger partitions \d+ (\[[^]]*\]) caught up")
-
-
-def _caught_up(run: _Run, timeout: float) -> None:
+def _standbys_caught_up(run: _Run, timeout: float) -> None:
     """Until every partition's changelog is tailed to its end by some acker that does not own it."""
     def ready() -> bool:
         owners = run.owners()
         for name, proc in run.ackers.items():
-            text = proc.log_path.read_text(errors="replace")
-            warm = {lp for m in _CAUGHT_UP.finditer(text) for lp in expand(m.group(1))}
+            warm = caught_up(proc.log_path)
             others = set().union(*(lps for n, lps in owners.items() if n != name))
             if not others <= warm:
                 return False

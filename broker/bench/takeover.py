@@ -96,7 +96,8 @@ def assignments(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _caught_up(path: Path) -> set[int]:
+def caught_up(path: Path) -> set[int]:
+    """The ledger partitions an acker's log says its standbys caught up on."""
     return {lp for m in _CAUGHT_UP.finditer(path.read_text(errors="replace")) for lp in expand(m.group(1))}
 
 
@@ -193,7 +194,7 @@ def _one(env: Env, entries: int, standby: bool, session_timeout_ms: int,
         victim_lp = next(lp for lp in range(P) if _owner(logs, lp) == victim)
         if standby:
             progress("standby catching up")
-            _wait(lambda: victim_lp in _caught_up(logs[survivor]), 300, "the survivor's standby to catch up")
+            _wait(lambda: victim_lp in caught_up(logs[survivor]), 300, "the survivor's standby to catch up")
         probe = _Probe(env, ns, data)
         _wait(lambda: all(probe.completed_since(lp, 0) for lp in range(P)), 120, "completions on both partitions")
         before = len(assignments(logs[survivor]))
