@@ -89,6 +89,9 @@ class Cluster:
     clock: Callable[[], int] | None = None  # create timestamps (ms); None: not available
     starts: dict[Key, int] = field(default_factory=lambda: defaultdict(int))  # log start offsets
     open_from: dict[Key, int] = field(default_factory=dict)  # first offset of an open transaction
+    # The offsets of the open transaction's own records: an abort drops these, never the other
+    # producers' records written between them (an acker's committed tombstones, say).
+    open_offsets: dict[Key, list[int]] = field(default_factory=dict)
     members: list[ClusterConsumer] = field(default_factory=list)  # the group's live members, in join order
     transactions: int = 0  # transactions committed with offsets (by any member)
 
@@ -143,8 +146,9 @@ class Cluster:
         """Another producer's transaction on the partition, open until ``end_transaction``."""
         key = (topic, partition)
         first = self.high(topic, partition)
+        mine = self.open_offsets.setdefault(key, [])
         for k, v in records:
-            self.append(topic, partition, k, v)
+            mine.append(self.append(topic, partition, k, v))
         self.open_from.setdefault(key, first)
 
     def end_transaction(self, topic: str, partition: int, *, commit: bool) -> None:
@@ -153,8 +157,9 @@ class Cluster:
         if first is None:
             return
         log = self.logs[key]
+        mine = self.open_offsets.pop(key, [])
         if not commit:
-            for o in range(first, len(log)):
+            for o in mine:
                 log[o] = None
         self.append(topic, partition, None, None)  # the transaction's marker takes an offset
         log[-1] = None

@@ -396,7 +396,8 @@ class FateMachine(RuleBasedStateMachine):
     # Compound rules: runs of the rules above that random draws of one rule at a time hardly
     # ever line up; each is those rules in a row, the invariant checked after every one.
 
-    def _then(self, rule: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    def then(self, rule: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Run one rule, then check the invariant (a compound rule's step; a pinned run's)."""
         rule(*args, **kwargs)
         self.follows_the_rule()
 
@@ -410,9 +411,9 @@ class FateMachine(RuleBasedStateMachine):
         stays as it is."""
         gap = max(self.config.commit_interval_ms * 3 // 5, 1)
         for _ in range(k):
-            self._then(self.send, n=1, max_attempts=1, timeout_ms=1_000, script=("quick", "quick", "quick"))
-            self._then(self.advance, gap)
-            self._then(self.step, n=3, which=which)
+            self.then(self.send, n=1, max_attempts=1, timeout_ms=1_000, script=("quick", "quick", "quick"))
+            self.then(self.advance, gap)
+            self.then(self.step, n=3, which=which)
 
     @precondition(lambda self: "delete" in DIMENSIONS and bool(self.ackers))
     @rule(which=st.integers(0, 1))
@@ -420,8 +421,8 @@ class FateMachine(RuleBasedStateMachine):
         """DeleteRecords of both ``ns.persist`` heads as far as ``delete_head`` may, then kill -9
         before the acker steps again: the new owner has only the changelog and what is left
         of ``ns.persist``."""
-        self._then(self.delete_head, 0)
-        self._then(self.delete_head, 1)
+        self.then(self.delete_head, 0)
+        self.then(self.delete_head, 1)
         self.takeover(which)
 
     @precondition(lambda self: "auto" in DIMENSIONS and bool(self.ackers))
@@ -434,17 +435,17 @@ class FateMachine(RuleBasedStateMachine):
         touched): the adaptive entries registered while the estimate was cold are restored,
         with the deadlines they were first given - and the clock moves past the floor, the
         acker stepping, so a deadline restored shorter would show."""
-        self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
-        self._then(self.advance, 300)
-        self._then(self.step, n=3, which=which)
+        self.then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
+        self.then(self.advance, 300)
+        self.then(self.step, n=3, which=which)
         if fails:
             for _ in range(fails):
-                self._then(self.commit_fails)
-            self._then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
-            self._then(self.advance, 300)
-            self._then(self.step, n=3, which=which)
-            self._then(self.step, n=3, which=which)
-            self._then(self.advance, FLOOR_MS)
+                self.then(self.commit_fails)
+            self.then(self.send, n=n, max_attempts=1, timeout_ms=AUTO_TIMEOUT_MS, script=("ack", "ack", "ack"))
+            self.then(self.advance, 300)
+            self.then(self.step, n=3, which=which)
+            self.then(self.step, n=3, which=which)
+            self.then(self.advance, FLOOR_MS)
             self.step(n=6, which=which)
 
     @precondition(lambda self: bool(self.ackers))
@@ -603,10 +604,7 @@ def test_a_fail_mark_read_after_the_window_waits_for_the_completion_behind_it() 
     behind a backlog. The window's end counts at the read-up-to tick, so the completion
     settles the last attempt instead of a dead letter."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=150)
     for _ in range(2):
@@ -636,10 +634,7 @@ def test_a_late_completion_among_failed_commits_settles_the_last_attempt() -> No
     commits. Attempt 2"s tree completed inside its window; the last attempt must not be
     dead-lettered."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0)
     then(machine.backlog, lp=1, n=20)
@@ -676,10 +671,7 @@ def test_a_replay_written_as_the_drain_ends_lives_its_whole_life() -> None:
     The drain used to stop there, leaving the third attempt without a fate (the harness's, not
     the acker's: the acker held it for its dead letter, correctly)."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, standby=True, unlogged_ms=0, commit_interval_ms=100, fetches=1, fail_hold_ms=0)
     for n, script, max_attempts, timeout_ms, fails in (
@@ -700,10 +692,7 @@ def test_a_replay_its_fail_mark_asked_to_wait_goes_no_sooner() -> None:
     sooner than the fail mark plus its delay, with or without a policy, across the steps of an
     acker that reads it late."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=150)
     then(machine.send, max_attempts=3, n=2, script=("fail_after", "ack", "ack"), timeout_ms=3_000)
@@ -722,10 +711,7 @@ def test_a_tree_completed_after_its_deadline_but_inside_an_outage_completes_with
     deadline the outage held back (§6, *Outages*): not one is replayed - those sent before the
     beat and those sent during the stop alike."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
     then(machine.send, max_attempts=3, n=2, script=("late_now", "ack", "ack"), timeout_ms=1_000)
@@ -748,10 +734,7 @@ def test_a_lost_payload_waits_for_the_window_of_an_earlier_attempt() -> None:
     gone. Its dead letter waits until every earlier window ended, as any dead letter does, so
     the late completion of the first attempt settles it."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, commit_interval_ms=0, fetches=1, fail_hold_ms=0, unlogged_ms=200)
     then(machine.send, max_attempts=2, n=2, script=("win_end", "late_edge", "ack"), timeout_ms=1_000)
@@ -773,10 +756,7 @@ def test_a_beat_sent_after_a_deadline_may_come_too_late_to_hold_it_back() -> Non
     holds back. An expiry does not wait for a beat sent after its tick (gated): the model must
     not hold back a deadline that passed before the beat was sent."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, unlogged_ms=0, commit_interval_ms=100, fail_hold_ms=0)
     then(machine.outage, ms=8_000, going_on=False)
@@ -797,10 +777,7 @@ def test_a_record_created_in_a_gap_of_the_beats_is_held_back_by_the_rest_of_the_
     before. Their trees complete before the lesser deadline: completed without a replay
     either way."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, unlogged_ms=0, fail_hold_ms=0)
     then(machine.outage, ms=8_000, going_on=False)
@@ -825,10 +802,7 @@ def test_a_rewind_logs_the_entries_it_reads_back_from_persist() -> None:
     ``ns.persist``'s head is deleted as far as that allows and the acker killed: the new owner
     has them from the changelog, and their trees complete them."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
     then(machine.send, max_attempts=1, n=2, script=("touch", "ack", "ack"), timeout_ms=3_000)
@@ -853,10 +827,7 @@ def test_the_other_members_commits_do_not_make_a_deletion_safe() -> None:
     for more than ``unlogged_ms``. Nothing has logged them, so they may not be deleted: the
     owner's crash would lose them (§6, *Durable*: its clock, its commits)."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=2_000, fail_hold_ms=0, unlogged_ms=1_000, commit_interval_ms=0)
     then(machine.step, n=1, which=0)
@@ -884,10 +855,7 @@ def test_an_outage_reported_late_holds_back_no_deadline_already_passed() -> None
     takes no expiry back: a deadline due before it was sent keeps its judgement, held back or
     not (§6, *Outages*), so their replays are right."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000, standby=True)
     then(machine.outage, ms=1_000, going_on=False)
@@ -910,10 +878,7 @@ def test_a_rewind_before_the_first_commit_keeps_an_adaptive_deadline() -> None:
     the one that failed). Read again from ``ns.persist`` with the warm estimate, it must keep
     the deadline it was given: timed out no sooner."""
     machine = FateMachine()
-
-    def then(rule: Callable[..., None], **kwargs: Any) -> None:
-        rule(**kwargs)
-        machine.follows_the_rule()
+    then = machine.then
 
     then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000)
     for _ in range(3):
@@ -929,4 +894,21 @@ def test_a_rewind_before_the_first_commit_keeps_an_adaptive_deadline() -> None:
     then(machine.send, max_attempts=1, n=2, script=("ack", "ack", "ack"), timeout_ms=1_000)
     then(machine.send, max_attempts=2, n=1, script=("drop", "ack", "ack"), timeout_ms=AUTO_TIMEOUT_MS)
     then(machine.trickle, k=8, which=0)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_an_aborted_source_transaction_leaves_the_ackers_tombstones() -> None:
+    """A run the model found (issue #42, dimension "txn"): a source's transaction on
+    ``ns.persist[1]`` is open when the acker commits a tombstone there; the source then aborts.
+    Kafka drops only the aborting producer's records; the harness's log used to drop every
+    record from the transaction's first offset on, the acker's committed tombstone with them,
+    and the record was left without a fate."""
+    machine = FateMachine()
+    then = machine.then
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=100)
+    then(machine.warm_up, fails=0, n=3, which=0)
+    then(machine.advance, ms=50)
+    then(machine.send, max_attempts=1, n=1, open_txn=True, script=("ack", "ack", "ack"), timeout_ms=1_000)
+    then(machine.trickle, k=1, which=0)
+    then(machine.end_transactions, commit=False)
     machine.teardown()  # drains: every record has the fate the model gives it
