@@ -73,6 +73,10 @@ def reuse_limit_ms(retention_ms: int | None) -> int | None:
     return retention_ms - max(MIN_REUSE_MARGIN_MS, retention_ms // 10)
 
 
+# Errors of a watermark query that mean this client's metadata is out of date.
+_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_LEADER_FOR_PARTITION,
+                             KafkaError.LEADER_NOT_AVAILABLE})
+
 class Reader(Protocol):
     """A job the restorer reads for (a ``RestoreJob``, or broker.acker.unlogged's)."""
 
@@ -154,10 +158,11 @@ class Changelog:
                 return self._restorer.get_watermark_offsets(tp, timeout=30)
             except KafkaException as exc:
                 err = kafka_io.kafka_error(exc)
-                if err is not None and err.code() == KafkaError._UNKNOWN_PARTITION:
+                if err is not None and err.code() in _STALE_METADATA:
                     # The partition is missing from this client's metadata (seen for 30 s on end
-                    # after a node of a cluster crashed): ask for the topic's metadata, so the
-                    # next try knows the partition and its leader.
+                    # after a node of a cluster crashed), or its leader moved (seen for 40 s
+                    # after 1 000 partitions were created on a busy node): ask for the topic's
+                    # metadata, so the next try knows the partition and its leader.
                     with contextlib.suppress(KafkaException):
                         self._restorer.list_topics(topic, timeout=5)
                 raise

@@ -9,9 +9,11 @@ are still unread; each false timeout spends an attempt, and repeated gaps dead-l
 records that completed. So expiry is gated by how far the inputs have been read, not by how
 much time has passed.
 
-Mechanism: watermark samples. At every commit the gate notes, per owned input partition
-(``ns.persist[i]`` and ``ns.acks[i]``), ``(now, high watermark)``: every message appended
-before ``now`` lies below that offset. Once the consumer's position reaches a sample's offset
+Mechanism: watermark samples. At every commit the gate notes, per input partition
+(``ns.persist[i]`` and ``ns.acks[i]``) of an owned ledger partition with entries,
+``(now, high watermark)``: every message appended before ``now`` lies below that offset. (A
+partition with an empty table has nothing to expire: its inputs are sampled once every
+``refresh_ms``, for their lag figures; a sample missed only delays a read-up-to time.) Once the consumer's position reaches a sample's offset
 (less ``slack``), every event appended before the sample's time has been folded, and that
 time becomes the partition's *read-up-to* time. A partition's entries expire when their deadline
 is at or before the read-up-to time of its two inputs (each partition on its own: every attempt
@@ -132,6 +134,7 @@ class ExpiryGate:
         self.holds = 0  # (partition, commit) pairs at which due entries were held back
         self.held = 0  # entries held back at the last commit
         self._last_log = -float("inf")
+        self._observed_all_ms = -(2**62)  # the last commit that sampled every input (``ticks``)
 
     @property
     def consumer(self) -> Consumer:
@@ -173,7 +176,12 @@ class ExpiryGate:
         read-up-to time of its inputs. Every attempt of a key's records lives in one ledger
         partition (docs/design.md §6), so each partition's own tick keeps a key's timeouts in
         the order they were sent, and a lagging partition holds back only its own."""
-        self._observe(now_ms)
+        full = now_ms - self._observed_all_ms >= self.refresh_ms
+        if full:
+            self._observed_all_ms = now_ms
+        # An empty table has nothing to expire: at P=1000 its inputs' samples were most of an
+        # idle acker's commit (a position and a cached watermark per input).
+        self._observe(now_ms, None if full else {lp for lp, st in states.items() if len(st.table)})
         now_tick = ticker.current_tick(now_ms)
         due = {lp: st.table.due(now_tick) for lp, st in states.items()}
         anything_due = any(due.values())
@@ -197,11 +205,12 @@ class ExpiryGate:
         times = [self.inputs[(t, lp)].read_ms if (t, lp) in self.inputs else None for t in (self.ns.persist, self.ns.acks)]
         return None if None in times else min(t for t in times if t is not None)
 
-    def _observe(self, now_ms: int) -> None:
-        """Sample every input's cached high watermark and move it along by its position."""
-        if not self.inputs:
+    def _observe(self, now_ms: int, lps: set[int] | None = None) -> None:
+        """Sample the cached high watermark of every input (of the ledger partitions ``lps``)
+        and move it along by its position."""
+        keys = list(self.inputs) if lps is None else [k for k in self.inputs if k[1] in lps]
+        if not keys:
             return
-        keys = list(self.inputs)
         try:
             positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(
                 [TopicPartition(t, p) for t, p in keys]

@@ -157,6 +157,10 @@ class Acker:
         self._positions: dict[tuple[str, int], int] = {}
         self._committed_positions: dict[tuple[str, int], int] = {}  # as the last commit left them
         self._read: set[int] = set()  # ledger partitions whose input was consumed since the last commit
+        # The figures last published per partition, with the state they are of; the partitions
+        # the last commit looked at (their figures are made again, the others' kept).
+        self._figures: dict[int, tuple[PartitionState, PartitionFigures]] = {}
+        self._changed: set[int] = set()
         # Records due in the next transaction, with the ledger partition they belong to: they
         # are dropped with the partition when it is revoked or lost.
         self._outgoing: list[tuple[int, Outgoing]] = []
@@ -435,18 +439,22 @@ class Acker:
         if self.live.producer_stale:
             self.recovery.new_producer()  # fenced by a timed-out transaction, and a member again
         now_ms = self.clock.now_ms()
+        # The partitions this commit has anything to do with: those read since the last one
+        # and those with entries or output pending. At a large P most are neither, and every
+        # step below would cost a few microseconds for each of them at every commit.
+        busy = {lp: st for lp, st in self.states.items() if lp in self._read or not st.idle()}
         # Every decision that ends a record - expiry, orphans, deferred and held decisions -
         # only as far as the partition's inputs have been read: a backlog of acks is no
         # timeout. Each partition at its own tick: a key's records all live in one.
-        expiry_ticks = self.expiry.ticks(self.states, self.ticker, now_ms)
+        expiry_ticks = self.expiry.ticks(busy, self.ticker, now_ms)
         # Late completions folded in this step first: a completion read in the same step as
         # the end of a window wins over the dead letter it holds (broker.acker.superseding).
-        late = superseding.hand_on(self.states, self.P, self.ingest.orphan_tick())
-        collect_failures(self.states, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
+        late = superseding.hand_on(self.states, self.P, self.ingest.orphan_tick(), busy)
+        collect_failures(busy, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
         out = list(self._outgoing)
         self._outgoing.clear()
         decided: list[Decided] = []
-        self.decider.decide(self.states, decided, expiry_ticks)
+        self.decider.decide(busy, decided, expiry_ticks)
         # Failures come out of the table in srid / slot order. Produce the replays in the
         # order the originals were sent instead - (created_ms, persist offset) within a ledger
         # partition, which holds all of a key's records - so the failures of one key decided
@@ -457,8 +465,8 @@ class Acker:
         # Late completions of watched replays (with the watches this commit made that were
         # complete at once): markers and superseded marks; superseded replays that timed out
         # or failed: settled.
-        late += superseding.hand_on(self.states, self.P, self.ingest.orphan_tick())
-        out.extend(superseding.take(self.states.items(), late, self.ns, self.P, self.markers, self.decider.cache))
+        late += superseding.hand_on(self.states, self.P, self.ingest.orphan_tick(), busy)
+        out.extend(superseding.take(busy.items(), late, self.ns, self.P, self.markers, self.decider.cache, self.states))
         # Every failure is decided now or deferred in its table (an unreadable payload):
         # nothing makes the commit wait.
         batch = Batch()
@@ -467,7 +475,10 @@ class Acker:
             if smaller is not None:
                 self.states[lp].count("refused")
             batch.records.append(smaller or rec)
-        take_changes(self.states.items(), self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist,
+        # (again: a decision may have counted in a partition that was idle before it)
+        changing = [(lp, st) for lp, st in self.states.items() if lp in busy or not st.idle()]
+        self._changed.update(lp for lp, _ in changing)
+        take_changes(changing, self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist,
                      self.config.unlogged_ms)
         if not batch and not self._read:
             return False
@@ -499,19 +510,26 @@ class Acker:
 
     def _publish_metrics(self) -> None:
         """The figures of every owned partition as of this commit, for the next scrapes: a
-        copy per partition per commit, so nothing is counted twice on the hot path and the
-        server's thread never reads a dict the loop is changing."""
-        for st in self.states.values():
-            if st.pending is None:  # restored from an older counters record: once
-                st.summarize()
+        copy of a partition's figures whenever a commit looked at it, so nothing is counted
+        twice on the hot path and the server's thread never reads a dict the loop is
+        changing. The others' copies are kept (at a large P, most partitions at every commit);
+        those in an outage's count change with the clock alone."""
         now_ms = self.clock.now_ms()
+        changed, kept = self._changed, self._figures
+        self._changed = set()
+        figures: dict[int, tuple[PartitionState, PartitionFigures]] = {}
+        for lp, st in self.states.items():
+            last = kept.get(lp)
+            if last is None or last[0] is not st or lp in changed or st.pending is None or st.stops.tasks:
+                if st.pending is None:  # restored from an older counters record: once
+                    st.summarize()
+                last = (st, PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms,
+                                             len(st.replay_turns) - st.backing_off, st.backing_off,
+                                             len(st.stops.in_outage(now_ms))))
+            figures[lp] = last
+        self._figures = figures
         self.metrics.publish(AckerSnapshot(
-            {
-                lp: PartitionFigures(dict(st.counters), st.pending, st.oldest_pending_ms,
-                                     len(st.replay_turns) - st.backing_off, st.backing_off,
-                                     len(st.stops.in_outage(now_ms)))
-                for lp, st in self.states.items()
-            },
+            {lp: f for lp, (_, f) in figures.items()},
             {key: inp.lag for key, inp in self.expiry.inputs.items()},
             {
                 topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)

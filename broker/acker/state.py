@@ -181,6 +181,7 @@ class PartitionState:
     # unlogged (``log_old_entries``).
     commit_positions: deque[tuple[int, int]] = field(default_factory=deque)
     _timed_out_checked: int = 1024
+    _logged_below: int = -1  # every entry registered below this persist offset is logged
 
     def log_old_entries(self, now_ms: int, position: int, unlogged_ms: int) -> None:
         """A commit at ``now_ms`` (the acker's clock) with the persist input at ``position``:
@@ -196,8 +197,20 @@ class PartitionState:
         bound = None
         while positions and positions[0][0] <= now_ms - unlogged_ms:
             bound = positions.popleft()[1]
-        if bound is not None and (self.floor is None or self.floor < bound):
+        if bound is not None and (self.floor is None or self.floor < bound) and bound > self._logged_below:
             self.table.log_older(bound)
+            # Nothing registered from now on lies below (a rewind builds a new state): the
+            # next scan is for a higher bound. The acker reads its own tombstones back, so
+            # the position of a partition moves past a floor that no counters record moves.
+            self._logged_below = bound
+
+    def idle(self) -> bool:
+        """Nothing for a commit to decide or write here: a quiet table, no tombstone, failure,
+        held fail mark or watch pending, counters as written - most partitions at a large P,
+        which a commit then skips (``Acker._commit``)."""
+        return self.table.quiet() and not (
+            self.tombstones or self.failures or self.recent_fails or self.watches or self.counters_dirty
+        )
 
     def summarize(self) -> None:
         """Compute the pending figures the next counters record carries (O(capacity))."""

@@ -33,7 +33,7 @@ the mark would go out through ``ns.acks`` after the window it was meant to close
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +62,7 @@ class LateCompletion:
 
 def hand_on(
     states: Mapping[int, PartitionState], partitions: int, orphan_tick: int,
+    busy: dict[int, PartitionState] | None = None,
 ) -> list[LateCompletion]:
     """Mark the replays of every late completion found since the last commit as superseded
     where this acker owns them, and return the late completions (for ``take``).
@@ -70,11 +71,15 @@ def hand_on(
     completed in this step is settled, not decided (docs/design.md §6, the fate rule: a
     decision that ends an attempt waits until everything that could change it has been
     read and applied). A mark that reaches a replay which was itself replayed (a WATCH) is
-    handed on to the next one, round after round, to the end of the chain."""
+    handed on to the next one, round after round, to the end of the chain.
+
+    ``busy``: the partitions to look in (None: all of ``states``); a partition given a mark
+    joins it."""
     late: list[LateCompletion] = []
+    among = states if busy is None else busy
     while True:
         owned: dict[int, list[int]] = defaultdict(list)
-        for lp, st in states.items():
+        for lp, st in among.items():
             found = st.table.take_superseded()
             if not len(found):
                 continue
@@ -90,21 +95,24 @@ def hand_on(
             st = states[target]
             st.count("superseded_marks", len(replays))
             st.table.mark_superseded(np.array(replays, np.int64), orphan_tick)
+            if busy is not None:
+                busy[target] = st
 
 
 def take(
     states: Iterable[tuple[int, PartitionState]], late: Iterable[LateCompletion], ns: Namespace, partitions: int,
-    markers: bool, cache: PayloadCache,
+    markers: bool, cache: PayloadCache, owned: Container[int] | None = None,
 ) -> list[tuple[int, Outgoing]]:
     """The outputs of the late completions (``hand_on``'s): a marker each, and a superseded
     mark for each replay owned elsewhere; and the settled superseded replays moved to their
     state's tombstones. ``markers``: whether ``ns.superseded`` exists (a namespace created
-    before it has no task-side skip)."""
+    before it has no task-side skip). ``owned``: the partitions this acker owns (None: those
+    of ``states``)."""
     out: list[tuple[int, Outgoing]] = []
     empty = np.empty(0, np.int64)
-    owned: set[int] = set()
+    seen: set[int] = set()
     for lp, st in states:
-        owned.add(lp)
+        seen.add(lp)
         settled = st.table.take_settled()
         if len(settled):
             srids = settled.srids.tolist()
@@ -116,7 +124,7 @@ def take(
         target = ids.ledger_partition(c.replay, partitions)
         if markers:
             out.append((c.lp, Outgoing(ns.superseded, target, ids.encode_id(c.replay), ids.encode_id(c.original))))
-        if target not in owned:
+        if target not in (seen if owned is None else owned):
             elsewhere[(c.lp, target)].append(c.replay)
     for (lp, target), replays in sorted(elsewhere.items()):
         mark = XorBatch(target, empty, empty, empty, PRODUCER, superseded=np.array(replays, np.int64))

@@ -42,13 +42,13 @@ from broker.ledger.waiting import Deferrals
 
 _NOT_DIRTY = np.uint8(0xFF & ~DIRTY)
 
-
-
 # ``take_dirty`` of a partition with nothing to log, shared: a column of no entries cannot change.
 _NOTHING = ChangelogDelta(
     Entries(*(np.empty(0, dtype) for dtype in (np.int64, np.int64, np.int16, np.int64, np.int32))),
     np.empty(0, np.int64),
 )
+_NO_SRIDS = _NOTHING.tombstones
+
 
 class Changelog:
     """The entries as the changelog sees them: dirty ones out, records back in, unlogged ones
@@ -72,9 +72,11 @@ class Changelog:
         (O(capacity): ~0.6 ms for 2M slots), once per commit interval.
         """
         store = self._store
-        t = store.hashtable
-        tombstones = np.empty(0, np.int64)
         gone = store.take_left_logged()
+        if not gone.size and not len(store):
+            return _NOTHING  # an empty table: nothing left, nothing to log (no scan at all)
+        t = store.hashtable
+        tombstones = _NO_SRIDS
         if gone.size:
             found = t.lookup(gone)
             tombstones = gone[found < 0]

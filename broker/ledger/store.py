@@ -96,6 +96,10 @@ class EntryStore:
         tombstone it holds already."""
         self.hashtable.delete(slots)
 
+    def left_logged(self) -> bool:
+        """Whether srids left while LOGGED since the last ``take_left_logged``."""
+        return bool(self._left_logged)
+
     def take_left_logged(self) -> np.ndarray:
         """The sorted unique srids that left while LOGGED since the last call (some may be
         back in the table by now)."""

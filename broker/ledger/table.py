@@ -174,6 +174,11 @@ class LedgerTable:
         """How many WATCH entries the table holds (``EntryStore.watching``)."""
         return self._store.watching()
 
+    def quiet(self) -> bool:
+        """No entry, and nothing queued to be taken out (srids that left LOGGED, superseded
+        or settled replays): a commit has nothing to take from this table."""
+        return not len(self._store) and not self._store.left_logged() and not self._watches.queued()
+
     def take_superseded(self) -> Removed:
         """Watched srids completed late, with their replay's srid (``Watches.take_superseded``)."""
         return self._watches.take_superseded()

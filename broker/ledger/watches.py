@@ -146,6 +146,10 @@ class Watches:
         hands them out."""
         self._settled.append(removed)
 
+    def queued(self) -> bool:
+        """Whether ``take_superseded`` or ``take_settled`` has something to hand out."""
+        return bool(self._superseded or self._settled)
+
     def take_settled(self) -> Removed:
         """Superseded entries that timed out or failed since the last call (they have left the
         table): the acker settles them - their origin completed through the original."""

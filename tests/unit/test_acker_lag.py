@@ -92,7 +92,7 @@ def test_a_steady_lag_delays_expiry_by_the_lag_and_no_more() -> None:
     up to the time of the newest watermark the position has passed."""
     consumer = ScriptedConsumer()
     gate = gate_with(consumer)
-    st = empty_state({})
+    st = state_with_due_entry(T0 + 60_000)  # an entry: its inputs are sampled at every commit
     consumer.set(0, high=10, position=5)
     assert gate.ticks({0: st}, TICKER, T0) == {0: None}
     consumer.set(0, high=20, position=12)  # passed 10, sampled at T0
@@ -101,6 +101,25 @@ def test_a_steady_lag_delays_expiry_by_the_lag_and_no_more() -> None:
     assert gate.ticks({0: st}, TICKER, T0 + 200) == {0: tick(T0 + 100)}
     consumer.set(0, high=30, position=30)  # caught up
     assert gate.ticks({0: st}, TICKER, T0 + 300) == {0: tick(T0 + 300)}
+
+
+def test_an_empty_table_is_sampled_once_a_refresh_and_at_every_commit_once_it_has_entries() -> None:
+    """Nothing of an empty partition can expire: its inputs are sampled every ``refresh_ms``
+    (for their lag), not at every commit - a sample missed only delays its read-up-to time."""
+    consumer = ScriptedConsumer()
+    gate = gate_with(consumer, refresh_ms=1_000)
+    st = empty_state({})
+    consumer.set(0, high=10, position=5)
+    assert gate.ticks({0: st}, TICKER, T0) == {0: None}  # the first commit samples everything
+    assert gate.inputs[(NS.acks, 0)].lag == 5
+    consumer.set(0, high=20, position=12)
+    assert gate.ticks({0: st}, TICKER, T0 + 100) == {0: None}  # not sampled: as it was
+    assert gate.inputs[(NS.acks, 0)].lag == 5
+    assert gate.ticks({0: st}, TICKER, T0 + 1_000) == {0: tick(T0)}  # the refresh: passed T0's sample
+    assert gate.inputs[(NS.acks, 0)].lag == 8
+    consumer.set(0, high=30, position=30)
+    st = state_with_due_entry(T0 + 60_000)
+    assert gate.ticks({0: st}, TICKER, T0 + 1_100) == {0: tick(T0 + 1_100)}  # with an entry: sampled
 
 
 def test_both_inputs_must_be_read() -> None:

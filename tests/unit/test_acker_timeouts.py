@@ -282,6 +282,7 @@ class FakeConsumer:
         self.fetched = False
         self.failing: dict[str, int] = {}  # call -> how many more times it fails transiently
         self.paused: set[tuple[str, int]] = set()
+        self.metadata_asked = 0
         FakeConsumer.by_group[conf.get("group.id", "")] = self
         if conf.get("group.id", "").endswith(".acker"):
             FakeConsumer.last = self
@@ -326,6 +327,9 @@ class FakeConsumer:
             [self.delivered.get((topic, partition), 0)]
             + [m.offset() + 1 for m in queued if (m.topic(), m.partition()) == (topic, partition)]
         )
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        self.metadata_asked += 1  # a metadata refresh after a stale-leader error
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
@@ -839,4 +843,6 @@ def test_transient_errors_of_offset_and_watermark_lookups_are_retried_not_fatal(
     # step or two later.
     run_steps(acker, 4)
     assert failing.failing[call] == 0
+    if group == "restore":  # the restorer's metadata was asked for again after each error
+        assert failing.metadata_asked == times
     assert outcomes(producer) == {S1: b"completed"}
