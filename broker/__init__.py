@@ -33,7 +33,6 @@ are the lower-level API it builds on. Every error they raise is a ``ReplayBroker
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -135,6 +134,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'broker' has no attribute {name!r}")
@@ -147,7 +149,12 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
 
-try:
-    __version__ = version("replaybroker")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+def _version() -> str:
+    """The installed distribution's version, looked up when first asked for:
+    ``importlib.metadata`` costs every command ~0.3 s of imports on a small machine."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("replaybroker")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0+unknown"
