@@ -28,7 +28,7 @@ is read nearly to its end, never for good; one behind only holds less. An open t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
@@ -51,6 +51,9 @@ class ReadingOrder:
         self.persist_ms: dict[int, int] = {}  # lp -> create time of the last persist record read
         self.acks_ms: dict[int, int] = {}  # lp -> create time of the last event read, or the first held
         self.paused: set[int] = set()
+        # The partitions whose last event read is newer than their last persist record read:
+        # the only ones, with the paused, that ``apply`` may have to pause or resume.
+        self.later: set[int] = set()
         self.pauses = 0  # times an acks partition was paused (logged with the counters)
         self.held = 0  # ack messages read again later
 
@@ -63,6 +66,7 @@ class ReadingOrder:
         back to here, paused by ``apply``). A seek that fails keeps the whole batch."""
         for lp, batch in persist.items():
             self._note(self.persist_ms, lp, batch[-1])
+        acks_read = list(acks)
         for lp, batch in list(acks.items()):
             limit = max(self.persist_ms.get(lp, 0), 0)  # create times of 0 / -1: not available
             cut = next((i for i, msg in enumerate(batch) if msg.timestamp()[1] > limit), None)
@@ -75,6 +79,11 @@ class ReadingOrder:
                 acks[lp] = batch[:cut]
             else:
                 del acks[lp]
+        for lp in {*persist, *acks_read}:
+            if self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1):
+                self.later.add(lp)
+            else:
+                self.later.discard(lp)
 
     def _seek(self, consumer: Consumer, lp: int, msg: Message) -> bool:
         """Seek ``ns.acks[lp]`` back to ``msg``; False if the consumer refused."""
@@ -90,10 +99,12 @@ class ReadingOrder:
         if ms > 0:  # 0 / -1: not available
             seen[lp] = ms
 
-    def apply(self, consumer: Consumer, lps: Iterable[int], positions: Mapping[tuple[str, int], int]) -> None:
+    def apply(self, consumer: Consumer, lps: Container[int], positions: Mapping[tuple[str, int], int]) -> None:
         """Pause or resume ``ns.acks[lp]`` of the installed partitions ``lps`` by the table
-        (``positions``: the acker's input positions, the offsets assigned until read on)."""
-        for lp in lps:
+        (``positions``: the acker's input positions, the offsets assigned until read on). Only
+        a partition read ahead (``later``) or paused can change: called at every poll, this
+        looks at no other."""
+        for lp in sorted(lp for lp in self.later | self.paused if lp in lps):
             ahead = self.acks_ms.get(lp, -1) > self.persist_ms.get(lp, -1) and self._behind(consumer, lp, positions)
             if ahead == (lp in self.paused):
                 continue
@@ -134,4 +145,5 @@ class ReadingOrder:
         for lp in lps:
             self.persist_ms.pop(lp, None)
             self.acks_ms.pop(lp, None)
+            self.later.discard(lp)
             self.paused.discard(lp)

@@ -373,7 +373,8 @@ class Acker:
                 return 0
             self._fold_messages(msgs)
         seeking = {tp.partition for tp in assignment.to_resume}  # paused by a restore, not sought yet
-        self.reading.apply(self.live.consumer, self.states.keys() - seeking, self._positions)
+        self.reading.apply(self.live.consumer, self.states.keys() - seeking if seeking else self.states.keys(),
+                           self._positions)
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -391,8 +392,9 @@ class Acker:
         since_ms = (now - self._last_commit) * 1000
         if since_ms >= self.config.commit_interval_ms:
             return Due.INTERVAL
+        # (trees complete as their events are folded: in the partitions read since the last commit)
         if idle and since_ms >= self.config.commit_interval_ms * EARLY_COMMIT and any(
-            outcome == OUTCOME_COMPLETED for st in self.states.values() for _, outcome in st.tombstones
+            outcome == OUTCOME_COMPLETED for lp in self._read for _, outcome in self.states[lp].tombstones
         ):
             return Due.EARLY
         return None
