@@ -13,9 +13,10 @@ Mechanism: watermark samples. At every commit the gate notes, per input partitio
 (``ns.persist[i]`` and ``ns.acks[i]``) of an owned ledger partition with entries,
 ``(now, high watermark)``: every message appended before ``now`` lies below that offset. (A
 partition with an empty table has nothing to expire: its inputs are sampled once every
-``refresh_ms``, for their lag figures; a sample missed only delays a read-up-to time.) Once the consumer's position reaches a sample's offset
-(less ``slack``), every event appended before the sample's time has been folded, and that
-time becomes the partition's *read-up-to* time. A partition's entries expire when their deadline
+``refresh_ms``, for their lag figures; a sample missed only delays a read-up-to time.) Once
+the consumer's position reaches a sample's offset (less ``slack``), every event appended
+before the sample's time has been folded, and that time becomes the partition's *read-up-to*
+time. A partition's entries expire when their deadline
 is at or before the read-up-to time of its two inputs (each partition on its own: every attempt
 of a key's records lives in one ledger partition):
 
