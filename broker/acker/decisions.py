@@ -132,10 +132,6 @@ def collect_failures(
     oldest = min((ms for st in states.values() for ms, _ in st.recent_fails), default=None)
     release = oldest is None or now_ms - oldest >= fail_hold_ms
     for lp, st in states.items():
-        if release:
-            st.recent_fails.clear()
-        if not len(st.table):
-            continue  # nothing to time out, no fail mark (most partitions at a large P)
         tick = expiry_ticks.get(lp)
         if tick is not None:
             expired = st.table.expire(tick)
@@ -153,6 +149,8 @@ def collect_failures(
             for srid, offset in zip(expired.timed_out.srids.tolist(), expired.timed_out.offsets.tolist(), strict=True):
                 st.failures.append(Ended(srid, offset, Reason.TIMEOUT))
                 st.timed_out_at[srid] = now_ms
+        if release:
+            st.recent_fails.clear()
         hold = np.concatenate([f for _, f in st.recent_fails]) if st.recent_fails else None
         failed = st.table.take_failed(hold)
         st.count("failed", len(failed))
