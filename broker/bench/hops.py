@@ -56,6 +56,9 @@ from broker.bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker.settings import KafkaSettings
 
 WARMUP_RECORDS = 50
+# how long a throughput window may run on past the send's end while the committed counters
+# have not moved since its first edge (a commit slower than the window)
+WINDOW_EXTENSION_S = 30.0
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Window:
     rate: float | None  # completions/s between the marks
     completed: int  # completions between the marks
     mark_seconds: float  # the marks' own window (the counting processes' clocks)
+    extended_s: float = 0.0  # how long the window ran on past the send (the counters had not moved)
 
     def us_per_record(self, cpu_s: float) -> float | None:
         done = (self.rate or 0.0) * self.seconds
@@ -349,10 +353,12 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
                     raise
                 if on_progress is not None:
                     on_progress(min((time.monotonic() - started) / max(expected, 0.1), 1.0) * (0.8 if drain else 1.0))
+        extended_s = 0.0
         if not drain:
             if not edges:
                 raise BenchError(f"{system}: the send ended within the first {warm:g} s (the warm window)")
             edge()
+            extended_s = extend_window(edges, edge, WINDOW_EXTENSION_S)
         cpu_after = _cpu_snapshot(env, procs)
         sent = int(sent_event["n"])
         check = None
@@ -396,16 +402,31 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         # every record sent in the measured run completed before ``cost_after`` (drained)
         spent = cost.compare(env.settings, cost_before, cost_after, sent, setup.namespace)
     return HopRun(system, sent, t0, t1, recv[keep], created[keep], done, warm=warm, extra=extra,
-                  namespace=setup.namespace, cpu_s=cpu, cost=spent, window=_window(edges), check=check)
+                  namespace=setup.namespace, cpu_s=cpu, cost=spent, window=_window(edges, extended_s), check=check)
 
 
-def _window(edges: list[tuple[float, dict[str, float], Mark]]) -> Window | None:
+def extend_window(edges: list[tuple[float, dict[str, float], Mark]], edge: Callable[[], None],
+                  limit_s: float, pause_s: float = 0.2) -> float:
+    """A commit slower than the window leaves the committed counters where the first edge
+    found them: the window then ends at the first count that moved (what the pipeline
+    completed by then, over the time it took), never at a rate of nothing. Takes the end
+    edge again (``edge`` appends one) until the count moved or ``limit_s`` passed; returns
+    how far past the first end edge the window now ends (s)."""
+    deadline, first_end = time.monotonic() + limit_s, edges[-1][0]
+    while edges[-1][2].total <= edges[0][2].total and time.monotonic() < deadline:
+        time.sleep(pause_s)
+        del edges[-1]
+        edge()
+    return edges[-1][0] - first_end
+
+
+def _window(edges: list[tuple[float, dict[str, float], Mark]], extended_s: float) -> Window | None:
     if len(edges) != 2:
         return None
     (a, cpu_a, mark_a), (b, cpu_b, mark_b) = edges
     completed, mark_seconds = window(mark_a, mark_b)
     return Window(b - a, {name: cpu_b[name] - cpu_a[name] for name in cpu_b if name in cpu_a},
-                  rate(mark_a, mark_b), completed, round(mark_seconds, 3))
+                  rate(mark_a, mark_b), completed, round(mark_seconds, 3), round(extended_s, 3))
 
 
 def _check_tail(counted: Mark, partition: int, tail: Proc, timeout: float = 30.0) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
         assert run.window is not None
         figures.set(f"throughput.{system}_rps", run.throughput(), sent=run.sent,
                     sent_rps=round(run.sent / max(run.t1 - run.t0, 1e-3), 1), completed=run.window.completed,
-                    window_s=round(run.window.mark_seconds, 3))
+                    window_s=round(run.window.mark_seconds, 3), extended_s=run.window.extended_s)
         figures.set(f"cpu.{system}_us_per_record", run.cpu_us_per_record(),
                     unavailable="the broker is not a local process (its CPU unknown)" if env.kafka_pid is None
                     else "no completions counted in the window",

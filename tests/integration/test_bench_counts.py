@@ -30,6 +30,7 @@ def test_throughput_runs_count_completions_in_their_window(bootstrap: str, tmp_p
         run = run_hop(env, system, duration=3.0, warm=1.0)
         assert run.window is not None, system
         assert 0 < run.window.completed <= run.sent, (system, run.window)
+        assert run.window.extended_s >= 0.0, (system, run.window)
         assert run.throughput() > 0 and run.window.mark_seconds > 0, (system, run.window)
         assert {"source", "task", "acker"} <= set(run.window.cpu_s), (system, run.window.cpu_s)
         assert run.recv.size == 0  # no tail ran

@@ -54,3 +54,30 @@ def test_the_report_shows_the_cpu_figures_beside_the_share_group() -> None:
     assert "| CPU µs per completed record (processes + broker) | 30.00 | share group (ratio: share ÷ pipeline) " \
            "| 6.00 | 0.2x |" in text
     assert "`cpu.pipeline_us_per_record` 30.00 · `cpu.pipeline_vs_share` 0.2" in text
+
+
+def test_a_window_whose_counters_did_not_move_ends_at_the_first_count_that_did() -> None:
+    """Seen in CI: a commit slower than the 2 s window left the end edge's count where the
+    first edge found it (completed 0, rate None). The window runs on until the count moves."""
+    from broker.bench.hops import extend_window
+
+    counts = iter([100, 100, 180])  # the ledger's committed count at each retaken end edge
+    edges = [(0.0, {}, Mark.of_count(100, 1.0)), (2.0, {}, Mark.of_count(100, 1.0))]
+    taken: list[float] = []
+
+    def edge() -> None:
+        at = 2.0 + 0.5 * (len(taken) + 1)
+        taken.append(at)
+        n = next(counts)
+        edges.append((at, {}, Mark.of_count(n, at)))
+
+    assert extend_window(edges, edge, limit_s=5.0, pause_s=0.0) == pytest.approx(1.5)
+    assert len(edges) == 2 and window(edges[0][2], edges[1][2])[0] == 80
+
+
+def test_a_window_that_never_moves_gives_up_at_its_limit() -> None:
+    from broker.bench.hops import extend_window
+
+    edges = [(0.0, {}, Mark.of_count(7, 1.0)), (2.0, {}, Mark.of_count(7, 1.0))]
+    extended = extend_window(edges, lambda: edges.append((2.0, {}, Mark.of_count(7, 1.0))), limit_s=0.05, pause_s=0.01)
+    assert extended == 0.0 and len(edges) == 2 and window(edges[0][2], edges[1][2])[0] == 0
