@@ -45,7 +45,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from broker.acker import superseding
-from broker.acker.assignment import RESTORE_SLICE_S, Assignment, committed_starts
+from broker.acker.assignment import Assignment, committed_starts, restore_slice
 from broker.acker.changelog import Changelog, Marks
 from broker.acker.clients import AckerClients
 from broker.acker.commit import Batch, Transactions, positions_of, take_changes
@@ -167,6 +167,7 @@ class Acker:
         self._stop = threading.Event()
         self._started = False
         self._last_commit = time.monotonic()
+        self._commit_s = 0.0  # how long the last transaction took (the restore's slice follows it)
         self._last_stats = time.monotonic()
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster (broker.acker.clients: what each is configured with, and why).
@@ -360,7 +361,7 @@ class Acker:
                 msgs.extend(consumer.consume(self.config.batch_size - 1, 0))
         assignment = self.assignment
         if self.restores.pending:
-            done = self.restores.step(RESTORE_SLICE_S)
+            done = self.restores.step(restore_slice(self._commit_s))
             if done is not None:
                 assignment.restored(done)
         if assignment.to_resume:
@@ -430,7 +431,8 @@ class Acker:
         (broker.acker.commit has the order and why); then the metrics' snapshot."""
         began = time.perf_counter()
         if self._commit():
-            self.metrics.commit_seconds.observe(time.perf_counter() - began)
+            self._commit_s = time.perf_counter() - began
+            self.metrics.commit_seconds.observe(self._commit_s)
         self._publish_metrics()
 
     def _commit(self) -> bool:

@@ -213,7 +213,7 @@ class Cluster:
         # A restore finishes inside its first slice however loaded the machine (the wall clock
         # is the one thing these tests do not step): the steps a test counts stay the same.
         monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
-        monkeypatch.setattr(broker.acker.service, "RESTORE_SLICE_S", 10.0)
+        monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
         monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
         monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
         counts = {"superseded": self.partitions}

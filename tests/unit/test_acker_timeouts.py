@@ -387,7 +387,7 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
     # A restore finishes inside its first slice however loaded the machine (the wall clock
     # is the one thing these tests do not step): the steps a test counts stay the same.
     monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
-    monkeypatch.setattr(broker.acker.service, "RESTORE_SLICE_S", 10.0)
+    monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
     # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
     monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
