@@ -29,14 +29,37 @@ _INSTEAD = {
 }
 
 
+FETCH_WAIT_MS = 20
+"""The group consumer's ``fetch.wait.max.ms`` at a small P (``fetch_wait_ms``)."""
+FETCH_WAIT_MAX_MS = 200
+IDLE_FETCH_BUDGET = 10_000
+"""Partitions an idle acker fleet may ask the brokers for each second (``fetch_wait_ms``)."""
+
+
+def fetch_wait_ms(partitions: int) -> int:
+    """The group consumer's ``fetch.wait.max.ms`` at ``partitions`` ledger partitions.
+
+    An idle fetch waits this long for ``fetch.min.bytes`` and comes back empty; librdkafka
+    has no incremental fetch sessions (KIP-227), so every fetch lists every owned partition
+    of both inputs, and an idle fleet of ackers asks for 2 P partitions per wait whatever
+    the number of instances. At P = 1 000 and 20 ms that was 100 000 partitions a second:
+    three brokers spent most of a core serving one idle acker. The wait grows with P so
+    that stays within ``IDLE_FETCH_BUDGET``; what it adds to a completion's latency at a
+    low rate (at most the wait) stays a tenth of a commit at that P (2-3 s at P = 1 000 on
+    three brokers). Under load, ``fetch.min.bytes`` ends a fetch before the wait."""
+    return min(max(FETCH_WAIT_MS, 2 * partitions * 1000 // IDLE_FETCH_BUDGET), FETCH_WAIT_MAX_MS)
+
+
 @dataclass
 class AckerClients:
     """The librdkafka settings of one acker's clients (``config`` may change once: the
-    fallback to the classic group protocol, broker.acker.membership)."""
+    fallback to the classic group protocol, broker.acker.membership; ``partitions`` once,
+    when ``Acker.start`` learns P)."""
 
     settings: KafkaSettings
     ns: Namespace
     config: AckerConfig
+    partitions: int = 0  # P, once known: the group consumer's fetch wait follows it
 
     @property
     def group_id(self) -> str:
@@ -71,7 +94,7 @@ class AckerClients:
         defaults: dict[str, object] = {
             # Names the member in the group's description and the broker's logs.
             "client.id": f"{self.ns.name}.acker.{cfg.instance_id}",
-            "fetch.wait.max.ms": 20,
+            "fetch.wait.max.ms": fetch_wait_ms(self.partitions),
             "fetch.min.bytes": 262_144,
             "max.poll.interval.ms": 60_000,
         }

@@ -267,6 +267,13 @@ class Acker:
         config = self.clients.producer(max_message_bytes(self.settings, self.ns.persist))
         if config != self.live.producer_config:
             self.live.replace_producer(config)
+        # The group consumer's fetch wait follows P (broker.acker.clients.fetch_wait_ms): a new
+        # consumer if that differs (none has joined yet). A wait the user set stays.
+        self.clients.partitions = self.P
+        config = self.clients.group()
+        if config != self.live.consumer_config:
+            self.live.consumer_config = config
+            self.live.replace_consumer()
         if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
             # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
             # without an error (a 4.x one with the protocol off refuses it: Recovery.rejoin).
