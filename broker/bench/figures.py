@@ -281,6 +281,8 @@ def _scale_specs() -> list[Spec]:
         Spec("scale.idle_acker_p1000_cpu_pct", "%", "an idle acker's CPU owning 1 000 ledger partitions, % of a core"),
         Spec("scale.idle_task_cpu_pct", "%", "an idle task's CPU, % of a core", zero=True),
         Spec("scale.idle_brokers_cpu_pct", "%", "the 3 brokers' CPU with that idle acker and task, % of a core"),
+        Spec("scale.idle_brokers_p1000_cpu_pct", "%", "the 3 brokers' CPU with one idle acker owning 1 000 ledger "
+             "partitions (no task), % of a core"),
         Spec("scale.idle_brokers_base_cpu_pct", "%", "the 3 brokers' CPU with no client, % of a core (the baseline)"),
     ]
     return specs

@@ -426,7 +426,8 @@ def _baseline(env: Env, plan: ScalePlan, broker_pids: list[int], figures: Figure
         return {"idle_base": base, "idle": idle, "window": w.summary(), "takeover": t}
 
 
-def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float, str], None]) -> dict[str, Any]:
+def _at_1000(env: Env, plan: ScalePlan, broker_pids: list[int], figures: Figures,
+             step: Callable[[float, str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with _run(env, 1000, "scale1000", P1000_TRANSACTION_TIMEOUT_MS) as run:
         step(0.25, "P=1000: starting one acker")
@@ -438,8 +439,11 @@ def _at_1000(env: Env, plan: ScalePlan, figures: Figures, step: Callable[[float,
         figures.set("scale.p1000.served_s", time.monotonic() - created)
         # Before any traffic: what needs no task (whose group may still be joining)
         step(0.28, "P=1000: idle acker, status")
-        idle = _idle({"acker": run.ackers["a0"].popen.pid}, plan.idle_s)
+        # the first seconds after the assignment are its restore and first commits, not idle
+        time.sleep(plan.idle_s)
+        idle = _idle({"acker": run.ackers["a0"].popen.pid, **_brokers(broker_pids)}, plan.idle_s)
         figures.set("scale.idle_acker_p1000_cpu_pct", idle["acker"])
+        figures.set("scale.idle_brokers_p1000_cpu_pct", sum(v for k, v in idle.items() if k.startswith("broker")))
         figures.set("scale.status_p1000_s", run.status_s())
         run.warm(source, plan.takeover_wait_s * 2)
         for i, n in enumerate(SCALE_ACKERS):
@@ -551,7 +555,7 @@ def measure_scale(workdir: Path, figures: Figures, details: dict[str, Any], *, q
         step(0.02, "a task joins")
         part("join", lambda: measure_join(env, figures, seconds=plan.join_s, rate=plan.rate))
         part("p16", lambda: _baseline(env, plan, pids, figures, step))
-        part("p1000", lambda: _at_1000(env, plan, figures, step))
+        part("p1000", lambda: _at_1000(env, plan, pids, figures, step))
         figures.ratio("scale.cpu_p1000_vs_p16", "scale.p1000.cpu_us_per_record", "scale.p16.cpu_us_per_record")
         figures.ratio("scale.commit_p1000_vs_p16", "scale.p1000.commit_ms", "scale.p16.commit_ms")
     details["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
