@@ -47,7 +47,7 @@ from broker.bench.completions import Mark, ledger_mark
 from broker.bench.figures import SCALE_ACKERS, Figures
 from broker.bench.hops import Env
 from broker.bench.keys import spread
-from broker.bench.procs import BenchError, Proc, wait_until, worker
+from broker.bench.procs import BenchError, Proc, tail_text, wait_until, worker
 from broker.bench.takeover import assignments, caught_up
 from broker.dev.kafka_local import free_port
 from broker.ranges import expand
@@ -362,6 +362,8 @@ def takeover(run: _Run, source: Proc, victim: str, rate: float, wait_s: float) -
     }
     if restored != lps:
         out["unfinished"] = f"{len(restored)} of {len(lps)} partitions restored {wait_s:.0f} s after the kill"
+        # what the survivors were doing, for the report (their workdir goes with the run)
+        out["survivor_logs"] = {n: tail_text(run.ackers[n].log_path, 40) for n in survivors if n in run.ackers}
     if first is None:
         return out
     restore_s = max((a["seconds"] for a in taken), default=None)
