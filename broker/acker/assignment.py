@@ -124,6 +124,11 @@ class Assignment:
             consumer.assign(assigned)
         if done is pending:
             self.restored(pending, resume=False)
+            # librdkafka keeps a partition's pause across an unassign and a new assignment: a
+            # rewind that paused these inputs, then lost them, would leave them paused for good
+            # (seen in chaos: an acker cut off mid-rewind got its partitions back, restored them
+            # here and never fetched again).
+            consumer.resume(assigned)
         else:
             consumer.pause(assigned)
         self.changelog.assign_standby(self.partitions, self.owned())

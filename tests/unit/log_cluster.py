@@ -343,7 +343,7 @@ class ClusterConsumer:
             key = (tp.topic, tp.partition)
             self.positions.pop(key, None)
             self.delivered.pop(key, None)
-            self.paused.discard(key)
+            # a pause outlives the assignment, as in librdkafka
 
     def seek(self, tp: TopicPartition) -> None:
         self._move(tp)

@@ -179,3 +179,21 @@ def test_a_seek_that_fails_while_the_fetcher_starts_is_tried_again_not_the_end_o
     run_steps(acker, 10)
     assert failures == [0] and not consumer.paused
     assert acker.counters()["registered"] == 1
+
+
+def test_inputs_a_rewind_paused_then_lost_flow_again_when_the_partitions_come_back(fake_kafka: None) -> None:
+    """librdkafka keeps a pause across an unassign and a new assignment. Seen in chaos: an acker
+    cut off from the cluster rewound (pausing its inputs), lost its partitions, got them back,
+    restored them in the callback and never read its inputs again."""
+    clock = ManualClock(T0)
+    acker, consumer, _producer = make_acker(clock)
+    run_steps(acker)  # owns both ledger partitions
+    acker.recovery.rewind({0, 1})
+    assert consumer.paused  # the rewind's inputs wait for their restore
+    tps = [TopicPartition(t, p) for t in (NS.persist, NS.acks) for p in range(2)]
+    acker.assignment.on_lost(consumer, tps)
+    acker.assignment.on_assign(consumer, tps)  # restored at once (an empty changelog)
+    assert not consumer.paused
+    consumer.batches.append([persist_msg(persisted(S1, R1, T0, timeout_ms=1_000))])
+    run_steps(acker)
+    assert acker.counters()["registered"] == 1
