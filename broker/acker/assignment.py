@@ -47,6 +47,8 @@ def restore_slice(commit_s: float) -> float:
     fiftieth of the loop, and a ``committed()`` against a loaded coordinator timed out within
     its slice and was asked again one commit later (a standby takeover restored in 68 s)."""
     return min(max(RESTORE_SLICE_S, commit_s), RESTORE_SLICE_MAX_S)
+
+
 SEEK_RETRY_S = 30.0
 """How long a restored partition's seek may keep failing (its fetcher still starting) before
 the acker gives up."""

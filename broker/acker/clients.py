@@ -45,7 +45,7 @@ def fetch_wait_ms(partitions: int) -> int:
     the number of instances. At P = 1 000 and 20 ms that was 100 000 partitions a second:
     three brokers spent most of a core serving one idle acker. The wait grows with P so
     that stays within ``IDLE_FETCH_BUDGET``; what it adds to a completion's latency at a
-    low rate (at most the wait) stays a tenth of a commit at that P (2-3 s at P = 1 000 on
+    low rate (at most the wait) is small against a commit at that P (0.5-1 s at P = 1 000 on
     three brokers). Under load, ``fetch.min.bytes`` ends a fetch before the wait."""
     return min(max(FETCH_WAIT_MS, 2 * partitions * 1000 // IDLE_FETCH_BUDGET), FETCH_WAIT_MAX_MS)
 
