@@ -94,6 +94,7 @@ class Assignment:
         self.to_resume: list[TopicPartition] = []
         self._seek_failing_since: float | None = None
         self.rebalanced = False  # a rebalance callback ran since the last poll
+        self.changes = 0  # partitions installed or dropped so far (a quiet acker: Acker.commit)
 
     def subscribe(self) -> None:
         """Join the group with the current consumer, these callbacks handling its rebalances."""
@@ -155,6 +156,7 @@ class Assignment:
         self.read.difference_update(lps)
         self.positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
         self.states.update(done.states)
+        self.changes += 1
         if resume:
             self.to_resume = [*self.to_resume, *starts]
             self.resume_restored()
@@ -245,6 +247,7 @@ class Assignment:
         log.warning("lost ledger partitions %s (owning %s)", counted(lps), counted(self.states))
 
     def drop(self, lps: set[int]) -> None:
+        self.changes += 1
         for lp in lps:
             self.states.pop(lp, None)
         for tp in [tp for tp in self.positions if tp[1] in lps]:
