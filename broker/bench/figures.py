@@ -247,10 +247,16 @@ def _scale_specs() -> list[Spec]:
                  f"the busiest of {n} ackers: its CPU per record it completed, P=1000"),
             Spec(f"scale.ackers{n}.records_max_vs_min", "x",
                  f"records completed by the busiest of {n} ackers / the idlest, uniform keys, P=1000"),
+            Spec(f"scale.ackers{n}.idle_cpu_pct", "%",
+                 f"all {n} ackers' CPU with nothing to do just before their window, % of a core, P=1000"),
+            Spec(f"scale.ackers{n}.cpu_us_per_record_above_idle", "µs",
+                 f"what the window's records cost all {n} ackers above that idle floor, per completed record"),
         ]
     specs += [
         Spec("scale.acker_cpu_2_vs_1", "x", "total acker CPU per completed record, 2 instances / 1"),
         Spec("scale.acker_cpu_4_vs_1", "x", "total acker CPU per completed record, 4 instances / 1", ("<=", 1.25)),
+        Spec("scale.acker_cpu_above_idle_4_vs_1", "x",
+             "acker CPU per completed record above the instances' idle floor, 4 instances / 1"),
         Spec("scale.zipf_s", "exponent", "Zipf exponent of the skewed run's keys", zero=True),
         Spec("scale.zipf_partition_max_vs_mean", "x", "records of the busiest ledger partition / the mean, Zipf keys, "
              "P=1000"),
