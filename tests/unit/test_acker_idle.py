@@ -5,7 +5,6 @@ a partition comes or goes, or a second passed (``Acker._still_quiet``)."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
@@ -52,14 +51,9 @@ def _acker(commit_interval_ms: int = 100) -> tuple[Acker, FakeConsumer, list[flo
     return acker, consumer, waits
 
 
-def _steps(acker: Acker, n: int) -> None:
-    count = itertools.count(1)
-    acker.run(until=lambda _: next(count) >= n)
-
-
 def test_an_acker_with_nothing_to_read_polls_until_its_next_commit(fake_kafka: None) -> None:  # noqa: F811
     acker, _, waits = _acker()
-    _steps(acker, 6)
+    run_steps(acker, 6)
     assert acker.states, "restored and serving"
     # after the restore's steps (short polls), every poll waits out what is left of the interval
     idle = waits[-3:]
@@ -69,7 +63,7 @@ def test_an_acker_with_nothing_to_read_polls_until_its_next_commit(fake_kafka: N
 
 def test_an_acker_that_read_something_polls_until_its_early_commit(fake_kafka: None) -> None:  # noqa: F811
     acker, consumer, waits = _acker()
-    _steps(acker, 4)
+    run_steps(acker, 4)
     consumer.batches.append([persist_msg(persisted(1, 1, T0))])
     acker.step()  # reads the persist record: it is read, not yet committed
     assert acker._read
@@ -82,7 +76,7 @@ def test_an_acker_that_read_something_polls_until_its_early_commit(fake_kafka: N
 @pytest.mark.parametrize("moving", ["restore", "resume", "paused acks"])
 def test_an_acker_polls_briefly_while_something_moves_without_input(fake_kafka: None, moving: str) -> None:  # noqa: F811
     acker, _, _ = _acker(commit_interval_ms=10_000)
-    _steps(acker, 4)
+    run_steps(acker, 4)
     now = time.monotonic()
     acker._last_commit = now
     assert acker._poll_timeout_s(now) == LONG_POLL_MAX_S  # (capped: a long interval)
