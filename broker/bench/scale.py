@@ -166,10 +166,9 @@ class Window:
 class _Run:
     """One namespace under load: a source, a task and named ackers; ``close`` stops them all."""
 
-    def __init__(self, env: Env, partitions: int, label: str, transaction_timeout_ms: int | None = None) -> None:
+    def __init__(self, env: Env, partitions: int, label: str) -> None:
         self.env = env
         self.P = partitions
-        self.transaction_timeout_ms = transaction_timeout_ms
         self.ns = topics.Namespace(env.unique(label))
         self.data = f"{self.ns.name}.data"
         topics.create(env.settings, self.ns, partitions, {self.data: 4})
@@ -199,8 +198,6 @@ class _Run:
                 "--commit-interval-ms", str(self.env.commit_interval_ms), "--metrics-port", str(port)]
         if standby:
             args.append("--standby")
-        if self.transaction_timeout_ms is not None:
-            args += ["--transaction-timeout-ms", str(self.transaction_timeout_ms)]
         proc = Proc(f"{self.ns.name}-{name}", "broker.cli", args, self.env.workdir, protocol=False)
         self.ackers[name], self.ports[name] = proc, port
         return proc
@@ -272,8 +269,8 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _run(env: Env, partitions: int, label: str, transaction_timeout_ms: int | None = None) -> Iterator[_Run]:
-    run = _Run(env, partitions, label, transaction_timeout_ms)
+def _run(env: Env, partitions: int, label: str) -> Iterator[_Run]:
+    run = _Run(env, partitions, label)
     try:
         yield run
     finally:
