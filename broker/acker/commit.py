@@ -291,6 +291,19 @@ def is_fenced(exc: KafkaException) -> bool:
     return bool(err is not None and hasattr(err, "code") and err.code() in _FENCED)
 
 
+_CUT_OFF = frozenset({
+    KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE, KafkaError._MSG_TIMED_OUT,
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+})
+
+
+def is_cut_off(exc: KafkaException) -> bool:
+    """The transaction's requests did not get through in time: its coordinators or the
+    cluster were out of reach (broker.acker.recovery replaces the producer)."""
+    err = exc.args[0] if exc.args else None
+    return bool(err is not None and hasattr(err, "code") and err.code() in _CUT_OFF)
+
+
 def is_fatal(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
     return bool(err is not None and hasattr(err, "fatal") and err.fatal())

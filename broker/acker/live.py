@@ -59,8 +59,9 @@ class LiveClients:
         self.producer = make_producer(self.producer_config)
         self.consumer_config = configs.group()
         self.consumer = make_consumer(self.consumer_config)
-        # The producer came through a group outage or a fencing by a timed-out transaction:
-        # it is replaced before its next transaction (Acker.commit).
+        # The producer came through a group outage, a fencing by a timed-out transaction or a
+        # commit cut off from its coordinators: it is replaced before its next transaction
+        # (Acker.commit).
         self.producer_stale = False
 
     @property

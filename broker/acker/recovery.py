@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.acker.assignment import Assignment
 from broker.acker.changelog import Changelog
-from broker.acker.commit import Transactions, is_fatal, is_fenced
+from broker.acker.commit import Transactions, is_cut_off, is_fatal, is_fenced
 from broker.acker.decisions import Decider
 from broker.acker.live import LiveClients
 from broker.acker.membership import Rejoins, consumer_protocol_refused
@@ -135,6 +135,12 @@ class Recovery:
         else:
             log.error("commit failed (%s); aborting and rewinding", err)
             self.transactions.abort()
+            if is_cut_off(exc):
+                # The producer came through an outage of its coordinators. Seen in chaos: once
+                # the cluster was back, its next send_offsets_to_transaction blocked for good
+                # (librdkafka #5456: coordinator requests ignore their timeout), and the acker
+                # with it. A new one (the same transactional id) starts the next transaction.
+                self.live.producer_stale = True
         refused = self.refusals.take_noted()
         if refused:
             log.warning(

@@ -197,3 +197,44 @@ def test_inputs_a_rewind_paused_then_lost_flow_again_when_the_partitions_come_ba
     consumer.batches.append([persist_msg(persisted(S1, R1, T0, timeout_ms=1_000))])
     run_steps(acker)
     assert acker.counters()["registered"] == 1
+
+
+@pytest.mark.parametrize(("code", "replaced"), [
+    (KafkaError._TIMED_OUT, True),  # its coordinator out of reach
+    (KafkaError._TRANSPORT, True),
+    (KafkaError.UNKNOWN_MEMBER_ID, False),  # the coordinator answered: a zombie's offsets refused
+])
+def test_a_commit_cut_off_from_its_coordinator_is_the_last_of_its_producer(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch, code: int, replaced: bool
+) -> None:
+    """Seen in chaos: an acker cut off from the cluster had a commit time out (adding the
+    offsets); once the cluster was back, the same producer's next send_offsets_to_transaction
+    blocked for good (librdkafka #5456), and the acker with it."""
+    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)  # the rewind restores in the loop
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    acker.start()  # its producer made
+    producer = acker.live.producer
+    assert isinstance(producer, FakeProducer)
+    failed = [0]
+    answer = producer.send_offsets_to_transaction
+
+    def cut_off_once(positions: list[TopicPartition], *args: Any) -> None:
+        if not failed[0]:
+            failed[0] += 1
+            raise KafkaException(KafkaError(code, "Failed to add offsets to transaction on broker TxnCoordinator"))
+        answer(positions, *args)
+
+    producer.send_offsets_to_transaction = cut_off_once  # type: ignore[method-assign]
+    record = persist_msg(persisted(S1, R1, T0))
+    consumer.batches.append([record])
+    run_steps(acker, 3)
+    assert failed == [1] and producer.committed == []
+    consumer.batches.append([record])  # read again after the rewind, from the committed offset
+    run_steps(acker, 10)
+    used = acker.live.producer
+    assert isinstance(used, FakeProducer) and (used is not producer) == replaced
+    assert any(o.get((NS.persist, 0)) == 1 for o in used.offsets)  # the record's offset, committed
+    # (the cut-off producer never commits again; one the coordinator answered goes on)
+    assert (producer.transactions == 0) == replaced
+    assert acker.counters()["registered"] == 1
