@@ -133,9 +133,11 @@ class Recovery:
             log.error("commit failed (%s); fatal for this producer: a new one takes over", err)
             self.new_producer()
         else:
-            log.error("commit failed (%s); aborting and rewinding", err)
+            cut_off = is_cut_off(exc)
+            log.error("commit failed (%s); aborting and rewinding%s", err,
+                      " (a new producer for the next transaction)" if cut_off else "")
             self.transactions.abort()
-            if is_cut_off(exc):
+            if cut_off:
                 # The producer came through an outage of its coordinators. Seen in chaos: once
                 # the cluster was back, its next send_offsets_to_transaction blocked for good
                 # (librdkafka #5456: coordinator requests ignore their timeout), and the acker
