@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TypeVar
@@ -158,6 +159,15 @@ def _keys(srids: np.ndarray | Sequence[int]) -> list[bytes]:
     return [packed[i : i + 8] for i in range(0, len(packed), 8)]
 
 
+OFFSETS_TIMEOUT_S = 30.0
+"""``send_offsets_to_transaction``'s timeout."""
+LEFT_BEHIND_S = 5.0
+"""How long past its timeout ``send_offsets_to_transaction`` is waited for. Its request to the
+group coordinator ignores the timeout (librdkafka #5456): seen in chaos, an acker cut off from
+the cluster stayed blocked in it past the heal, for good. The call is then left on its thread
+with its producer, and the commit fails as cut off (broker.acker.recovery: a new producer)."""
+
+
 class Transactions:
     """Writes a ``Batch`` atomically (or, with ``exactly_once`` off, just flushes it)."""
 
@@ -169,6 +179,8 @@ class Transactions:
         # When the transaction that is open now (or that failed and was not aborted yet) was
         # begun, on this process's monotonic clock; None when none is open.
         self.open_since: float | None = None
+        # The producer is blocked in a call left behind (``LEFT_BEHIND_S``): not used again.
+        self.stuck = False
 
     def outlived(self, timeout_ms: int) -> bool:
         """Whether the open transaction is older than ``transaction.timeout.ms``: then its
@@ -231,7 +243,8 @@ class Transactions:
             producer.flush(30)  # the verdicts on the rest too, for the next attempt
             raise KafkaException(KafkaError(KafkaError._FAIL, "outputs refused for good: " + "; ".join(refusals.noted)))
         if self.exactly_once:
-            producer.send_offsets_to_transaction(batch.positions, group, 30)
+            self._within(OFFSETS_TIMEOUT_S, "send_offsets_to_transaction", functools.partial(
+                producer.send_offsets_to_transaction, batch.positions, group, OFFSETS_TIMEOUT_S))
             producer.commit_transaction(60)
             self.open_since = None
         else:
@@ -262,7 +275,33 @@ class Transactions:
             counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
         return counts
 
+    def _within(self, timeout_s: float, what: str, call: Callable[[], object]) -> None:
+        """``call()`` on a thread of its own, waited for ``timeout_s`` + ``LEFT_BEHIND_S``; if
+        it has not returned by then it is left behind, and so is the producer (``stuck``)."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - raised again by the caller's thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"acker-{what}", daemon=True).start()
+        if not done.wait(timeout_s + LEFT_BEHIND_S):
+            self.stuck = True
+            raise KafkaException(KafkaError(
+                KafkaError._TIMED_OUT,
+                f"{what} did not return in {timeout_s + LEFT_BEHIND_S:.0f}s (librdkafka #5456): its producer is left behind",
+            ))
+        if failed:
+            raise failed[0]
+
     def abort(self) -> None:
+        if self.stuck:
+            return  # its abort would wait behind the call left behind; the next producer aborts it
         if self.exactly_once:
             with contextlib.suppress(KafkaException):
                 self.producer.abort_transaction(30)
@@ -280,6 +319,7 @@ class Transactions:
         """The producer was replaced: its ``init_transactions`` aborted whatever the old one
         left open."""
         self.open_since = None
+        self.stuck = False
 
 
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})

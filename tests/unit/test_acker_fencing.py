@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 import broker.acker.assignment
+import broker.acker.commit
 import broker.acker.service
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
@@ -237,4 +239,41 @@ def test_a_commit_cut_off_from_its_coordinator_is_the_last_of_its_producer(
     assert any(o.get((NS.persist, 0)) == 1 for o in used.offsets)  # the record's offset, committed
     # (the cut-off producer never commits again; one the coordinator answered goes on)
     assert (producer.transactions == 0) == replaced
+    assert acker.counters()["registered"] == 1
+
+
+def test_a_send_offsets_that_never_returns_is_left_behind_with_its_producer(
+    fake_kafka: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """librdkafka #5456: the request to the group coordinator ignores its timeout. Seen in
+    chaos: an acker cut off from the cluster stayed blocked in send_offsets_to_transaction past
+    the heal, for good."""
+    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)
+    monkeypatch.setattr(broker.acker.commit, "OFFSETS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(broker.acker.commit, "LEFT_BEHIND_S", 0.05)
+    clock = ManualClock(T0)
+    acker, consumer, _ = make_acker(clock)
+    acker.start()
+    producer = acker.live.producer
+    assert isinstance(producer, FakeProducer)
+    release, aborted = threading.Event(), []
+
+    def blocked(*_: Any) -> None:
+        release.wait(30)
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by the next producer", fatal=True))
+
+    producer.send_offsets_to_transaction = blocked  # type: ignore[method-assign]
+    producer.abort_transaction = lambda *_: aborted.append(1)  # type: ignore[method-assign]
+    record = persist_msg(persisted(S1, R1, T0))
+    consumer.batches.append([record])
+    try:
+        run_steps(acker, 3)
+        consumer.batches.append([record])  # read again after the rewind
+        run_steps(acker, 10)
+    finally:
+        release.set()
+    used = acker.live.producer
+    assert isinstance(used, FakeProducer) and used is not producer
+    assert aborted == [] and producer.transactions == 0  # nothing more asked of the one left behind
+    assert any(o.get((NS.persist, 0)) == 1 for o in used.offsets)
     assert acker.counters()["registered"] == 1
