@@ -306,7 +306,7 @@ class Acker:
                     self.config.instance_id,
                 )
             self.live.init_transactions()
-        self.metrics_server = serve(self.metrics.registry, self.config.metrics_port)
+        self.metrics_server = serve(self.metrics.registry, self.config.metrics_port, self.metrics.partitions_registry)
         self._started = True
 
     def stop(self) -> None:
@@ -591,6 +591,7 @@ class Acker:
                 topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)
                 for topic, e in self.adaptive.estimates(now_ms).items()
             },
+            dict(self._committed_totals),
         ))
 
     # ------------------------------------------------------------------ stats

@@ -132,7 +132,6 @@ def cpu_s(pid: int) -> float:
 
 def commit_totals(port: int) -> tuple[float, float]:
     """(seconds, commits) of an acker's commit histogram, from its metrics server."""
-    # At P=1000 a scrape is ~20 000 lines, rendered while the acker commits: seconds.
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
         text = response.read().decode()
     got = {m.group(1): float(m.group(2)) for m in _COMMIT.finditer(text)}
@@ -232,8 +231,8 @@ class _Run:
     def window(self, source: Proc, rate: float, seconds: float) -> Window:
         """Send at ``rate`` for ``seconds``, wait until every record is completed."""
         names = list(self.ackers)
-        # The commit histograms are scraped outside the CPU snapshots: at P=1000 a scrape
-        # renders ~20 000 lines in the acker, over a second of its CPU.
+        # The commit histograms are scraped outside the CPU snapshots: a scrape is the
+        # acker's work, not the records'.
         k0 = {n: commit_totals(self.ports[n]) for n in names}
         m0, c0 = self.mark(), {n: cpu_s(self.ackers[n].popen.pid) for n in names}
         t0 = time.monotonic()

@@ -31,8 +31,9 @@ RECORDS = 400
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+def scrape(port: int, query: str = "") -> Samples:
+    """``query`` ``?partitions=all``: every series per partition instead of the totals."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics{query}", timeout=10) as response:
         text = response.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -84,6 +85,7 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
                 break
             assert time.monotonic() < deadline, "the acker's metrics never showed every completion"
             time.sleep(0.2)
+        full = scrape(acker_port, "?partitions=all")
         t = scrape(task_port)
     finally:
         services.stop()
@@ -100,19 +102,22 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
     results = len(read_to_end(settings, out, 1))
 
     assert outcomes["completed"] == RECORDS and outcomes["replay"] == replays > 0
-    assert total(a, "replaybroker_acker_decisions_total", decision="completed") == outcomes["completed"]
-    assert total(a, "replaybroker_acker_decisions_total", decision="replayed") == outcomes["replay"]
-    assert total(a, "replaybroker_acker_decisions_total", decision="failed") == outcomes["replay"]
-    assert total(a, "replaybroker_acker_decisions_total", decision="dlq") == outcomes["dlq"] == 0
-    assert total(a, "replaybroker_acker_folded_events_total") == pairs
-    assert total(a, "replaybroker_acker_registered_total") == RECORDS + replays
-    assert per_partition(a, "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
-    assert per_partition(a, "replaybroker_acker_oldest_pending_age_seconds") == dict.fromkeys(range(P), 0)
-    assert total(a, "replaybroker_acker_owned_partitions") == P
-    lags = {(dict(ls)["topic"], dict(ls)["partition"]) for (n, ls), _ in a.items()
+    for view in (a, full):  # the acker's totals; every partition's series
+        assert total(view, "replaybroker_acker_decisions_total", decision="completed") == outcomes["completed"]
+        assert total(view, "replaybroker_acker_decisions_total", decision="replayed") == outcomes["replay"]
+        assert total(view, "replaybroker_acker_decisions_total", decision="failed") == outcomes["replay"]
+        assert total(view, "replaybroker_acker_decisions_total", decision="dlq") == outcomes["dlq"] == 0
+        assert total(view, "replaybroker_acker_folded_events_total") == pairs
+        assert total(view, "replaybroker_acker_registered_total") == RECORDS + replays
+        assert total(view, "replaybroker_acker_owned_partitions") == P
+        assert total(view, "replaybroker_acker_commit_duration_seconds_count") >= 1
+    assert per_partition(full, "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
+    assert per_partition(full, "replaybroker_acker_oldest_pending_age_seconds") == dict.fromkeys(range(P), 0)
+    assert total(a, "replaybroker_acker_pending_entries") == total(a, "replaybroker_acker_oldest_pending_age_seconds") == 0
+    lags = {(dict(ls)["topic"], dict(ls)["partition"]) for (n, ls), _ in full.items()
             if n == "replaybroker_acker_input_lag_messages"}
     assert lags == {(name, str(p)) for name in (ns.persist, ns.acks) for p in range(P)}
-    assert total(a, "replaybroker_acker_commit_duration_seconds_count") >= 1
+    assert {dict(ls)["topic"] for (n, ls) in a if n == "replaybroker_acker_input_lag_messages"} == {ns.persist, ns.acks}
 
     assert total(t, "replaybroker_task_inputs_total") == inputs == RECORDS + replays
     assert total(t, "replaybroker_task_fails_total") == replays
@@ -146,7 +151,8 @@ def test_the_acker_reports_pending_entries_and_their_age_until_they_complete(boo
             assert time.monotonic() < deadline, f"pending never reached 50: {a}"
             time.sleep(0.2)
         time.sleep(1.5)
-        a = scrape(port)
+        a = scrape(port, "?partitions=all")
+        totals = scrape(port)
     finally:
         services.stop()
         source.close()
@@ -160,6 +166,8 @@ def test_the_acker_reports_pending_entries_and_their_age_until_they_complete(boo
             keys[m.key() or b""] = m.partition()
     live.update(keys.values())
     assert per_partition(a, "replaybroker_acker_pending_entries") == {p: live[p] for p in range(P)}
+    assert total(totals, "replaybroker_acker_pending_entries") == sum(live.values()) == 50
+    assert per_partition(totals, "replaybroker_acker_worst_pending_entries") == {p: live[p] for p in range(P) if live[p]}
     ages = per_partition(a, "replaybroker_acker_oldest_pending_age_seconds")
     # registered at or before they were sent; scraped 1.5 s later or more
     assert all(1.5 <= age <= (time.time() * 1000 - sent_ms) / 1000 + 5 for p, age in ages.items() if live[p])
@@ -194,6 +202,6 @@ def test_the_acker_command_serves_metrics_on_its_port(bootstrap: str) -> None:
             assert proc.poll() is None, "the acker exited"
             assert time.monotonic() < deadline, "no metrics on the port"
             time.sleep(0.3)
-        assert per_partition(a, "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
+        assert per_partition(scrape(port, "?partitions=all"), "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
     finally:
         stop_processes([proc])

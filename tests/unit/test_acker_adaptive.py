@@ -208,7 +208,7 @@ def test_the_estimate_and_the_deadlines_given_are_metrics() -> None:
     feed = Feed(consumer)
     learn(acker, feed, clock, latency_ms=800)
     run_steps(acker)  # a commit publishes the figures
-    text = generate_latest(acker.metrics.registry).decode()
+    text = generate_latest(acker.metrics.partitions_registry).decode()
     given = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                 if line.startswith("replaybroker_acker_adaptive_deadlines_total{"))
     assert given == 120

@@ -91,7 +91,7 @@ def test_a_beat_holds_back_a_timeout_by_the_stop(world: World) -> None:
     world.step(2)
     beat(world, T0 + 200, T0 + 3_200)  # the clock stands 3 s: due at T0 + 4 s
     at(world, 3_000)
-    metric = world.acker.metrics.registry.get_sample_value
+    metric = world.acker.metrics.partitions_registry.get_sample_value
     assert metric("replaybroker_acker_tasks_in_outage", {"partition": "0"}) == 1
     assert metric("replaybroker_acker_outage_stopped_seconds_total", {"partition": "0"}) == 3.0
     at(world, 3_900)

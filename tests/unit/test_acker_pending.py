@@ -83,7 +83,7 @@ def test_counters_records_carry_the_pending_figures_of_their_partition(fake_kafk
 
     metrics = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(generate_latest(acker.metrics.registry).decode())
+        for f in text_string_to_metric_families(generate_latest(acker.metrics.partitions_registry).decode())
         for s in f.samples
     }
     assert metrics[("replaybroker_acker_pending_entries", (("partition", "0"),))] == 1
@@ -92,6 +92,15 @@ def test_counters_records_carry_the_pending_figures_of_their_partition(fake_kafk
     assert metrics[("replaybroker_acker_folded_events_total", (("partition", "0"),))] == 1
     assert metrics[("replaybroker_acker_pending_entries", (("partition", "1"),))] == 0
     assert metrics[("replaybroker_acker_commit_duration_seconds_count", ())] >= 3
+    totals = {  # the default view: this acker's totals, the worst partitions by name
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(generate_latest(acker.metrics.registry).decode())
+        for s in f.samples
+    }
+    assert totals[("replaybroker_acker_pending_entries", ())] == 1
+    assert totals[("replaybroker_acker_oldest_pending_age_seconds", ())] == 0.5
+    assert totals[("replaybroker_acker_decisions_total", (("decision", "completed"),))] == 1
+    assert totals[("replaybroker_acker_worst_pending_entries", (("partition", "0"),))] == 1
 
 
 def test_a_restored_partition_keeps_the_pending_figures_of_its_changelog(fake_kafka: None) -> None:
