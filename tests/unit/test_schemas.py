@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Callable
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from broker.errors import DecodeError
 from broker.headers import AUTO_TIMEOUT_MS
+from broker.retry import RetryPolicy
 from broker.schemas import (
     LEDGER_ENTRY_FULL,
     LEDGER_ENTRY_WITH_REJECTION,
@@ -365,18 +368,60 @@ def test_random_bytes_never_escape_as_another_exception(schema: str) -> None:
     assert decoded < 2000 // 2, "most random bytes must not be well-formed values"
 
 
-@pytest.mark.parametrize("schema", DECODERS)
-def test_every_truncation_is_a_decode_error(schema: str) -> None:
-    data = ENCODED[schema]
-    # cut before an appended field: a record written without it (or before it existed)
-    with_timeout = LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7)
-    shorter = {"LedgerEntry": {len(ENTRY.encode()): ENTRY, len(with_timeout.encode()): with_timeout}}
-    for n in range(1, len(data)):
-        if n in shorter.get(schema, {}):
-            assert DECODERS[schema](data[:n]) == shorter[schema][n]
-            continue
-        with pytest.raises(DecodeError):
-            DECODERS[schema](data[:n])
+_RETRY = RetryPolicy(initial_ms=500, multiplier=2.0, max_ms=30_000, jitter=0.2)
+_I = np.array([9, -9], dtype=np.int64)
+# What the writers make of every layout: each field group present or not.
+WRITTEN = {
+    "PersistedRecord": [RECORD, dataclasses.replace(RECORD, retry=_RETRY), dataclasses.replace(RECORD, history=())],
+    "XorBatch": [
+        BATCH,
+        dataclasses.replace(BATCH, touched=_I, touched_deadlines=_I),
+        dataclasses.replace(BATCH, superseded=_I),
+        dataclasses.replace(BATCH, rejected=_I, rejected_reasons=("a", "b")),
+        dataclasses.replace(BATCH, retry_after_ms=np.array([5, -1], dtype=np.int64)),
+        dataclasses.replace(BATCH, touched=_I, touched_deadlines=_I, superseded=_I, rejected=_I,
+                            rejected_reasons=("a", "b"), retry_after_ms=np.array([5, -1], dtype=np.int64)),
+    ],
+    "LedgerEntry": [
+        ENTRY,
+        dataclasses.replace(ENTRY, timed_out_ms=7),
+        dataclasses.replace(ENTRY, rejection="why"),
+        dataclasses.replace(ENTRY, timed_out_ms=7, rejection="why"),
+        dataclasses.replace(ENTRY, retry_at_ms=0),
+        dataclasses.replace(ENTRY, timed_out_ms=7, retry_at_ms=1_700_000_040_000),
+    ],
+    "LedgerCounters": [
+        LedgerCounters(COUNTERS, 1),
+        LedgerCounters(COUNTERS, 1, 3, 4, 5),
+        LedgerCounters(COUNTERS, 1, 3, 4, 5, 6),
+        LedgerCounters(COUNTERS, 1, None, None, None, 6),
+    ],
+}
+
+
+_OLD = pytest.mark.xfail(strict=True, reason="f6b7ae1 reads a record cut at an appended field as the layout before it")
+
+
+@pytest.mark.parametrize(
+    ("schema", "record"),
+    [pytest.param(s, r, id=f"{s}-{i}", marks=() if i == 0 or (s, i) == ("PersistedRecord", 2) else _OLD)
+     for s, rs in WRITTEN.items() for i, r in enumerate(rs)],
+)
+def test_every_truncation_of_a_written_record_is_a_decode_error(schema: str, record: Any) -> None:
+    """A record cut short is refused at every length - never read as a shorter (older)
+    layout of the same record type, whose last field would end where the cut is."""
+    data = record.encode()
+    assert _decodes(DECODERS[schema], data)
+    decoded = [n for n in range(1, len(data)) if _decodes(DECODERS[schema], data[:n])]
+    assert decoded == []
+
+
+def _decodes(decode: Callable[[bytes], object], data: bytes) -> bool:
+    try:
+        decode(data)
+    except DecodeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("schema", DECODERS)
