@@ -30,6 +30,7 @@ from broker.headers import (
 )
 from broker.schemas import (
     LEDGER_ENTRY,
+    LEDGER_ENTRY_LAYOUTS,
     LEDGER_ENTRY_V1,
     PERSIST_PREFIX_LEN,
     PERSISTED_RECORD,
@@ -75,14 +76,15 @@ def persisted_with_fastavro(record: PersistedRecord) -> bytes:
 
 
 def ledger_entry_with_fastavro(entry: LedgerEntry) -> bytes:
-    """The reference encoding: without ``timed_out_ms`` (-1) the record as it was before it."""
+    """The reference encoding: its layout's tag, then fastavro's record - without
+    ``timed_out_ms`` (-1) the layout before it."""
     datum = {
         "value": entry.value, "flags": entry.flags, "persist_offset": entry.persist_offset,
         "deadline_ms": entry.deadline_ms,
     }
     if entry.timed_out_ms < 0:
-        return _fastavro(LEDGER_ENTRY_V1, datum)
-    return _fastavro(LEDGER_ENTRY, {**datum, "timed_out_ms": entry.timed_out_ms})
+        return LEDGER_ENTRY_LAYOUTS.tags[0] + _fastavro(LEDGER_ENTRY_V1, datum)
+    return LEDGER_ENTRY_LAYOUTS.tags[1] + _fastavro(LEDGER_ENTRY, {**datum, "timed_out_ms": entry.timed_out_ms})
 
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
@@ -281,6 +283,7 @@ def test_avro_long_is_fastavros_at_every_varint_length_boundary() -> None:
 def test_avro_rows_encodes_each_row_as_avro_long_does_each_value(rows: list[tuple[int, int]]) -> None:
     columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(2)]
     assert avro_rows(*columns) == [avro_long(a) + avro_long(b) for a, b in rows]
+    assert avro_rows(*columns, tag=b"\x91\x00") == [b"\x91\x00" + avro_long(a) + avro_long(b) for a, b in rows]
 
 
 @settings(max_examples=200, deadline=None)
@@ -301,6 +304,7 @@ def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple
     import numpy as np
 
     from broker.schemas import LEDGER_ENTRY, LEDGER_ENTRY_V1, encode_ledger_entries
+    tags = LEDGER_ENTRY_LAYOUTS.tags
 
     columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(5)]
     expected = []
@@ -311,7 +315,7 @@ def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple
             fastavro.schemaless_writer(buf, LEDGER_ENTRY_V1, datum)
         else:
             fastavro.schemaless_writer(buf, LEDGER_ENTRY, {**datum, "timed_out_ms": timed_out})
-        expected.append(buf.getvalue())
+        expected.append((tags[0] if timed_out < 0 else tags[1]) + buf.getvalue())
     assert encode_ledger_entries(*columns) == expected
     assert encode_ledger_entries(*columns[:4]) == [
         ledger_entry_with_fastavro(LedgerEntry(*r[:4])) for r in rows  # without the column: none appended
