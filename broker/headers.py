@@ -130,11 +130,18 @@ def user_headers(headers: Headers | None) -> tuple[tuple[str, bytes | None], ...
     return tuple((k, as_bytes(v)) for k, v in headers if k not in TRACKING_HEADERS)
 
 
-_IDS = struct.Struct(">qq")
-_IDS_ORIGIN = struct.Struct(">qqq")
-_IDS_ORIGIN_ATTEMPT = struct.Struct(">qqqI")
-_FIRST, _ORIGIN, _ATTEMPT = _IDS.size, _IDS_ORIGIN.size, _IDS_ORIGIN_ATTEMPT.size  # 16, 24, 28
+# ``rb-t``'s fields (name, byte offset, size), its lengths and the attempts it holds: the one
+# definition of the header, which ``unpack_tracking`` reads with ``struct`` and Spark
+# (spark_jobs.tracking) with SQL. A field is present when the value reaches its end: the
+# origin (else the srid) from 24 bytes, the attempt (unsigned; else 1) at 28.
+TRACKING_FIELDS = (("srid", 0, 8), ("record_id", 8, 8), ("origin", 16, 8), ("attempt", 24, 4))
+TRACKING_SIZES = tuple(offset + size for _, offset, size in TRACKING_FIELDS[1:])  # 16, 24, 28
 MAX_ATTEMPT = 2**31 - 1  # what Spark's int column holds
+_IDS, _IDS_ORIGIN, _IDS_ORIGIN_ATTEMPT = (
+    struct.Struct(">" + "".join("q" if size == 8 else "I" for _, _, size in TRACKING_FIELDS[:n])) for n in (2, 3, 4)
+)
+_FIRST, _ORIGIN, _ATTEMPT = TRACKING_SIZES
+assert (_IDS.size, _IDS_ORIGIN.size, _IDS_ORIGIN_ATTEMPT.size) == TRACKING_SIZES
 # A NamedTuple's ``_make`` without its Python frame: a task decodes a Tracking per input.
 _new_tuple = tuple.__new__
 

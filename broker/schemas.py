@@ -3,6 +3,13 @@
 Each schema is parsed once at import. Encoding is schemaless Avro (no container header): the
 topic says which schema a value has. Decoding errors are ``DecodeError`` so services can
 quarantine the message instead of dying.
+
+Each record type grew by appending groups of fields; a record is written in the shortest
+layout (the first groups) that holds it. A value says its layout (``Layouts``): an XorBatch,
+LedgerEntry or LedgerCounters by a two-byte tag before it, a persist value by a flag of its
+prefix (``PERSIST_BACKOFF``). A value must end exactly where its layout does, so a record cut
+short is refused - never read as a shorter layout. A value without a tag is an older writer's
+(before the tags): its layout is how many groups its bytes hold.
 """
 
 from __future__ import annotations
@@ -27,67 +34,119 @@ from broker.retry import RetryPolicy
 _LE_I64 = np.dtype("<i8")
 
 
-def _load(name: str) -> Any:
+def _schema_json(name: str) -> dict[str, Any]:
     text = resources.files("schemas").joinpath(f"{name}.avsc").read_text()
-    return fastavro.parse_schema(json.loads(text))
-
-
-# PersistedRecord as schemas/persisted_record.avsc has it (PERSISTED_RECORD_FULL), and without
-# its trailing ``retry`` (PERSISTED_RECORD): how a record without a back-off is written - byte
-# for byte as before the field existed - and how every record written before it reads.
-PERSISTED_RECORD_FULL = _load("persisted_record")
-_PERSISTED_RECORD_JSON = json.loads(resources.files("schemas").joinpath("persisted_record.avsc").read_text())
-PERSISTED_RECORD = fastavro.parse_schema(
-    {**_PERSISTED_RECORD_JSON, "fields": [f for f in _PERSISTED_RECORD_JSON["fields"] if f["name"] != "retry"]}
-)
-# XorBatch as schemas/xor_batch.avsc has it (XOR_BATCH_FULL), and four prefixes of it: without
-# the trailing ``retry_after_ms`` (XOR_BATCH_WITH_REJECTED), without the rejections too
-# (XOR_BATCH_WITH_SUPERSEDED), without ``superseded`` too
-# (XOR_BATCH_WITH_TOUCHES) and without the touch fields too (XOR_BATCH). A batch is encoded with
-# the shortest that holds it (byte for byte the encoding before the later fields existed, so an
-# older acker reads it); older events decode as these.
-XOR_BATCH_FULL = _load("xor_batch")
-_TOUCH_FIELDS = ("touched", "touched_deadlines")
-_SUPERSEDED_FIELDS = ("superseded",)
-_REJECTED_FIELDS = ("rejected", "rejected_reasons")
-_RETRY_AFTER_FIELDS = ("retry_after_ms",)
-_XOR_BATCH_JSON = json.loads(resources.files("schemas").joinpath("xor_batch.avsc").read_text())
-
-
-def _xor_batch_without(names: tuple[str, ...]) -> Any:
-    return fastavro.parse_schema({**_XOR_BATCH_JSON, "fields": [f for f in _XOR_BATCH_JSON["fields"] if f["name"] not in names]})
-
-
-XOR_BATCH_WITH_REJECTED = _xor_batch_without(_RETRY_AFTER_FIELDS)
-XOR_BATCH_WITH_SUPERSEDED = _xor_batch_without(_REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
-XOR_BATCH_WITH_TOUCHES = _xor_batch_without(_SUPERSEDED_FIELDS + _REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
-XOR_BATCH = _xor_batch_without(_TOUCH_FIELDS + _SUPERSEDED_FIELDS + _REJECTED_FIELDS + _RETRY_AFTER_FIELDS)
-# From the shortest: a batch is read as each in turn while bytes are left over.
-_XOR_BATCH_ENCODINGS = (XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_WITH_REJECTED,
-                        XOR_BATCH_FULL)
-# LedgerEntry as schemas/ledger_entry.avsc has it (LEDGER_ENTRY_FULL), without ``retry_at_ms``
-# (LEDGER_ENTRY_WITH_REJECTION: a rejected entry's), without ``rejection`` too (LEDGER_ENTRY: a
-# deferred timeout's), and without ``timed_out_ms`` too: how every other entry is written (and
-# every entry written before the fields).
-LEDGER_ENTRY_FULL = _load("ledger_entry")
-_LEDGER_ENTRY_JSON = json.loads(resources.files("schemas").joinpath("ledger_entry.avsc").read_text())
-
-
-def _ledger_entry_without(names: tuple[str, ...]) -> Any:
-    return fastavro.parse_schema(
-        {**_LEDGER_ENTRY_JSON, "fields": [f for f in _LEDGER_ENTRY_JSON["fields"] if f["name"] not in names]}
-    )
-
-
-LEDGER_ENTRY_WITH_REJECTION = _ledger_entry_without(("retry_at_ms",))
-LEDGER_ENTRY = _ledger_entry_without(("rejection", "retry_at_ms"))
-LEDGER_ENTRY_V1 = _ledger_entry_without(("timed_out_ms", "rejection", "retry_at_ms"))
+    return dict(json.loads(text))
 
 
 def _encode(schema: Any, datum: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, schema, datum)
     return buf.getvalue()
+
+
+def _layout_tag(kind: int, layout: int) -> bytes:
+    """The tag before a value of record type ``kind`` in ``layout``: ``0x80 | kind << 4 |
+    layout, 0x00`` - a varint whose last byte is zero, which no Avro writer makes (varints are
+    minimal), so it never begins an untagged value: those begin with a varint (an int, a long
+    or a map's block count)."""
+    return bytes((0x80 | kind << 4 | layout, 0))
+
+
+class Layouts:
+    """A record type's layouts: its field groups in the order they were appended (layout k
+    holds the first k), each layout's schema and tag. ``read`` takes the layout from the tag,
+    or from the bytes themselves for an untagged value: the groups they hold, read one after
+    another while bytes are left."""
+
+    def __init__(self, kind: int | None, schema: dict[str, Any], groups: tuple[tuple[str, ...], ...]) -> None:
+        fields = {f["name"]: f for f in schema["fields"]}
+        assert [n for g in groups for n in g] == list(fields), "the groups are the schema's fields, in order"
+        self.what = schema["name"]
+        self.groups = tuple(
+            fastavro.parse_schema({**schema, "name": f"{self.what}Group{i}", "fields": [fields[n] for n in g]})
+            for i, g in enumerate(groups)
+        )
+        self.schemas = tuple(
+            fastavro.parse_schema({**schema, "fields": [fields[n] for g in groups[:k] for n in g]})
+            for k in range(1, len(groups) + 1)
+        )
+        # No kind: a type whose layout its value says elsewhere (a persist value's flags).
+        self.tags = () if kind is None else tuple(_layout_tag(kind, k) for k in range(1, len(groups) + 1))
+        self._by_tag = {tag: k for k, tag in enumerate(self.tags, 1)}
+
+    def encode(self, layout: int, datum: dict[str, Any]) -> bytes:
+        return self.tags[layout - 1] + _encode(self.schemas[layout - 1], datum)
+
+    def read(self, data: bytes | None, start: int = 0, layout: int | None = None) -> tuple[dict[str, Any], int]:
+        """The record from ``data[start:]`` and its layout (1 for the first): ``layout`` if
+        given (untagged), else the tag's, else (no tag) as many groups as the bytes hold."""
+        if not data or len(data) <= start:
+            raise DecodeError(f"empty {self.what}")
+        if layout is None and self.tags and data[start] >= 0x80 and data[start + 1 : start + 2] == b"\x00":
+            layout = self._by_tag.get(data[start : start + 2])
+            if layout is None:
+                raise DecodeError(f"{self.what} has an unknown layout tag {data[start:start + 2].hex()}")
+            start += 2
+        buf = io.BytesIO(data)
+        buf.seek(start)
+        if layout is not None:
+            datum = self._read(buf, self.schemas[layout - 1], f"undecodable {self.what}")
+        else:
+            datum, layout = self._read(buf, self.groups[0], f"undecodable {self.what}"), 1
+            while buf.tell() < len(data) and layout < len(self.groups):
+                left = len(data) - buf.tell()
+                datum.update(self._read(buf, self.groups[layout], f"{self.what} has {left} trailing bytes, not its next fields"))
+                layout += 1
+        if buf.tell() != len(data):
+            raise DecodeError(f"{self.what} has {len(data) - buf.tell()} trailing bytes (wrong schema?)")
+        return datum, layout
+
+    def _read(self, buf: io.BytesIO, schema: Any, error: str) -> dict[str, Any]:
+        try:
+            datum = fastavro.schemaless_reader(buf, schema, None)
+        except Exception as exc:
+            raise DecodeError(f"{error}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(datum, dict):
+            raise DecodeError(f"{self.what} is not a record")
+        return datum
+
+
+# Each type's groups of fields, in the order they were appended, and its layouts' schemas
+# (without the tag; the last one is schemas/*.avsc's). A record is written in the shortest
+# layout that holds it.
+_TOUCH_FIELDS = ("touched", "touched_deadlines")
+_SUPERSEDED_FIELDS = ("superseded",)
+_REJECTED_FIELDS = ("rejected", "rejected_reasons")
+_RETRY_AFTER_FIELDS = ("retry_after_ms",)
+XOR_BATCH_LAYOUTS = Layouts(1, _schema_json("xor_batch"), (
+    ("ledger_partition", "srids", "xors", "failed", "producer"), _TOUCH_FIELDS, _SUPERSEDED_FIELDS, _REJECTED_FIELDS,
+    _RETRY_AFTER_FIELDS,
+))
+XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_WITH_REJECTED, XOR_BATCH_FULL = (
+    XOR_BATCH_LAYOUTS.schemas
+)
+# A deferred timeout's entry holds ``timed_out_ms``, a rejected one's its ``rejection``, one
+# that waits for the replay its task asked for ``retry_at_ms``; every other entry none of them.
+LEDGER_ENTRY_LAYOUTS = Layouts(2, _schema_json("ledger_entry"), (
+    ("value", "flags", "persist_offset", "deadline_ms"), ("timed_out_ms",), ("rejection",), ("retry_at_ms",),
+))
+LEDGER_ENTRY_V1, LEDGER_ENTRY, LEDGER_ENTRY_WITH_REJECTION, LEDGER_ENTRY_FULL = LEDGER_ENTRY_LAYOUTS.schemas
+# The ledger entry's tags by layout, for the hand-written encoders.
+_ENTRY_TAG, _TIMED_OUT_TAG, _REJECTION_TAG, _RETRY_AT_TAG = LEDGER_ENTRY_LAYOUTS.tags
+# The pending figures and the restore floor (broker.acker.state), appended in that order.
+_PENDING_FIELDS = ("pending", "oldest_pending_offset", "oldest_pending_ms")
+LEDGER_COUNTERS_LAYOUTS = Layouts(3, _schema_json("ledger_counters"), (
+    ("counters", "updated_ms"), _PENDING_FIELDS, ("restore_floor",),
+))
+LEDGER_COUNTERS_V1, LEDGER_COUNTERS_V2, LEDGER_COUNTERS = LEDGER_COUNTERS_LAYOUTS.schemas
+# A persist record without a back-off, and with its ``retry``: its value's prefix says which
+# (``PERSIST_BACKOFF``), no tag.
+_PERSISTED_RECORD_JSON = _schema_json("persisted_record")
+PERSISTED_RECORD_LAYOUTS = Layouts(None, _PERSISTED_RECORD_JSON, (
+    tuple(f["name"] for f in _PERSISTED_RECORD_JSON["fields"] if f["name"] != "retry"), ("retry",),
+))
+PERSISTED_RECORD, PERSISTED_RECORD_FULL = PERSISTED_RECORD_LAYOUTS.schemas
 
 
 # --------------------------------------------------------------------------- fast Avro encoders
@@ -160,13 +219,19 @@ def _varint_groups(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups, lengths
 
 
-def avro_rows(*columns: np.ndarray) -> list[bytes]:
-    """Per row, the ``avro_long`` of each column one after the other: records whose fields
-    are all longs, encoded at once (one slice per record, no join)."""
+def avro_rows(*columns: np.ndarray, tag: bytes = b"") -> list[bytes]:
+    """Per row, ``tag`` (two bytes or none) then the ``avro_long`` of each column one after
+    the other: records whose fields are all longs, encoded at once (one slice per record, no
+    join)."""
+    if tag:  # a column of zeros first, whose one-byte varints become the tag
+        columns = (np.zeros(len(columns[0]), np.int64), *columns)
     table = np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)
     if table.shape[0] == 0:
         return []
     groups, lengths = _varint_groups(table.ravel())
+    if tag:
+        groups.reshape(table.shape[0], -1, 10)[:, 0, :2] = np.frombuffer(tag, np.uint8)
+        lengths.reshape(table.shape)[:, 0] = 2
     buf = groups[_USED[lengths]].tobytes()  # row by row, field by field
     ends = np.cumsum(lengths.reshape(table.shape).sum(axis=1)).tolist()
     return [buf[i:j] for i, j in zip([0, *ends[:-1]], ends, strict=True)]
@@ -218,7 +283,7 @@ def encode_persisted(
     srid_b, root_b = avro_long(srid), avro_long(root_xor)
     parts = [
         _id_key(srid), _id_key(root_xor),
-        persist_prefix_fields(created_ms, timeout_ms, attempt, max_attempts, partitioner),
+        persist_prefix_fields(created_ms, timeout_ms, attempt, max_attempts, partitioner, retry is not None),
         srid_b, srid_b if origin == srid else avro_long(origin), avro_long(attempt), root_b,
         root_b if record_id == root_xor else avro_long(record_id),
         avro_string(topic), avro_long(key_hash_partition), avro_string(partitioner),
@@ -304,7 +369,7 @@ class FirstAttempts(NamedTuple):
     def of(cls, created_ms: int, timeout_ms: int, max_attempts: int, partitioner: str,
            retry: RetryPolicy | None = None) -> FirstAttempts:
         return cls(
-            persist_prefix_fields(created_ms, timeout_ms, 1, max_attempts, partitioner),
+            persist_prefix_fields(created_ms, timeout_ms, 1, max_attempts, partitioner, retry is not None),
             avro_long(created_ms) + avro_long(timeout_ms) + avro_long(max_attempts) + _EMPTY_ARRAY
             + (b"" if retry is None else avro_retry(retry)),
         )
@@ -340,46 +405,31 @@ def encode_ledger_entries(values: np.ndarray, flags: np.ndarray, persist_offsets
     few entries with a ``timed_out_ms`` >= 0 get it appended, the few with a rejection (row
     -> why) or a retry time (row -> epoch ms) the fields up to it (the ones before as
     defaults). A rejected entry is never replayed: its retry time is left out."""
-    rows = avro_rows(values, flags, persist_offsets, deadlines_ms)
+    rows = avro_rows(values, flags, persist_offsets, deadlines_ms, tag=_ENTRY_TAG)
     timed: set[int] = set()
     if timed_out_ms is not None:
         timed = set(np.flatnonzero(np.asarray(timed_out_ms) >= 0).tolist())
         for i in timed:
-            rows[i] += avro_long(int(timed_out_ms[i]))
+            rows[i] = _TIMED_OUT_TAG + rows[i][2:] + avro_long(int(timed_out_ms[i]))
     rejections, retry_at_ms = rejections or {}, retry_at_ms or {}
     for i in sorted(rejections.keys() | retry_at_ms.keys()):
-        if i not in timed:
-            rows[i] += avro_long(-1)
-        rows[i] += avro_string(rejections.get(i, ""))
+        row = rows[i][2:] if i in timed else rows[i][2:] + avro_long(-1)
         if i in retry_at_ms and i not in rejections:
-            rows[i] += avro_long(retry_at_ms[i])
+            rows[i] = _RETRY_AT_TAG + row + avro_string("") + avro_long(retry_at_ms[i])
+        else:
+            rows[i] = _REJECTION_TAG + row + avro_string(rejections[i])
     return rows
 
 
 def encode_ledger_entry(value: int, flags: int, persist_offset: int, deadline_ms: int, timed_out_ms: int = -1,
                         rejection: str = "", retry_at_ms: int = -1) -> bytes:
-    """A ``LedgerEntry`` value (bytes as fastavro's), without the dataclass."""
+    """A ``LedgerEntry`` value (its tag, then the bytes fastavro writes), without the dataclass."""
     out = avro_long(value) + avro_long(flags) + avro_long(persist_offset) + avro_long(deadline_ms)
     if retry_at_ms >= 0 and not rejection:
-        return out + avro_long(timed_out_ms) + avro_string(rejection) + avro_long(retry_at_ms)
+        return _RETRY_AT_TAG + out + avro_long(timed_out_ms) + avro_string(rejection) + avro_long(retry_at_ms)
     if rejection:
-        return out + avro_long(timed_out_ms) + avro_string(rejection)
-    return out if timed_out_ms < 0 else out + avro_long(timed_out_ms)
-
-
-def _decode(schema: Any, data: bytes | None, what: str) -> dict[str, Any]:
-    if not data:
-        raise DecodeError(f"empty {what}")
-    buf = io.BytesIO(data)
-    try:
-        datum = fastavro.schemaless_reader(buf, schema, None)
-    except Exception as exc:
-        raise DecodeError(f"undecodable {what}: {type(exc).__name__}: {exc}") from exc
-    if buf.tell() != len(data):
-        raise DecodeError(f"{what} has {len(data) - buf.tell()} trailing bytes (wrong schema?)")
-    if not isinstance(datum, dict):
-        raise DecodeError(f"{what} is not a record")
-    return datum
+        return _REJECTION_TAG + out + avro_long(timed_out_ms) + avro_string(rejection)
+    return _ENTRY_TAG + out if timed_out_ms < 0 else _TIMED_OUT_TAG + out + avro_long(timed_out_ms)
 
 
 # --------------------------------------------------------------------------- persist values
@@ -408,6 +458,11 @@ PERSIST_PREFIX = np.dtype([
 PERSIST_PREFIX_LEN = PERSIST_PREFIX.itemsize  # 42
 _PREFIX_FIELDS = struct.Struct(">qqiiBB")  # the prefix after the two ids
 PERSIST_ADAPTIVE = 1  # flags: the record's timeout is adaptive (timeout_ms = AUTO_TIMEOUT_MS)
+# flags: the record ends with its ``retry`` (its layout; set by every writer since the flag
+# exists). Without it the record is a shorter layout, or an older writer's of either.
+PERSIST_BACKOFF = 2
+PERSIST_FLAGS = PERSIST_ADAPTIVE | PERSIST_BACKOFF  # every flag: a larger byte is no persist value's
+_FLAGS_AT = 8 * 4 + 4 * 2  # after the four longs, attempt and max_attempts
 # The most attempts a record may have (SQS's maxReceiveCount has the same bound): a source
 # refuses more, the acker quarantines a persist record with more (broker.acker.domain).
 MAX_ATTEMPTS = 1000
@@ -427,13 +482,16 @@ def persist_deadline(created_ms: int, timeout_ms: int) -> int:
     return min(max(deadline, _INT64_MIN), _INT64_MAX)
 
 
-def persist_prefix_fields(created_ms: int, timeout_ms: int, attempt: int, max_attempts: int, partitioner: str) -> bytes:
-    """The persist value's prefix after its two ids, from the record's fields: the same for
-    every first attempt of a batch (a source makes it once per batch)."""
+def persist_prefix_fields(created_ms: int, timeout_ms: int, attempt: int, max_attempts: int, partitioner: str,
+                          backoff: bool = False) -> bytes:
+    """The persist value's prefix after its two ids, from the record's fields (``backoff``:
+    it has a ``retry``): the same for every first attempt of a batch (a source makes it once
+    per batch)."""
+    flags = (PERSIST_ADAPTIVE if timeout_ms == AUTO_TIMEOUT_MS else 0) | (PERSIST_BACKOFF if backoff else 0)
     try:
         return _PREFIX_FIELDS.pack(
-            persist_deadline(created_ms, timeout_ms), created_ms, attempt, max_attempts,
-            PERSIST_ADAPTIVE if timeout_ms == AUTO_TIMEOUT_MS else 0, _PARTITIONER_CODES.get(partitioner, 0),
+            persist_deadline(created_ms, timeout_ms), created_ms, attempt, max_attempts, flags,
+            _PARTITIONER_CODES.get(partitioner, 0),
         )
     except struct.error as exc:
         raise ValueError(f"a persist prefix holds 64-bit created_ms, 32-bit attempt and max_attempts: {exc}") from exc
@@ -614,30 +672,32 @@ class PersistedRecord:
 
     def prefix(self) -> bytes:
         """The persist value's prefix (the fields the acker registers the srid by)."""
+        return self._prefix(self.retry is not None)
+
+    def _prefix(self, backoff: bool) -> bytes:
         return _id_key(self.srid) + _id_key(self.root_xor) + persist_prefix_fields(
-            self.created_ms, self.timeout_ms, self.attempt, self.max_attempts, self.partitioner)
+            self.created_ms, self.timeout_ms, self.attempt, self.max_attempts, self.partitioner, backoff)
 
     @classmethod
     def decode(cls, data: bytes | None) -> PersistedRecord:
         """A persist value's record; its prefix must say what the record says (the acker
-        registered it and checked the rule's domain on the prefix alone)."""
+        registered it and checked the rule's domain on the prefix alone), its flags its layout."""
         if not data:
             raise DecodeError("empty PersistedRecord")
         if len(data) <= PERSIST_PREFIX_LEN:
             raise DecodeError(f"persist value shorter than its {PERSIST_PREFIX_LEN}-byte prefix and a record")
-        body = data[PERSIST_PREFIX_LEN:]
+        backoff = bool(data[_FLAGS_AT] & PERSIST_BACKOFF)
+        # Flagged: the record with its retry. Not: without (or an older writer's, either).
         try:
-            d = _decode(PERSISTED_RECORD, body, "PersistedRecord")
-        except DecodeError as short:
-            if "trailing bytes" not in str(short):
+            d, layout = PERSISTED_RECORD_LAYOUTS.read(data, PERSIST_PREFIX_LEN, 2 if backoff else None)
+        except DecodeError as exc:
+            if not backoff:
                 raise
-            try:
-                d = _decode(PERSISTED_RECORD_FULL, body, "PersistedRecord")
-            except DecodeError:
-                raise short from None
-            if d["retry"] is None:  # never written as null: the encoding leaves it out
-                raise short from None
+            raise DecodeError(f"persist prefix and PersistedRecord differ: flags {data[_FLAGS_AT]:#04x} say the "
+                              f"record ends with its retry, and it does not read so ({exc})") from None
         retry = d.get("retry")
+        if layout == 2 and retry is None:  # never written as null: the shorter layout leaves it out
+            raise DecodeError("PersistedRecord has trailing bytes: a null retry (a record without one leaves it out)")
         try:
             record = cls(
                 srid=d["srid"],
@@ -664,7 +724,7 @@ class PersistedRecord:
         except ConfigurationError as exc:
             raise DecodeError(f"PersistedRecord has a retry policy that makes no sense: {exc}") from exc
         try:
-            expected = record.prefix()
+            expected = record._prefix(backoff)
         except ValueError as exc:
             raise DecodeError(str(exc)) from exc
         if data[:PERSIST_PREFIX_LEN] != expected:
@@ -758,39 +818,24 @@ class XorBatch:
         }
         later = len(self.rejected) or retry_after  # the fields after ``superseded``
         if not len(self.touched) and not len(self.superseded) and not later:
-            return _encode(XOR_BATCH, datum)
+            return XOR_BATCH_LAYOUTS.encode(1, datum)
         datum["touched"] = np.ascontiguousarray(self.touched, dtype=_LE_I64).tobytes()
         datum["touched_deadlines"] = np.ascontiguousarray(self.touched_deadlines, dtype=_LE_I64).tobytes()
         if not len(self.superseded) and not later:
-            return _encode(XOR_BATCH_WITH_TOUCHES, datum)
+            return XOR_BATCH_LAYOUTS.encode(2, datum)
         datum["superseded"] = np.ascontiguousarray(self.superseded, dtype=_LE_I64).tobytes()
         if not later:
-            return _encode(XOR_BATCH_WITH_SUPERSEDED, datum)
+            return XOR_BATCH_LAYOUTS.encode(3, datum)
         datum["rejected"] = np.ascontiguousarray(self.rejected, dtype=_LE_I64).tobytes()
         datum["rejected_reasons"] = list(self.rejected_reasons)
         if not retry_after:
-            return _encode(XOR_BATCH_WITH_REJECTED, datum)
+            return XOR_BATCH_LAYOUTS.encode(4, datum)
         datum["retry_after_ms"] = np.ascontiguousarray(self.retry_after_ms, dtype=_LE_I64).tobytes()
-        return _encode(XOR_BATCH_FULL, datum)
+        return XOR_BATCH_LAYOUTS.encode(5, datum)
 
     @classmethod
     def decode(cls, data: bytes | None) -> XorBatch:
-        # A batch without touches ends after ``producer``: read it that way first; bytes left
-        # over can only be the later fields, read with each longer encoding in turn.
-        try:
-            d = _decode(XOR_BATCH, data, "XorBatch")
-        except DecodeError as short:
-            if "trailing bytes" not in str(short):
-                raise
-            for schema in _XOR_BATCH_ENCODINGS[1:]:
-                try:
-                    d = _decode(schema, data, "XorBatch")
-                    break
-                except DecodeError as longer:
-                    if "trailing bytes" not in str(longer):
-                        raise short from None
-            else:
-                raise short from None
+        d, _ = XOR_BATCH_LAYOUTS.read(data)
         srids, xors, failed = d["srids"], d["xors"], d["failed"]
         touched, deadlines = d.get("touched", b""), d.get("touched_deadlines", b"")
         superseded, rejected = d.get("superseded", b""), d.get("rejected", b"")
@@ -848,54 +893,19 @@ class LedgerEntry:
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerEntry:
-        # Most records end after ``deadline_ms``: read them so first; bytes left over can only
-        # be ``timed_out_ms``, then ``rejection``, then ``retry_at_ms``.
-        d = _decode_ledger_entry(data)
+        d, layout = LEDGER_ENTRY_LAYOUTS.read(data)
+        # What the writer leaves out is never written: a layout holds its last field for a
+        # value other than its default.
+        if layout == 3 and not d["rejection"]:
+            raise DecodeError("LedgerEntry has trailing bytes: an empty rejection")
+        if layout == 4 and (d["retry_at_ms"] < 0 or d["rejection"]):
+            raise DecodeError("LedgerEntry has trailing bytes: a retry_at_ms that is negative or after a rejection")
         return cls(d["value"], d["flags"], d["persist_offset"], d["deadline_ms"], d.get("timed_out_ms", -1),
                    d.get("rejection", ""), d.get("retry_at_ms", -1))
 
 
-def _decode_ledger_entry(data: bytes | None) -> dict[str, Any]:
-    """A ``LedgerEntry`` read with each encoding in turn, from the shortest, while bytes are
-    left over; a field that its encoding would have left out (an empty rejection ending a
-    record, a negative retry time or one after a rejection) is refused as the trailing bytes
-    of a shorter one."""
-    encodings = (LEDGER_ENTRY_V1, LEDGER_ENTRY, LEDGER_ENTRY_WITH_REJECTION, LEDGER_ENTRY_FULL)
-    for schema in encodings[:-1]:
-        try:
-            d: dict[str, Any] = _decode(schema, data, "LedgerEntry")
-            break
-        except DecodeError as exc:
-            if "trailing bytes" not in str(exc):
-                raise
-    else:
-        d = _decode(LEDGER_ENTRY_FULL, data, "LedgerEntry")
-        if d["retry_at_ms"] < 0 or d["rejection"]:
-            raise DecodeError("LedgerEntry has trailing bytes: a retry_at_ms that is negative or after a rejection")
-        return d
-    if schema is LEDGER_ENTRY_WITH_REJECTION and not d["rejection"]:
-        raise DecodeError("LedgerEntry has trailing bytes: an empty rejection")
-    return d
-
-
 # --------------------------------------------------------------------------- LedgerCounters
 
-# LedgerCounters as schemas/ledger_counters.avsc has it, and the same without the fields that
-# were appended later: what records written before those fields existed decode as (such a
-# record ends before them). Oldest first.
-LEDGER_COUNTERS = _load("ledger_counters")
-_PENDING_FIELDS = ("pending", "oldest_pending_offset", "oldest_pending_ms")
-_LEDGER_COUNTERS_JSON = json.loads(resources.files("schemas").joinpath("ledger_counters.avsc").read_text())
-
-
-def _counters_without(*names: str) -> Any:
-    fields = [f for f in _LEDGER_COUNTERS_JSON["fields"] if f["name"] not in names]
-    return fastavro.parse_schema({**_LEDGER_COUNTERS_JSON, "fields": fields})
-
-
-LEDGER_COUNTERS_V1 = _counters_without(*_PENDING_FIELDS, "restore_floor")
-LEDGER_COUNTERS_V2 = _counters_without("restore_floor")
-_COUNTERS_ENCODINGS = (LEDGER_COUNTERS_V1, LEDGER_COUNTERS_V2, LEDGER_COUNTERS)
 COUNTERS_KEY = b"__counters__"
 
 
@@ -921,31 +931,19 @@ class LedgerCounters:
     def encode(self) -> bytes:
         datum: dict[str, Any] = {"counters": self.counters, "updated_ms": self.updated_ms}
         if self.pending is None and self.restore_floor is None:
-            return _encode(LEDGER_COUNTERS_V1, datum)  # nothing to add: the oldest encoding
+            return LEDGER_COUNTERS_LAYOUTS.encode(1, datum)  # nothing to add: the first layout
         datum.update(
             pending=self.pending,
             oldest_pending_offset=self.oldest_pending_offset,
             oldest_pending_ms=self.oldest_pending_ms,
         )
         if self.restore_floor is None:
-            return _encode(LEDGER_COUNTERS_V2, datum)
-        return _encode(LEDGER_COUNTERS, {**datum, "restore_floor": self.restore_floor})
+            return LEDGER_COUNTERS_LAYOUTS.encode(2, datum)
+        return LEDGER_COUNTERS_LAYOUTS.encode(3, {**datum, "restore_floor": self.restore_floor})
 
     @classmethod
     def decode(cls, data: bytes | None) -> LedgerCounters:
-        # Each encoding appends fields to the one before: a record is read the newest way
-        # first (today's records, one read), an older one runs out of bytes there and is read
-        # the next older way. What no encoding reads fails with the oldest one's error.
-        error: DecodeError | None = None
-        for schema in reversed(_COUNTERS_ENCODINGS):
-            try:
-                d = _decode(schema, data, "LedgerCounters")
-                break
-            except DecodeError as exc:
-                error = exc
-        else:
-            assert error is not None
-            raise error
+        d, _ = LEDGER_COUNTERS_LAYOUTS.read(data)
         return cls(
             dict(d["counters"]), int(d["updated_ms"]),
             d.get("pending"), d.get("oldest_pending_offset"), d.get("oldest_pending_ms"), d.get("restore_floor"),

@@ -11,8 +11,9 @@ reads ``FFFFFFFFFFFFFFFF`` as -1 and ``8000000000000000`` as -2**63 (tested on t
 The way back is ``unhex(lpad(hex(id), 16, '0'))``: ``hex`` of a bigint is the two's
 complement digits, 16 of them for negative ids, fewer (hence the ``lpad``) for positive ones.
 
-``rb-t`` packs srid, record id [, origin [, attempt]] (``broker.headers.Tracking``): the ids
-are ``substring``s of it (binary in, binary out), the attempt its last 4 bytes, unsigned.
+``rb-t`` packs srid, record id [, origin [, attempt]] as ``broker.headers.TRACKING_FIELDS``
+lays them out (the one definition, ``Tracking`` reads it too): each field a ``substring`` of
+it (binary in, binary out), the ids 8 bytes, the attempt 4, unsigned.
 """
 
 from __future__ import annotations
@@ -20,10 +21,19 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from broker.headers import H_PATH, H_TRACKING, MAX_ATTEMPT, ROOT_PATH, TRACKING_HEADERS
+from broker.headers import (
+    H_PATH,
+    H_TRACKING,
+    MAX_ATTEMPT,
+    ROOT_PATH,
+    TRACKING_FIELDS,
+    TRACKING_HEADERS,
+    TRACKING_SIZES,
+)
 
 SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH = "srid", "record_id", "origin", "attempt", "path"
 TRACKING_COLUMNS = (SRID, RECORD_ID, ORIGIN, ATTEMPT, PATH)
+assert TRACKING_COLUMNS[:4] == tuple(name for name, _, _ in TRACKING_FIELDS)
 IS_REPLAY = "is_replay"
 
 
@@ -76,14 +86,13 @@ def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
     packed = "_rb_t"
     decoded = df.withColumns({packed: header_value(headers, H_TRACKING), raw[4]: header_value(headers, H_PATH)})
     t, size = F.col(packed), F.octet_length(F.col(packed))
-    decoded = decoded.withColumns(
-        {
-            raw[0]: id_from_bytes(F.substring(t, 1, 8)),
-            raw[1]: id_from_bytes(F.substring(t, 9, 8)),
-            raw[2]: F.when(size >= 24, id_from_bytes(F.substring(t, 17, 8))),
-            raw[3]: F.when(size == 28, F.conv(F.hex(F.substring(t, 25, 4)), 16, 10).try_cast("bigint")),
-        }
-    )
+    fields = {}
+    for column, (_, offset, width) in zip(raw[:4], TRACKING_FIELDS, strict=True):
+        part = F.substring(t, offset + 1, width)
+        value = id_from_bytes(part) if width == 8 else F.conv(F.hex(part), 16, 10).try_cast("bigint")
+        # A field past the shortest rb-t is there only when the value reaches its end.
+        fields[column] = value if offset + width <= TRACKING_SIZES[0] else F.when(size >= offset + width, value)
+    decoded = decoded.withColumns(fields)
     srid, record_id, origin, attempt = (F.col(c) for c in raw[:4])
     decoded = decoded.withColumns(
         {
@@ -94,7 +103,7 @@ def with_tracking_columns(df: DataFrame, headers: str = "headers") -> DataFrame:
     )
     attempt = F.col(raw[3])
     tracked = (
-        size.isin(16, 24, 28)
+        size.isin(*TRACKING_SIZES)
         & (srid != 0)
         & (record_id != 0)
         & (attempt >= 1)
@@ -121,10 +130,11 @@ def tracking_headers(
     def header(name: str, value: Column) -> Column:
         return F.struct(F.lit(name).alias("key"), value.alias("value"))
 
-    packed = F.concat(
-        id_to_bytes(srid), id_to_bytes(record_id), id_to_bytes(origin),
-        F.unhex(F.lpad(F.hex(attempt.cast("bigint")), 8, "0")),
-    )
+    values = (srid, record_id, origin, attempt)
+    packed = F.concat(*(
+        id_to_bytes(value) if width == 8 else F.unhex(F.lpad(F.hex(value.cast("bigint")), 2 * width, "0"))
+        for value, (_, _, width) in zip(values, TRACKING_FIELDS, strict=True)
+    ))
     headers = [header(H_TRACKING, packed)]
     if path is not None:
         headers.append(header(H_PATH, path.cast("binary")))

@@ -25,6 +25,7 @@ from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
     OUTAGE_BEAT_KEY,
     PERSIST_ADAPTIVE,
+    PERSIST_FLAGS,
     PERSIST_PREFIX_LEN,
     OutageBeat,
     PersistPrefixes,
@@ -138,7 +139,7 @@ class Ingest:
         # A record starts with its srid (its first Avro field), names its key, belongs to this
         # ledger partition and has the fields the rule decides by in its domain
         # (broker.acker.domain); anything else is quarantined, never registered.
-        bad = pre.short | bad_key | other | ~pre.body_srid_ok | misrouted | (flags > PERSIST_ADAPTIVE)
+        bad = pre.short | bad_key | other | ~pre.body_srid_ok | misrouted | (flags > PERSIST_FLAGS)
         outside = domain_errors(pre)
         bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
         # A record whose topic and key_hash_partition no replay could go to (broker.acker.domain).

@@ -28,11 +28,16 @@ from broker.headers import (
     Tracking,
     tracking_headers,
 )
+from broker.retry import RetryPolicy
 from broker.schemas import (
     LEDGER_ENTRY,
+    LEDGER_ENTRY_LAYOUTS,
     LEDGER_ENTRY_V1,
+    PERSIST_ADAPTIVE,
+    PERSIST_BACKOFF,
     PERSIST_PREFIX_LEN,
     PERSISTED_RECORD,
+    PERSISTED_RECORD_FULL,
     Failure,
     FirstAttempts,
     LedgerEntry,
@@ -54,8 +59,9 @@ def _fastavro(schema: object, datum: dict[str, object]) -> bytes:
 
 
 def persisted_with_fastavro(record: PersistedRecord) -> bytes:
-    """The reference encoding of a persist value: its prefix, then the record by fastavro."""
-    return record.prefix() + _fastavro(PERSISTED_RECORD, {
+    """The reference encoding of a persist value: its prefix, then the record by fastavro
+    (with its ``retry`` when it has one)."""
+    datum = {
         "srid": record.srid,
         "origin": record.origin,
         "attempt": record.attempt,
@@ -71,18 +77,22 @@ def persisted_with_fastavro(record: PersistedRecord) -> bytes:
         "timeout_ms": record.timeout_ms,
         "max_attempts": record.max_attempts,
         "history": [{"srid": f.srid, "attempt": f.attempt, "reason": f.reason, "at_ms": f.at_ms} for f in record.history],
-    })
+    }
+    if record.retry is None:
+        return record.prefix() + _fastavro(PERSISTED_RECORD, datum)
+    return record.prefix() + _fastavro(PERSISTED_RECORD_FULL, {**datum, "retry": dataclasses.asdict(record.retry)})
 
 
 def ledger_entry_with_fastavro(entry: LedgerEntry) -> bytes:
-    """The reference encoding: without ``timed_out_ms`` (-1) the record as it was before it."""
+    """The reference encoding: its layout's tag, then fastavro's record - without
+    ``timed_out_ms`` (-1) the layout before it."""
     datum = {
         "value": entry.value, "flags": entry.flags, "persist_offset": entry.persist_offset,
         "deadline_ms": entry.deadline_ms,
     }
     if entry.timed_out_ms < 0:
-        return _fastavro(LEDGER_ENTRY_V1, datum)
-    return _fastavro(LEDGER_ENTRY, {**datum, "timed_out_ms": entry.timed_out_ms})
+        return LEDGER_ENTRY_LAYOUTS.tags[0] + _fastavro(LEDGER_ENTRY_V1, datum)
+    return LEDGER_ENTRY_LAYOUTS.tags[1] + _fastavro(LEDGER_ENTRY, {**datum, "timed_out_ms": entry.timed_out_ms})
 
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
@@ -97,6 +107,7 @@ PERSISTED = st.builds(
     headers=st.lists(st.tuples(TEXT, OPT_BYTES), max_size=5).map(tuple),
     timeout_ms=INTS, max_attempts=INTS,
     history=st.lists(st.builds(Failure, srid=LONGS, attempt=INTS, reason=TEXT, at_ms=LONGS), max_size=4).map(tuple),
+    retry=st.sampled_from([None, RetryPolicy(500, 2.0, 30_000, 0.2), RetryPolicy(1, 1.0, 2**40, 1.0)]),
 )
 
 
@@ -113,7 +124,7 @@ def test_a_first_attempt_from_encoded_parts_is_fastavros(record: PersistedRecord
     """``Source.send``'s encoder: origin = srid, attempt 1, root_xor = record_id, no history;
     keys and values past the one-lookup lengths (8 192 B) too."""
     first = dataclasses.replace(record, origin=record.srid, attempt=1, root_xor=record.record_id, history=())
-    shared = FirstAttempts.of(first.created_ms, first.timeout_ms, first.max_attempts, first.partitioner)
+    shared = FirstAttempts.of(first.created_ms, first.timeout_ms, first.max_attempts, first.partitioner, first.retry)
     (ids_avro,) = first_attempt_ids(np.array([first.srid]), np.array([first.record_id]))
     for key, value in ((first.key, first.value), (b"k" * key_len, b"v" * value_len)):
         first = dataclasses.replace(first, key=key, value=value)
@@ -164,7 +175,7 @@ def test_persist_prefixes_read_at_once_are_the_records_they_describe(
         assert int(pre.deadlines_ms[i]) == min(max(deadline, -(2**63)), 2**63 - 1)
         assert int(pre.created_ms[i]) == record.created_ms
         assert (int(pre.attempts[i]), int(pre.max_attempts[i])) == (record.attempt, record.max_attempts)
-        assert int(pre.flags[i]) == int(auto)
+        assert int(pre.flags[i]) == (PERSIST_ADAPTIVE if auto else 0) | (0 if record.retry is None else PERSIST_BACKOFF)
         known = {"kafka": 1, "spark": 2}
         assert int(pre.partitioners[i]) == known.get(record.partitioner, 0)
         assert bool(pre.body_srid_ok[i]) == value[PERSIST_PREFIX_LEN:].startswith(avro_long(record.srid))
@@ -281,6 +292,7 @@ def test_avro_long_is_fastavros_at_every_varint_length_boundary() -> None:
 def test_avro_rows_encodes_each_row_as_avro_long_does_each_value(rows: list[tuple[int, int]]) -> None:
     columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(2)]
     assert avro_rows(*columns) == [avro_long(a) + avro_long(b) for a, b in rows]
+    assert avro_rows(*columns, tag=b"\x91\x00") == [b"\x91\x00" + avro_long(a) + avro_long(b) for a, b in rows]
 
 
 @settings(max_examples=200, deadline=None)
@@ -301,6 +313,7 @@ def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple
     import numpy as np
 
     from broker.schemas import LEDGER_ENTRY, LEDGER_ENTRY_V1, encode_ledger_entries
+    tags = LEDGER_ENTRY_LAYOUTS.tags
 
     columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(5)]
     expected = []
@@ -311,7 +324,7 @@ def test_ledger_entries_encoded_column_wise_are_fastavros_bytes(rows: list[tuple
             fastavro.schemaless_writer(buf, LEDGER_ENTRY_V1, datum)
         else:
             fastavro.schemaless_writer(buf, LEDGER_ENTRY, {**datum, "timed_out_ms": timed_out})
-        expected.append(buf.getvalue())
+        expected.append((tags[0] if timed_out < 0 else tags[1]) + buf.getvalue())
     assert encode_ledger_entries(*columns) == expected
     assert encode_ledger_entries(*columns[:4]) == [
         ledger_entry_with_fastavro(LedgerEntry(*r[:4])) for r in rows  # without the column: none appended

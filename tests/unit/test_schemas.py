@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Callable
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -15,21 +17,28 @@ from hypothesis import strategies as st
 
 from broker.errors import DecodeError
 from broker.headers import AUTO_TIMEOUT_MS
+from broker.retry import RetryPolicy
 from broker.schemas import (
+    LEDGER_COUNTERS_LAYOUTS,
     LEDGER_ENTRY_FULL,
+    LEDGER_ENTRY_LAYOUTS,
     LEDGER_ENTRY_WITH_REJECTION,
+    PERSIST_BACKOFF,
     PERSIST_PREFIX,
     PERSIST_PREFIX_LEN,
     XOR_BATCH,
     XOR_BATCH_FULL,
+    XOR_BATCH_LAYOUTS,
     XOR_BATCH_WITH_REJECTED,
     XOR_BATCH_WITH_SUPERSEDED,
     XOR_BATCH_WITH_TOUCHES,
     Failure,
+    Layouts,
     LedgerCounters,
     LedgerEntry,
     PersistedRecord,
     XorBatch,
+    avro_long,
     decode_counters,
     encode_counters,
     encode_ledger_entries,
@@ -206,7 +215,9 @@ def test_xor_batch_arrays_travel_as_packed_little_endian_int64() -> None:
         BATCH.xors.astype(">i8"),
         BATCH.failed.astype(">i8"),
     )
-    raw = fastavro.schemaless_reader(io.BytesIO(big_endian.encode()), XOR_BATCH, None)
+    data = big_endian.encode()
+    assert data[:2] == XOR_BATCH_LAYOUTS.tags[0]  # its layout's tag, then the Avro record
+    raw = fastavro.schemaless_reader(io.BytesIO(data[2:]), XOR_BATCH, None)
     assert isinstance(raw, dict)
     assert raw["srids"] == BATCH.srids.astype("<i8").tobytes()
     assert raw["xors"] == BATCH.xors.astype("<i8").tobytes()
@@ -288,8 +299,8 @@ def test_counters_written_before_the_pending_fields_still_decode() -> None:
     old = _counters_before_pending_fields(COUNTERS, 7)
     assert LedgerCounters.decode(old) == LedgerCounters(COUNTERS, 7, None, None, None)
     assert decode_counters(old) == (COUNTERS, 7)
-    # without pending figures the record is still written in the older encoding, byte for byte
-    assert encode_counters(COUNTERS, 7) == old
+    # without pending figures the record is still written in the older layout, tagged
+    assert encode_counters(COUNTERS, 7) == LEDGER_COUNTERS_LAYOUTS.tags[0] + old
 
 
 def test_counters_with_a_restore_floor_round_trip_and_older_ones_decode_without() -> None:
@@ -299,7 +310,7 @@ def test_counters_with_a_restore_floor_round_trip_and_older_ones_decode_without(
     assert LedgerCounters.decode(floor_only.encode()) == floor_only
     pending = LedgerCounters(COUNTERS, 9, pending=2, oldest_pending_offset=3, oldest_pending_ms=4)
     # a record written before the floor existed ends after the pending fields: no floor
-    assert pending.encode() == full.encode()[: len(pending.encode())]
+    assert pending.encode()[2:] == full.encode()[2 : len(pending.encode())]
     assert LedgerCounters.decode(pending.encode()).restore_floor is None
     assert decode_counters(full.encode()) == (COUNTERS, 9)
 
@@ -365,18 +376,56 @@ def test_random_bytes_never_escape_as_another_exception(schema: str) -> None:
     assert decoded < 2000 // 2, "most random bytes must not be well-formed values"
 
 
-@pytest.mark.parametrize("schema", DECODERS)
-def test_every_truncation_is_a_decode_error(schema: str) -> None:
-    data = ENCODED[schema]
-    # cut before an appended field: a record written without it (or before it existed)
-    with_timeout = LedgerEntry(ENTRY.value, ENTRY.flags, ENTRY.persist_offset, ENTRY.deadline_ms, 7)
-    shorter = {"LedgerEntry": {len(ENTRY.encode()): ENTRY, len(with_timeout.encode()): with_timeout}}
-    for n in range(1, len(data)):
-        if n in shorter.get(schema, {}):
-            assert DECODERS[schema](data[:n]) == shorter[schema][n]
-            continue
-        with pytest.raises(DecodeError):
-            DECODERS[schema](data[:n])
+_RETRY = RetryPolicy(initial_ms=500, multiplier=2.0, max_ms=30_000, jitter=0.2)
+_I = np.array([9, -9], dtype=np.int64)
+# What the writers make of every layout: each field group present or not.
+WRITTEN = {
+    "PersistedRecord": [RECORD, dataclasses.replace(RECORD, retry=_RETRY), dataclasses.replace(RECORD, history=())],
+    "XorBatch": [
+        BATCH,
+        dataclasses.replace(BATCH, touched=_I, touched_deadlines=_I),
+        dataclasses.replace(BATCH, superseded=_I),
+        dataclasses.replace(BATCH, rejected=_I, rejected_reasons=("a", "b")),
+        dataclasses.replace(BATCH, retry_after_ms=np.array([5, -1], dtype=np.int64)),
+        dataclasses.replace(BATCH, touched=_I, touched_deadlines=_I, superseded=_I, rejected=_I,
+                            rejected_reasons=("a", "b"), retry_after_ms=np.array([5, -1], dtype=np.int64)),
+    ],
+    "LedgerEntry": [
+        ENTRY,
+        dataclasses.replace(ENTRY, timed_out_ms=7),
+        dataclasses.replace(ENTRY, rejection="why"),
+        dataclasses.replace(ENTRY, timed_out_ms=7, rejection="why"),
+        dataclasses.replace(ENTRY, retry_at_ms=0),
+        dataclasses.replace(ENTRY, timed_out_ms=7, retry_at_ms=1_700_000_040_000),
+    ],
+    "LedgerCounters": [
+        LedgerCounters(COUNTERS, 1),
+        LedgerCounters(COUNTERS, 1, 3, 4, 5),
+        LedgerCounters(COUNTERS, 1, 3, 4, 5, 6),
+        LedgerCounters(COUNTERS, 1, None, None, None, 6),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "record"),
+    [pytest.param(s, r, id=f"{s}-{i}") for s, rs in WRITTEN.items() for i, r in enumerate(rs)],
+)
+def test_every_truncation_of_a_written_record_is_a_decode_error(schema: str, record: Any) -> None:
+    """A record cut short is refused at every length - never read as a shorter (older)
+    layout of the same record type, whose last field would end where the cut is."""
+    data = record.encode()
+    assert _decodes(DECODERS[schema], data)
+    decoded = [n for n in range(1, len(data)) if _decodes(DECODERS[schema], data[:n])]
+    assert decoded == []
+
+
+def _decodes(decode: Callable[[bytes], object], data: bytes) -> bool:
+    try:
+        decode(data)
+    except DecodeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("schema", DECODERS)
@@ -428,7 +477,7 @@ def test_touches_round_trip_and_a_batch_without_them_keeps_the_older_encoding() 
     older = io.BytesIO()  # what a sender from before touches writes
     fastavro.schemaless_writer(older, XOR_BATCH, {"ledger_partition": 2, "srids": plain.srids.astype("<i8").tobytes(),
                                "xors": plain.xors.astype("<i8").tobytes(), "failed": b"", "producer": "t"})
-    assert plain.encode() == older.getvalue()
+    assert plain.encode() == XOR_BATCH_LAYOUTS.tags[0] + older.getvalue()  # that layout, tagged
     assert XorBatch.decode(older.getvalue()).touched.size == 0
 
 
@@ -458,7 +507,7 @@ def test_superseded_marks_round_trip_and_batches_without_them_keep_the_shorter_e
         "ledger_partition": 3, "srids": b"", "xors": b"", "failed": b"", "producer": "t",
         "touched": touched.touched.astype("<i8").tobytes(), "touched_deadlines": touched.touched_deadlines.astype("<i8").tobytes(),
     })
-    assert touched.encode() == older.getvalue()
+    assert touched.encode() == XOR_BATCH_LAYOUTS.tags[1] + older.getvalue()
     assert XorBatch.decode(older.getvalue()).superseded.size == 0
 
 
@@ -475,7 +524,7 @@ def test_rejections_round_trip_with_their_reasons_and_batches_without_them_keep_
         "ledger_partition": 3, "srids": b"", "xors": b"", "failed": b"", "producer": "acker",
         "touched": b"", "touched_deadlines": b"", "superseded": marks.superseded.astype("<i8").tobytes(),
     })
-    assert marks.encode() == older.getvalue()
+    assert marks.encode() == XOR_BATCH_LAYOUTS.tags[2] + older.getvalue()
     assert XorBatch.decode(older.getvalue()).rejected.size == 0
     with pytest.raises(ValueError, match="rejected and rejected_reasons differ"):
         XorBatch(3, empty, empty, empty, "t", rejected=np.array([1], np.int64)).encode()
@@ -505,7 +554,7 @@ def test_retry_afters_round_trip_beside_their_fail_marks_and_batches_without_the
         "touched": b"", "touched_deadlines": b"", "superseded": b"", "rejected": np.array([11], "<i8").tobytes(),
         "rejected_reasons": ["bad"],
     })
-    assert rejects.encode() == older.getvalue()
+    assert rejects.encode() == XOR_BATCH_LAYOUTS.tags[3] + older.getvalue()
     assert XorBatch.decode(older.getvalue()).retry_after_ms.size == 0
     plain = XorBatch(3, empty, empty, failed, "t")
     assert plain.encode() == XorBatch.decode(plain.encode()).encode()  # the shortest encoding still
@@ -534,7 +583,7 @@ def test_a_ledger_entrys_retry_after_round_trips_and_older_entries_decode_withou
     datum = {"value": 5, "flags": 3, "persist_offset": 3, "deadline_ms": 7, "timed_out_ms": -1, "rejection": "why"}
     fastavro.schemaless_writer(older, LEDGER_ENTRY_WITH_REJECTION, datum)
     assert LedgerEntry.decode(older.getvalue()) == LedgerEntry(5, 3, 3, 7, -1, "why")
-    assert LedgerEntry(5, 3, 3, 7, -1, "why", retry_at_ms=9).encode() == older.getvalue()  # never replayed
+    assert LedgerEntry(5, 3, 3, 7, -1, "why", retry_at_ms=9).encode() == LEDGER_ENTRY_LAYOUTS.tags[2] + older.getvalue()  # never replayed
     for bad in ({**datum, "retry_at_ms": 9}, {**datum, "rejection": "", "retry_at_ms": -5}):
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, LEDGER_ENTRY_FULL, bad)
@@ -553,3 +602,32 @@ def test_malformed_superseded_marks_are_a_decode_error() -> None:
     })
     with pytest.raises(DecodeError, match="superseded array is malformed"):
         XorBatch.decode(buf.getvalue())
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(I64_MIN, I64_MAX))
+def test_no_untagged_value_starts_as_a_layout_tag(n: int) -> None:
+    """An untagged value starts with a minimal varint (an int, a long, a map's block count):
+    a byte with its continuation bit is never followed by a zero last byte, as a tag is."""
+    first = avro_long(n)
+    assert not (first[0] >= 0x80 and first[1:2] == b"\x00")
+
+
+@pytest.mark.parametrize("layouts", [XOR_BATCH_LAYOUTS, LEDGER_ENTRY_LAYOUTS, LEDGER_COUNTERS_LAYOUTS],
+                         ids=lambda layouts: layouts.what)
+def test_a_tag_of_an_unknown_layout_or_another_type_is_a_decode_error(layouts: Layouts) -> None:
+    others = {tag for other in (XOR_BATCH_LAYOUTS, LEDGER_ENTRY_LAYOUTS, LEDGER_COUNTERS_LAYOUTS) for tag in other.tags}
+    assert len(others) == 4 + 5 + 3  # one tag per type and layout
+    for tag in [*sorted(others - set(layouts.tags)), bytes((layouts.tags[-1][0] + 1, 0))]:
+        with pytest.raises(DecodeError, match="unknown layout tag"):
+            layouts.read(tag + b"\x02" * 40)
+
+
+def test_a_persist_value_flagged_with_a_retry_reads_only_with_it() -> None:
+    with_retry = dataclasses.replace(RECORD, retry=_RETRY).encode()
+    assert with_retry[40] & PERSIST_BACKOFF and not RECORD.encode()[40] & PERSIST_BACKOFF
+    assert PersistedRecord.decode(with_retry).retry == _RETRY
+    flagged_without = bytearray(RECORD.encode())
+    flagged_without[40] |= PERSIST_BACKOFF
+    with pytest.raises(DecodeError, match="flags 0x02 say the record ends with its retry"):
+        PersistedRecord.decode(bytes(flagged_without))

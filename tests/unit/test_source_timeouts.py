@@ -10,7 +10,13 @@ import pytest
 from broker import ids
 from broker.errors import ConfigurationError
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
-from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, PersistPrefixes, read_persist_prefixes
+from broker.schemas import (
+    PERSIST_ADAPTIVE,
+    PERSIST_BACKOFF,
+    PersistedRecord,
+    PersistPrefixes,
+    read_persist_prefixes,
+)
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 
@@ -49,7 +55,8 @@ def test_a_fixed_timeout_is_the_deadline_in_the_prefix() -> None:
     src, producer = source(SourceConfig(timeout_ms=7_000))
     src.send("orders", "k", "v")
     prefix, record = persist_of(producer)
-    assert (int(prefix.srids[0]), int(prefix.roots[0]), int(prefix.flags[0])) == (record.srid, record.root_xor, 0)
+    backoff = PERSIST_BACKOFF if record.retry is not None else 0  # the record's layout
+    assert (int(prefix.srids[0]), int(prefix.roots[0]), int(prefix.flags[0])) == (record.srid, record.root_xor, backoff)
     assert int(prefix.deadlines_ms[0]) == record.created_ms + 7_000 and record.timeout_ms == 7_000
 
 
@@ -58,7 +65,8 @@ def test_an_auto_timeout_marks_the_persist_record_for_the_acker(how: str) -> Non
     src, producer = source(SourceConfig(timeout_ms="auto") if how == "config" else SourceConfig())
     src.send("orders", "k", "v", timeout_ms="auto" if how == "send" else None)
     prefix, record = persist_of(producer)
-    assert int(prefix.flags[0]) == PERSIST_ADAPTIVE and record.topic == "orders"
+    backoff = PERSIST_BACKOFF if record.retry is not None else 0  # the record's layout
+    assert int(prefix.flags[0]) == PERSIST_ADAPTIVE | backoff and record.topic == "orders"
     assert record.timeout_ms == AUTO_TIMEOUT_MS  # a replay, built from the value, is auto too
     assert int(prefix.deadlines_ms[0]) == record.created_ms + ADAPTIVE_FALLBACK_MS
 
