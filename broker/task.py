@@ -39,6 +39,7 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
+from broker.kafka_errors import Meaning, kafka_error, means
 from broker.kafka_io import (
     CONSUMER_PROTOCOL,
     GROUP_SIDE,
@@ -47,6 +48,7 @@ from broker.kafka_io import (
     kafka_errors,
     retrying,
     set_group_timeouts,
+    setup_consumer_group,
 )
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
@@ -62,19 +64,6 @@ log = logging.getLogger(__name__)
 # A NamedTuple's ``_make`` without its Python frame: a task builds a TaskRecord per input.
 _new_tuple = tuple.__new__
 
-# Commit errors that mean this member no longer owns what it read: not the task's fault.
-_LOST_MEMBERSHIP = frozenset(
-    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
-     KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST,
-     KafkaError._STATE}
-)
-# Commit errors of a coordinator that is loading, moving or unreachable (seen right after a
-# broker restart: COORDINATOR_LOAD_IN_PROGRESS): the offsets are committed with the next batch.
-_TRANSIENT_COMMIT = frozenset(
-    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-     KafkaError.NOT_COORDINATOR, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
-     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD}
-)
 # How long a revocation waits for a coordinator that cannot take the commit of the partitions
 # that go: well inside max.poll.interval.ms (the rebalance waits for the callback meanwhile).
 _REVOKE_COMMIT_S = 10.0
@@ -501,18 +490,18 @@ class Task:
         ``TaskConfig.consumer`` on the group."""
         if self._group_protocol != "consumer":
             return
-        if consumer_group_protocol(self.settings, self.group_id) is False:
-            self._fall_back("the cluster has no consumer group protocol (Kafka < 4.0)")
-            return
         user = {**self.settings.extra, **self.config.consumer}
         session, heartbeat = user.get("session.timeout.ms"), user.get("heartbeat.interval.ms")
-        if session is not None or heartbeat is not None:
-            why = set_group_timeouts(
-                self.settings, self.group_id,
-                None if session is None else int(session), None if heartbeat is None else int(heartbeat),
-            )
-            if why is not None:
-                log.warning("group %s keeps the broker's session timeout and heartbeat interval: %s", self.group_id, why)
+        setup = setup_consumer_group(
+            self.settings, self.group_id,
+            None if session is None else int(session), None if heartbeat is None else int(heartbeat),
+            has_protocol=consumer_group_protocol, set_timeouts=set_group_timeouts,
+        )
+        if setup.fall_back is not None:
+            self._fall_back(setup.fall_back)
+        elif setup.timeouts_refused is not None:
+            log.warning("group %s keeps the broker's session timeout and heartbeat interval: %s",
+                        self.group_id, setup.timeouts_refused)
 
     def _fall_back(self, why: str) -> None:
         """Replace the consumer by one of the classic protocol (not subscribed yet)."""
@@ -728,8 +717,8 @@ class Task:
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if err is not None and (err.code() in _TRANSIENT_COMMIT or (err.retriable() and not err.fatal())):
+            err = kafka_error(exc)
+            if err is not None and (means(err, Meaning.COORDINATOR_AWAY) or (err.retriable() and not err.fatal())):
                 # Not committed yet, and still ours: the offsets go with the next commit (newer
                 # offsets of a partition read since win). A crash before that redoes the
                 # batches, whose events arrive twice - that only delays their completion.
@@ -738,7 +727,7 @@ class Task:
                 self.counters.commits_deferred += 1
                 log.warning("offsets not committed yet (%s): committed with the next batch", err)
                 return
-            if err is None or err.code() not in _LOST_MEMBERSHIP:
+            if not means(err, Meaning.LOST_MEMBERSHIP):
                 raise
             # The group moved on while this batch ran (seen in a chaos run: the task died of
             # UNKNOWN_MEMBER_ID). The new owner resumes from the last committed offsets and

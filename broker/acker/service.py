@@ -70,6 +70,7 @@ from broker.kafka_io import (
     max_message_bytes,
     partition_counts,
     set_group_timeouts,
+    setup_consumer_group,
     watermarks,
 )
 from broker.ledger.adaptive import AdaptiveTimeouts
@@ -284,19 +285,20 @@ class Acker:
         if config != self.live.consumer_config:
             self.live.consumer_config = config
             self.live.replace_consumer()
-        if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
-            # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
-            # without an error (a 4.x one with the protocol off refuses it: Recovery.rejoin).
-            self.live.fall_back_to_classic("the cluster has no consumer group protocol (Kafka < 4.0)")
-            self.live.replace_consumer()
         if self.config.group_protocol == "consumer":
             cfg = self.config
-            why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
-            if why is not None:
+            setup = setup_consumer_group(
+                self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms,
+                has_protocol=consumer_group_protocol, set_timeouts=set_group_timeouts,
+            )
+            if setup.fall_back is not None:  # a 4.x cluster with the protocol off: Recovery.rejoin
+                self.live.fall_back_to_classic(setup.fall_back)
+                self.live.replace_consumer()
+            elif setup.timeouts_refused is not None:
                 log.warning(
                     "cannot set session timeout %d ms of group %s (%s): the broker's "
                     "group.consumer.session.timeout.ms applies - a dead acker's partitions wait that long",
-                    cfg.session_timeout_ms, self.group_id, why,
+                    cfg.session_timeout_ms, self.group_id, setup.timeouts_refused,
                 )
         if self.config.exactly_once:
             if self.config.instance_id_generated:
