@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -364,32 +364,3 @@ def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int | No
         err = kafka_error(exc)
         return str(err.str()) if err is not None else str(exc.args[0] if exc.args else exc)
 
-
-class GroupSetup(NamedTuple):
-    """What ``setup_consumer_group`` found: why the member must join with the classic
-    protocol instead (None: it keeps the consumer protocol), and why the group's session and
-    heartbeat could not be set (None: set, or none asked for)."""
-
-    fall_back: str | None = None
-    timeouts_refused: str | None = None
-
-
-def setup_consumer_group(
-    settings: KafkaSettings,
-    group: str,
-    session_ms: int | None,
-    heartbeat_ms: int | None,
-    *,
-    has_protocol: Callable[[KafkaSettings, str], bool | None] = consumer_group_protocol,
-    set_timeouts: Callable[[KafkaSettings, str, int | None, int | None], str | None] = set_group_timeouts,
-) -> GroupSetup:
-    """Before a consumer-protocol member (a Task's, an acker's) subscribes: on a cluster
-    without the consumer protocol it must fall back to the classic one (a 3.x cluster: the
-    member would wait there forever without an error; a 4.x one with the protocol off
-    refuses its heartbeat, ``consumer_protocol_refused``); with it, the session and heartbeat
-    given are set on the group."""
-    if has_protocol(settings, group) is False:
-        return GroupSetup(fall_back="the cluster has no consumer group protocol (Kafka < 4.0)")
-    if session_ms is None and heartbeat_ms is None:
-        return GroupSetup()
-    return GroupSetup(timeouts_refused=set_timeouts(settings, group, session_ms, heartbeat_ms))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from broker import ids
 from broker.background import running
@@ -43,13 +43,11 @@ from broker.kafka_errors import Meaning, kafka_error, means
 from broker.kafka_io import (
     CONSUMER_PROTOCOL,
     GROUP_SIDE,
-    consumer_group_protocol,
     consumer_protocol_refused,
     kafka_errors,
     retrying,
-    set_group_timeouts,
-    setup_consumer_group,
 )
+from broker.kafka_port import KafkaClients, KafkaPort, setup_consumer_group
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.outage import Outage
@@ -57,7 +55,7 @@ from broker.retry import RetryPolicy, checked_retry_after_ms
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.task_acks import Events, TaskAcks
-from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
+from broker.topics import REPLAY_SUFFIX, Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -406,10 +404,12 @@ class Task:
         config: TaskConfig | None = None,
         *,
         batch_handler: BatchHandler | None = None,
+        kafka: KafkaPort | None = None,
     ) -> None:
         """What Kafka refuses - here a client setting, later in ``run``, ``handle_batch`` or
         ``finish`` a commit or a look-up - is raised as ``KafkaClientError``, its
-        ``KafkaException`` the cause."""
+        ``KafkaException`` the cause. ``kafka``: the task's clients and look-ups (default:
+        the real clients of ``settings``)."""
         if (handler is None) == (batch_handler is None):
             raise ConfigurationError("a Task takes a handler or a batch_handler (one of them)")
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
@@ -417,6 +417,7 @@ class Task:
         self.topics = list(topics)
         self.group_id = group_id
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
         self.handler: Handler = handler or _no_handler
         self.batch_handler = batch_handler
@@ -429,14 +430,14 @@ class Task:
         self.metrics = TaskMetrics(lambda: self.counters, self._outage.seconds)
         self.metrics_server: MetricsServer | None = None
         # Only failed deliveries matter (they are sent again): no callback per success.
-        self._producer = Producer(
+        self._producer = self.kafka.producer(
             settings.producer_config(
                 required={"delivery.report.only.error": True}, user=self.config.producer, defaults={"linger.ms": 10}
             )
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_ms / 1000)
         self._group_protocol = self.config.group_protocol  # "classic" after a fallback
-        self._consumer = Consumer(self._consumer_config())
+        self._consumer = self.kafka.consumer(self._consumer_config())
         self._outputs_pending = False
         # Input offsets handled but not committed yet, and when the next commit is due
         self._uncommitted: Offsets = {}
@@ -493,9 +494,7 @@ class Task:
         user = {**self.settings.extra, **self.config.consumer}
         session, heartbeat = user.get("session.timeout.ms"), user.get("heartbeat.interval.ms")
         setup = setup_consumer_group(
-            self.settings, self.group_id,
-            None if session is None else int(session), None if heartbeat is None else int(heartbeat),
-            has_protocol=consumer_group_protocol, set_timeouts=set_group_timeouts,
+            self.kafka, self.group_id, None if session is None else int(session), None if heartbeat is None else int(heartbeat)
         )
         if setup.fall_back is not None:
             self._fall_back(setup.fall_back)
@@ -511,7 +510,7 @@ class Task:
             why, self.name, self.group_id,
         )
         self._group_protocol = "classic"
-        old, self._consumer = self._consumer, Consumer(self._consumer_config())
+        old, self._consumer = self._consumer, self.kafka.consumer(self._consumer_config())
         with contextlib.suppress(KafkaException, RuntimeError):
             old.close()
         self._owned = frozenset()
@@ -524,7 +523,7 @@ class Task:
     @property
     def ledger_partitions(self) -> int:
         if not self._ledger_partitions:
-            self._ledger_partitions = check(self.settings, self.ns)
+            self._ledger_partitions = self.kafka.check(self.ns)
         return self._ledger_partitions
 
     def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
@@ -541,7 +540,7 @@ class Task:
         warn, in one line, about data topics read without their replay topics: their replays
         wait for another task, or for none - then every record that fails or times out ends in
         the DLQ after its last attempt."""
-        self._ledger_partitions = check(self.settings, self.ns, self._pairs)
+        self._ledger_partitions = self.kafka.check(self.ns, self._pairs)
         alone = without_replay_topics(self.topics)
         if alone:
             log.warning(
@@ -604,7 +603,7 @@ class Task:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
         if self.config.skip_superseded and self._markers is None:
-            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id)
+            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id, kafka=self.kafka)
         self._join_group()
         self._subscribe()
         idle_since = time.monotonic()

@@ -202,25 +202,43 @@ class Cluster:
             if new:
                 m.grant(sorted(new))
 
+    # -- the Kafka port of a service (broker.kafka_port.KafkaPort)
+    superseded_partitions: int | None = None  # ns.superseded (default: P); other topics have 4
+
+    def producer(self, config: Any) -> ClusterProducer:
+        return ClusterProducer(self, dict(config))
+
+    def consumer(self, config: Any) -> ClusterConsumer:
+        return ClusterConsumer(self, dict(config))
+
+    def check(self, ns: Any, data_topics: Any = ()) -> int:
+        return self.partitions
+
+    def partition_counts(self, names: Any) -> dict[str, int | None]:
+        superseded = self.partitions if self.superseded_partitions is None else self.superseded_partitions
+        return {n: superseded if n.rsplit(".", 1)[-1] == "superseded" else 4 for n in names}
+
+    def watermarks(self, topic: str, partitions: list[int], *, committed: bool = True) -> dict[int, tuple[int, int]]:
+        return self.marks(topic, partitions)
+
+    def delete_retention_ms(self, topic: str) -> int | None:
+        return 3_600_000
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        return None
+
+    def consumer_group_protocol(self, group: str) -> bool | None:
+        return True
+
+    def set_group_timeouts(self, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
+        return None
+
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Make every Kafka client of the acker service one of this cluster's."""
-        monkeypatch.setattr(broker.acker.service, "Producer", lambda conf: ClusterProducer(self, conf))
-        monkeypatch.setattr(broker.acker.service, "Consumer", lambda conf: ClusterConsumer(self, conf))
-        monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: self.partitions)
-        monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
-        monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
-        monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: self.marks)
-        # A restore finishes inside its first slice however loaded the machine (the wall clock
-        # is the one thing these tests do not step): the steps a test counts stay the same.
+        """A restore finishes inside its first slice however loaded the machine (the wall
+        clock is the one thing these tests do not step): the steps a test counts stay the
+        same. The cluster itself is handed to the services it serves (``kafka=``)."""
         monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
         monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
-        monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
-        monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
-        counts = {"superseded": self.partitions}
-        monkeypatch.setattr(
-            broker.acker.service, "partition_counts",
-            lambda _s, names: {n: counts.get(n.rsplit(".", 1)[-1], 4) for n in names},
-        )
 
 
 class ClusterProducer:

@@ -22,6 +22,7 @@ from tests.unit.test_acker_timeouts import (  # noqa: F401 - the fixture
     S1,
     T0,
     FakeConsumer,
+    FakeKafka,
     acks_msg,
     fake_kafka,
     make_acker,
@@ -37,7 +38,7 @@ SHORT_S = 0.02
 def _acker(commit_interval_ms: int = 100) -> tuple[Acker, FakeConsumer, list[float]]:
     config = AckerConfig(commit_interval_ms=commit_interval_ms, instance_id="unit", stats_interval_ms=10**12,
                          poll_timeout_ms=int(SHORT_S * 1000))
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=ManualClock(T0))
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=ManualClock(T0), kafka=FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None
     waits: list[float] = []

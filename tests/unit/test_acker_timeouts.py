@@ -10,6 +10,7 @@ Two levels:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import deque
 from dataclasses import dataclass
@@ -373,36 +374,72 @@ class FakeConsumer:
         pass
 
 
+@dataclass
+class FakeKafka:
+    """The acker's Kafka port over the scripted fakes: clients of ``producers`` and
+    ``consumers`` (classes or factories taking the librdkafka settings), P =
+    ``FakeConsumer.partitions``, every other topic (each ``<topic>.replay``) ``counts``' or
+    ``default_count`` partitions (None: it does not exist)."""
+
+    producers: Any = None  # default FakeProducer
+    consumers: Any = None  # default FakeConsumer
+    counts: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    default_count: int | None = 4
+    partitions: int | None = None  # check(): default FakeConsumer.partitions
+    persist_max_bytes: int | None = None
+    protocol: bool | None = True  # consumer_group_protocol()
+    protocol_asked: list[str] = dataclasses.field(default_factory=list)
+    timeouts_set: list[tuple[str, int | None, int | None]] = dataclasses.field(default_factory=list)
+
+    def producer(self, config: Any) -> Any:
+        return (self.producers or FakeProducer)(config)
+
+    def consumer(self, config: Any) -> Any:
+        return (self.consumers or FakeConsumer)(config)
+
+    def check(self, ns: Any, data_topics: Any = ()) -> int:
+        return FakeConsumer.partitions if self.partitions is None else self.partitions
+
+    def partition_counts(self, names: Any) -> dict[str, int | None]:
+        return {n: self.counts.get(n, self.default_count) for n in names}
+
+    def watermarks(self, topic: str, partitions: list[int], *, committed: bool = True) -> dict[int, tuple[int, int]]:
+        return {}  # none in a batch: the restorer is asked one by one, from the fake
+
+    def delete_retention_ms(self, topic: str) -> int | None:
+        return 3_600_000
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        return self.persist_max_bytes
+
+    def consumer_group_protocol(self, group: str) -> bool | None:
+        self.protocol_asked.append(group)
+        return self.protocol
+
+    def set_group_timeouts(self, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
+        self.timeouts_set.append((group, session_ms, heartbeat_ms))
+        return None
+
+
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every Kafka client of the acker is made in its service module.
-    monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
-    monkeypatch.setattr(broker.acker.service, "Consumer", FakeConsumer)
-    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
-    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
-    monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
-    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
-    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
-    monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
     # A restore finishes inside its first slice however loaded the machine (the wall clock
     # is the one thing these tests do not step): the steps a test counts stay the same.
     monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
     monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
-    # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
 
 NS = Namespace("unit")
 
 
 def make_acker(
-    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000
+    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000, *, kafka: FakeKafka | None = None
 ) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
         commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
         fail_hold_ms=fail_hold_ms, unlogged_ms=unlogged_ms,
     )
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=kafka or FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None
     producer = acker.live.producer
@@ -736,10 +773,9 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_only_fencing_stops_the_a
     producer with our transactional id (fencing) may stop it."""
     FailingOnceProducer.made = []
     FailingOnceProducer.error = KafkaError(code, "injected", fatal=True)
-    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, kafka=FakeKafka(producers=FailingOnceProducer))
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
     if stops:
         with pytest.raises(ReplayBrokerError, match="fenced"):
@@ -760,10 +796,9 @@ def test_an_aborted_commit_takes_its_counts_back_with_its_state(
     transaction counted must not be counted twice (seen with a replay the broker refused)."""
     FailingOnceProducer.made = []
     FailingOnceProducer.error = KafkaError(KafkaError._FAIL, "injected")
-    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, kafka=FakeKafka(producers=FailingOnceProducer))
     consumer.batches.append([persist_msg(persisted(S1, R1, T0)), FakeMessage(NS.acks, 0, 0, None, b"\x07")])
     run_steps(acker)  # the commit fails: aborted, state rewound
     c = acker.counters()
