@@ -71,7 +71,8 @@ from broker.errors import (
 )
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
 from broker.kafka_errors import Meaning, kafka_errors_in, means
-from broker.kafka_io import kafka_errors, partition_counts, retrying
+from broker.kafka_io import kafka_errors, retrying
+from broker.kafka_port import KafkaClients, KafkaPort
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace
@@ -155,10 +156,15 @@ class Bridge:
     transaction per batch (module docstring). ``run()`` until ``stop()`` or SIGTERM."""
 
     @kafka_errors("building a Bridge")
-    def __init__(self, settings: KafkaSettings, namespace: str | Namespace, config: BridgeConfig) -> None:
+    def __init__(
+        self, settings: KafkaSettings, namespace: str | Namespace, config: BridgeConfig, *, kafka: KafkaPort | None = None
+    ) -> None:
+        """``kafka``: the bridge's clients and look-ups, its source's too (default: the real
+        clients of ``settings``)."""
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         self.input = config.input_topic
         self.target = config.target_topic or default_target(self.input)
         self.group_id = config.group_id or f"{self.ns.name}.bridge.{self.input}"
@@ -172,12 +178,12 @@ class Bridge:
             settings, self.ns,
             SourceConfig(timeout_ms=config.timeout_ms, max_attempts=config.max_attempts,
                          partitioners={self.target: config.partitioner}, producer=producer),
-            transactional_id=self.transactional_id if config.exactly_once else None,
+            transactional_id=self.transactional_id if config.exactly_once else None, kafka=self.kafka,
         )
         required: dict[str, Any] = {"isolation.level": "read_committed", "auto.offset.reset": config.start}
         if config.instance_id:
             required["group.instance.id"] = self.transactional_id
-        self._consumer = Consumer(settings.consumer_config(
+        self._consumer = self.kafka.consumer(settings.consumer_config(
             self.group_id, required=required, user=config.consumer,
             defaults={"session.timeout.ms": config.session_timeout_ms, "fetch.wait.max.ms": 10},
         ))
@@ -203,7 +209,7 @@ class Bridge:
         _ = self.source.ledger_partitions  # TopologyError when the namespace is off
         if self.input == self.target:
             raise ConfigurationError(f"the bridge cannot write into the topic it reads ({self.input})")
-        counts = partition_counts(self.settings, [self.input, self.target])
+        counts = self.kafka.partition_counts([self.input, self.target])
         if counts[self.input] is None:
             raise ConfigurationError(f"input topic {self.input} does not exist")
         if counts[self.target] is None:

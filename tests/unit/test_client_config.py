@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-import broker.source
 from broker.acker import Acker, AckerConfig
 from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
@@ -36,13 +35,8 @@ class Clients(FakeKafka):
 
 
 @pytest.fixture
-def clients(monkeypatch: pytest.MonkeyPatch) -> Clients:
-    made = Clients()
-    for module in (broker.source,):
-        monkeypatch.setattr(module, "Producer", made.producer)
-        if hasattr(module, "Consumer"):
-            monkeypatch.setattr(module, "Consumer", made.consumer)
-    return made
+def clients() -> Clients:
+    return Clients()
 
 
 def settings(**extra: Any) -> KafkaSettings:
@@ -63,8 +57,8 @@ def test_extra_wins_over_the_settings_defaults() -> None:
 
 
 def test_source_producer_takes_the_users_linger(clients: Clients) -> None:
-    Source(settings(**{"linger.ms": 50}), "unit")
-    Source(settings(), "unit", SourceConfig(producer={"linger.ms": 70}))
+    Source(settings(**{"linger.ms": 50}), "unit", kafka=clients)
+    Source(settings(), "unit", SourceConfig(producer={"linger.ms": 70}), kafka=clients)
     # Two producers each: persist records alternate between them by epoch (broker.delivery).
     assert [c["linger.ms"] for c in clients.producers] == [50, 50, 70, 70]
 
@@ -138,9 +132,9 @@ def test_an_agreeing_required_setting_is_accepted() -> None:
 
 def test_source_refuses_a_contradicting_transactional_id(clients: Clients) -> None:
     with pytest.raises(ConfigurationError, match=r"transactional\.id"):
-        Source(settings(), "unit", SourceConfig(producer={"transactional.id": "other"}), transactional_id="mine")
+        Source(settings(), "unit", SourceConfig(producer={"transactional.id": "other"}), transactional_id="mine", kafka=clients)
     with pytest.raises(ConfigurationError, match="acks"):
-        Source(settings(), "unit", SourceConfig(producer={"acks": 1}))
+        Source(settings(), "unit", SourceConfig(producer={"acks": 1}), kafka=clients)
 
 
 @pytest.mark.parametrize(
