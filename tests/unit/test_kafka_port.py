@@ -3,7 +3,9 @@ were handed, the real clients by default; the in-memory fakes offer every call o
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from broker.task import Task
 from tests.unit.log_cluster import Cluster
 from tests.unit.test_acker_timeouts import FakeKafka
 
+ROOT = Path(__file__).resolve().parents[2]
 PORT_CALLS = sorted(n for n, _ in inspect.getmembers(KafkaPort, inspect.isfunction) if not n.startswith("_"))
 
 
@@ -70,3 +73,51 @@ def test_an_app_hands_its_port_to_every_service() -> None:
     app.acker()
     assert app.source().kafka is cluster
     assert all(app.service(role).kafka is cluster for role in app.roles)
+
+
+SERVICE_MODULES = sorted(
+    str(p.relative_to(ROOT)) for p in [
+        *(ROOT / "broker" / "acker").glob("*.py"),
+        *(ROOT / "broker" / name for name in (
+            "task.py", "task_acks.py", "outage.py", "markers.py", "source.py", "sending.py", "delivery.py",
+            "placement.py", "backpressure.py", "bridge.py", "app.py",
+        )),
+    ]
+)
+CLIENTS = {"Producer", "Consumer", "AdminClient"}
+LOOKUPS = {
+    "broker.kafka_io": {"partition_counts", "watermarks", "delete_retention_ms", "max_message_bytes",
+                        "consumer_group_protocol", "set_group_timeouts", "configs_of"},
+    "broker.topics": {"check"},
+}
+
+
+def kafka_reached_around_the_port(source: str) -> list[str]:
+    """The clients a module makes itself and the look-ups it imports, instead of asking its
+    port."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CLIENTS:
+            found.append(f"{node.func.id}() at line {node.lineno}")
+        elif isinstance(node, ast.ImportFrom) and node.module in LOOKUPS:
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name in LOOKUPS[node.module]]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id in ("kafka_io", "topics") and node.attr in LOOKUPS[f"broker.{node.value.id}"]):
+            found.append(f"{node.value.id}.{node.attr} at line {node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("module", SERVICE_MODULES)
+def test_the_services_reach_kafka_only_through_their_port(module: str) -> None:
+    """A call made around the port would escape every fake handed in (STYLE.md: a seam is a
+    constructor argument): the broker.app module builds the services, it checks through
+    ``topics.check`` only without a port."""
+    found = kafka_reached_around_the_port((ROOT / module).read_text())
+    assert found == ([] if module != "broker/app.py" else ["broker.topics.check"])
+
+
+def test_the_scan_sees_a_client_made_and_a_look_up_imported() -> None:
+    source = "from broker.kafka_io import partition_counts\nfrom broker import kafka_io\np = Producer({})\nkafka_io.watermarks(s)"
+    assert kafka_reached_around_the_port(source) == [
+        "broker.kafka_io.partition_counts", "Producer() at line 3", "kafka_io.watermarks at line 4",
+    ]
