@@ -17,13 +17,10 @@ from broker.headers import AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
 from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, read_persist_prefixes
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
-    FakeProducer,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     outcomes,

@@ -18,6 +18,7 @@ import numpy as np
 from broker import ids
 from broker.ledger.clock import ManualClock
 from broker.schemas import PersistedRecord, XorBatch
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_payloads import (
     PersistLog,
     persist,
@@ -28,10 +29,6 @@ from tests.unit.test_acker_payloads import make_acker as make_uncached_acker
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
-    FakeProducer,
     a_held_last_attempt,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture

@@ -20,16 +20,13 @@ from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     R2,
     S1,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
-    FakeProducer,
     fake_kafka,
     make_acker,
     outcomes,

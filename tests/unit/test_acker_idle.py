@@ -16,13 +16,12 @@ from broker.acker.service import LONG_POLL_MAX_S
 from broker.acker.state import PartitionState
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka
 from tests.unit.test_acker_timeouts import (  # noqa: F401 - the fixture
     NS,
     R1,
     S1,
     T0,
-    FakeConsumer,
-    FakeKafka,
     acks_msg,
     fake_kafka,
     make_acker,

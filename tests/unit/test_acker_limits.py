@@ -9,7 +9,8 @@ from broker.acker import Acker, AckerConfig
 from broker.acker.limits import HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
-from tests.unit.test_acker_timeouts import NS, T0, FakeKafka, fake_kafka  # noqa: F401 - the fixture
+from tests.unit.fakes import FakeKafka
+from tests.unit.test_acker_timeouts import NS, T0, fake_kafka  # noqa: F401 - the fixture
 
 
 def _started(monkeypatch: pytest.MonkeyPatch, persist_max: int | None, **extra: object) -> Acker:

@@ -18,14 +18,12 @@ from broker.acker.membership import (
     instance_in_use,
 )
 from broker.ledger.clock import ManualClock
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     S1,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,

@@ -32,13 +32,10 @@ from broker.ledger.clock import ManualClock
 from broker.ledger.table import WATCH
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
-    FakeProducer,
     outcomes,
     persist_msg,
     persisted,

@@ -27,6 +27,7 @@ from broker.schemas import (
     decode_placement,
     read_persist_prefixes,
 )
+from tests.unit.fakes import FakeKafka, FakeMessage, FakeProducer, Produced
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
@@ -35,10 +36,6 @@ from tests.unit.test_acker_timeouts import (
     S2,
     T0,
     FailingOnceProducer,
-    FakeKafka,
-    FakeMessage,
-    FakeProducer,
-    Produced,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,

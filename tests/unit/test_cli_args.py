@@ -184,7 +184,7 @@ def test_a_task_without_replay_topics_says_so_once_at_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from broker.task import Task, without_replay_topics
-    from tests.unit.test_acker_timeouts import FakeKafka
+    from tests.unit.fakes import FakeKafka
 
     assert without_replay_topics(["a", "a.replay", "b", "c.replay", "b"]) == ["b"]
     caplog.set_level(logging.WARNING, logger="broker.task")

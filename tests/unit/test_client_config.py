@@ -13,7 +13,7 @@ from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.task import Task, TaskConfig
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 
 
 class Clients(FakeKafka):

@@ -24,7 +24,7 @@ from broker.settings import KafkaSettings
 from broker.source import Source
 from broker.task import _no_handler
 from broker.topics import Namespace
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 
 SETTINGS = KafkaSettings("fake:9092")
 

@@ -16,8 +16,8 @@ from broker.kafka_port import KafkaClients, KafkaPort
 from broker.settings import KafkaSettings
 from broker.source import Source
 from broker.task import Task
+from tests.unit.fakes import FakeKafka
 from tests.unit.log_cluster import Cluster
-from tests.unit.test_acker_timeouts import FakeKafka
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT_CALLS = sorted(n for n, _ in inspect.getmembers(KafkaPort, inspect.isfunction) if not n.startswith("_"))

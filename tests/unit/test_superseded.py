@@ -18,12 +18,10 @@ from broker import ids
 from broker.ledger.clock import ManualClock
 from broker.ledger.table import LedgerTable
 from broker.schemas import PersistedRecord, XorBatch
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeKafka,
-    FakeMessage,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,

@@ -16,7 +16,7 @@ import broker.task
 from broker.errors import KafkaClientError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskContext, TaskRecord
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 
 
 class Producer:

@@ -12,7 +12,7 @@ import pytest
 from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 
 
 class Recorder:

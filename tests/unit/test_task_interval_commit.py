@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from broker.headers import tracking_headers
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 
 
 class Producer:

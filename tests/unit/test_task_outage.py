@@ -19,7 +19,7 @@ from broker.retry import RetryPolicy
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from broker.task_acks import Events, TaskAcks
-from tests.unit.test_acker_timeouts import FakeKafka
+from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_interval_commit import Message, Producer
 
 
