@@ -36,6 +36,7 @@ from broker.topics import REPLAY_SUFFIX, Namespace, replay_topic
 if TYPE_CHECKING:
     from broker.acker.config import AckerConfig
     from broker.acker.service import Acker
+    from broker.kafka_port import KafkaPort
     from broker.source import Source, SourceConfig
     from broker.task import Task, TaskConfig
 
@@ -82,8 +83,12 @@ class App:
         serde: Serde = BYTES,
         ledger_partitions: int = 4,
         env_file: str | None = ".env",
+        kafka: KafkaPort | None = None,
     ) -> None:
+        """``kafka``: the port every service of the app reaches Kafka through (default: each
+        its own real clients)."""
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
+        self.kafka = kafka
         if ledger_partitions < 1:
             raise ConfigurationError(f"ledger_partitions must be at least 1, not {ledger_partitions}")
         self.serde = serde
@@ -168,6 +173,8 @@ class App:
 
         create(self.settings, self.ns, self.ledger_partitions,
                {t: t.partitions for t in self.topics.values() if t.partitions is not None})
+        if self.kafka is not None:
+            return self.kafka.check(self.ns, list(self.topics))
         return check(self.settings, self.ns, list(self.topics))
 
     def source(self, config: SourceConfig | None = None, *, transactional_id: str | None = None,
@@ -177,7 +184,7 @@ class App:
         from broker.source import Source, SourceConfig
 
         return Source(self.settings, self.ns, self._config(config or SourceConfig(serde=self.serde), options),
-                      transactional_id=transactional_id)
+                      transactional_id=transactional_id, kafka=self.kafka)
 
     def _config(self, base: Any, options: dict[str, Any]) -> Any:
         """``base`` with ``options``, and the topics' serdes under its own."""
@@ -196,7 +203,7 @@ class App:
             from broker.acker import Acker, AckerConfig
 
             acker_config, options = self._acker
-            return Acker(self.settings, self.ns, replace(acker_config or AckerConfig(), **options))
+            return Acker(self.settings, self.ns, replace(acker_config or AckerConfig(), **options), kafka=self.kafka)
         if role.startswith(TASK) and role[len(TASK):] in self._tasks:
             from broker.task import Task, TaskConfig
 
@@ -204,7 +211,7 @@ class App:
             topics, handler, task_config, options = self._tasks[name]
             config = self._config(task_config or TaskConfig(serde=self.serde), options)
             inputs = list(dict.fromkeys(name for t in topics for name in (t, t.replay)))
-            return Task(self.settings, self.ns, inputs, f"{self.ns.name}.{name}", handler, config)
+            return Task(self.settings, self.ns, inputs, f"{self.ns.name}.{name}", handler, config, kafka=self.kafka)
         raise ConfigurationError(f"no role {role!r} in this app; its roles: {', '.join(self.roles) or 'none'}")
 
     # ------------------------------------------------------------------ running

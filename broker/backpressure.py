@@ -28,12 +28,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from broker import ids
 from broker.errors import BackpressureTimeout, DecodeError
 from broker.headers import outcome_of
 from broker.kafka_io import retrying
+from broker.kafka_port import KafkaPort
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
@@ -101,9 +102,9 @@ class PersistFeed:
     """Feeds a ``PendingWindow`` from ``ns.persist``, starting at the end offsets it finds
     when built (read_committed: an aborted transaction's records are never seen)."""
 
-    def __init__(self, settings: KafkaSettings, ns: Namespace, partitions: int, window: PendingWindow) -> None:
+    def __init__(self, kafka: KafkaPort, settings: KafkaSettings, ns: Namespace, partitions: int, window: PendingWindow) -> None:
         self.window = window
-        self._consumer = Consumer(settings.consumer_config(
+        self._consumer = kafka.consumer(settings.consumer_config(
             None, defaults={"group.id": f"{ns.name}.source-backpressure"},
             required={"isolation.level": "read_committed"},
         ))
@@ -169,12 +170,14 @@ class Backpressure:
         timeout_ms: int,
         partitions: Callable[[], int],
         serve: Callable[[], None],
+        *,
+        kafka: KafkaPort,
     ) -> None:
         """``limit`` None: no limit, ``await_slot`` is not called. ``partitions``: P of the
         namespace, asked at the first send; ``serve``: serves
         the source's delivery reports (raising those that failed) while a send waits."""
         self.settings, self.ns, self.limit, self.timeout_s = settings, ns, limit, timeout_ms / 1000
-        self._partitions, self._serve = partitions, serve
+        self._partitions, self._serve, self._kafka = partitions, serve, kafka
         self.window: PendingWindow | None = None
         self.feed: PersistFeed | None = None
         self.blocked = 0
@@ -198,7 +201,7 @@ class Backpressure:
         if self.window is None:
             assert self.limit is not None
             self.window = PendingWindow(self.limit)
-            self.feed = PersistFeed(self.settings, self.ns, self._partitions(), self.window)
+            self.feed = PersistFeed(self._kafka, self.settings, self.ns, self._partitions(), self.window)
         window, feed, limit = self.window, self.feed, self.window.limit
         assert feed is not None
         feed.poll(0)

@@ -27,7 +27,7 @@ read again. Offsets sent by a member that lost its partitions without noticing a
 the group coordinator (its generation is old): that transaction fails and is aborted too.
 
 A record the broker refuses for what it is (too large for the target topic's
-``max.message.bytes``, invalid, against a policy - ``broker.acker.refusals.RECORD_LEVEL``) is
+``max.message.bytes``, invalid, against a policy - ``broker.kafka_errors.Meaning.REFUSED_RECORD``) is
 often refused only at the commit, after its persist record was accepted: the whole
 transaction fails, and read again it would fail again, forever, holding up every partition of
 this bridge. So a batch whose commit failed with such a refusal is *suspect*: its records are
@@ -48,7 +48,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
@@ -61,7 +61,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from broker.acker.refusals import RECORD_LEVEL
 from broker.background import running
 from broker.errors import (
     BridgeFenced,
@@ -71,7 +70,9 @@ from broker.errors import (
     ReplayBrokerError,
 )
 from broker.headers import H_INPUT, H_INPUT_TS, H_REASON, H_SOURCE, QUARANTINE_PREFIX
-from broker.kafka_io import kafka_error, kafka_errors, partition_counts, retrying
+from broker.kafka_errors import Meaning, kafka_errors_in, means
+from broker.kafka_io import kafka_errors, retrying
+from broker.kafka_port import KafkaClients, KafkaPort
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
 from broker.topics import Namespace
@@ -79,10 +80,6 @@ from broker.topics import Namespace
 log = logging.getLogger(__name__)
 
 TARGET_SUFFIX = ".guaranteed"
-
-_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                     KafkaError.FENCED_INSTANCE_ID})
-
 
 def default_target(input_topic: str) -> str:
     """The target topic when none is given: ``<input>.guaranteed``."""
@@ -159,10 +156,15 @@ class Bridge:
     transaction per batch (module docstring). ``run()`` until ``stop()`` or SIGTERM."""
 
     @kafka_errors("building a Bridge")
-    def __init__(self, settings: KafkaSettings, namespace: str | Namespace, config: BridgeConfig) -> None:
+    def __init__(
+        self, settings: KafkaSettings, namespace: str | Namespace, config: BridgeConfig, *, kafka: KafkaPort | None = None
+    ) -> None:
+        """``kafka``: the bridge's clients and look-ups, its source's too (default: the real
+        clients of ``settings``)."""
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         self.input = config.input_topic
         self.target = config.target_topic or default_target(self.input)
         self.group_id = config.group_id or f"{self.ns.name}.bridge.{self.input}"
@@ -176,12 +178,12 @@ class Bridge:
             settings, self.ns,
             SourceConfig(timeout_ms=config.timeout_ms, max_attempts=config.max_attempts,
                          partitioners={self.target: config.partitioner}, producer=producer),
-            transactional_id=self.transactional_id if config.exactly_once else None,
+            transactional_id=self.transactional_id if config.exactly_once else None, kafka=self.kafka,
         )
         required: dict[str, Any] = {"isolation.level": "read_committed", "auto.offset.reset": config.start}
         if config.instance_id:
             required["group.instance.id"] = self.transactional_id
-        self._consumer = Consumer(settings.consumer_config(
+        self._consumer = self.kafka.consumer(settings.consumer_config(
             self.group_id, required=required, user=config.consumer,
             defaults={"session.timeout.ms": config.session_timeout_ms, "fetch.wait.max.ms": 10},
         ))
@@ -207,7 +209,7 @@ class Bridge:
         _ = self.source.ledger_partitions  # TopologyError when the namespace is off
         if self.input == self.target:
             raise ConfigurationError(f"the bridge cannot write into the topic it reads ({self.input})")
-        counts = partition_counts(self.settings, [self.input, self.target])
+        counts = self.kafka.partition_counts([self.input, self.target])
         if counts[self.input] is None:
             raise ConfigurationError(f"input topic {self.input} does not exist")
         if counts[self.target] is None:
@@ -307,11 +309,11 @@ class Bridge:
         return n
 
     def _suspect_refusal(self, exc: BaseException) -> None:
-        """A commit that failed for what a record is (RECORD_LEVEL): with one record in the
+        """A commit that failed for what a record is (REFUSED_RECORD): with one record in the
         transaction, that record is refused; with more, the batch is read again record by
         record (module doc)."""
         err = _kafka_error(exc)
-        if err is None or err.code() not in RECORD_LEVEL:
+        if err is None or not means(err, Meaning.REFUSED_RECORD):
             return
         if self._sent == 1 and len(self._read) == 1:
             (topic, partition), (_, end) = next(iter(self._read.items()))
@@ -467,24 +469,13 @@ class Bridge:
         log.info("bridge %s gave up %s", self.instance_id, sorted(tp.partition for tp in partitions))
 
 
-def _kafka_errors(exc: BaseException) -> Iterator[KafkaError]:
-    """The KafkaErrors in the chain of ``exc``, outermost first (``Source`` wraps a failed
-    commit in ``DeliveryError``)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        err = kafka_error(seen)
-        if err is not None:
-            yield err
-        seen = seen.__cause__
-
-
 def _kafka_error(exc: BaseException) -> KafkaError | None:
     """The first KafkaError in the chain of ``exc``."""
-    return next(_kafka_errors(exc), None)
+    return next(kafka_errors_in(exc), None)
 
 
 def _fenced(exc: BaseException) -> bool:
     """A newer instance holds our transactional id or group instance id (anywhere in the
     chain)."""
-    return any(err.code() in _FENCED for err in _kafka_errors(exc))
+    return any(means(err, Meaning.PRODUCER_FENCED | Meaning.INSTANCE_FENCED) for err in kafka_errors_in(exc))
 

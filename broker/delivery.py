@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker import kafka_io
 from broker.headers import Tracking
+from broker.kafka_errors import Meaning, means
 from broker.schemas import PersistedRecord, XorBatch
 
 
@@ -213,15 +214,6 @@ class Failed(NamedTuple):
     srid: int | None = None
 
 
-# The broker refuses a whole produce batch for one record too large: alone, the others pass.
-_BATCH_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
-# No retry helps within seconds (and each waits out topic.metadata.propagation.max.ms).
-_PERMANENT = frozenset({
-    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_RECORD,
-})
-
-
 class Outputs:
     """A Task's producer and the outputs of it that failed to deliver (``failed``)."""
 
@@ -265,13 +257,13 @@ class Outputs:
         for attempt in range(self.retries):
             again: list[Failed] = []
             for f in failed:
-                (lost if f.error.code() in _PERMANENT else again).append(f)
+                (lost if means(f.error, Meaning.UNDELIVERABLE) else again).append(f)
             failed = []
             if not again:
                 break
             time.sleep(self.backoff_s * 2**attempt)
             for f in again:
-                if f.error.code() not in _BATCH_REFUSED:
+                if not means(f.error, Meaning.TOO_LARGE):
                     continue
                 # Alone in its produce request: refused again only if it is itself too large.
                 if (refused := self._resend(f)) is not None:
@@ -279,9 +271,9 @@ class Outputs:
                     continue
                 self.producer.flush()
                 for f2 in self.take_failed():
-                    (lost if f2.error.code() in _BATCH_REFUSED else failed).append(f2)
+                    (lost if means(f2.error, Meaning.TOO_LARGE) else failed).append(f2)
             for f in again:
-                if f.error.code() not in _BATCH_REFUSED and (refused := self._resend(f)) is not None:
+                if not means(f.error, Meaning.TOO_LARGE) and (refused := self._resend(f)) is not None:
                     lost.append(refused)
             self.producer.flush()
             failed += self.take_failed()

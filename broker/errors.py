@@ -36,7 +36,7 @@ class KafkaClientError(ReplayBrokerError):
     a look-up that timed out). ``error`` is librdkafka's ``KafkaError`` (``code()``,
     ``str()``, ``fatal()``), the ``KafkaException`` is the ``__cause__``. ``retriable``: the
     KafkaError says the same call may succeed when tried again (``retriable()``, or a code
-    of a leader or coordinator that moves, ``broker.kafka_io.TRANSIENT``), never for a fatal
+    of a leader or coordinator that moves, ``broker.kafka_errors.Meaning.TRANSIENT``), never for a fatal
     error."""
 
     def __init__(self, message: str, *, error: Any = None, retriable: bool = False) -> None:

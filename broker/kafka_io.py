@@ -11,7 +11,8 @@ Look-ups with a round trip (watermarks, committed offsets, metadata) fail transi
 a partition's leader moves or a coordinator loads: ``NOT_LEADER_FOR_PARTITION`` from
 ``get_watermark_offsets`` under load killed an acker in CI. ``retrying`` tries them again
 with growing pauses for a bounded time, then raises. librdkafka's ``retriable()`` is False
-for these errors (it only flags errors of its own retry machinery), so the codes are listed.
+for these errors (it only flags errors of its own retry machinery): ``broker.kafka_errors``
+lists them (``Meaning.TRANSIENT``).
 """
 
 from __future__ import annotations
@@ -42,39 +43,13 @@ from confluent_kafka.admin import (
 )
 
 from broker.errors import DeliveryError, KafkaClientError, TopologyError
+from broker.kafka_errors import Meaning, kafka_error, means
 from broker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-TRANSIENT = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError.UNKNOWN_LEADER_EPOCH,
-    KafkaError.REPLICA_NOT_AVAILABLE,
-    KafkaError.BROKER_NOT_AVAILABLE,
-    KafkaError.OFFSET_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,  # metadata not yet propagated after a leader change
-    KafkaError.KAFKA_STORAGE_ERROR,
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.NETWORK_EXCEPTION,
-    KafkaError.THROTTLING_QUOTA_EXCEEDED,
-    KafkaError._TIMED_OUT,
-    KafkaError._TIMED_OUT_QUEUE,
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._WAIT_COORD,
-    KafkaError._UNKNOWN_PARTITION,
-    # A request on a broker the client dropped (a node that crashed left the metadata): the
-    # next try goes to the partition's new leader. Killed an acker in the 3-node chaos test.
-    KafkaError._DESTROY_BROKER,
-})
-"""Error codes of a look-up that may succeed when tried again unchanged."""
 RETRY_FOR_S = 30.0
 """How long ``retrying`` keeps trying; in an assignment callback this stays well inside
 ``max.poll.interval.ms``."""
@@ -124,19 +99,11 @@ def produce(producer: Producer, topic: str, *, max_block_s: float = MAX_BLOCK_S,
             pause = min(pause * 2, _MAX_PAUSE_S)
 
 
-def kafka_error(exc: BaseException) -> KafkaError | None:
-    """The KafkaError a KafkaException (or the KafkaClientError wrapping it) carries, or None."""
-    if isinstance(exc, KafkaClientError):
-        return exc.error if isinstance(exc.error, KafkaError) else None
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return err if isinstance(err, KafkaError) else None
-
-
 def is_transient(exc: KafkaException) -> bool:
     err = kafka_error(exc)
     if err is None or err.fatal():
         return False
-    return bool(err.retriable() or err.code() in TRANSIENT)
+    return bool(err.retriable() or means(err, Meaning.TRANSIENT))
 
 
 def client_error(exc: KafkaException, what: str) -> KafkaClientError:
@@ -332,13 +299,6 @@ def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float
         time.sleep(0.1)
 
 
-# What a broker without group configs answers DescribeConfigs of a GROUP resource with
-# (Kafka 3.9: INVALID_REQUEST, "Unknown resource type 32").
-_NO_GROUP_CONFIGS = frozenset({
-    KafkaError.INVALID_REQUEST, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE,
-})
-
-
 def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
     """Whether the cluster runs Kafka 4.0's consumer group protocol (KIP-848 GA). Told by a
     read of ``group``'s configs: the GROUP config resource came with it (a 3.x broker refuses
@@ -350,8 +310,7 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
         configs_of(settings, [resource], f"reading the configs of group {group}")
         return True
     except KafkaException as exc:
-        err = kafka_error(exc)
-        if err is not None and err.code() in _NO_GROUP_CONFIGS:
+        if means(exc, Meaning.NO_GROUP_CONFIGS):
             return False
         log.warning("cannot tell whether the cluster has the consumer group protocol (%s)", exc)
         return None
@@ -404,3 +363,4 @@ def set_group_timeouts(settings: KafkaSettings, group: str, session_ms: int | No
     except KafkaException as exc:
         err = kafka_error(exc)
         return str(err.str()) if err is not None else str(exc.args[0] if exc.args else exc)
+

@@ -22,7 +22,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from broker import ids
-from broker.kafka_io import partition_counts
+from broker.kafka_port import KafkaClients, KafkaPort
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
@@ -36,18 +36,21 @@ class SupersededMarkers:
     """The replay srids marked superseded in ``ns.superseded``, as far as read."""
 
     def __init__(
-        self, settings: KafkaSettings, ns: Namespace, max_markers: int = MAX_MARKERS, *, group_id: str | None = None
+        self, settings: KafkaSettings, ns: Namespace, max_markers: int = MAX_MARKERS, *, group_id: str | None = None,
+        kafka: KafkaPort | None = None,
     ) -> None:
+        """``kafka``: the reader's port to Kafka (default: the real clients of ``settings``)."""
+        kafka = kafka or KafkaClients(settings)
         self.ns = ns
         self.max_markers = max_markers
         self.srids: dict[int, None] = {}  # insertion-ordered: the oldest are evicted first
         self.read = 0
-        n = partition_counts(settings, [ns.superseded])[ns.superseded]
+        n = kafka.partition_counts([ns.superseded])[ns.superseded]
         self._consumer: Consumer | None = None
         if n is None:
             log.warning("%s does not exist: superseded replays are processed, not skipped", ns.superseded)
             return
-        self._consumer = Consumer(settings.consumer_config(
+        self._consumer = kafka.consumer(settings.consumer_config(
             # Never joins or commits (the partitions are assigned), but the client still looks
             # up the group's coordinator: a task passes its own group, which its ACLs allow.
             group_id or f"{ns.name}.superseded.reader",

@@ -7,14 +7,12 @@ key-hash partition, partitioner - encoded once per partition.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.errors import ConfigurationError
-from broker.kafka_io import partition_counts
 from broker.partitioning import get_partitioner
 from broker.schemas import avro_placement
-from broker.settings import KafkaSettings
 from broker.topics import Namespace, replay_topic
 
 MAX_KEYS = 65_536
@@ -28,10 +26,12 @@ class Placements:
     """A source's data topics as far as used: their partition counts, their keys' partitions
     and their encoded placements, each looked up once."""
 
-    __slots__ = ("_encoded", "_keys", "_ledger", "ns", "partitioners", "partitions", "settings")
+    __slots__ = ("_encoded", "_keys", "_ledger", "_partition_counts", "ns", "partitioners", "partitions")
 
-    def __init__(self, settings: KafkaSettings, ns: Namespace, partitioners: Mapping[str, str]) -> None:
-        self.settings = settings
+    def __init__(
+        self, ns: Namespace, partitioners: Mapping[str, str], partition_counts: Callable[[list[str]], Mapping[str, int | None]]
+    ) -> None:
+        self._partition_counts = partition_counts  # a KafkaPort's
         self.ns = ns
         self.partitioners = partitioners  # data topic -> partitioner name; unlisted: "kafka"
         self.partitions: dict[str, int] = {}
@@ -47,7 +47,7 @@ class Placements:
         n = self.partitions.get(topic)
         if n is None:
             replay = replay_topic(topic)
-            counts = partition_counts(self.settings, [topic, replay])
+            counts = self._partition_counts([topic, replay])
             n = counts[topic]
             if n is None:
                 raise ConfigurationError(f"data topic {topic} does not exist")

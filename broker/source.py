@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from broker import kafka_io
 from broker.backpressure import Backpressure
@@ -23,6 +23,7 @@ from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.kafka_io import client_error, kafka_errors
+from broker.kafka_port import KafkaClients, KafkaPort
 from broker.placement import Placements
 from broker.retry import DEFAULT_RETRY, RetryPolicy
 from broker.schemas import (
@@ -45,7 +46,7 @@ from broker.sending import (
 )
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check, replay_topic
+from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,14 @@ class Source:
         config: SourceConfig | None = None,
         *,
         transactional_id: str | None = None,
+        kafka: KafkaPort | None = None,
     ) -> None:
+        """``kafka``: the source's clients and look-ups (default: the real clients of
+        ``settings``)."""
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.config = config or SourceConfig()
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         self._ledger_partitions = 0  # checked against the cluster on first use
         self._transactional = transactional_id is not None
         # Delivery reports of failures only: a data record waits for its persist record, but
@@ -138,17 +143,17 @@ class Source:
         self._producer_config = settings.producer_config(
             required=required, user=self.config.producer, defaults={"linger.ms": 10}
         )
-        self._producer = Producer(self._producer_config)
+        self._producer = self.kafka.producer(self._producer_config)
         self._in_transaction = False
         self._in_transaction_sent = 0
         self._transactions_ready = False
-        self._placements = Placements(settings, self.ns, self.config.partitioners)
+        self._placements = Placements(self.ns, self.config.partitioners, self.kafka.partition_counts)
         # Without a transaction, persist records go out in epochs alternating between this
         # producer and a second one (broker.delivery.PendingData); data records, plain records
         # and transactions use this one.
         linger_ms = self._producer_config.get("linger.ms", self._producer_config.get("queue.buffering.max.ms", 10))
         self._pending = PendingData(
-            self._producer, None if self._transactional else Producer(self._producer_config),
+            self._producer, None if self._transactional else self.kafka.producer(self._producer_config),
             epoch_s=max(float(linger_ms), 1.0) / 1000,
         )
         self.sent = 0
@@ -160,7 +165,7 @@ class Source:
             raise ConfigurationError(f"max_pending must be at least 1 or None (got {self.config.max_pending})")
         self._backpressure = Backpressure(
             settings, self.ns, self.config.max_pending, self.config.max_pending_timeout_ms,
-            lambda: self.ledger_partitions, self._serve_waiting,
+            lambda: self.ledger_partitions, self._serve_waiting, kafka=self.kafka,
         )
         self._transaction_srids: list[int] = []  # sent in the open transaction (with max_pending)
 
@@ -169,7 +174,7 @@ class Source:
         """P of the namespace, checked once, on first use: building a Source needs no cluster
         (``topics.check``: its errors are ``ReplayBrokerError``s)."""
         if not self._ledger_partitions:
-            self._ledger_partitions = check(self.settings, self.ns)
+            self._ledger_partitions = self.kafka.check(self.ns)
         return self._ledger_partitions
 
     @property
@@ -510,7 +515,7 @@ class Source:
         # fatally (INVALID_TXN_STATE seen on Kafka 4): a fresh producer with the same
         # transactional.id starts clean; its init_transactions (at the next transaction())
         # fences this one and aborts whatever it left open. Aborts are rare.
-        self._producer = Producer(self._producer_config)
+        self._producer = self.kafka.producer(self._producer_config)
         self._pending.use(self._producer)
         self._transactions_ready = False
         return failures

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from broker import ids
 from broker.background import running
@@ -39,15 +39,15 @@ from broker.headers import (
     user_headers,
 )
 from broker.ids import encode_id
+from broker.kafka_errors import Meaning, kafka_error, means
 from broker.kafka_io import (
     CONSUMER_PROTOCOL,
     GROUP_SIDE,
-    consumer_group_protocol,
     consumer_protocol_refused,
     kafka_errors,
     retrying,
-    set_group_timeouts,
 )
+from broker.kafka_port import KafkaClients, KafkaPort, setup_consumer_group
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
 from broker.outage import Outage
@@ -55,26 +55,13 @@ from broker.retry import RetryPolicy, checked_retry_after_ms
 from broker.serde import BYTES, Serde
 from broker.settings import KafkaSettings
 from broker.task_acks import Events, TaskAcks
-from broker.topics import REPLAY_SUFFIX, Namespace, check, replay_topic
+from broker.topics import REPLAY_SUFFIX, Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
 # A NamedTuple's ``_make`` without its Python frame: a task builds a TaskRecord per input.
 _new_tuple = tuple.__new__
 
-# Commit errors that mean this member no longer owns what it read: not the task's fault.
-_LOST_MEMBERSHIP = frozenset(
-    {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
-     KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST,
-     KafkaError._STATE}
-)
-# Commit errors of a coordinator that is loading, moving or unreachable (seen right after a
-# broker restart: COORDINATOR_LOAD_IN_PROGRESS): the offsets are committed with the next batch.
-_TRANSIENT_COMMIT = frozenset(
-    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-     KafkaError.NOT_COORDINATOR, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
-     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD}
-)
 # How long a revocation waits for a coordinator that cannot take the commit of the partitions
 # that go: well inside max.poll.interval.ms (the rebalance waits for the callback meanwhile).
 _REVOKE_COMMIT_S = 10.0
@@ -417,10 +404,12 @@ class Task:
         config: TaskConfig | None = None,
         *,
         batch_handler: BatchHandler | None = None,
+        kafka: KafkaPort | None = None,
     ) -> None:
         """What Kafka refuses - here a client setting, later in ``run``, ``handle_batch`` or
         ``finish`` a commit or a look-up - is raised as ``KafkaClientError``, its
-        ``KafkaException`` the cause."""
+        ``KafkaException`` the cause. ``kafka``: the task's clients and look-ups (default:
+        the real clients of ``settings``)."""
         if (handler is None) == (batch_handler is None):
             raise ConfigurationError("a Task takes a handler or a batch_handler (one of them)")
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
@@ -428,6 +417,7 @@ class Task:
         self.topics = list(topics)
         self.group_id = group_id
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         self._ledger_partitions = 0  # checked against the cluster by run() or the first batch
         self.handler: Handler = handler or _no_handler
         self.batch_handler = batch_handler
@@ -440,14 +430,14 @@ class Task:
         self.metrics = TaskMetrics(lambda: self.counters, self._outage.seconds)
         self.metrics_server: MetricsServer | None = None
         # Only failed deliveries matter (they are sent again): no callback per success.
-        self._producer = Producer(
+        self._producer = self.kafka.producer(
             settings.producer_config(
                 required={"delivery.report.only.error": True}, user=self.config.producer, defaults={"linger.ms": 10}
             )
         )
         self._outputs = Outputs(self._producer, self.config.delivery_retries, self.config.retry_backoff_ms / 1000)
         self._group_protocol = self.config.group_protocol  # "classic" after a fallback
-        self._consumer = Consumer(self._consumer_config())
+        self._consumer = self.kafka.consumer(self._consumer_config())
         self._outputs_pending = False
         # Input offsets handled but not committed yet, and when the next commit is due
         self._uncommitted: Offsets = {}
@@ -501,18 +491,16 @@ class Task:
         ``TaskConfig.consumer`` on the group."""
         if self._group_protocol != "consumer":
             return
-        if consumer_group_protocol(self.settings, self.group_id) is False:
-            self._fall_back("the cluster has no consumer group protocol (Kafka < 4.0)")
-            return
         user = {**self.settings.extra, **self.config.consumer}
         session, heartbeat = user.get("session.timeout.ms"), user.get("heartbeat.interval.ms")
-        if session is not None or heartbeat is not None:
-            why = set_group_timeouts(
-                self.settings, self.group_id,
-                None if session is None else int(session), None if heartbeat is None else int(heartbeat),
-            )
-            if why is not None:
-                log.warning("group %s keeps the broker's session timeout and heartbeat interval: %s", self.group_id, why)
+        setup = setup_consumer_group(
+            self.kafka, self.group_id, None if session is None else int(session), None if heartbeat is None else int(heartbeat)
+        )
+        if setup.fall_back is not None:
+            self._fall_back(setup.fall_back)
+        elif setup.timeouts_refused is not None:
+            log.warning("group %s keeps the broker's session timeout and heartbeat interval: %s",
+                        self.group_id, setup.timeouts_refused)
 
     def _fall_back(self, why: str) -> None:
         """Replace the consumer by one of the classic protocol (not subscribed yet)."""
@@ -522,7 +510,7 @@ class Task:
             why, self.name, self.group_id,
         )
         self._group_protocol = "classic"
-        old, self._consumer = self._consumer, Consumer(self._consumer_config())
+        old, self._consumer = self._consumer, self.kafka.consumer(self._consumer_config())
         with contextlib.suppress(KafkaException, RuntimeError):
             old.close()
         self._owned = frozenset()
@@ -535,7 +523,7 @@ class Task:
     @property
     def ledger_partitions(self) -> int:
         if not self._ledger_partitions:
-            self._ledger_partitions = check(self.settings, self.ns)
+            self._ledger_partitions = self.kafka.check(self.ns)
         return self._ledger_partitions
 
     def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
@@ -552,7 +540,7 @@ class Task:
         warn, in one line, about data topics read without their replay topics: their replays
         wait for another task, or for none - then every record that fails or times out ends in
         the DLQ after its last attempt."""
-        self._ledger_partitions = check(self.settings, self.ns, self._pairs)
+        self._ledger_partitions = self.kafka.check(self.ns, self._pairs)
         alone = without_replay_topics(self.topics)
         if alone:
             log.warning(
@@ -615,7 +603,7 @@ class Task:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
         if self.config.skip_superseded and self._markers is None:
-            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id)
+            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id, kafka=self.kafka)
         self._join_group()
         self._subscribe()
         idle_since = time.monotonic()
@@ -728,8 +716,8 @@ class Task:
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if err is not None and (err.code() in _TRANSIENT_COMMIT or (err.retriable() and not err.fatal())):
+            err = kafka_error(exc)
+            if err is not None and (means(err, Meaning.COORDINATOR_AWAY) or (err.retriable() and not err.fatal())):
                 # Not committed yet, and still ours: the offsets go with the next commit (newer
                 # offsets of a partition read since win). A crash before that redoes the
                 # batches, whose events arrive twice - that only delays their completion.
@@ -738,7 +726,7 @@ class Task:
                 self.counters.commits_deferred += 1
                 log.warning("offsets not committed yet (%s): committed with the next batch", err)
                 return
-            if err is None or err.code() not in _LOST_MEMBERSHIP:
+            if not means(err, Meaning.LOST_MEMBERSHIP):
                 raise
             # The group moved on while this batch ran (seen in a chaos run: the task died of
             # UNKNOWN_MEMBER_ID). The new owner resumes from the last committed offsets and

@@ -51,6 +51,7 @@ from confluent_kafka import (
 
 from broker import kafka_io
 from broker.acker.state import PartitionState, empty_state
+from broker.kafka_errors import Meaning, means
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.ledger.outages import ClockStops
@@ -72,10 +73,6 @@ def reuse_limit_ms(retention_ms: int | None) -> int | None:
         return None
     return retention_ms - max(MIN_REUSE_MARGIN_MS, retention_ms // 10)
 
-
-# Errors of a watermark query that mean this client's metadata is out of date.
-_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_LEADER_FOR_PARTITION,
-                             KafkaError.LEADER_NOT_AVAILABLE})
 
 class Reader(Protocol):
     """A job the restorer reads for (a ``RestoreJob``, or broker.acker.unlogged's)."""
@@ -157,8 +154,7 @@ class Changelog:
             try:
                 return self._restorer.get_watermark_offsets(tp, timeout=30)
             except KafkaException as exc:
-                err = kafka_io.kafka_error(exc)
-                if err is not None and err.code() in _STALE_METADATA:
+                if means(exc, Meaning.STALE_METADATA):
                     # The partition is missing from this client's metadata (seen for 30 s on end
                     # after a node of a cluster crashed), or its leader moved (seen for 40 s
                     # after 1 000 partitions were created on a busy node): ask for the topic's

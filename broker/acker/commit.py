@@ -48,6 +48,7 @@ from broker.acker.live import LiveClients
 from broker.acker.refusals import Refusals
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
+from broker.kafka_errors import Meaning, means
 from broker.ledger.clock import Ticker
 from broker.ledger.entries import DEFERRED, FAILED, Entries
 from broker.replay import Outgoing
@@ -322,31 +323,15 @@ class Transactions:
         self.stuck = False
 
 
-_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-
-
 def is_fenced(exc: KafkaException) -> bool:
     """A newer producer with our transactional id exists: we must stop writing."""
-    err = exc.args[0] if exc.args else None
-    return bool(err is not None and hasattr(err, "code") and err.code() in _FENCED)
-
-
-_CUT_OFF = frozenset({
-    KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE, KafkaError._MSG_TIMED_OUT,
-    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
-})
+    return means(exc, Meaning.PRODUCER_FENCED)
 
 
 def is_cut_off(exc: KafkaException) -> bool:
     """The transaction's requests did not get through in time: its coordinators or the
     cluster were out of reach (broker.acker.recovery replaces the producer)."""
-    err = exc.args[0] if exc.args else None
-    return bool(err is not None and hasattr(err, "code") and err.code() in _CUT_OFF)
-
-
-def is_fatal(exc: KafkaException) -> bool:
-    err = exc.args[0] if exc.args else None
-    return bool(err is not None and hasattr(err, "fatal") and err.fatal())
+    return means(exc, Meaning.CUT_OFF)
 
 
 def positions_of(positions: dict[tuple[str, int], int]) -> Sequence[TopicPartition]:

@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from broker.acker.config import AckerConfig
+from broker.kafka_errors import Meaning, codes, means
 from broker.kafka_io import consumer_protocol_refused, protocol_refused_text
 from broker.kafka_log import LIBRDKAFKA, RepeatFilter, RepeatLimiter, error_cb
 
@@ -29,7 +30,7 @@ __all__ = [
 
 log = logging.getLogger("broker.acker")
 
-INSTANCE_IN_USE = (KafkaError.UNRELEASED_INSTANCE_ID, KafkaError.FENCED_INSTANCE_ID)
+INSTANCE_IN_USE = tuple(sorted(codes(Meaning.INSTANCE_IN_USE)))
 # A fatal error reaches poll() as _FATAL; what caused it is only in its text, the
 # description of the broker's error ("Fatal consumer error: Broker: The instance ID is
 # still used by another member in the consumer group").
@@ -51,7 +52,7 @@ def classic(config: AckerConfig, group: str, why: str) -> AckerConfig:
 
 def instance_in_use(err: KafkaError) -> bool:
     """Whether the group refused this member because its instance id is still another's."""
-    return err.code() in INSTANCE_IN_USE or _in_use_text(err.str())
+    return means(err, Meaning.INSTANCE_IN_USE) or _in_use_text(err.str())
 
 
 def _in_use_text(text: str) -> bool:

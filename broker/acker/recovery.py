@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.acker.assignment import Assignment
 from broker.acker.changelog import Changelog
-from broker.acker.commit import Transactions, is_cut_off, is_fatal, is_fenced
+from broker.acker.commit import Transactions, is_cut_off, is_fenced
 from broker.acker.decisions import Decider
 from broker.acker.live import LiveClients
 from broker.acker.membership import Rejoins, consumer_protocol_refused
@@ -24,6 +24,7 @@ from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
+from broker.kafka_errors import is_fatal, kafka_error
 from broker.ranges import counted
 from broker.topics import Namespace
 
@@ -101,7 +102,7 @@ class Recovery:
         self.assignment.subscribe()
 
     def on_commit_error(self, exc: KafkaException, touched: set[int]) -> None:
-        err = exc.args[0] if exc.args else None
+        err = kafka_error(exc)
         if is_fenced(exc) and self.transactions.outlived(self.live.configs.config.transaction_timeout_ms):
             # Seen after a broker outage longer than the transaction timeout: the coordinator
             # came back, aborted the transaction it found expired and bumped our epoch. No

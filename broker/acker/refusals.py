@@ -26,21 +26,9 @@ from __future__ import annotations
 from confluent_kafka import KafkaError, Message
 
 from broker.errors import ReplayBrokerError
+from broker.kafka_errors import Meaning, means
 from broker.replay import Outgoing, Subject, stripped
 
-# Every record of the topic would be refused: no need to try it alone. The unknown ones also
-# make the acker look the topic's partition count up again.
-UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
-TOPIC_WIDE = UNKNOWN_TOPIC | {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION}
-# Refusals of a produce request for what (some of) its records are: per record only alone.
-RECORD_LEVEL = frozenset({
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.INVALID_RECORD,
-    KafkaError.INVALID_MSG_SIZE,
-    KafkaError.INVALID_TIMESTAMP,
-    KafkaError.POLICY_VIOLATION,
-})
 MAX_DLQ_LEVEL = 2  # 1: without the value; 2: without key, value, history, original headers
 
 
@@ -61,16 +49,20 @@ class Refusals:
 
     def refuse(self, rec: Outgoing, err: KafkaError, alone: bool) -> bool:
         """Remember a refusal of ``rec``; True when it is for good (it will not be written)."""
-        code, subject = err.code(), rec.subject
+        subject = rec.subject
         if subject is None:
             return False
-        if code in RECORD_LEVEL and not alone:
+        # Every record of the topic would be refused (TOPIC_REFUSED, UNKNOWN_TOPIC): no need
+        # to try it alone. The unknown ones also make the acker look the topic's partition
+        # count up again.
+        refused_record = means(err, Meaning.REFUSED_RECORD)
+        if refused_record and not alone:
             self.alone.add(subject)
             self.suspected += 1
             return False
-        if code not in RECORD_LEVEL and code not in TOPIC_WIDE:
+        if not refused_record and not means(err, Meaning.TOPIC_REFUSED | Meaning.UNKNOWN_TOPIC):
             return False  # transient: the next attempt may succeed
-        if code in UNKNOWN_TOPIC:
+        if means(err, Meaning.UNKNOWN_TOPIC):
             self.unknown_topics.add(rec.topic)
         why = f"{rec.topic} rejected the record: {err.str()}"
         if rec.topic == self.dlq_topic:

@@ -35,18 +35,11 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Self
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.acker import superseding
 from broker.acker.assignment import Assignment, committed_starts, restore_slice
-from broker.acker.changelog import Changelog, Marks
+from broker.acker.changelog import Changelog
 from broker.acker.clients import AckerClients
 from broker.acker.commit import Batch, Transactions, positions_of, take_changes
 from broker.acker.config import AckerConfig
@@ -63,15 +56,8 @@ from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.background import running
 from broker.headers import OUTCOME_COMPLETED
-from broker.kafka_io import (
-    consumer_group_protocol,
-    delete_retention_ms,
-    kafka_errors,
-    max_message_bytes,
-    partition_counts,
-    set_group_timeouts,
-    watermarks,
-)
+from broker.kafka_io import kafka_errors
+from broker.kafka_port import KafkaClients, KafkaPort, setup_consumer_group
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, SystemClock, Ticker
 from broker.metrics import (
@@ -85,7 +71,7 @@ from broker.metrics import (
 from broker.ranges import ranges
 from broker.replay import Outgoing
 from broker.settings import KafkaSettings
-from broker.topics import Namespace, check
+from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
 
@@ -104,19 +90,6 @@ for the poll to return."""
 
 
 
-def batch_marks(settings: KafkaSettings) -> Marks:
-    """Watermarks of many partitions in one admin request (a restore or a revoke of 1 000
-    partitions asks them all at once); one admin client for the acker's life, made when
-    first needed."""
-    admin: list[AdminClient] = []
-
-    def marks(topic: str, lps: list[int]) -> dict[int, tuple[int, int]]:
-        if not admin:
-            admin.append(AdminClient(settings.client_config()))
-        return watermarks(settings, topic, lps, committed=False, admin=admin[0])
-
-    return marks
-
 class Due(Enum):
     """Why a commit is due (``Acker._commit_due``)."""
 
@@ -133,9 +106,13 @@ class Acker:
         config: AckerConfig | None = None,
         *,
         clock: Clock | None = None,
+        kafka: KafkaPort | None = None,
     ) -> None:
+        """``kafka``: every client and look-up of the acker (default: the real clients of
+        ``settings``; a test hands in an in-memory cluster)."""
         self.ns = namespace if isinstance(namespace, Namespace) else Namespace(namespace)
         self.settings = settings
+        self.kafka: KafkaPort = kafka or KafkaClients(settings)
         # The clients' settings, and the acker's configuration (``config``): it may change once,
         # the fall-back to the classic group protocol (broker.acker.membership).
         self.clients = AckerClients(settings, self.ns, config or AckerConfig())
@@ -181,21 +158,21 @@ class Acker:
         self._last_stats = time.monotonic()
         # Clients are created here but talk to Kafka only from start(): building an Acker
         # needs no live cluster (broker.acker.clients: what each is configured with, and why).
-        # Every client of the acker is made by this module's names (tests replace them).
-        ns = self.ns
-        self.live = LiveClients(
-            self.clients, make_consumer=lambda conf: Consumer(conf), make_producer=lambda conf: Producer(conf),
-            stop=self._stop,
-        )
-        restorer = Consumer(self.clients.restorer())
-        standby = Consumer(self.clients.standby()) if self.config.standby else None
-        fetcher = PersistFetcher(ns, Consumer(self.clients.fetcher()))
+        # Every client of the acker is made by its port (``kafka``).
+        ns, kafka = self.ns, self.kafka
+        self.live = LiveClients(self.clients, make_consumer=kafka.consumer, make_producer=kafka.producer, stop=self._stop)
+        restorer = kafka.consumer(self.clients.restorer())
+        standby = kafka.consumer(self.clients.standby()) if self.config.standby else None
+        fetcher = PersistFetcher(ns, kafka.consumer(self.clients.fetcher()))
         cache = PayloadCache(self.config.replay_cache_entries)
-        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock, batch_marks(settings))
+        # Watermarks of many partitions in one admin request (a restore or a revoke of 1 000
+        # partitions asks them all at once).
+        marks = functools.partial(kafka.watermarks, committed=False)
+        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock, marks)
         # One latency estimate per source topic for the whole process (timeout "auto").
         self.adaptive = AdaptiveTimeouts(self.config.adaptive)
         self.decider = Decider(
-            ns, self.clock, self.ticker, cache, fetcher, lambda names: partition_counts(settings, names), self.config
+            ns, self.clock, self.ticker, cache, fetcher, kafka.partition_counts, self.config
         )
         self.ingest = Ingest(
             ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive,
@@ -257,11 +234,11 @@ class Acker:
         """Check the namespace's topics and initialise transactions (once)."""
         if self._started:
             return
-        self.P = check(self.settings, self.ns)
+        self.P = self.kafka.check(self.ns)
         self.ingest.partitions = self.decider.partitions = self.assignment.partitions = self.P
         # Markers for tasks need ns.superseded (created with the namespace since it exists);
         # without it, superseded replays are still settled, but tasks do not skip them.
-        markers = partition_counts(self.settings, [self.ns.superseded])[self.ns.superseded]
+        markers = self.kafka.partition_counts([self.ns.superseded])[self.ns.superseded]
         self.markers = markers == self.P
         if not self.markers:
             log.warning(
@@ -270,11 +247,11 @@ class Acker:
             )
         # How long compaction keeps the changelog's tombstones bounds how old a kept
         # (warm/standby) state may be and still be caught up by a suffix read.
-        self.changelog.tombstone_retention_ms = delete_retention_ms(self.settings, self.ns.ledger)
+        self.changelog.tombstone_retention_ms = self.kafka.delete_retention_ms(self.ns.ledger)
         # The producer's message.max.bytes from what ns.persist takes (broker.acker.limits;
         # the constructor assumed Kafka's default): a new producer if that differs (none has
         # written yet). A limit the user set stays.
-        config = self.clients.producer(max_message_bytes(self.settings, self.ns.persist))
+        config = self.clients.producer(self.kafka.max_message_bytes(self.ns.persist))
         if config != self.live.producer_config:
             self.live.replace_producer(config)
         # The group consumer's fetch wait follows P (broker.acker.clients.fetch_wait_ms): a new
@@ -284,19 +261,17 @@ class Acker:
         if config != self.live.consumer_config:
             self.live.consumer_config = config
             self.live.replace_consumer()
-        if self.config.group_protocol == "consumer" and consumer_group_protocol(self.settings, self.group_id) is False:
-            # A 3.x cluster: librdkafka's consumer-protocol member would wait there forever
-            # without an error (a 4.x one with the protocol off refuses it: Recovery.rejoin).
-            self.live.fall_back_to_classic("the cluster has no consumer group protocol (Kafka < 4.0)")
-            self.live.replace_consumer()
         if self.config.group_protocol == "consumer":
             cfg = self.config
-            why = set_group_timeouts(self.settings, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
-            if why is not None:
+            setup = setup_consumer_group(self.kafka, self.group_id, cfg.session_timeout_ms, cfg.heartbeat_interval_ms)
+            if setup.fall_back is not None:  # a 4.x cluster with the protocol off: Recovery.rejoin
+                self.live.fall_back_to_classic(setup.fall_back)
+                self.live.replace_consumer()
+            elif setup.timeouts_refused is not None:
                 log.warning(
                     "cannot set session timeout %d ms of group %s (%s): the broker's "
                     "group.consumer.session.timeout.ms applies - a dead acker's partitions wait that long",
-                    cfg.session_timeout_ms, self.group_id, why,
+                    cfg.session_timeout_ms, self.group_id, setup.timeouts_refused,
                 )
         if self.config.exactly_once:
             if self.config.instance_id_generated:

@@ -120,6 +120,7 @@ def _reach(settings: Any, *, verbose: bool, timeout_s: float) -> None:
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
+    from broker.kafka_errors import Meaning, means
     from broker.kafka_log import without_timing
 
     errors: list[KafkaError] = []
@@ -129,7 +130,6 @@ def _reach(settings: Any, *, verbose: bool, timeout_s: float) -> None:
         conf["log_level"] = 0  # the same reasons, once per connection attempt
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout_s
-    final = {KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION, KafkaError._SSL}
     wait, longest = REACH_POLL_S
     while True:
         try:
@@ -139,12 +139,12 @@ def _reach(settings: Any, *, verbose: bool, timeout_s: float) -> None:
             failure = exc
         wait = min(wait * 2, longest)
         admin.poll(0)  # serves the errors collected meanwhile
-        if time.monotonic() >= deadline or any(e.code() in final for e in errors):
+        if time.monotonic() >= deadline or any(means(e, Meaning.ALL_BROKERS_DOWN | Meaning.CREDENTIALS) for e in errors):
             break
     reasons = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
     why = without_timing(reasons[-1]) if reasons else kafka_reason(failure)
     unreachable = KafkaUnreachable(f"cannot reach Kafka at {settings.bootstrap_servers}: {why}")
-    unreachable.retriable = not any(e.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL) for e in errors)
+    unreachable.retriable = not any(means(e, Meaning.CREDENTIALS) for e in errors)
     raise unreachable from failure
 
 

@@ -13,10 +13,15 @@ each key (``compact``), transactions of other producers left open on a partition
 ``read_committed`` consumer reads up to the first open offset: ``open_transaction``,
 ``end_transaction``), and a group of several members among which the partitions are shared
 in ranges (``rebalance``: revocations first, then assignments, through the members' callbacks).
+
+It is a service's Kafka port (``broker.kafka_port.KafkaPort``): an ``Acker``, a ``Task``, a
+``Source`` or a ``Bridge`` is handed it (``kafka=cluster``). Each consumer group has its own
+members and committed offsets; a producer without a ``transactional.id`` appends at once.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,7 +97,8 @@ class Cluster:
     # The offsets of the open transaction's own records: an abort drops these, never the other
     # producers' records written between them (an acker's committed tombstones, say).
     open_offsets: dict[Key, list[int]] = field(default_factory=dict)
-    members: list[ClusterConsumer] = field(default_factory=list)  # the group's live members, in join order
+    # Each group's live members, in join order.
+    groups: dict[str, list[ClusterConsumer]] = field(default_factory=lambda: defaultdict(list))
     transactions: int = 0  # transactions committed with offsets (by any member)
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -166,71 +172,98 @@ class Cluster:
 
     # -- the group
     def join(self, member: ClusterConsumer) -> None:
-        self.members.append(member)
-        self.rebalance()
+        self.groups[member.group].append(member)
+        self.rebalance(member.group)
 
     def leave(self, member: ClusterConsumer, *, clean: bool) -> None:
         """``member`` leaves the group: a clean stop revokes its partitions first (its
         callback commits), a kill -9 does not (they are handed on as they are)."""
-        if member not in self.members:
+        members = self.groups[member.group]
+        if member not in members:
             return
         if clean and member.owned:
             member.revoke(sorted(member.owned))
         member.owned = set()
-        self.members.remove(member)
-        self.rebalance()
+        members.remove(member)
+        self.rebalance(member.group)
 
     def kill(self) -> None:
         """kill -9 of every member: each leaves without revoking, for a new instance to take over."""
-        for member in list(self.members):
-            self.leave(member, clean=False)
+        for members in self.groups.values():
+            for member in list(members):
+                self.leave(member, clean=False)
 
-    def rebalance(self) -> None:
-        """Share the ledger partitions among the members in ranges (the range assignor:
-        partition i of every topic to one member); revocations before assignments."""
-        n = len(self.members)
+    def rebalance(self, group: str) -> None:
+        """Share the ledger partitions (every topic has P here) among the group's members in
+        ranges (the range assignor: partition i of every topic to one member); revocations
+        before assignments."""
+        members = self.groups[group]
+        n = len(members)
         if not n:
             return
         share = -(-self.partitions // n)
-        target = {m: set(range(i * share, min((i + 1) * share, self.partitions))) for i, m in enumerate(self.members)}
-        for m in self.members:
+        target = {m: set(range(i * share, min((i + 1) * share, self.partitions))) for i, m in enumerate(members)}
+        for m in members:
             gone = m.owned - target[m]
             if gone:
                 m.revoke(sorted(gone))
-        for m in self.members:
+        for m in members:
             new = target[m] - m.owned
             if new:
                 m.grant(sorted(new))
 
+    # -- the Kafka port of a service (broker.kafka_port.KafkaPort)
+    superseded_partitions: int | None = None  # ns.superseded (default: P); other topics have 4
+    topic_partitions: dict[str, int] = field(default_factory=dict)  # other counts of named topics
+
+    def producer(self, config: Any) -> ClusterProducer:
+        return ClusterProducer(self, dict(config))
+
+    def consumer(self, config: Any) -> ClusterConsumer:
+        return ClusterConsumer(self, dict(config))
+
+    def check(self, ns: Any, data_topics: Any = ()) -> int:
+        return self.partitions
+
+    def partition_counts(self, names: Any) -> dict[str, int | None]:
+        superseded = self.partitions if self.superseded_partitions is None else self.superseded_partitions
+        return {n: self.topic_partitions.get(n, superseded if n.rsplit(".", 1)[-1] == "superseded" else 4)
+                for n in names}
+
+    def watermarks(self, topic: str, partitions: list[int], *, committed: bool = True) -> dict[int, tuple[int, int]]:
+        return self.marks(topic, partitions)
+
+    def delete_retention_ms(self, topic: str) -> int | None:
+        return 3_600_000
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        return None
+
+    def consumer_group_protocol(self, group: str) -> bool | None:
+        return True
+
+    def set_group_timeouts(self, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
+        return None
+
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Make every Kafka client of the acker service one of this cluster's."""
-        monkeypatch.setattr(broker.acker.service, "Producer", lambda conf: ClusterProducer(self, conf))
-        monkeypatch.setattr(broker.acker.service, "Consumer", lambda conf: ClusterConsumer(self, conf))
-        monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: self.partitions)
-        monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
-        monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
-        monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: self.marks)
-        # A restore finishes inside its first slice however loaded the machine (the wall clock
-        # is the one thing these tests do not step): the steps a test counts stay the same.
+        """A restore finishes inside its first slice however loaded the machine (the wall
+        clock is the one thing these tests do not step): the steps a test counts stay the
+        same. The cluster itself is handed to the services it serves (``kafka=``)."""
         monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
         monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
-        monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
-        monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
-        counts = {"superseded": self.partitions}
-        monkeypatch.setattr(
-            broker.acker.service, "partition_counts",
-            lambda _s, names: {n: counts.get(n.rsplit(".", 1)[-1], 4) for n in names},
-        )
 
 
 class ClusterProducer:
-    """A transactional producer: records and offsets land together at commit, or never."""
+    """A transactional producer: records and offsets land together at commit, or never.
+    Without a ``transactional.id``, a record lands at once (its partition: the one named, else
+    its key's)."""
 
     def __init__(self, cluster: Cluster, conf: dict[str, Any]) -> None:
         self.cluster, self.conf = cluster, conf
         self.pending: list[tuple[str, int, bytes | None, bytes | None, Any, int]] = []
         self.pending_offsets: list[TopicPartition] = []
         self.group = ""
+        self.transactional = "transactional.id" in conf
         cluster.producers.append(self)
 
     def init_transactions(self, *_: Any) -> None:
@@ -242,8 +275,13 @@ class ClusterProducer:
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
                 headers: list[tuple[str, bytes | None]] | None = None) -> None:  # confluent-kafka's order (kafka_io.PRODUCE_ARGS)
-        assert partition >= 0, "the acker names every partition"
         ts = timestamp or (self.cluster.clock() if self.cluster.clock is not None else 0)
+        if not self.transactional:
+            if partition < 0:
+                partition = zlib.crc32(key or b"") % self.cluster.partitions
+            self.cluster.append(topic, partition, key, value, headers, ts)
+            return
+        assert partition >= 0, "the acker names every partition"
         self.pending.append((topic, partition, key, value, headers, ts))
 
     def send_offsets_to_transaction(self, positions: list[TopicPartition], group: Any, *_: Any) -> None:
@@ -270,6 +308,9 @@ class ClusterProducer:
     def poll(self, *_: Any) -> int:
         return 0
 
+    def __len__(self) -> int:
+        return 0  # nothing waits for delivery
+
     def list_topics(self, topic: str | None = None, **_: Any) -> Any:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
 
@@ -282,7 +323,7 @@ class ClusterConsumer:
     def __init__(self, cluster: Cluster, conf: dict[str, Any]) -> None:
         self.cluster, self.conf = cluster, conf
         self.group = str(conf.get("group.id", ""))
-        self.is_group = self.group.endswith(".acker")
+        self.is_group = self.group.endswith(".acker")  # a task's consumer: once it subscribes
         self.eof = conf.get("enable.partition.eof") in (True, "true")
         self.positions: dict[Key, int] = {}
         self.delivered: dict[Key, int] = {}
@@ -300,11 +341,20 @@ class ClusterConsumer:
     # -- group
     def subscribe(self, topics: list[str], on_assign: Any = None, on_revoke: Any = None, **_: Any) -> None:
         self.topics, self.on_assign, self.on_revoke = topics, on_assign, on_revoke
+        self.is_group = True
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in sorted(self.positions)]
 
     def grant(self, lps: list[int]) -> None:
         """The group assigns ``lps`` (of every subscribed topic) to this member."""
         self.owned.update(lps)
-        self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in lps])
+        tps = [TopicPartition(t, p) for t in self.topics for p in lps]
+        self.on_assign(self, tps)
+        # A callback that assigned nothing (a task's) is assigned from the committed offsets
+        # once it returns, as confluent-kafka does.
+        left = [tp for tp in tps if (tp.topic, tp.partition) not in self.positions]
+        self.incremental_assign(self.committed(left))
 
     def revoke(self, lps: list[int]) -> None:
         """The group takes ``lps`` back; the callback commits and unassigns."""
@@ -412,8 +462,10 @@ class ClusterConsumer:
     def list_topics(self, *_: Any, **__: Any) -> Any:
         return SimpleNamespace(topics={})
 
-    def commit(self, *_: Any, **__: Any) -> None:
-        raise AssertionError("the acker commits offsets in its transactions")
+    def commit(self, *_: Any, offsets: list[TopicPartition] | None = None, **__: Any) -> None:
+        assert not self.group.endswith(".acker"), "the acker commits offsets in its transactions"
+        for tp in offsets or []:
+            self.cluster.offsets[(self.group, tp.topic, tp.partition)] = tp.offset
 
     def close(self) -> None:
         pass

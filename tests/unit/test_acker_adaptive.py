@@ -17,12 +17,10 @@ from broker.headers import AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
 from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, read_persist_prefixes
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeMessage,
-    FakeProducer,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     outcomes,
@@ -41,7 +39,7 @@ def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
         adaptive_floor_ms=FLOOR, adaptive_ceiling_ms=CEILING, adaptive_initial_ms=INITIAL,
         adaptive_safety_factor=3.0, adaptive_min_samples=50, adaptive_window_ms=10_000,
     )
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=FakeKafka())
     assert FakeConsumer.last is not None and isinstance(acker.live.producer, FakeProducer)
     return acker, FakeConsumer.last, acker.live.producer
 

@@ -18,6 +18,7 @@ import numpy as np
 from broker import ids
 from broker.ledger.clock import ManualClock
 from broker.schemas import PersistedRecord, XorBatch
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_payloads import (
     PersistLog,
     persist,
@@ -28,9 +29,6 @@ from tests.unit.test_acker_payloads import make_acker as make_uncached_acker
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeMessage,
-    FakeProducer,
     a_held_last_attempt,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
@@ -95,12 +93,8 @@ def test_an_explicitly_failed_middle_attempt_hands_the_superseded_mark_on(fake_k
     replayed as R2, the last attempt; S's tree completes within its watch. The mark for R must
     reach R2 through R (failures and timeouts keep a chain alike), and R2 - failed too - is
     settled as completed, not dead-lettered (its earlier attempt S was still watched)."""
-    import broker.acker.service
-
-    counts = {NS.superseded: FakeConsumer.partitions}
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: {n: counts.get(n, 4) for n in names})
     clock = ManualClock(T0)
-    acker, consumer, producer = make_acker(clock)
+    acker, consumer, producer = make_acker(clock, kafka=FakeKafka(counts={NS.superseded: FakeConsumer.partitions}))
     s_lp = ids.ledger_partition(S1, FakeConsumer.partitions)
     original = persisted(S1, ROOT, created_ms=T0, timeout_ms=1_000, max_attempts=3)
     consumer.batches.append([persist_msg(original), acks_msg(s_lp, 0, [S1], [ROOT ^ CHILD])])
@@ -159,7 +153,7 @@ def test_a_failed_commit_rewinds_only_the_partitions_it_touched(monkeypatch: Any
     cluster.install(monkeypatch)
     clock = ManualClock(T0)
     config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0)
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=cluster)
     s0, s1 = 0x1000_0000_0000_0002, 0x1000_0000_0000_0003  # ledger partitions 0 and 1
     for s in (s0, s1):
         cluster.append(NS.persist, s % 2, ids.encode_id(s), persisted(s, s ^ 5, T0).encode())

@@ -20,15 +20,13 @@ from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     R2,
     S1,
     T0,
-    FakeConsumer,
-    FakeMessage,
-    FakeProducer,
     fake_kafka,
     make_acker,
     outcomes,
@@ -76,11 +74,11 @@ def test_outputs_of_lost_partitions_are_dropped_and_an_acker_owning_nothing_comm
 
 
 def test_ackers_without_an_instance_id_get_distinct_transactional_ids(fake_kafka: None) -> None:
-    first, second = (Acker(KafkaSettings("fake:9092"), NS, AckerConfig()) for _ in range(2))
+    first, second = (Acker(KafkaSettings("fake:9092"), NS, AckerConfig(), kafka=FakeKafka()) for _ in range(2))
     ids = [a.live.producer.conf["transactional.id"] for a in (first, second) if isinstance(a.live.producer, FakeProducer)]
     assert len(ids) == 2 and ids[0] != ids[1]
     assert all(socket.gethostname() in i for i in ids)
-    stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    stable = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"), kafka=FakeKafka())
     assert isinstance(stable.live.producer, FakeProducer)
     assert stable.live.producer.conf["transactional.id"] == f"{NS.name}.acker.acker-1"
 
@@ -100,7 +98,7 @@ class _SlowCoordinator(FakeProducer):
 
 
 def test_a_transient_init_transactions_failure_is_waited_out_not_an_exit(fake_kafka: None) -> None:
-    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"), kafka=FakeKafka())
     slow = _SlowCoordinator({})
     acker.live.producer = slow  # type: ignore[assignment]
     acker.live.init_transactions()
@@ -112,7 +110,7 @@ def test_a_fatal_init_transactions_failure_is_raised(fake_kafka: None) -> None:
         def init_transactions(self, *_: Any) -> None:
             raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
 
-    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"))
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="acker-1"), kafka=FakeKafka())
     acker.live.producer = Fenced({})  # type: ignore[assignment]
     with pytest.raises(KafkaException):
         acker.live.init_transactions()

@@ -16,12 +16,12 @@ from broker.acker.service import LONG_POLL_MAX_S
 from broker.acker.state import PartitionState
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka
 from tests.unit.test_acker_timeouts import (  # noqa: F401 - the fixture
     NS,
     R1,
     S1,
     T0,
-    FakeConsumer,
     acks_msg,
     fake_kafka,
     make_acker,
@@ -37,7 +37,7 @@ SHORT_S = 0.02
 def _acker(commit_interval_ms: int = 100) -> tuple[Acker, FakeConsumer, list[float]]:
     config = AckerConfig(commit_interval_ms=commit_interval_ms, instance_id="unit", stats_interval_ms=10**12,
                          poll_timeout_ms=int(SHORT_S * 1000))
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=ManualClock(T0))
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=ManualClock(T0), kafka=FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None
     waits: list[float] = []

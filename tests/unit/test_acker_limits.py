@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-import broker.acker.service
 from broker.acker import Acker, AckerConfig
 from broker.acker.limits import HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeKafka
 from tests.unit.test_acker_timeouts import NS, T0, fake_kafka  # noqa: F401 - the fixture
 
 
 def _started(monkeypatch: pytest.MonkeyPatch, persist_max: int | None, **extra: object) -> Acker:
-    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: persist_max)
-    acker = Acker(KafkaSettings("fake:9092", extra=extra), NS, AckerConfig(instance_id="unit"), clock=ManualClock(T0))
+    acker = Acker(KafkaSettings("fake:9092", extra=extra), NS, AckerConfig(instance_id="unit"), clock=ManualClock(T0),
+                  kafka=FakeKafka(persist_max_bytes=persist_max))
     acker.start()
     return acker
 
@@ -50,8 +50,8 @@ def test_the_group_consumers_fetch_wait_follows_p(
     """Measured at P = 1 000 on three brokers: one idle acker fetching its 2 000 input
     partitions every 20 ms cost the brokers 96 % of a core (no incremental fetch sessions in
     librdkafka: every fetch lists every partition). The wait grows with P, bounded."""
-    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: partitions)
-    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="unit"), clock=ManualClock(T0))
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="unit"), clock=ManualClock(T0),
+                  kafka=FakeKafka(partitions=partitions))
     before = acker.live.consumer
     assert before.conf["fetch.wait.max.ms"] == 20  # type: ignore[attr-defined] - P unknown before start()
     acker.start()
@@ -61,8 +61,7 @@ def test_the_group_consumers_fetch_wait_follows_p(
 
 
 def test_a_fetch_wait_the_user_set_stays_at_any_p(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: 1000)
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(instance_id="unit", consumer={"fetch.wait.max.ms": 35}),
-                  clock=ManualClock(T0))
+                  clock=ManualClock(T0), kafka=FakeKafka(partitions=1000))
     acker.start()
     assert acker.live.consumer.conf["fetch.wait.max.ms"] == 35  # type: ignore[attr-defined]

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import pytest
 from confluent_kafka import KafkaError
 
-import broker.acker.service
 from broker.acker.membership import (
     GROUP_CLIENT_LOG,
     Rejoins,
@@ -19,13 +18,12 @@ from broker.acker.membership import (
     instance_in_use,
 )
 from broker.ledger.clock import ManualClock
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     S1,
     T0,
-    FakeConsumer,
-    FakeMessage,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,
@@ -68,11 +66,9 @@ class RefusedConsumer(FakeConsumer):
 def test_a_refused_instance_id_is_waited_out_with_back_off_and_one_line(
     fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # noqa: F811
 ) -> None:
-    monkeypatch.setattr(broker.acker.service, "Consumer", RefusedConsumer)
-    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
     RefusedConsumer.refusals = 5
     clock = ManualClock(T0)
-    acker, _, producer = make_acker(clock)  # session timeout 10 s: waits capped at 5 s
+    acker, _, producer = make_acker(clock, kafka=FakeKafka(consumers=RefusedConsumer))  # session timeout 10 s: waits capped at 5 s
     waits: list[float] = []
     monkeypatch.setattr(acker._stop, "wait", waits.append)
     caplog.set_level(logging.DEBUG, "broker.acker")
@@ -135,8 +131,7 @@ def test_instance_in_use_as_librdkafka_reports_it(err: KafkaError, in_use: bool)
 def test_the_consumer_protocol_stays_where_the_cluster_has_it_or_cannot_say(
     fake_kafka: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, supported: bool | None  # noqa: F811
 ) -> None:
-    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: supported)
-    acker, consumer, _ = make_acker(ManualClock(T0))
+    acker, consumer, _ = make_acker(ManualClock(T0), kafka=FakeKafka(protocol=supported))
     acker.start()
     assert acker.config.group_protocol == "consumer" and acker.live.incremental
     assert acker.live.consumer is consumer and consumer.conf["group.protocol"] == "consumer"
@@ -149,15 +144,12 @@ def test_on_a_cluster_without_the_consumer_protocol_the_acker_joins_with_the_cla
     """Kafka 3.9 knows no group configs, and librdkafka's consumer-protocol member waits there
     forever without an error (seen): the acker falls back to the classic protocol with the
     range assignor, in one line, and serves."""
-    asked: list[str] = []
-    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda _s, group: asked.append(group) or False)
-    set_timeouts: list[object] = []
-    monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *a: set_timeouts.append(a))
-    acker, first, producer = make_acker(ManualClock(T0))
+    kafka = FakeKafka(protocol=False)
+    acker, first, producer = make_acker(ManualClock(T0), kafka=kafka)
     config_before = acker.config
     caplog.set_level(logging.INFO, "broker.acker")
     acker.start()
-    assert asked == [f"{NS.name}.acker"]
+    assert kafka.protocol_asked == [f"{NS.name}.acker"]
     assert acker.config.group_protocol == "classic" and not acker.live.incremental
     assert config_before.group_protocol == "consumer"  # the caller's config is not changed
     consumer = acker.live.consumer
@@ -165,7 +157,7 @@ def test_on_a_cluster_without_the_consumer_protocol_the_acker_joins_with_the_cla
     assert "group.protocol" not in consumer.conf and consumer.conf["partition.assignment.strategy"] == "range"
     assert consumer.conf["group.instance.id"] == f"{NS.name}.acker.unit"
     assert acker.transactions.consumer is consumer and acker.expiry.consumer is consumer
-    assert set_timeouts == []  # a group's session timeout is the classic member's own
+    assert kafka.timeouts_set == []  # a group's session timeout is the classic member's own
     lines = [r for r in caplog.records if "consumer group protocol" in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.WARNING]
     assert "--group-protocol classic" in lines[0].getMessage()
@@ -198,9 +190,7 @@ def test_a_cluster_that_refuses_the_consumer_protocol_gets_a_classic_member(
     """Kafka >= 4.0 knows group configs, so start() keeps the consumer protocol; with the
     protocol switched off its heartbeat is refused (a fatal error, every time): the acker
     joins with the classic one on its next join, in one line, not an ERROR per second."""
-    monkeypatch.setattr(broker.acker.service, "Consumer", ProtocolOffConsumer)
-    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
-    acker, _, producer = make_acker(ManualClock(T0))
+    acker, _, producer = make_acker(ManualClock(T0), kafka=FakeKafka(consumers=ProtocolOffConsumer))
     waits: list[float] = []
     monkeypatch.setattr(acker._stop, "wait", waits.append)
     caplog.set_level(logging.INFO, "broker.acker")

@@ -32,12 +32,10 @@ from broker.ledger.clock import ManualClock
 from broker.ledger.table import WATCH
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeMessage,
-    FakeProducer,
     outcomes,
     persist_msg,
     persisted,
@@ -67,6 +65,7 @@ class PersistLog:
         self.assigns: list[tuple[int, int]] = []  # (partition, offset) of every assign/seek
         self.attempts: dict[int, list[int]] = defaultdict(list)  # clock ms of reads per partition
         self.delivered = 0  # data messages handed out
+        self.kafka = FakeKafka()  # the acker's port: its fetch consumer reads this log
 
     def high(self, lp: int) -> int:
         return max(self.records[lp], default=-1) + 1
@@ -149,19 +148,11 @@ def persist_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[PersistLog]:
             return LogConsumer(conf, log)
         return FakeConsumer(conf)
 
-    monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
-    monkeypatch.setattr(broker.acker.service, "Consumer", consumer)
-    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
-    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
-    monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
-    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
-    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
-    monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
+    log.kafka = FakeKafka(consumers=consumer)
     # A restore finishes inside its first slice however loaded the machine (the wall clock
     # is the one thing these tests do not step): the steps a test counts stay the same.
     monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
     monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
     yield log
 
 
@@ -171,7 +162,7 @@ def make_acker(log: PersistLog, **config: Any) -> tuple[Acker, FakeConsumer, Fak
         "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "fail_hold_ms": 0,
         "replay_cache_entries": 0,
     }
-    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(**{**conf, **config}), clock=log.clock)
+    acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(**{**conf, **config}), clock=log.clock, kafka=log.kafka)
     consumer = FakeConsumer.last
     assert consumer is not None and isinstance(acker.live.producer, FakeProducer)
     return acker, consumer, acker.live.producer

@@ -13,6 +13,7 @@ from broker.acker.state import RegistrationTimes
 from broker.ledger.clock import ManualClock
 from broker.ledger.table import LedgerTable
 from broker.schemas import COUNTERS_KEY, LedgerCounters
+from tests.unit.fakes import FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
@@ -20,7 +21,6 @@ from tests.unit.test_acker_timeouts import (
     S1,
     S2,
     T0,
-    FakeProducer,
     acks_msg,
     fake_kafka,
     make_acker,

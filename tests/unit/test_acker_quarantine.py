@@ -16,7 +16,6 @@ from confluent_kafka import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.acker.service
 from broker.acker.domain import domain_errors
 from broker.headers import ADAPTIVE_FALLBACK_MS, AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
@@ -28,6 +27,7 @@ from broker.schemas import (
     decode_placement,
     read_persist_prefixes,
 )
+from tests.unit.fakes import FakeKafka, FakeMessage, FakeProducer, Produced
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
@@ -36,9 +36,6 @@ from tests.unit.test_acker_timeouts import (
     S2,
     T0,
     FailingOnceProducer,
-    FakeMessage,
-    FakeProducer,
-    Produced,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,
@@ -394,9 +391,8 @@ def test_a_record_whose_replay_topic_is_missing_is_registered(
 ) -> None:
     """No replay topic is no reason to quarantine: a record that completes needs none (one that
     fails is dead-lettered then, with the reason: tests/integration/test_missing_replay_topic)."""
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names))
     clock = ManualClock(T0)
-    acker, consumer, producer = make_acker(clock)
+    acker, consumer, producer = make_acker(clock, kafka=FakeKafka(default_count=None))
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
     consumer.batches.append([acks_msg(0, 0, [S1], [R1])])
     run_steps(acker, 2)
@@ -414,9 +410,8 @@ def test_a_quarantined_position_is_logged_and_counted_once_across_a_rewind(
     is not written again, and it is counted and kept in the DLQ once."""
     FailingOnceProducer.made = []
     FailingOnceProducer.error = KafkaError(KafkaError._FAIL, "injected")
-    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, kafka=FakeKafka(producers=FailingOnceProducer))
     bad_persist = persist_msg_of(_with(attempt=0))
     bad_acks = FakeMessage(NS.acks, 0, 0, None, b"\x07")
     consumer.batches.append([bad_persist, bad_acks])

@@ -11,20 +11,14 @@ Two levels:
 from __future__ import annotations
 
 import itertools
-from collections import deque
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 import pytest
 from confluent_kafka import (
-    OFFSET_INVALID,
-    TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
-    TopicPartition,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,6 +40,7 @@ from broker.schemas import (
 )
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 
 T0 = 1_700_000_000_000  # a wall-clock-like start, ms
 S1, S2 = 0x1F3A_5C7E_9B2D_4E62, 0x2B7E_1516_28AE_D2A8  # srids of ledger partition 0 (mod 2)
@@ -176,233 +171,25 @@ def test_deadlines_keep_their_order_across_owners(start: int, restored_after_ms:
 # --------------------------------------------------------------------------- level 2
 
 
-@dataclass
-class Produced:
-    topic: str
-    partition: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, bytes | None]
-
-
-class FakeProducer:
-    """Transactions in memory: what was committed is in ``committed``."""
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self.conf = conf
-        self.pending: list[Produced] = []
-        self.committed: list[Produced] = []
-        self.transactions = 0
-        self.offsets: list[dict[tuple[str, int], int]] = []  # what each transaction committed
-
-    def init_transactions(self, *_: Any) -> None:
-        pass
-
-    def begin_transaction(self) -> None:
-        self.pending = []
-
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
-                on_delivery: Any = None, callback: Any = None, timestamp: int = 0,
-                headers: list[tuple[str, bytes | None]] | None = None) -> None:  # confluent-kafka's order (kafka_io.PRODUCE_ARGS)
-        self.pending.append(Produced(topic, partition, key, value, dict(headers or ())))
-
-    def send_offsets_to_transaction(self, positions: list[TopicPartition], *_: Any) -> None:
-        self.offsets.append({(tp.topic, tp.partition): tp.offset for tp in positions})
-
-    def commit_transaction(self, *_: Any) -> None:
-        self.committed += self.pending
-        self.pending = []
-        self.transactions += 1
-
-    def abort_transaction(self, *_: Any) -> None:
-        self.pending = []
-
-    def flush(self, *_: Any) -> int:
-        return 0
-
-    def list_topics(self, topic: str | None = None, **_: Any) -> Any:
-        """Every topic exists, with 4 partitions (as ``partition_counts`` says below)."""
-        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
-
-    def poll(self, *_: Any) -> int:
-        return 0
-
-
-class FakeMessage:
-    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
-        self._t, self._p, self._o, self._k, self._v = topic, partition, offset, key, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def key(self) -> bytes | None:
-        return self._k
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def headers(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (TIMESTAMP_NOT_AVAILABLE, 0)  # the acker falls back to its clock
-
-
-class FakeConsumer:
-    """Hands out scripted batches; assigns every partition on the first consume after
-    ``subscribe`` (once); an empty changelog to restore from.
-
-    Every scripted message is "in the log" from the start: the high watermark of a partition
-    is past its last scripted message, delivered or still queued, and the position is past
-    the last one delivered - so a consumer with batches still queued is behind, as a real
-    one is with a backlog. Like librdkafka, the cached watermarks are unknown until the
-    first fetch (here: the first consume) and the position until a message is delivered."""
-
-    partitions = 2
-    last: FakeConsumer | None = None
-    by_group: ClassVar[dict[str, FakeConsumer]] = {}
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        self.conf = conf
-        self.batches: deque[list[FakeMessage]] = deque()
-        self.topics: list[str] = []
-        self.on_assign: Any = None
-        self.assigned = False
-        self.rest: list[FakeMessage] | None = None
-        self.delivered: dict[tuple[str, int], int] = {}  # next offset after the last delivered
-        self.fetched = False
-        self.failing: dict[str, int] = {}  # call -> how many more times it fails transiently
-        self.paused: set[tuple[str, int]] = set()
-        self.metadata_asked = 0
-        FakeConsumer.by_group[conf.get("group.id", "")] = self
-        if conf.get("group.id", "").endswith(".acker"):
-            FakeConsumer.last = self
-
-    def subscribe(self, topics: list[str], on_assign: Any = None, **_: Any) -> None:
-        self.topics, self.on_assign = topics, on_assign
-
-    def consume(self, *_: Any) -> list[FakeMessage]:
-        if self.rest is not None:  # the rest of the batch poll() took the first message of
-            rest, self.rest = self.rest, None
-            return rest
-        if self.on_assign is not None and not self.assigned:
-            self.assigned = True
-            self.on_assign(self, [TopicPartition(t, p) for t in self.topics for p in range(self.partitions)])
-        self.fetched = True
-        if self.paused:  # the acker restores its partitions first (in a step or two here)
-            return []
-        batch = self.batches.popleft() if self.batches else []
-        for m in batch:
-            self.delivered[(m.topic(), m.partition())] = m.offset() + 1
-        return batch
-
-    def poll(self, *_: Any) -> FakeMessage | None:
-        batch = self.consume()
-        if not batch:
-            return None
-        self.rest = batch[1:]
-        return batch[0]
-
-    def _fail_once(self, call: str) -> None:
-        if self.failing.get(call):
-            self.failing[call] -= 1
-            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, f"Failed to {call}"))
-
-    def committed(self, partitions: list[TopicPartition], **_: Any) -> list[TopicPartition]:
-        self._fail_once("get committed offsets")
-        return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
-
-    def log_end(self, topic: str, partition: int) -> int:
-        queued = [m for batch in self.batches for m in batch] + list(self.rest or ())
-        return max(
-            [self.delivered.get((topic, partition), 0)]
-            + [m.offset() + 1 for m in queued if (m.topic(), m.partition()) == (topic, partition)]
-        )
-
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
-        self.metadata_asked += 1  # a metadata refresh after a stale-leader error
-
-    def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
-                              cached: bool = False) -> tuple[int, int]:
-        if cached and not self.fetched:
-            return (OFFSET_INVALID, OFFSET_INVALID)
-        if not cached:
-            self._fail_once("get watermark offsets")
-        return (0, self.log_end(tp.topic, tp.partition))
-
-    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return [
-            TopicPartition(tp.topic, tp.partition, self.delivered.get((tp.topic, tp.partition), OFFSET_INVALID))
-            for tp in partitions
-        ]
-
-    def seek(self, *_: Any) -> None:
-        pass
-
-    def consumer_group_metadata(self) -> object:
-        return object()
-
-    def assign(self, *_: Any) -> None:
-        pass
-
-    def unassign(self, *_: Any) -> None:
-        pass
-
-    incremental_assign = assign
-    incremental_unassign = unassign
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused.update((tp.topic, tp.partition) for tp in partitions)
-
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        self.paused.difference_update((tp.topic, tp.partition) for tp in partitions)
-
-    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
-        return partitions
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every Kafka client of the acker is made in its service module.
-    monkeypatch.setattr(broker.acker.service, "Producer", FakeProducer)
-    monkeypatch.setattr(broker.acker.service, "Consumer", FakeConsumer)
-    monkeypatch.setattr(broker.acker.service, "batch_marks", lambda _settings: None)  # watermarks one by one, from the fake
-    monkeypatch.setattr(broker.acker.service, "check", lambda *_a, **_k: FakeConsumer.partitions)
-    monkeypatch.setattr(broker.acker.service, "delete_retention_ms", lambda *_a: 3_600_000)
-    monkeypatch.setattr(broker.acker.service, "max_message_bytes", lambda *_a: None)
-    monkeypatch.setattr(broker.acker.service, "consumer_group_protocol", lambda *_a: True)
-    monkeypatch.setattr(broker.acker.service, "set_group_timeouts", lambda *_a: None)
     # A restore finishes inside its first slice however loaded the machine (the wall clock
     # is the one thing these tests do not step): the steps a test counts stay the same.
     monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
     monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
-    # Every <topic>.replay exists with 4 partitions (the records use key-hash partition 3).
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: dict.fromkeys(names, 4))
 
 
 NS = Namespace("unit")
 
 
 def make_acker(
-    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000
+    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000, *, kafka: FakeKafka | None = None
 ) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
         commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
         fail_hold_ms=fail_hold_ms, unlogged_ms=unlogged_ms,
     )
-    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock)
+    acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=kafka or FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None
     producer = acker.live.producer
@@ -736,10 +523,9 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_only_fencing_stops_the_a
     producer with our transactional id (fencing) may stop it."""
     FailingOnceProducer.made = []
     FailingOnceProducer.error = KafkaError(code, "injected", fatal=True)
-    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, kafka=FakeKafka(producers=FailingOnceProducer))
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
     if stops:
         with pytest.raises(ReplayBrokerError, match="fenced"):
@@ -760,10 +546,9 @@ def test_an_aborted_commit_takes_its_counts_back_with_its_state(
     transaction counted must not be counted twice (seen with a replay the broker refused)."""
     FailingOnceProducer.made = []
     FailingOnceProducer.error = KafkaError(KafkaError._FAIL, "injected")
-    monkeypatch.setattr(broker.acker.service, "Producer", FailingOnceProducer)
     monkeypatch.setattr(FakeConsumer, "seek", lambda *_a, **_k: None, raising=False)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, kafka=FakeKafka(producers=FailingOnceProducer))
     consumer.batches.append([persist_msg(persisted(S1, R1, T0)), FakeMessage(NS.acks, 0, 0, None, b"\x07")])
     run_steps(acker)  # the commit fails: aborted, state rewound
     c = acker.counters()

@@ -9,12 +9,12 @@ import numpy as np
 
 from broker.ledger.clock import ManualClock
 from broker.schemas import XorBatch
+from tests.unit.fakes import FakeMessage
 from tests.unit.test_acker_timeouts import (
     NS,
     R1,
     S1,
     T0,
-    FakeMessage,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,
     outcomes,

@@ -56,7 +56,7 @@ class World:
 
     def new_acker(self) -> Acker:
         self.cluster.kill()  # the instance before, if any, is gone (kill -9)
-        return Acker(KafkaSettings("unit:9092"), NS, self.config, clock=self.clock)
+        return Acker(KafkaSettings("unit:9092"), NS, self.config, clock=self.clock, kafka=self.cluster)
 
     def send(self, n: int, timeout_ms: int = TIMEOUT_MS) -> list[int]:
         """``n`` source records with ``timeout_ms`` (``AUTO_TIMEOUT_MS``: adaptive)."""

@@ -57,7 +57,7 @@ class World:
     def new_acker(self) -> Acker:
         """kill -9 and a new instance: it restores from the changelog and the committed offsets."""
         self.cluster.kill()
-        return Acker(KafkaSettings("windows:9092"), NS, self.config, clock=self.clock)
+        return Acker(KafkaSettings("windows:9092"), NS, self.config, clock=self.clock, kafka=self.cluster)
 
     def step(self, n: int = 1) -> None:
         count = itertools.count(1)

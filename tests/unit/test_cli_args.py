@@ -183,15 +183,14 @@ def test_the_library_speaks_of_its_own_arguments_not_of_flags(
 def test_a_task_without_replay_topics_says_so_once_at_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import broker.task
     from broker.task import Task, without_replay_topics
+    from tests.unit.fakes import FakeKafka
 
     assert without_replay_topics(["a", "a.replay", "b", "c.replay", "b"]) == ["b"]
-    monkeypatch.setattr(broker.task, "check", lambda *_a: 4)
     caplog.set_level(logging.WARNING, logger="broker.task")
     for topics, warned in ((["orders", "orders.replay"], False), (["orders", "clicks"], True)):
         caplog.clear()
-        task = Task(KafkaSettings("fake:9092"), "shop", topics, "g", lambda r, c: None)
+        task = Task(KafkaSettings("fake:9092"), "shop", topics, "g", lambda r, c: None, kafka=FakeKafka(partitions=4))
         task.check_topics()
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == warned, lines

@@ -24,6 +24,7 @@ from broker.settings import KafkaSettings
 from broker.source import Source
 from broker.task import _no_handler
 from broker.topics import Namespace
+from tests.unit.fakes import FakeKafka
 
 SETTINGS = KafkaSettings("fake:9092")
 
@@ -96,9 +97,8 @@ class _Producer:
 
 
 @pytest.fixture
-def transactional(monkeypatch: pytest.MonkeyPatch) -> Source:
-    monkeypatch.setattr(broker.source, "Producer", _Producer)
-    return Source(SETTINGS, "unit", transactional_id="unit.tx")
+def transactional() -> Source:
+    return Source(SETTINGS, "unit", transactional_id="unit.tx", kafka=FakeKafka(producers=_Producer))
 
 
 @pytest.mark.parametrize(

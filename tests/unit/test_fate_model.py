@@ -174,7 +174,7 @@ class FateMachine(RuleBasedStateMachine):
         config = AckerConfig(**{**{f: getattr(self.config, f) for f in self.config.__dataclass_fields__
                                    if self.config.__dataclass_fields__[f].init},
                                 "instance_id": f"model-{self.instances}"})
-        acker = Acker(KafkaSettings("model:9092"), NS, config, clock=self.clock)
+        acker = Acker(KafkaSettings("model:9092"), NS, config, clock=self.clock, kafka=self.cluster)
         if "timestamps" in DIMENSIONS:
             acker.reading.behind = BEHIND
         return acker

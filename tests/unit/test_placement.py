@@ -9,12 +9,11 @@ import broker.placement
 from broker.partitioning import get_partitioner
 from broker.placement import Placements
 from broker.schemas import avro_placement
-from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
 
 def _placements() -> Placements:
-    placements = Placements(KafkaSettings("fake:9092"), Namespace("unit"), {"b": "murmur2_random"})
+    placements = Placements(Namespace("unit"), {"b": "murmur2_random"}, lambda names: dict.fromkeys(names))
     placements.partitions.update({"a": 4, "b": 3})  # as if checked on the cluster
     return placements
 

@@ -14,16 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import broker.acker.service
 from broker import ids
 from broker.ledger.clock import ManualClock
 from broker.ledger.table import LedgerTable
 from broker.schemas import PersistedRecord, XorBatch
+from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
-    FakeConsumer,
-    FakeMessage,
     acks_msg,
     fake_kafka,  # noqa: F401 - the fixture
     make_acker,
@@ -175,15 +173,14 @@ def test_watches_and_marks_survive_the_changelog() -> None:
 
 
 @pytest.fixture
-def markers_topic(fake_kafka: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def markers_topic(fake_kafka: None) -> FakeKafka:  # noqa: F811
     """ns.superseded exists with the ledger's partition count; the replay topics with 4."""
-    counts = {NS.superseded: FakeConsumer.partitions}
-    monkeypatch.setattr(broker.acker.service, "partition_counts", lambda _s, names: {n: counts.get(n, 4) for n in names})
+    return FakeKafka(counts={NS.superseded: FakeConsumer.partitions})
 
 
-def test_the_acker_marks_the_replay_of_a_late_original_and_settles_it(markers_topic: None) -> None:
+def test_the_acker_marks_the_replay_of_a_late_original_and_settles_it(markers_topic: FakeKafka) -> None:
     clock = ManualClock(T0)
-    acker, consumer, producer = make_acker(clock)
+    acker, consumer, producer = make_acker(clock, kafka=markers_topic)
     original = persisted(S, ROOT, created_ms=T0, timeout_ms=1_000)
     lp = ids.ledger_partition(S, FakeConsumer.partitions)
     consumer.batches.append([persist_msg(original), acks_msg(lp, 0, [S], [ROOT ^ CHILD])])
@@ -262,11 +259,11 @@ def test_a_replay_owned_elsewhere_gets_its_mark_through_the_acks_topic() -> None
 
 
 def a_last_attempt_that_timed_out_while_its_original_is_watched(
-    clock: ManualClock,
+    clock: ManualClock, kafka: FakeKafka,
 ) -> tuple[Any, FakeConsumer, Any, PersistedRecord]:
     """S (max 2 attempts) times out and is replayed as its last attempt R, which is registered
     and times out too - before anything of S completes (a task busy with S for two timeouts)."""
-    acker, consumer, producer = make_acker(clock)
+    acker, consumer, producer = make_acker(clock, kafka=kafka)
     original = persisted(S, ROOT, created_ms=T0, timeout_ms=1_000, max_attempts=2)
     lp = ids.ledger_partition(S, FakeConsumer.partitions)
     consumer.batches.append([persist_msg(original), acks_msg(lp, 0, [S], [ROOT ^ CHILD])])
@@ -283,12 +280,12 @@ def a_last_attempt_that_timed_out_while_its_original_is_watched(
     return acker, consumer, producer, replay
 
 
-def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_complete(markers_topic: None) -> None:
+def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_complete(markers_topic: FakeKafka) -> None:
     """The original completes after its last replay timed out: the replay is settled as
     completed - the record was processed - never dead-lettered (seen in CI: a task busy
     with the first attempt for two timeouts, max_attempts 3)."""
     clock = ManualClock(T0)
-    acker, consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock)
+    acker, consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock, markers_topic)
     assert outcomes(producer) == {S: b"replay"}  # the replay's dead letter waits
     assert not [p for p in producer.committed if p.topic == NS.dlq]
     assert acker.counters()["dlq_held"] == 1
@@ -305,10 +302,10 @@ def test_a_last_attempt_is_not_dead_lettered_while_its_original_may_still_comple
     assert (c["superseded_settled"], c["dlq"], c["pending"]) == (1, 0, 0)
 
 
-def test_a_held_last_attempt_is_dead_lettered_when_the_watches_end(markers_topic: None) -> None:
+def test_a_held_last_attempt_is_dead_lettered_when_the_watches_end(markers_topic: FakeKafka) -> None:
     """Held for the original's watch and for its own late events: the later of the two."""
     clock = ManualClock(T0)
-    acker, _consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock)
+    acker, _consumer, producer, replay = a_last_attempt_that_timed_out_while_its_original_is_watched(clock, markers_topic)
     held_at = clock.now_ms()
     # the original's watch, and its own from when it timed out (watch_ms: the orphan TTL)
     watch_end = max(replay.history[-1].at_ms, held_at) + 60_000

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-import broker.task
 from broker.errors import ConfigurationError
 from broker.headers import Tracking
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from broker.task_acks import Events, TaskAcks
+from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_interval_commit import Consumer, Message, Producer
 
 
@@ -23,10 +23,7 @@ class Untracked(Message):
 
 
 def _task(monkeypatch: pytest.MonkeyPatch, **handlers: Any) -> tuple[Task, list[Events]]:
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
-    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", config=TaskConfig(), **handlers)
+    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", config=TaskConfig(), **handlers, kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     sent: list[Events] = []
     monkeypatch.setattr(TaskAcks, "send", lambda _self, events: sent.append(events))
     return task, sent
@@ -82,11 +79,8 @@ def test_an_exception_stops_the_task_without_fail_on_exception(monkeypatch: pyte
     def handle_batch(records: list[TaskRecord], contexts: list[TaskContext]) -> None:
         raise ValueError("boom")
 
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
     task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", config=TaskConfig(fail_on_exception=False),
-                batch_handler=handle_batch)
+                batch_handler=handle_batch, kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     with pytest.raises(ValueError, match="boom"):
         task.handle_batch(_inputs())
 

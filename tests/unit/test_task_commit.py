@@ -16,6 +16,7 @@ import broker.task
 from broker.errors import KafkaClientError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskContext, TaskRecord
+from tests.unit.fakes import FakeKafka
 
 
 class Producer:
@@ -68,14 +69,10 @@ class Message:
 
 @pytest.fixture
 def task(monkeypatch: pytest.MonkeyPatch) -> Task:
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
-
     def handle(record: TaskRecord, ctx: TaskContext) -> None:
         ctx.emit("out", record.key, record.value)
 
-    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle)
+    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
 
 
 @pytest.mark.parametrize("code", [KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION])

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-import broker.task
 from broker.errors import ConfigurationError
 from broker.headers import Tracking
 from broker.retry import checked_retry_after_ms
@@ -15,6 +14,7 @@ from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
 from broker.task_acks import Events, TaskAcks
+from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_batch_handler import _by_srid, _inputs, _task
 from tests.unit.test_task_interval_commit import Consumer, Producer
 
@@ -45,10 +45,7 @@ def test_an_exception_fails_its_input_and_the_batch_goes_on(
 
 
 def test_an_exception_stops_the_task_without_fail_on_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
-    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", _handler, TaskConfig(fail_on_exception=False))
+    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", _handler, TaskConfig(fail_on_exception=False), kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     with pytest.raises(ValueError, match="boom"):
         task.handle_batch(_inputs())
     c = task.counters
@@ -76,11 +73,8 @@ def test_a_rejection_or_a_fatal_exception_dead_letters_its_input_with_the_reason
     """Issue 43 item 2: ``ctx.reject`` and ``TaskConfig(fatal=...)`` reject an input (its
     attempts are not spent on an error that comes back every time); any other exception fails
     it as before - or stops the task without ``fail_on_exception``, while a fatal one never does."""
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
     config = TaskConfig(fatal=(BadInput,), fail_on_exception=fail_on_exception)
-    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", _rejecting, config)
+    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", _rejecting, config, kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     sent: list[Events] = []
     monkeypatch.setattr(TaskAcks, "send", lambda _self, events: sent.append(events))
     tracking = [Tracking.from_headers(m.headers()) for m in _inputs()]

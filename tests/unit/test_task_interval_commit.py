@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-import broker.task
 from broker.headers import tracking_headers
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
+from tests.unit.fakes import FakeKafka
 
 
 class Producer:
@@ -75,14 +75,10 @@ class Message:
 
 @pytest.fixture
 def task(monkeypatch: pytest.MonkeyPatch) -> Task:
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
-
     def handle(record: TaskRecord, ctx: TaskContext) -> None:
         ctx.emit("out", record.key, record.value)
 
-    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, TaskConfig(commit_interval_ms=60_000))
+    return Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handle, TaskConfig(commit_interval_ms=60_000), kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
 
 
 def test_batches_are_handled_at_once_and_committed_together_at_finish(task: Task) -> None:

@@ -19,6 +19,7 @@ from broker.retry import RetryPolicy
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from broker.task_acks import Events, TaskAcks
+from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_interval_commit import Message, Producer
 
 
@@ -61,11 +62,8 @@ class Clock:
 
 
 def make(monkeypatch: pytest.MonkeyPatch, handler: Any, **config: Any) -> tuple[Task, list[Events], list[int], Clock]:
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
     settings = {"outage": (Down,), "outage_retry": RetryPolicy(100, 2.0, 1_000, 0.0), **config}
-    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handler, TaskConfig(**settings))
+    task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", handler, TaskConfig(**settings), kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     clock = Clock()
     task._outage._clock = clock
     sent: list[Events] = []
@@ -146,11 +144,8 @@ def test_a_batch_handler_puts_its_whole_batch_back(monkeypatch: pytest.MonkeyPat
     def batch_handler(records: list[TaskRecord], contexts: list[TaskContext]) -> None:
         raise Down("down")
 
-    monkeypatch.setattr(broker.task, "Producer", Producer)
-    monkeypatch.setattr(broker.task, "Consumer", Consumer)
-    monkeypatch.setattr(broker.task, "check", lambda *_a, **_k: 2)
     task = Task(KafkaSettings("fake:9092"), "unit", ["orders"], "g", batch_handler=batch_handler,
-                config=TaskConfig(outage=(Down,)))
+                config=TaskConfig(outage=(Down,)), kafka=FakeKafka(producers=Producer, consumers=Consumer, partitions=2))
     sent: list[Events] = []
     monkeypatch.setattr(TaskAcks, "send", lambda _self, events: sent.append(events))
     monkeypatch.setattr(TaskAcks, "touch", lambda *_a: None)
