@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -37,7 +38,7 @@ CSP = (
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer would make a browser send "Origin: null" on a POST
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
     "Cross-Origin-Opener-Policy": "same-origin",
@@ -359,14 +360,22 @@ def handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A browser drops its idle keep-alive connections: nothing to report.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Server:
     """The console on ``bind:port`` (port 0: a free one, see ``port``)."""
 
     def __init__(self, console: Console, bind: str = "127.0.0.1", port: int = 8080) -> None:
         check_bind(bind, console.auth)
         self.console = console
-        self.httpd = ThreadingHTTPServer((bind, port), handler_for(console))
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((bind, port), handler_for(console))
         self._thread: threading.Thread | None = None
 
     @property
