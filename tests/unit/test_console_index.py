@@ -15,9 +15,10 @@ from broker.settings import KafkaSettings
 from tests.unit.console_data import BASE_MS, quarantined, record
 
 
-@pytest.fixture
-def index() -> Index:
-    idx = Index(":memory:")
+@pytest.fixture(params=[2000, 0], ids=["by-filter-index", "by-time"])
+def index(request: pytest.FixtureRequest) -> Index:
+    """Both plans of a page: from the filter's index, and along the time index."""
+    idx = Index(":memory:", walk=request.param)
     entries = [record(i, partition=i % 2, topic="ns.orders" if i % 3 else "ns.payments",
                       reason="handler: timeout" if i % 4 == 0 else "handler: cannot parse",
                       headers=(("tenant", b"acme" if i % 5 == 0 else b"other"),)) for i in range(40)]
