@@ -189,8 +189,27 @@ class Audit:
                 self._producer.flush(10)
 
 
-#: The counters the Overview charts as per-second rates.
+#: The counters the Overview charts as per-second rates: the status' own, then the acker
+#: counters of replays held back - by a back-off, by a key's turn or a replay rate, by a
+#: task's Retry-After.
 RATES = ("completed", "replayed", "dlq")
+WAITS = ("replays_backed_off", "replays_waited", "retry_afters")
+
+
+def ackers(settings: KafkaSettings, ns: Namespace, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The acker group's members now, each with the partitions it owns per topic."""
+    group = f"{ns.name}.acker"
+    admin = AdminClient(settings.client_config())
+    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout=timeout_s)
+    out = []
+    for member in description.members:
+        owned: dict[str, int] = {}
+        for tp in getattr(member.assignment, "topic_partitions", None) or []:
+            owned[tp.topic] = owned.get(tp.topic, 0) + 1
+        out.append({"client_id": member.client_id, "host": member.host, "partitions": owned,
+                    "owned": max(owned.values(), default=0)})
+    out.sort(key=lambda m: (m["host"], m["client_id"]))
+    return out
 
 
 class Sampler:
@@ -214,10 +233,17 @@ class Sampler:
 
     def sample(self) -> None:
         try:
-            self.samples.append((time.time(), status(self.settings, self.ns.name)))
+            sample = status(self.settings, self.ns.name)
             self.error = None
         except ReplayBrokerError as exc:
             self.error = str(exc)
+            return
+        try:
+            sample["ackers"] = ackers(self.settings, self.ns)
+        except Exception as exc:  # noqa: BLE001 - the group's description is shown as missing, the status still is
+            sample["ackers"] = None
+            sample["ackers_error"] = str(exc)
+        self.samples.append((time.time(), sample))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -228,13 +254,16 @@ class Sampler:
         return self.samples[-1][1] if self.samples else None
 
     def series(self) -> dict[str, list[tuple[float, float]]]:
-        """Per-second rates of ``RATES`` and ``pending``, over the samples kept."""
+        """Per-second rates of ``RATES`` and ``WAITS``, and ``pending``, over the samples kept."""
         points = list(self.samples)
-        out: dict[str, list[tuple[float, float]]] = {name: [] for name in (*RATES, "pending")}
+        out: dict[str, list[tuple[float, float]]] = {name: [] for name in (*RATES, *WAITS, "pending")}
         for (t0, a), (t1, b) in itertools.pairwise(points):
             gap = max(t1 - t0, 1e-3)
             for name in RATES:
                 out[name].append((t1, max(0.0, (b.get(name, 0) - a.get(name, 0)) / gap)))
+            ca, cb = a.get("counters", {}), b.get("counters", {})
+            for name in WAITS:
+                out[name].append((t1, max(0.0, (cb.get(name, 0) - ca.get(name, 0)) / gap)))
         for t, s in points:
             out["pending"].append((t, float(s.get("pending", 0))))
         return out

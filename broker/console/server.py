@@ -22,7 +22,7 @@ from typing import Any
 from broker import trace as tracing
 from broker.console.auth import Authenticator, Principal, check_bind, same_origin
 from broker.console.index import Filter, Index
-from broker.console.kafka import Audit, AuditLog, Sampler, Tailer
+from broker.console.kafka import WAITS, Audit, AuditLog, Sampler, Tailer
 from broker.console.render import HERE, environment, line_chart, parse_time, timeline
 from broker.console.runs import Redrives, parse_rate
 from broker.errors import ConfigurationError, ReplayBrokerError
@@ -144,9 +144,11 @@ class Console:
             line_chart("replayed / s", series["replayed"], now),
             line_chart("dead-lettered / s", series["dlq"], now),
             line_chart("pending", series["pending"], now),
+            line_chart("replays backed off / s", series["replays_backed_off"], now),
+            line_chart("replays waiting their turn or rate / s", series["replays_waited"], now),
         ]
         counters = (latest or {}).get("counters", {})
-        waits = {k: v for k, v in counters.items() if "wait" in k or "backoff" in k or "rate" in k}
+        waits = {name: counters.get(name, 0) for name in (*WAITS, "outage_stopped_ms")}
         return HTTPStatus.OK, self.render(
             "overview.html", req, status=latest, worst=worst, charts=charts, waits=waits,
             sample_error=self.sampler.error, samples=len(self.sampler.samples),

@@ -22,7 +22,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 from broker import topics
 from broker.acker import Acker, AckerConfig
 from broker.console.auth import Authenticator, parse_tokens
-from broker.console.kafka import audit_topic
+from broker.console.index import Filter, Index
+from broker.console.kafka import Tailer, audit_topic
 from broker.console.server import Server, build
 from broker.dev.testing import unique_name
 from broker.kafka_io import read_to_end
@@ -194,7 +195,29 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
 
         wait_until(lambda: sorted(history()) == ["cancelled", "completed"], "the runs' history")
 
+        # ---- the Overview: the acker, the records completed, from the console's own samples
+        def overview() -> str:
+            op.goto(f"{base}/")
+            return op.locator("#ackers").inner_text() if op.locator("#ackers").count() else ""
+
+        wait_until(lambda: overview().startswith("1 acker instance"), "the acker on the Overview")
+        assert int(op.locator("#completed").inner_text()) >= len(good) + PLAIN
+        assert op.locator("svg.chart").count() == 6
+
         assert watch.dialogs == [] and watch.foreign == [] and watch.errors == []
+
+        # ---- the index is rebuilt from the topic alone: the same entries, the same marks
+        fresh = Index(tmp_path / "rebuilt.sqlite")
+        tailer = Tailer(settings, ns, fresh, refresh_s=0.5)
+        tailer.start()
+        try:
+            wait_until(tailer.caught_up.is_set, "the rebuilt index")
+            old, new = server.console.index.page(Filter(), size=100), fresh.page(Filter(), size=100)
+            assert [(r.where, r.key, r.redriven) for r in new.rows] == [(r.where, r.key, r.redriven) for r in old.rows]
+            assert len(fresh.runs()) == 2
+        finally:
+            tailer.stop()
+            fresh.close()
         operator.close()
         viewer.close()
     finally:
