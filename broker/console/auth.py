@@ -77,6 +77,21 @@ class Principal:
         return self.role >= Role.OPERATOR
 
 
+def _credentials(header: str) -> tuple[str, str | None] | None:
+    """(token, the Basic user or None for Bearer) of an Authorization header."""
+    scheme, _, value = header.strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return value, None
+    if scheme.lower() == "basic" and value:
+        try:
+            user, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return (password, user) if sep and password else None
+    return None
+
+
 def _fingerprint(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:8]
 
@@ -96,29 +111,17 @@ class Authenticator:
     def authenticate(self, authorization: str | None) -> Principal | None:
         if self.open:
             return Principal(Role.OPERATOR, "local")
-        token = self._token(authorization or "")
-        if token is None:
+        given = _credentials(authorization or "")
+        if given is None:
             return None
+        token, user = given
         for known, role in self.tokens.items():
+            # compared in constant time, and each known token in turn: no early exit by value
             if hmac.compare_digest(known.encode(), token.encode()):
+                # Basic names the role, so a viewer's token typed as "operator" is refused
+                if user is not None and user.strip().lower() != role.label:
+                    return None
                 return Principal(role, f"{role.label}:{_fingerprint(known)}")
-        return None
-
-    def _token(self, header: str) -> str | None:
-        scheme, _, value = header.strip().partition(" ")
-        value = value.strip()
-        if scheme.lower() == "bearer" and value:
-            return value
-        if scheme.lower() == "basic" and value:
-            try:
-                user, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return None
-            if not sep:
-                return None
-            role = self.tokens.get(password)
-            # the user names the role, so a viewer's token typed as "operator" is refused
-            return password if role is not None and role.label == user.strip().lower() else None
         return None
 
     def csrf_token(self, principal: Principal) -> str:
@@ -141,6 +144,18 @@ def same_origin(headers: Mapping[str, str], host: str) -> bool:
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def loopback_host(host: str) -> bool:
+    """A ``Host`` header naming this machine. Without tokens every request must: a page of
+    another site whose name was made to point at 127.0.0.1 (DNS rebinding) is same-origin to
+    itself and could read the pages and their CSRF token, but it sends its own name."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name
+    else:
+        name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+    return name in LOOPBACK or (name.startswith("127.") and name.replace(".", "").isdigit())
 
 
 def check_bind(bind: str, auth: Authenticator) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import trace as tracing
-from broker.console.auth import Authenticator, Principal, check_bind, same_origin
+from broker.console.auth import Authenticator, Principal, check_bind, loopback_host, same_origin
 from broker.console.index import Filter, Index
 from broker.console.kafka import WAITS, Audit, AuditLog, Sampler, Tailer
 from broker.console.render import HERE, environment, line_chart, parse_time, timeline
@@ -311,6 +311,9 @@ def handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
                     return
                 self._send(HTTPStatus.OK, (HERE / "static" / name).read_bytes(), STATIC[name],
                            {"Cache-Control": "max-age=300"})
+                return
+            if console.auth.open and not loopback_host(self.headers.get("Host", "")):
+                self._error(HTTPStatus.FORBIDDEN, "without tokens the console answers only to a loopback host name")
                 return
             principal = console.auth.authenticate(self.headers.get("Authorization"))
             if principal is None:

@@ -11,6 +11,7 @@ from broker.console.auth import (
     Role,
     check_bind,
     load_tokens,
+    loopback_host,
     parse_tokens,
     same_origin,
 )
@@ -111,3 +112,14 @@ def test_without_tokens_only_loopback(auth: Authenticator) -> None:
         with pytest.raises(ConfigurationError, match="loopback only"):
             check_bind(bind, open_auth)
     check_bind("0.0.0.0", auth)
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [("127.0.0.1:8080", True), ("localhost:8080", True), ("localhost", True), ("[::1]:8080", True),
+     ("127.0.0.2", True), ("evil.example:8080", False), ("127.0.0.1.evil.example", False), ("", False),
+     ("[::ffff:1.2.3.4]:80", False)],
+)
+def test_loopback_host_names(host: str, ok: bool) -> None:
+    """Without tokens, what a rebound name (DNS rebinding) sends as Host is refused."""
+    assert loopback_host(host) is ok

@@ -174,3 +174,17 @@ def test_get_of_an_action_and_unknown_pages(server: Server) -> None:
     assert call(server, "GET", "/nope")[0] == 404
     assert call(server, "GET", "/static/console.css", role=None)[0] == 200
     assert call(server, "GET", "/static/../server.py", role=None)[0] == 404
+
+
+def test_without_tokens_only_a_loopback_host_is_served() -> None:
+    index = Index(":memory:")
+    srv = Server(Console(KafkaSettings("127.0.0.1:1"), "ns", Authenticator({}), index, audit=Recorded()), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert call(srv, "GET", "/dead-letters", role=None)[0] == 200
+        status, _, body = call(srv, "GET", "/dead-letters", role=None, headers={"Host": "rebound.example:8080"})
+        assert status == 403 and "loopback" in body
+    finally:
+        srv.httpd.shutdown()
+        srv.httpd.server_close()
