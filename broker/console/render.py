@@ -128,9 +128,12 @@ class Mark:
     label: str  # shown as a <title> (escaped like any text)
 
 
-def timeline(result: dict[str, Any], width: int = 760) -> tuple[list[Mark], list[tuple[float, float, float]], int]:
+Timeline = tuple[list[Mark], list[tuple[float, float, float]], int, tuple[int, int] | None]
+
+
+def timeline(result: dict[str, Any], width: int = 760) -> Timeline:
     """A trace as marks on one time axis, one row per attempt: (marks, the attempts' spans
-    as (y, x0, x1), height)."""
+    as (y, x0, x1), height, the first and last time shown in epoch ms)."""
     events: list[tuple[int, int, str, str]] = []  # at_ms, row, kind, label
     for row, a in enumerate(result.get("attempts", [])):
         p, d, r = a.get("persisted"), a.get("decision"), a.get("replay")
@@ -144,9 +147,9 @@ def timeline(result: dict[str, Any], width: int = 760) -> tuple[list[Mark], list
     rows = max(1, len(result.get("attempts", [])))
     for e in result.get("dlq", []):
         events.append((e["at_ms"], rows, "dead-lettered", f"dead-lettered: {e['reason']} {iso(e['at_ms'])}"))
-    height = (rows + 1) * 28 + 20
+    height = (rows + 1) * 28 + 40
     if not events:
-        return [], [], height
+        return [], [], height, None
     t0 = min(e[0] for e in events)
     t1 = max(e[0] for e in events)
     span = max(t1 - t0, 1)
@@ -156,4 +159,4 @@ def timeline(result: dict[str, Any], width: int = 760) -> tuple[list[Mark], list
         xs = [m.x for m in marks if m.y == 20 + row * 28]
         if xs:
             spans.append((20.0 + row * 28, min(xs), max(xs)))
-    return marks, spans, height
+    return marks, spans, height, (t0, t1)

@@ -208,10 +208,10 @@ class Console:
                     error = str(exc)
         elif key:
             candidates = self.index.by_key(key.encode())
-        marks, spans, height = timeline(result) if result else ([], [], 0)
+        marks, spans, height, span = timeline(result) if result else ([], [], 0, None)
         return HTTPStatus.OK, self.render(
             "trace.html", req, result=result, error=error, ident=ident_text, key=key or "", candidates=candidates,
-            marks=marks, spans=spans, height=height,
+            marks=marks, spans=spans, height=height, span=span,
         ), None
 
     def redrive_page(self, req: Request) -> tuple[HTTPStatus, str, None]:

@@ -49,7 +49,8 @@ def test_timeline_places_attempts_in_time_order() -> None:
         ],
         "dlq": [{"reason": XSS, "at_ms": 3000}],
     }
-    marks, spans, height = timeline(result)
+    marks, spans, height, span = timeline(result)
+    assert span == (1000, 3000)
     assert next(m.kind for m in sorted(marks, key=lambda m: m.x)) == "created"
     assert max(m.x for m in marks if m.kind == "dead-lettered") == max(m.x for m in marks)
     assert len(spans) == 3 and height > 0
