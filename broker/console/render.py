@@ -30,6 +30,7 @@ def environment() -> Environment:
     )
     env.filters["iso"] = iso
     env.filters["text"] = text
+    env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=False, sort_keys=True)
     env.globals["payload"] = payload
     return env
 

@@ -54,3 +54,8 @@ def test_timeline_places_attempts_in_time_order() -> None:
     assert next(m.kind for m in sorted(marks, key=lambda m: m.x)) == "created"
     assert max(m.x for m in marks if m.kind == "dead-lettered") == max(m.x for m in marks)
     assert len(spans) == 3 and height > 0
+
+
+def test_json_in_a_page_is_escaped_too() -> None:
+    shown = environment().from_string("{{ x|json }}").render(x={"key": XSS})
+    assert "<script>" not in shown and "&lt;script&gt;" in shown
