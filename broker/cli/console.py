@@ -31,10 +31,12 @@ def add_console(sub: Any) -> None:
 
 
 def run_console(args: argparse.Namespace) -> int:
-    from broker.console.auth import Authenticator, load_tokens
+    from broker.console.auth import Authenticator, check_bind, load_tokens
     from broker.console.server import build
 
+    # What the console refuses is refused before the cluster is asked anything.
     auth = Authenticator(load_tokens(args.tokens))
+    check_bind(args.bind, auth)
     index = Path(args.index or f"{args.namespace}.console.sqlite")
     if args.rebuild_index:
         for suffix in ("", "-wal", "-shm"):
