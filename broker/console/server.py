@@ -342,6 +342,10 @@ def handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
             except ReplayBrokerError as exc:
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), principal)
                 return
+            except Exception:  # a page that fails answers 500 and is logged; the console keeps serving
+                log.exception("console: %s %s failed", method, path)
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "this page failed; the console's log says why", principal)
+                return
             if location is not None:
                 self.send_response(status)
                 for name, value in HEADERS.items():
@@ -353,7 +357,12 @@ def handler_for(console: Console) -> type[BaseHTTPRequestHandler]:
             self._send(status, body.encode())
 
         def _form(self) -> dict[str, str]:
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:
+                raise HttpError(HTTPStatus.BAD_REQUEST, "a form needs its Content-Length")
             if length > MAX_BODY:
                 raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "form too large")
             ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()

@@ -188,3 +188,15 @@ def test_without_tokens_only_a_loopback_host_is_served() -> None:
     finally:
         srv.httpd.shutdown()
         srv.httpd.server_close()
+
+
+def test_a_form_without_a_usable_length_is_refused(server: Server) -> None:
+    for length in ("-5", "many"):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.putrequest("POST", "/redrive/plan")
+        conn.putheader("Authorization", f"Bearer {OPERATOR}")
+        conn.putheader("Content-Type", "application/x-www-form-urlencoded")
+        conn.putheader("Content-Length", length)
+        conn.endheaders()
+        assert conn.getresponse().status == 400
+        conn.close()
