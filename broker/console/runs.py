@@ -139,7 +139,7 @@ class Redrives:
 
     def _launch(self, run: Run) -> None:
         run._cancel.clear()
-        run.state = "running"
+        run.state, run.error = "running", None
         before = run.done
 
         def keep_going(done: int) -> bool:
