@@ -15,7 +15,13 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
 - ``bridge``: reads its one input topic with its group (``ns.bridge.<input>`` unless told),
   writes ``ns.persist``, its target topic (``DESCRIBE`` its replay topic) and ``ns.dlq``
   (quarantine), and owns the transactional ids ``ns.bridge.*`` (PREFIXED: one per instance;
-  its input offsets commit in those transactions).
+  its input offsets commit in those transactions);
+- ``console``: reads ``ns.dlq``, ``ns.dlq.redriven``, ``ns.persist``, ``ns.ledger`` and the
+  replay topics of its data topics (the index, the status, a trace), describes the group
+  ``ns.acker``, creates, writes and reads its audit log ``ns.console.audit``; with
+  ``redrive`` also what a redrive writes: ``ns.persist``, the replay topics and
+  ``ns.dlq.redriven`` (created on the first run) under the transactional id
+  ``ns.dlq-redrive``.
 
 Every role checks the layout at start (``topics.check``): ``DESCRIBE`` on the namespace's
 topics and ``DESCRIBE_CONFIGS`` on the compacted ones.
@@ -43,8 +49,8 @@ if TYPE_CHECKING:
 
     from broker.settings import KafkaSettings
 
-Role = Literal["source", "task", "acker", "bridge"]
-ROLES: tuple[Role, ...] = ("source", "task", "acker", "bridge")
+Role = Literal["source", "task", "acker", "bridge", "console"]
+ROLES: tuple[Role, ...] = ("source", "task", "acker", "bridge", "console")
 
 
 @dataclass(frozen=True, order=True)
@@ -74,7 +80,7 @@ def acker_group_prefix(ns: Namespace) -> str:
 
 
 # The names within a namespace NS that belong to the broker itself, by what follows "NS.".
-OWN_TOPIC_SUFFIXES = ("persist", "acks", "ledger", "dlq", "superseded", "dlq.redriven")
+OWN_TOPIC_SUFFIXES = ("persist", "acks", "ledger", "dlq", "superseded", "dlq.redriven", "console.audit")
 OWN_GROUP_PARTS = ("acker", "bridge")  # NS.acker, NS.acker.*, NS.bridge.*
 
 
@@ -117,13 +123,15 @@ def role_acls(
     outputs: Iterable[str] = (),
     group: str | None = None,
     transactional_id: str | None = None,
+    redrive: bool = False,
 ) -> set[Acl]:
     """The ALLOW rules ``role`` needs in ``ns``; nothing else is allowed
     (``allow.everyone.if.no.acl.found=false``).
 
     ``data_topics``: the data topics a source writes, or whose replay topics an acker writes;
     ``inputs``/``outputs``/``group``: a task's, or a bridge's (one input; its output defaults
-    to the bridge's default target); ``transactional_id``: a transactional source's.
+    to the bridge's default target); ``transactional_id``: a transactional source's;
+    ``redrive``: a console that may redrive (else it only reads, and writes its audit log).
     """
     acls = _layout_check(ns)
     if role == "source":
@@ -162,6 +170,8 @@ def role_acls(
         acls |= {Acl("TRANSACTIONAL_ID", f"{prefix}.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
     elif role == "bridge":
         acls |= _bridge_acls(ns, list(inputs), list(outputs), group)
+    elif role == "console":
+        acls |= _console_acls(ns, list(data_topics), redrive)
     else:
         raise ConfigurationError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
     return acls
@@ -181,6 +191,23 @@ def _bridge_acls(ns: Namespace, inputs: list[str], outputs: list[str], group: st
     group = _user_name("bridge", "group", group or f"{ns.name}.bridge.{source}", ns, allowed="bridge")
     acls.add(Acl("GROUP", group, "LITERAL", "READ"))
     acls |= {Acl("TRANSACTIONAL_ID", f"{ns.name}.bridge.", "PREFIXED", op) for op in ("WRITE", "DESCRIBE")}
+    return acls
+
+
+def _console_acls(ns: Namespace, data_topics: list[str], redrive: bool) -> set[Acl]:
+    marks, audit = f"{ns.dlq}.redriven", f"{ns.name}.console.audit"
+    acls = _topic(ns.dlq, "READ") | _topic(ns.persist, "READ") | _topic(ns.ledger, "READ")
+    acls |= _topic(marks, "DESCRIBE", "READ") | _topic(audit, "CREATE", "DESCRIBE", "READ", "WRITE")
+    acls.add(Acl("GROUP", acker_group_prefix(ns), "LITERAL", "DESCRIBE"))
+    # Its readers assign partitions and commit nothing; their group ids are named all the same.
+    acls |= {Acl("GROUP", name, "LITERAL", "READ") for name in (f"{ns.name}.console", "replaybroker.read")}
+    for topic in data_topics:
+        acls |= _topic(_data_topic("console", topic, "read"), "DESCRIBE") | _topic(replay_topic(topic), "READ")
+    if redrive:
+        acls |= _topic(ns.persist, "WRITE") | _topic(marks, "CREATE", "WRITE")
+        acls |= {Acl("TRANSACTIONAL_ID", f"{ns.name}.dlq-redrive", "LITERAL", op) for op in ("WRITE", "DESCRIBE")}
+        for topic in data_topics:
+            acls |= _topic(replay_topic(topic), "DESCRIBE", "WRITE")
     return acls
 
 

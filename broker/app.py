@@ -36,6 +36,7 @@ from broker.topics import REPLAY_SUFFIX, Namespace, replay_topic
 if TYPE_CHECKING:
     from broker.acker.config import AckerConfig
     from broker.acker.service import Acker
+    from broker.console.service import ConsoleConfig, ConsoleService
     from broker.kafka_port import KafkaPort
     from broker.source import Source, SourceConfig
     from broker.task import Task, TaskConfig
@@ -44,6 +45,7 @@ Handler = Callable[..., Any]
 
 ACKER = "acker"
 TASK = "task:"
+CONSOLE = "console"
 
 
 class Topic(str):
@@ -97,6 +99,7 @@ class App:
         self.topics: dict[str, Topic] = {}
         self._tasks: dict[str, tuple[list[Topic], Handler, TaskConfig | None, dict[str, Any]]] = {}
         self._acker: tuple[AckerConfig | None, dict[str, Any]] | None = None
+        self._console: tuple[ConsoleConfig | None, dict[str, Any]] | None = None
         self._stop = threading.Event()
 
     @property
@@ -147,6 +150,11 @@ class App:
         """Declare the acker role; ``options`` are ``AckerConfig`` fields (over ``config``)."""
         self._acker = (config, options)
 
+    def console(self, config: ConsoleConfig | None = None, **options: Any) -> None:
+        """Declare the console role (broker.console: the operator's pages, on ``port``);
+        ``options`` are ``ConsoleConfig`` fields (over ``config``)."""
+        self._console = (config, options)
+
     def _declared(self, topic: str) -> Topic:
         if isinstance(topic, Topic):
             return topic
@@ -194,16 +202,22 @@ class App:
 
     @property
     def roles(self) -> list[str]:
-        """What can run: ``acker`` (when declared) and ``task:<name>`` per task."""
-        return ([ACKER] if self._acker is not None else []) + [TASK + name for name in self._tasks]
+        """What can run: ``acker`` and ``console`` (when declared) and ``task:<name>`` per task."""
+        return (([ACKER] if self._acker is not None else []) + [TASK + name for name in self._tasks]
+                + ([CONSOLE] if self._console is not None else []))
 
-    def service(self, role: str) -> Acker | Task:
+    def service(self, role: str) -> Acker | Task | ConsoleService:
         """The service of ``role`` (see ``roles``), built, not started."""
         if role == ACKER and self._acker is not None:
             from broker.acker import Acker, AckerConfig
 
             acker_config, options = self._acker
             return Acker(self.settings, self.ns, replace(acker_config or AckerConfig(), **options), kafka=self.kafka)
+        if role == CONSOLE and self._console is not None:
+            from broker.console.service import ConsoleConfig, ConsoleService
+
+            console_config, options = self._console
+            return ConsoleService(self.settings, self.ns, replace(console_config or ConsoleConfig(), **options))
         if role.startswith(TASK) and role[len(TASK):] in self._tasks:
             from broker.task import Task, TaskConfig
 

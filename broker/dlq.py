@@ -39,7 +39,7 @@ import getpass
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -490,10 +490,18 @@ def redrive(
     max_attempts: int | None = None,
     dry_run: bool = False,
     chunk: int = REDRIVE_CHUNK,
+    only: Collection[bytes] | None = None,
+    keep_going: Callable[[int], bool] | None = None,
+    who: str | None = None,
 ) -> RedriveResult:
     """Re-inject selected DLQ records as fresh source records with their origin, through the
     replay path, at most ``rate_per_s`` a second (None: as fast as it goes); see the module
-    doc for why running it twice does not inject twice."""
+    doc for why running it twice does not inject twice.
+
+    ``only``: marker keys (``DlqEntry.marker_key``) a selected entry must also have - a plan
+    shown before, so what runs is what was shown. ``keep_going(redriven so far)`` is asked
+    after each committed chunk; False stops the run there (recorded as ``cancelled``), and
+    running it again later continues with what is left. ``who`` names the run's author."""
     if rate_per_s is not None and not rate_per_s > 0:
         raise ConfigurationError(f"a redrive rate must be a positive number of records per second, not {rate_per_s!r}")
     where = where or RedriveFilter(reason_prefix, origins)
@@ -513,7 +521,13 @@ def redrive(
     try:
         source.init_transactions()
         plan = plan_redrive(read_entries(settings, ns), read_markers(settings, ns), where=where)
+        if only is not None:
+            wanted = set(only)
+            kept = [e for e in plan.selected if e.marker_key in wanted]
+            plan.not_matching += len(plan.selected) - len(kept)
+            plan.selected = kept
         result = RedriveResult(plan)
+        cancelled = False
         pace = _Pace(rate_per_s)
         # A transaction per second's worth at a rate: what is committed is what went out.
         size = chunk if rate_per_s is None else max(1, min(chunk, int(rate_per_s)))
@@ -524,8 +538,11 @@ def redrive(
                     pace.wait()
                     done.append(_redrive_one(source, ns, marker_topic, entry, keep_auto=timeout_ms is None))
             result.redriven.extend(done)
+            if keep_going is not None and not keep_going(len(result.redriven)):
+                cancelled = len(result.redriven) < len(plan.selected)
+                break
         result.seconds = time.monotonic() - began
-        result.run = _record_run(source, marker_topic, where, rate_per_s, plan, result)
+        result.run = _record_run(source, marker_topic, where, rate_per_s, plan, result, who=who, cancelled=cancelled)
         return result
     finally:
         with contextlib.suppress(Exception):
@@ -550,17 +567,19 @@ class _Pace:
 
 def _record_run(
     source: Source, marker_topic: str, where: RedriveFilter, rate_per_s: float | None, plan: RedrivePlan,
-    result: RedriveResult,
+    result: RedriveResult, *, who: str | None = None, cancelled: bool = False,
 ) -> dict[str, Any]:
     """The run, in ``ns.dlq.redriven`` (its own transaction, after the records): who, when,
     the filter and how many."""
     now_ms = int(time.time() * 1000)
     run = {
-        "who": f"{getpass.getuser()}@{socket.gethostname()}",
+        "who": who or f"{getpass.getuser()}@{socket.gethostname()}",
+        "state": "cancelled" if cancelled else "completed",
         "at": _iso(now_ms),
         "filter": where.as_json(),
         "rate_per_s": rate_per_s,
         "redriven": len(result.redriven),
+        "selected": len(plan.selected),
         "skipped_already_redriven": plan.already_redriven,
         "skipped_not_matching": plan.not_matching,
         "seconds": round(result.seconds, 3),

@@ -2,6 +2,7 @@
 
 - ``replaybroker run demo_pipeline:app --role task:enrich`` writes each order, enriched, to
   the sink topic ``<namespace>.orders-enriched`` and acks it; ``--role acker`` is the acker;
+- ``--role console`` is the operator's console on ``CONSOLE_PORT`` (8080);
 - ``python demo_pipeline.py --records N --rate R`` is the source: N orders (``{"n": i}``,
   keyed by customer) to ``<namespace>.orders``, R a second, until all are persisted.
 
@@ -25,6 +26,8 @@ enriched = app.topic("orders-enriched", partitions=4)  # the sink: nothing reads
 metrics_port = int(os.environ["METRICS_PORT"]) if os.environ.get("METRICS_PORT") else None
 app.acker(instance_id=os.environ.get("INSTANCE_ID", ""), standby=os.environ.get("STANDBY") == "1",
           metrics_port=metrics_port)
+# The operator's console (tokens from $REPLAYBROKER_CONSOLE_TOKENS; without them loopback only).
+app.console(port=int(os.environ.get("CONSOLE_PORT", "8080")), bind=os.environ.get("CONSOLE_BIND", "127.0.0.1"))
 
 
 @app.task("enrich", orders, metrics_port=metrics_port)

@@ -5,6 +5,7 @@ One module per group of commands, each command's parser next to its handler:
 - ``services``: ``acker``, ``task``, ``run``, ``bridge``;
 - ``topics``: ``topics`` (create, check, acls), ``partition``;
 - ``inspection``: ``status``, ``trace``, ``dlq``;
+- ``console``: ``console``, the operator's console in the browser;
 - ``development``: ``kafka``, ``spark``, ``setup``, ``demo``, ``bench``;
 - ``args``: argument types, the help format, options taken from config dataclasses;
 - ``connection``: the cluster a command talks to, and the check that it answers.
@@ -25,7 +26,7 @@ from typing import Any
 # command does not use. Set to "" to have them loaded.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from broker.cli import development, inspection, services, topics
+from broker.cli import console, development, inspection, services, topics
 from broker.cli.args import (
     AT_LEAST_ZERO,
     PORT,
@@ -129,6 +130,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     inspection.add_status(sub)
     inspection.add_trace(sub)
     inspection.add_dlq(sub)
+    console.add_console(sub)
     topics.add_partition(sub)
     development.add_bench(sub)
     return parser

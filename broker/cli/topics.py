@@ -16,8 +16,9 @@ ROLE_FLAGS = {
     "task": ("group", "input", "output"),
     "acker": ("data_topic",),
     "bridge": ("group", "input", "output"),
+    "console": ("data_topic", "redrive"),
 }
-_ACL_FLAGS = ("data_topic", "transactional_id", "group", "input", "output")
+_ACL_FLAGS = ("data_topic", "transactional_id", "group", "input", "output", "redrive")
 
 
 def add_topics(sub: Any) -> None:
@@ -50,12 +51,14 @@ def add_topics(sub: Any) -> None:
     acls.add_argument("--principal", metavar="User:NAME", required=True, help="the principal of the role")
     acls.add_argument("--apply", action="store_true", help="create them (default: print only)")
     acls.add_argument("--data-topic", action="append", type=topic_name, metavar="NAME",
-                      help="source, acker: a data topic it writes, or whose replay topic it writes (repeatable)")
+                      help="source, acker, console: a data topic it writes, or whose replay topic it writes or reads (repeatable)")
     acls.add_argument("--group", help="task, bridge: the consumer group (bridge default: NS.bridge.INPUT)")
     acls.add_argument("--input", action="append", metavar="TOPIC", help="task, bridge: an input topic (repeatable)")
     acls.add_argument("--output", action="append", metavar="TOPIC",
                       help="task, bridge: an output topic (repeatable; bridge default: INPUT.guaranteed)")
     acls.add_argument("--transactional-id", help="source: its transactional id, if it uses transactions")
+    acls.add_argument("--redrive", action="store_true",
+                      help="console: also what a redrive writes (default: read-only, and its audit log)")
 
 
 def run_topics(args: argparse.Namespace) -> int:
@@ -98,6 +101,7 @@ def run_acls(args: argparse.Namespace) -> int:
         outputs=args.output or [],
         group=args.group,
         transactional_id=args.transactional_id,
+        redrive=args.redrive,
     )
     for line in acls.render(principal, rules):
         print(line)

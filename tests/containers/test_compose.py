@@ -73,7 +73,7 @@ class Stack:
 def stack(compose: list[str]) -> Iterator[Stack]:
     ports = {name: free_port() for name in (
         "KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "ACKER1_METRICS_PORT", "ACKER2_METRICS_PORT",
-        "TASK_METRICS_PORT", "PROMETHEUS_PORT",
+        "TASK_METRICS_PORT", "PROMETHEUS_PORT", "CONSOLE_PORT",
     )}
     assert len(set(ports.values())) == len(ports), "free_port gave one port twice"
     project = unique_name("rb").replace("-", "")

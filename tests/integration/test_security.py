@@ -39,7 +39,7 @@ ROLES = ("source", "task", "acker")
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslKafka]:
-    kafka = SaslKafka(tmp_path_factory.mktemp("kafka-sasl"), users=dict.fromkeys((*ROLES, "bridge")))
+    kafka = SaslKafka(tmp_path_factory.mktemp("kafka-sasl"), users=dict.fromkeys((*ROLES, "bridge", "console")))
     kafka.start()
     try:
         yield kafka
@@ -153,3 +153,59 @@ def test_bridge_principal_bridges_with_its_role_only(secured: SaslKafka) -> None
         time.sleep(0.2)
         forwarded = read_to_end(admin, f"{clicks}.guaranteed", 1)
     assert sorted(m.value() for m in forwarded) == sorted(b"click %d" % i for i in range(20))
+
+
+def test_console_principal_reads_with_its_role_and_redrives_only_when_enabled(secured: SaslKafka, tmp_path: Path) -> None:
+    """The console's least ACLs: under its own principal it indexes the DLQ, samples the
+    status, traces and writes its audit log; a redrive fails on the broker's refusal until the
+    role's --redrive ACLs are added, and then sends the record to its replay topic."""
+    from broker.console.auth import Authenticator
+    from broker.console.index import Filter
+    from broker.console.server import build
+    from broker.ids import new_id
+    from broker.replay import dlq_record
+    from broker.schemas import Failure, PersistedRecord
+
+    ns = topics.Namespace(unique_name("seccon"))
+    admin = settings_of(secured, ADMIN)
+    orders = f"{ns.name}.orders"
+    topics.create(admin, ns, 1, {orders: 1})
+    acls.apply(admin, "User:console", acls.role_acls(ns, "console", data_topics=[orders]))
+    origin = new_id()
+    record = PersistedRecord(srid=origin, origin=origin, attempt=1, root_xor=5, record_id=5, topic=orders,
+                             key_hash_partition=0, partitioner="kafka", key=b"cust-1", value=b"{}", created_ms=1,
+                             headers=(), max_attempts=1)
+    out = dlq_record(ns, record, [Failure(origin, 1, "rejected: bad", 1_000)], "rejected: bad")
+    producer = Producer(admin.producer_config(defaults={"linger.ms": 0}))
+    producer.produce(out.topic, key=out.key, value=out.value, headers=list(out.headers), partition=0)
+    assert producer.flush(30) == 0
+
+    server = build(settings_of(secured, "console"), ns.name, Authenticator({}), index_path=tmp_path / "i.sqlite",
+                   port=0, sample_every_s=1)
+    server.start()
+    console = server.console
+    try:
+        deadline = time.monotonic() + 60
+        while console.index.count() < 1 or console.sampler.latest() is None:
+            assert console.tailer.error is None and time.monotonic() < deadline, console.tailer.error
+            time.sleep(0.2)
+        assert console.sampler.error is None
+        assert console.sampler.latest()["ackers"] == []  # no acker: described, none running
+        from broker import trace
+
+        assert trace.trace(settings_of(secured, "console"), ns.name, origin)["found"]
+        plan = console.redrives.plan(Filter(), "local")
+        assert plan.count == 1
+        run = console.redrives.start(plan, None, "local")
+        console.redrives.wait(run.id, 60)
+        assert run.state == "failed" and "AUTHORIZATION" in (run.error or "").upper()
+        acls.apply(admin, "User:console", acls.role_acls(ns, "console", data_topics=[orders], redrive=True))
+        console.redrives.resume(run.id, "local")
+        console.redrives.wait(run.id, 60)
+        assert (run.state, run.done, run.error) == ("completed", 1, None)
+        replayed = read_to_end(admin, topics.replay_topic(orders), 1)
+        assert [m.key() for m in replayed] == [b"cust-1"]
+        console.audit.record("local", "test", {}, "ok")
+        assert console.audit.read()[0]["action"] == "test"
+    finally:
+        server.stop()
