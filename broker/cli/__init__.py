@@ -147,9 +147,11 @@ def _command_in(argv: list[str]) -> str:
     return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, reach: Callable[..., None] | None = None) -> int:
+    """``reach``: how a command checks that its cluster answers (default ``check_reachable``)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_in(argv)).parse_args(argv)
+    args.reach = reach
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
