@@ -73,6 +73,24 @@ def connection(args: argparse.Namespace) -> tuple[str, Path | None]:
     return str(servers), None
 
 
+@dataclass(frozen=True)
+class Calls:
+    """What the commands run against their cluster when it is not the broker's own
+    (``main(calls=)``: a test hands in stand-ins). None: the broker's, imported when the
+    command runs (a service's module takes seconds to import on a small machine)."""
+
+    status: Callable[..., dict[str, Any]] | None = None  # broker.status.status
+    acker: Callable[..., Any] | None = None  # broker.acker.Acker
+    topics_check: Callable[..., int] | None = None  # broker.topics.check
+    check_replication: Callable[..., tuple[list[str], list[str]]] | None = None  # broker.topics.check_replication
+    dlq_entries: Callable[..., list[Any]] | None = None  # broker.dlq.list_entries
+
+
+def calls_of(args: argparse.Namespace) -> Calls:
+    """The ``Calls`` ``main`` was handed (``args.calls``)."""
+    return getattr(args, "calls", None) or Calls()
+
+
 REACH_TIMEOUT_S = 10.0
 """How long a command waits for a cluster that accepts connections but does not answer."""
 REACH_POLL_S = (0.1, 1.0)
