@@ -77,12 +77,16 @@ class PendingData:
 
     __slots__ = (
         "_closed", "_failed", "_open", "_other", "epoch_s", "failures", "floor_ms", "on_persist", "producer", "since",
+        "wall_clock",
     )
 
-    def __init__(self, producer: Producer, other: Producer | None = None, epoch_s: float | None = None) -> None:
+    def __init__(self, producer: Producer, other: Producer | None = None, epoch_s: float | None = None, *,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """``other``: the second producer epochs alternate with (a transactional source has
-        none: its records never wait here); ``epoch_s``: an epoch's length (``EPOCH_S``)."""
+        none: its records never wait here); ``epoch_s``: an epoch's length (``EPOCH_S``);
+        ``wall_clock``: the time records are created at (``created_ms``), in seconds."""
         self.epoch_s = EPOCH_S if epoch_s is None else epoch_s
+        self.wall_clock = wall_clock
         self.producer = producer
         self._other = producer if other is None else other  # (a Producer is falsy when empty)
         self._open: list[Any] = []  # sent with ``producer`` (ENTRY_FIELDS items a record)
@@ -99,7 +103,7 @@ class PendingData:
         producer. Within one producer a partition keeps its records in send order, so the
         persist records of one ledger partition are in send order by ``(created_ms, persist
         offset)`` - the order the acker decides a key's failures in (docs/design.md §6)."""
-        ms = int(time.time() * 1000)
+        ms = int(self.wall_clock() * 1000)
         if ms < self.floor_ms:
             ms = self.floor_ms
         self.floor_ms = ms

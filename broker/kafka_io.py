@@ -233,10 +233,13 @@ def read_partitions(
     return out
 
 
-def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int | None]:
+def partition_counts(
+    settings: KafkaSettings, topics: Iterable[str], *, admin: AdminClient | None = None
+) -> dict[str, int | None]:
     """Partition count of each topic; None for a topic that does not exist. A cluster that
-    does not answer is asked again for ``settings.start_wait_s``."""
-    admin = AdminClient(settings.client_config())
+    does not answer is asked again for ``settings.start_wait_s``. ``admin``: the client to ask
+    (default: a new one of ``settings``), as for every admin look-up here."""
+    admin = admin or AdminClient(settings.client_config())
     metadata = retrying(lambda: admin.list_topics(timeout=30), "listing topics", retry_for_s=settings.start_wait_s)
     counts: dict[str, int | None] = {}
     for name in topics:
@@ -249,10 +252,12 @@ ADMIN_REQUEST_TIMEOUT_S = 10.0
 """How long one admin request waits for its answer; ``configs_of`` asks again."""
 
 
-def configs_of(settings: KafkaSettings, resources: list[ConfigResource], what: str) -> list[dict[str, ConfigEntry]]:
+def configs_of(
+    settings: KafkaSettings, resources: list[ConfigResource], what: str, *, admin: AdminClient | None = None
+) -> list[dict[str, ConfigEntry]]:
     """The configs of each of ``resources``, in one request; a cluster that does not answer
     (or answers with a transient error) is asked again for ``settings.start_wait_s``."""
-    admin = AdminClient(settings.client_config())  # referenced until the answer is in
+    admin = admin or AdminClient(settings.client_config())  # referenced until the answer is in
 
     def describe() -> list[dict[str, ConfigEntry]]:
         futures = admin.describe_configs(resources, request_timeout=ADMIN_REQUEST_TIMEOUT_S)
@@ -261,26 +266,26 @@ def configs_of(settings: KafkaSettings, resources: list[ConfigResource], what: s
     return retrying(describe, what, retry_for_s=settings.start_wait_s)
 
 
-def _topic_config(settings: KafkaSettings, topic: str, name: str) -> int | None:
+def _topic_config(settings: KafkaSettings, topic: str, name: str, admin: AdminClient | None) -> int | None:
     """The integer config ``name`` of ``topic``, or None when it cannot be read."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
-        return int(configs_of(settings, [resource], f"reading {name} of {topic}")[0][name].value)
+        return int(configs_of(settings, [resource], f"reading {name} of {topic}", admin=admin)[0][name].value)
     except (KafkaException, KeyError, ValueError, TypeError) as exc:
         log.warning("cannot read %s of %s (%s)", name, topic, exc)
         return None
 
 
-def delete_retention_ms(settings: KafkaSettings, topic: str) -> int | None:
+def delete_retention_ms(settings: KafkaSettings, topic: str, *, admin: AdminClient | None = None) -> int | None:
     """``delete.retention.ms`` of ``topic`` (how long compaction keeps its tombstones), or
     None when it cannot be read - the caller must then assume the least."""
-    return _topic_config(settings, topic, "delete.retention.ms")
+    return _topic_config(settings, topic, "delete.retention.ms", admin)
 
 
-def max_message_bytes(settings: KafkaSettings, topic: str) -> int | None:
+def max_message_bytes(settings: KafkaSettings, topic: str, *, admin: AdminClient | None = None) -> int | None:
     """``max.message.bytes`` of ``topic`` (the largest record batch it takes; the broker's
     ``message.max.bytes`` unless the topic overrides it), or None when it cannot be read."""
-    return _topic_config(settings, topic, "max.message.bytes")
+    return _topic_config(settings, topic, "max.message.bytes", admin)
 
 
 def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
@@ -299,7 +304,7 @@ def wait_visible(admin: AdminClient, topics: Mapping[str, int], timeout_s: float
         time.sleep(0.1)
 
 
-def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
+def consumer_group_protocol(settings: KafkaSettings, group: str, *, admin: AdminClient | None = None) -> bool | None:
     """Whether the cluster runs Kafka 4.0's consumer group protocol (KIP-848 GA). Told by a
     read of ``group``'s configs: the GROUP config resource came with it (a 3.x broker refuses
     the read as malformed, and librdkafka needs a ConsumerGroupHeartbeat version that only
@@ -307,7 +312,7 @@ def consumer_group_protocol(settings: KafkaSettings, group: str) -> bool | None:
     cannot be told (no answer, not authorized)."""
     resource = ConfigResource(ResourceType.GROUP, group)
     try:
-        configs_of(settings, [resource], f"reading the configs of group {group}")
+        configs_of(settings, [resource], f"reading the configs of group {group}", admin=admin)
         return True
     except KafkaException as exc:
         if means(exc, Meaning.NO_GROUP_CONFIGS):

@@ -26,12 +26,14 @@ class Placements:
     """A source's data topics as far as used: their partition counts, their keys' partitions
     and their encoded placements, each looked up once."""
 
-    __slots__ = ("_encoded", "_keys", "_ledger", "_partition_counts", "ns", "partitioners", "partitions")
+    __slots__ = ("_encoded", "_keys", "_ledger", "_partition_counts", "max_keys", "ns", "partitioners", "partitions")
 
     def __init__(
-        self, ns: Namespace, partitioners: Mapping[str, str], partition_counts: Callable[[list[str]], Mapping[str, int | None]]
+        self, ns: Namespace, partitioners: Mapping[str, str], partition_counts: Callable[[list[str]], Mapping[str, int | None]],
+        *, max_keys: int = MAX_KEYS,
     ) -> None:
         self._partition_counts = partition_counts  # a KafkaPort's
+        self.max_keys = max_keys  # key partitions kept per topic (``MAX_KEYS``)
         self.ns = ns
         self.partitioners = partitioners  # data topic -> partitioner name; unlisted: "kafka"
         self.partitions: dict[str, int] = {}
@@ -69,7 +71,7 @@ class Placements:
             return cached
         n = self.data_partitions(topic)
         partition = get_partitioner(self.partitioner(topic)).partition(key, n)
-        if len(known) >= MAX_KEYS:
+        if len(known) >= self.max_keys:
             known.clear()  # in place: a batch's ``known_keys`` stays this topic's
         known[key] = partition
         return partition
@@ -86,7 +88,7 @@ class Placements:
         known = self.known_ledger(topic)
         cached = known.get(key)
         if cached is None:
-            if len(known) >= MAX_KEYS:
+            if len(known) >= self.max_keys:
                 known.clear()
             cached = known[key] = get_partitioner(self.partitioner(topic)).partition(key, ledger_partitions)
         return cached
@@ -112,7 +114,7 @@ class Placements:
         fresh: list[bytes] = [k for k in encoded if k not in known]
         if len(fresh) < BATCH_KEYS:
             return
-        if len(known) + len(fresh) > MAX_KEYS:
+        if len(known) + len(fresh) > self.max_keys:
             known.clear()
         partitioner, n = get_partitioner(self.partitioner(topic)), self.data_partitions(topic)
         if ledger_partitions is None or ledger_partitions == n:
@@ -121,7 +123,7 @@ class Placements:
         partitions, lps = partitioner.partition_many_by(fresh, (n, ledger_partitions))  # hashed once
         known.update(zip(fresh, partitions, strict=True))
         ledger = self.known_ledger(topic)
-        if len(ledger) + len(fresh) > MAX_KEYS:
+        if len(ledger) + len(fresh) > self.max_keys:
             ledger.clear()
         ledger.update(zip(fresh, lps, strict=True))
 

@@ -171,13 +171,15 @@ def create(
     replication: int | None = None,
     min_insync: int | None = None,
     overrides: Mapping[str, Mapping[str, str]] | None = None,
+    admin: AdminClient | None = None,
 ) -> list[str]:
     """Create what is missing; topics that exist are left alone (``check`` verifies them).
-    Replication: ``replication_for`` the cluster's size unless given.
+    Replication: ``replication_for`` the cluster's size unless given. ``admin``: the client
+    to ask (default: a new one of ``settings``), as in ``check_replication`` and ``delete``.
 
     Returns the names created.
     """
-    admin = AdminClient(settings.client_config())
+    admin = admin or AdminClient(settings.client_config())
     metadata = admin.list_topics(timeout=30)
     existing = set(metadata.topics)
     wanted = layout(ns, partitions, data_topics or {})
@@ -208,7 +210,9 @@ def create(
 
 
 @kafka_errors("checking replication")
-def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+def check_replication(
+    settings: KafkaSettings, ns: Namespace, data_topics: Iterable[str] = (), *, admin: AdminClient | None = None
+) -> tuple[list[str], list[str]]:
     """(problems, warnings) of the namespace's replication on this cluster. Problems: on a
     cluster of at least 3 brokers a topic with fewer than 3 replicas or min.insync.replicas
     below 2; any partition whose in-sync replicas are fewer than its replicas right now
@@ -216,7 +220,7 @@ def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Itera
     names = [*ns.ledger_topics, ns.dlq]
     for topic in data_topics:
         names += [topic, replay_topic(topic)]
-    admin = AdminClient(settings.client_config())
+    admin = admin or AdminClient(settings.client_config())
     metadata = admin.list_topics(timeout=30)
     brokers = len(metadata.brokers)
     present = [t for t in names if t in metadata.topics and metadata.topics[t].error is None]
@@ -243,9 +247,11 @@ def check_replication(settings: KafkaSettings, ns: Namespace, data_topics: Itera
 
 
 @kafka_errors("deleting topics")
-def delete(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.0) -> list[str]:
+def delete(
+    settings: KafkaSettings, names: Iterable[str], timeout_s: float = 30.0, *, admin: AdminClient | None = None
+) -> list[str]:
     """Delete the topics of ``names`` that exist; returns the names deleted."""
-    admin = AdminClient(settings.client_config())
+    admin = admin or AdminClient(settings.client_config())
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = sorted(set(names) & existing)
     if doomed:

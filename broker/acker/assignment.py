@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from broker.acker.changelog import Changelog
 from broker.acker.commit import Transactions
+from broker.acker.config import AckerConfig
 from broker.acker.lag import ExpiryGate
 from broker.acker.live import LiveClients
 from broker.acker.reading import ReadingOrder
@@ -34,19 +35,19 @@ from broker.topics import Namespace
 log = logging.getLogger("broker.acker")
 _ALL_OFFSETS = 2**63 - 1  # above every persist offset
 
-RESTORE_SLICE_S = 0.05
+RESTORE_SLICE_S = AckerConfig.restore_slice_ms / 1000
 """Changelog reading per loop iteration while partitions restore, at least: the owned ones
 fold between (``restore_slice``)."""
-RESTORE_SLICE_MAX_S = 1.0
+RESTORE_SLICE_MAX_S = AckerConfig.restore_slice_max_ms / 1000
 
 
-def restore_slice(commit_s: float) -> float:
+def restore_slice(commit_s: float, low_s: float = RESTORE_SLICE_S, high_s: float = RESTORE_SLICE_MAX_S) -> float:
     """The restore's share of one loop iteration: as long as the last commit took (between
-    ``RESTORE_SLICE_S`` and ``RESTORE_SLICE_MAX_S``), so a restore gets about half the loop.
+    ``low_s`` and ``high_s``), so a restore gets about half the loop.
     At P = 1 000 on three brokers a commit takes 2-3 s: a fixed 50 ms slice gave a restore a
     fiftieth of the loop, and a ``committed()`` against a loaded coordinator timed out within
     its slice and was asked again one commit later (a standby takeover restored in 68 s)."""
-    return min(max(RESTORE_SLICE_S, commit_s), RESTORE_SLICE_MAX_S)
+    return min(max(low_s, commit_s), high_s)
 
 
 SEEK_RETRY_S = 30.0
@@ -116,7 +117,7 @@ class Assignment:
         # (broker.acker.restoring): the inputs wait, paused, and the partitions already owned
         # go on folding meanwhile.
         pending = self.restores.add(lps, partitions)
-        deadline = time.monotonic() + RESTORE_SLICE_S
+        deadline = time.monotonic() + self.live.configs.config.assign_restore_ms / 1000
         done = None
         while done is None and time.monotonic() < deadline:
             done = self.restores.step(max(deadline - time.monotonic(), 0.001))

@@ -160,15 +160,6 @@ def _keys(srids: np.ndarray | Sequence[int]) -> list[bytes]:
     return [packed[i : i + 8] for i in range(0, len(packed), 8)]
 
 
-OFFSETS_TIMEOUT_S = 30.0
-"""``send_offsets_to_transaction``'s timeout."""
-LEFT_BEHIND_S = 5.0
-"""How long past its timeout ``send_offsets_to_transaction`` is waited for. Its request to the
-group coordinator ignores the timeout (librdkafka #5456): seen in chaos, an acker cut off from
-the cluster stayed blocked in it past the heal, for good. The call is then left on its thread
-with its producer, and the commit fails as cut off (broker.acker.recovery: a new producer)."""
-
-
 class Transactions:
     """Writes a ``Batch`` atomically (or, with ``exactly_once`` off, just flushes it)."""
 
@@ -180,7 +171,7 @@ class Transactions:
         # When the transaction that is open now (or that failed and was not aborted yet) was
         # begun, on this process's monotonic clock; None when none is open.
         self.open_since: float | None = None
-        # The producer is blocked in a call left behind (``LEFT_BEHIND_S``): not used again.
+        # The producer is blocked in a call left behind (``left_behind_ms``): not used again.
         self.stuck = False
 
     def outlived(self, timeout_ms: int) -> bool:
@@ -244,8 +235,9 @@ class Transactions:
             producer.flush(30)  # the verdicts on the rest too, for the next attempt
             raise KafkaException(KafkaError(KafkaError._FAIL, "outputs refused for good: " + "; ".join(refusals.noted)))
         if self.exactly_once:
-            self._within(OFFSETS_TIMEOUT_S, "send_offsets_to_transaction", functools.partial(
-                producer.send_offsets_to_transaction, batch.positions, group, OFFSETS_TIMEOUT_S))
+            timeout_s = self.live.configs.config.offsets_timeout_ms / 1000
+            self._within(timeout_s, "send_offsets_to_transaction", functools.partial(
+                producer.send_offsets_to_transaction, batch.positions, group, timeout_s))
             producer.commit_transaction(60)
             self.open_since = None
         else:
@@ -277,8 +269,12 @@ class Transactions:
         return counts
 
     def _within(self, timeout_s: float, what: str, call: Callable[[], object]) -> None:
-        """``call()`` on a thread of its own, waited for ``timeout_s`` + ``LEFT_BEHIND_S``; if
-        it has not returned by then it is left behind, and so is the producer (``stuck``)."""
+        """``call()`` on a thread of its own, waited for ``timeout_s`` + ``left_behind_ms``; if
+        it has not returned by then it is left behind, and so is the producer (``stuck``). The
+        request of ``send_offsets_to_transaction`` to the group coordinator ignores its timeout
+        (librdkafka #5456): seen in chaos, an acker cut off from the cluster stayed blocked in it
+        past the heal, for good; the commit then fails as cut off (broker.acker.recovery: a new
+        producer)."""
         done = threading.Event()
         failed: list[BaseException] = []
 
@@ -291,11 +287,12 @@ class Transactions:
                 done.set()
 
         threading.Thread(target=run, name=f"acker-{what}", daemon=True).start()
-        if not done.wait(timeout_s + LEFT_BEHIND_S):
+        waited_s = timeout_s + self.live.configs.config.left_behind_ms / 1000
+        if not done.wait(waited_s):
             self.stuck = True
             raise KafkaException(KafkaError(
                 KafkaError._TIMED_OUT,
-                f"{what} did not return in {timeout_s + LEFT_BEHIND_S:.0f}s (librdkafka #5456): its producer is left behind",
+                f"{what} did not return in {waited_s:.0f}s (librdkafka #5456): its producer is left behind",
             ))
         if failed:
             raise failed[0]

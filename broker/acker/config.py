@@ -119,6 +119,20 @@ class AckerConfig:
     # while they are more than this share of the topic's records in the window: a slow-down,
     # not the odd record a task dropped.
     adaptive_timeout_share: float = 0.01
+    # Timings of the service loop. A rebalance callback restores its partitions for up to
+    # assign_restore_ms and leaves the rest to the loop, which gives a restore as long as the
+    # last commit took, between restore_slice_ms and restore_slice_max_ms (about half the loop:
+    # broker.acker.assignment.restore_slice). A quiet acker skips its commits for up to
+    # quiet_recheck_ms (Acker.commit); it waits rejoin_backoff_ms before joining its group again
+    # after losing it. A send_offsets_to_transaction is given offsets_timeout_ms, and waited
+    # for left_behind_ms more before its producer is left behind (librdkafka #5456).
+    assign_restore_ms: int = 50
+    restore_slice_ms: int = 50
+    restore_slice_max_ms: int = 1_000
+    quiet_recheck_ms: int = 1_000
+    rejoin_backoff_ms: int = 1_000
+    offsets_timeout_ms: int = 30_000
+    left_behind_ms: int = 5_000
     # False folds without transactions: ONLY to show what breaks (tests); never in production.
     exactly_once: bool = True
     instance_id_generated: bool = field(default=False, init=False, compare=False)

@@ -30,9 +30,6 @@ from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
 
-REJOIN_BACKOFF_S = 1.0
-"""Pause before a group consumer that failed fatally is replaced by a new one."""
-
 
 class Recovery:
     """Commit errors and rejoins of an ``Acker`` (see the module doc). It owns the counts of
@@ -115,7 +112,7 @@ class Recovery:
                 "commit failed (%s): the transaction outlived transaction.timeout.ms (%d ms), its "
                 "coordinator aborted it; everything owned is dropped, joining the group again in %.1fs "
                 "(a new producer once partitions are owned again)",
-                err, self.live.configs.config.transaction_timeout_ms, REJOIN_BACKOFF_S,
+                err, self.live.configs.config.transaction_timeout_ms, self.live.configs.config.rejoin_backoff_ms / 1000,
             )
             self.fenced_by_timeout += 1
             self.live.producer_stale = True

@@ -50,7 +50,7 @@ from broker.acker.live import LiveClients
 from broker.acker.membership import Rejoins
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.reading import ReadingOrder
-from broker.acker.recovery import REJOIN_BACKOFF_S, Recovery
+from broker.acker.recovery import Recovery
 from broker.acker.refusals import Refusals
 from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
@@ -80,9 +80,6 @@ EARLY_COMMIT = 0.5
 ``commit_interval_ms`` (``Acker._commit_due``)."""
 IDLE_POLL_S = 0.001
 """A poll that took this long found nothing fetched: the acker had caught up with its input."""
-QUIET_RECHECK_S = 1.0
-"""How long a quiet acker skips its commits (``Acker.commit``): the lag gate samples every
-input once a second (broker.acker.lag), and the figures follow."""
 LONG_POLL_MAX_S = 0.1
 """The longest poll (``Acker._poll_timeout_s``): a rebalance callback runs inside a poll, and
 what it leaves for the loop (resuming the partitions it restored, waking fetchers) waits
@@ -130,7 +127,7 @@ class Acker:
         # Pauses before rejoining; refusals of a static member whose instance id is still in
         # use (a killed predecessor's session) counted in membership.in_use.
         self.membership = Rejoins(
-            REJOIN_BACKOFF_S, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
+            self.config.rejoin_backoff_ms / 1000, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
         )
         # The input position of every owned partition. A transaction commits those that moved
         # since the last commit and those of the partitions it writes for - never none:
@@ -353,7 +350,8 @@ class Acker:
                 msgs.extend(consumer.consume(self.config.batch_size - 1, 0))
         assignment = self.assignment
         if self.restores.pending:
-            done = self.restores.step(restore_slice(self._commit_s))
+            done = self.restores.step(restore_slice(
+                self._commit_s, self.config.restore_slice_ms / 1000, self.config.restore_slice_max_ms / 1000))
             if done is not None:
                 assignment.restored(done)
         if assignment.to_resume:
@@ -451,12 +449,13 @@ class Acker:
         """Whether this commit has nothing to look at: the last one found every owned
         partition idle (``PartitionState.idle``: no entry - nothing can fall due with time -
         and nothing to write), nothing was read since, no partition came or went and nothing
-        waits to be written - for at most ``QUIET_RECHECK_S``. At a large P an idle acker's
-        commits were most of its CPU: each one looks at every partition three times."""
+        waits to be written - for at most ``quiet_recheck_ms`` (the lag gate samples every
+        input once a second, broker.acker.lag, and the figures follow). At a large P an idle
+        acker's commits were most of its CPU: each one looks at every partition three times."""
         quiet = self._quiet
         return (
             quiet is not None and not self._read and not self._outgoing and not self.live.producer_stale
-            and quiet[1] == self.assignment.changes and time.monotonic() - quiet[0] < QUIET_RECHECK_S
+            and quiet[1] == self.assignment.changes and time.monotonic() - quiet[0] < self.config.quiet_recheck_ms / 1000
         )
 
     def _commit(self) -> bool:

@@ -45,6 +45,7 @@ from broker.cli.connection import (
     NO_CLUSTER,
     REACH_POLL_S,
     REACH_TIMEOUT_S,
+    Calls,
     LocalBroker,
     check_reachable,
     local_brokers,
@@ -62,6 +63,7 @@ __all__ = [
     "REACH_POLL_S",
     "REACH_TIMEOUT_S",
     "ROLE_FLAGS",
+    "Calls",
     "LocalBroker",
     "acker_config",
     "build_parser",
@@ -149,9 +151,12 @@ def _command_in(argv: list[str]) -> str:
     return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, reach: Callable[..., None] | None = None, calls: Calls | None = None) -> int:
+    """``reach``: how a command checks that its cluster answers (default ``check_reachable``);
+    ``calls``: what the commands run against it (default: the broker's own)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_in(argv)).parse_args(argv)
+    args.reach, args.calls = reach, calls
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -73,6 +73,24 @@ def connection(args: argparse.Namespace) -> tuple[str, Path | None]:
     return str(servers), None
 
 
+@dataclass(frozen=True)
+class Calls:
+    """What the commands run against their cluster when it is not the broker's own
+    (``main(calls=)``: a test hands in stand-ins). None: the broker's, imported when the
+    command runs (a service's module takes seconds to import on a small machine)."""
+
+    status: Callable[..., dict[str, Any]] | None = None  # broker.status.status
+    acker: Callable[..., Any] | None = None  # broker.acker.Acker
+    topics_check: Callable[..., int] | None = None  # broker.topics.check
+    check_replication: Callable[..., tuple[list[str], list[str]]] | None = None  # broker.topics.check_replication
+    dlq_entries: Callable[..., list[Any]] | None = None  # broker.dlq.list_entries
+
+
+def calls_of(args: argparse.Namespace) -> Calls:
+    """The ``Calls`` ``main`` was handed (``args.calls``)."""
+    return getattr(args, "calls", None) or Calls()
+
+
 REACH_TIMEOUT_S = 10.0
 """How long a command waits for a cluster that accepts connections but does not answer."""
 REACH_POLL_S = (0.1, 1.0)
@@ -92,6 +110,7 @@ def check_reachable(
     wait_s: float = 0.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    attempt: Callable[..., None] | None = None,
 ) -> None:
     """Raise ``KafkaUnreachable`` unless the cluster answers a metadata request: a command
     against a wrong address fails with the reason librdkafka saw (refused, unresolvable,
@@ -100,11 +119,13 @@ def check_reachable(
 
     A service (``wait_s`` > 0) started while its cluster is down - a broker restarting - asks
     again with growing pauses for up to ``wait_s``, saying so in one line, then fails the same
-    way; a refused authentication or TLS handshake fails at once."""
+    way; a refused authentication or TLS handshake fails at once. ``attempt``: one try
+    (default: a metadata request, ``_reach``)."""
+    attempt = attempt or _reach
     started, pause = clock(), RETRY_PAUSE_S[0]
     while True:
         try:
-            _reach(settings, verbose=verbose, timeout_s=timeout_s)
+            attempt(settings, verbose=verbose, timeout_s=timeout_s)
             return
         except KafkaUnreachable as exc:
             if not exc.retriable or clock() - started + pause > wait_s:
@@ -160,7 +181,8 @@ def kafka_reason(exc: BaseException) -> str:
 
 
 def cluster_settings(args: argparse.Namespace) -> Any:
-    """The ``KafkaSettings`` of a command's cluster, once it answered (``-v``: printed)."""
+    """The ``KafkaSettings`` of a command's cluster, once it answered (``-v``: printed) to
+    ``args.reach`` (``main``'s ``reach``; default ``check_reachable``)."""
     from broker.settings import KafkaSettings
 
     bootstrap, env_file = connection(args)
@@ -171,7 +193,8 @@ def cluster_settings(args: argparse.Namespace) -> Any:
     if args.verbose:
         print_config(settings, args.command)
     service = hasattr(args, "wait_for_kafka_ms")
-    check_reachable(settings, verbose=args.verbose, wait_s=settings.start_wait_s if service else 0.0)
+    reach = getattr(args, "reach", None) or check_reachable
+    reach(settings, verbose=args.verbose, wait_s=settings.start_wait_s if service else 0.0)
     return settings
 
 

@@ -185,7 +185,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     bootstrap, where = demo_cluster(args.bootstrap)
     print(f"demo on {bootstrap} ({where}): {args.records} records", file=sys.stderr)
-    check_reachable(KafkaSettings.from_env(bootstrap), verbose=args.verbose)
+    reach = getattr(args, "reach", None) or check_reachable  # main's reach
+    reach(KafkaSettings.from_env(bootstrap), verbose=args.verbose)
     return main_demo(args, bootstrap)
 
 

@@ -17,7 +17,7 @@ from broker.cli.args import (
     positive_real,
     record_id,
 )
-from broker.cli.connection import cluster_settings
+from broker.cli.connection import calls_of, cluster_settings
 
 
 def add_status(sub: Any) -> None:
@@ -32,7 +32,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     from broker.status import status
 
-    result = status(cluster_settings(args), args.namespace)
+    result = (calls_of(args).status or status)(cluster_settings(args), args.namespace)
     if args.json:
         sys.stdout.write(orjson.dumps(result).decode() + "\n")
         return 0
@@ -140,7 +140,7 @@ def run_dlq(args: argparse.Namespace) -> int:
     from broker import dlq
 
     if args.action == "list":
-        listed = dlq.list_entries(cluster_settings(args), args.namespace, args.limit)
+        listed = (calls_of(args).dlq_entries or dlq.list_entries)(cluster_settings(args), args.namespace, args.limit)
         if args.json:
             sys.stdout.write(orjson.dumps([dlq.entry_json(e, m) for e, m in listed]).decode() + "\n")
         else:

@@ -24,7 +24,7 @@ from broker.cli.args import (
     positive_real,
     service_cluster,
 )
-from broker.cli.connection import cluster_settings
+from broker.cli.connection import calls_of, cluster_settings
 from broker.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def run_acker(args: argparse.Namespace) -> int:
     from broker.background import tune_gc_for_service
 
     config = acker_config(args)
-    acker = Acker(cluster_settings(args), args.namespace, config)
+    acker = (calls_of(args).acker or Acker)(cluster_settings(args), args.namespace, config)
     tune_gc_for_service()
     acker.run(install_signals=True)
     return 0

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from broker.cli.args import POSITIVE, action, actions, cluster, command, data_topic, topic_name
-from broker.cli.connection import cluster_settings
+from broker.cli.connection import calls_of, cluster_settings
 from broker.errors import ConfigurationError
 
 # The flags of `topics acls` each role takes; any other is an error, not ignored.
@@ -72,8 +72,9 @@ def run_topics(args: argparse.Namespace) -> int:
                                 min_insync=args.min_insync_replicas)
         for name in created:
             print(f"created {name}")
-    P = topics.check(settings, ns, data)
-    problems, warnings = topics.check_replication(settings, ns, data)
+    calls = calls_of(args)
+    P = (calls.topics_check or topics.check)(settings, ns, data)
+    problems, warnings = (calls.check_replication or topics.check_replication)(settings, ns, data)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if problems:

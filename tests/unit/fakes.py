@@ -260,3 +260,15 @@ class FakeKafka:
     def set_group_timeouts(self, group: str, session_ms: int | None, heartbeat_ms: int | None) -> str | None:
         self.timeouts_set.append((group, session_ms, heartbeat_ms))
         return None
+
+
+WHOLE_RESTORE: dict[str, Any] = {"assign_restore_ms": 10_000, "restore_slice_ms": 10_000, "restore_slice_max_ms": 10_000}
+"""``AckerConfig`` fields under which a restore finishes inside its first slice however loaded
+the machine (the wall clock is the one thing these tests do not step): the steps a test
+counts stay the same."""
+
+
+def reset_fakes() -> None:
+    """Forget the consumers of the previous test (``FakeConsumer.last``, ``by_group``)."""
+    FakeConsumer.last = None
+    FakeConsumer.by_group.clear()

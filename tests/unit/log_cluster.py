@@ -246,11 +246,10 @@ class Cluster:
         return None
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A restore finishes inside its first slice however loaded the machine (the wall
-        clock is the one thing these tests do not step): the steps a test counts stay the
-        same. The cluster itself is handed to the services it serves (``kafka=``)."""
-        monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
-        monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
+        """For a test whose ``AckerConfig`` lacks ``fakes.WHOLE_RESTORE`` (test_fate_model): the
+        loop's restore slice made as long. The cluster itself is handed to the services it
+        serves (``kafka=``)."""
+        monkeypatch.setattr(broker.acker.service, "restore_slice", lambda *_a: 10.0)
 
 
 class ClusterProducer:

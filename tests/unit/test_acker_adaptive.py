@@ -17,7 +17,7 @@ from broker.headers import AUTO_TIMEOUT_MS
 from broker.ledger.clock import ManualClock
 from broker.schemas import PERSIST_ADAPTIVE, PersistedRecord, read_persist_prefixes
 from broker.settings import KafkaSettings
-from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
+from tests.unit.fakes import WHOLE_RESTORE, FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
@@ -37,7 +37,7 @@ def make_acker(clock: ManualClock) -> tuple[Acker, FakeConsumer, FakeProducer]:
     config = AckerConfig(
         commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0,
         adaptive_floor_ms=FLOOR, adaptive_ceiling_ms=CEILING, adaptive_initial_ms=INITIAL,
-        adaptive_safety_factor=3.0, adaptive_min_samples=50, adaptive_window_ms=10_000,
+        adaptive_safety_factor=3.0, adaptive_min_samples=50, adaptive_window_ms=10_000, **WHOLE_RESTORE,
     )
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=FakeKafka())
     assert FakeConsumer.last is not None and isinstance(acker.live.producer, FakeProducer)

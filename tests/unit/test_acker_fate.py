@@ -18,7 +18,7 @@ import numpy as np
 from broker import ids
 from broker.ledger.clock import ManualClock
 from broker.schemas import PersistedRecord, XorBatch
-from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
+from tests.unit.fakes import WHOLE_RESTORE, FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_payloads import (
     PersistLog,
     persist,
@@ -150,9 +150,9 @@ def test_a_failed_commit_rewinds_only_the_partitions_it_touched(monkeypatch: Any
     from tests.unit.log_cluster import Cluster
 
     cluster = Cluster()
-    cluster.install(monkeypatch)
     clock = ManualClock(T0)
-    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0)
+    config = AckerConfig(commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, fail_hold_ms=0,
+                         **WHOLE_RESTORE)
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=cluster)
     s0, s1 = 0x1000_0000_0000_0002, 0x1000_0000_0000_0003  # ledger partitions 0 and 1
     for s in (s0, s1):

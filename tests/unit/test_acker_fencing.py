@@ -13,9 +13,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import broker.acker.assignment
-import broker.acker.commit
-import broker.acker.service
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
 from broker.ledger.clock import ManualClock
@@ -129,9 +126,8 @@ def test_a_transaction_the_coordinator_aborted_on_timeout_costs_a_rejoin_not_the
     """Seen in a chaos run: a broker outage longer than transaction.timeout.ms; the coordinator
     came back, aborted the expired transaction and bumped the epoch, and the acker stopped as
     if a newer instance had taken its transactional id."""
-    monkeypatch.setattr(broker.acker.service, "REJOIN_BACKOFF_S", 0.0)
     clock = ManualClock(T0)
-    acker, consumer, producer = make_acker(clock)
+    acker, consumer, producer = make_acker(clock, rejoin_backoff_ms=0)
     acker.start()  # its producer made with the configured transaction timeout
     acker.config = dataclasses.replace(acker.config, transaction_timeout_ms=0)  # every transaction outlived it
     consumer.batches.append([persist_msg(persisted(S1, R1, T0))])
@@ -164,9 +160,8 @@ def test_a_seek_that_fails_while_the_fetcher_starts_is_tried_again_not_the_end_o
 ) -> None:
     """Seen in a takeover on a loaded machine: the survivor restored the victim's partition
     and its seek failed with "Erroneous state"; the acker exited."""
-    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)  # restored in the loop, then sought
     clock = ManualClock(T0)
-    acker, consumer, _producer = make_acker(clock)
+    acker, consumer, _producer = make_acker(clock, assign_restore_ms=0)  # restored in the loop, then sought
     failures = [2]
 
     def seek(tp: TopicPartition) -> None:
@@ -210,9 +205,8 @@ def test_a_commit_cut_off_from_its_coordinator_is_the_last_of_its_producer(
     """Seen in chaos: an acker cut off from the cluster had a commit time out (adding the
     offsets); once the cluster was back, the same producer's next send_offsets_to_transaction
     blocked for good (librdkafka #5456), and the acker with it."""
-    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)  # the rewind restores in the loop
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, assign_restore_ms=0)  # the rewind restores in the loop
     acker.start()  # its producer made
     producer = acker.live.producer
     assert isinstance(producer, FakeProducer)
@@ -246,11 +240,8 @@ def test_a_send_offsets_that_never_returns_is_left_behind_with_its_producer(
     """librdkafka #5456: the request to the group coordinator ignores its timeout. Seen in
     chaos: an acker cut off from the cluster stayed blocked in send_offsets_to_transaction past
     the heal, for good."""
-    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 0.0)
-    monkeypatch.setattr(broker.acker.commit, "OFFSETS_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(broker.acker.commit, "LEFT_BEHIND_S", 0.05)
     clock = ManualClock(T0)
-    acker, consumer, _ = make_acker(clock)
+    acker, consumer, _ = make_acker(clock, assign_restore_ms=0, offsets_timeout_ms=50, left_behind_ms=50)
     acker.start()
     producer = acker.live.producer
     assert isinstance(producer, FakeProducer)

@@ -5,18 +5,18 @@ a partition comes or goes, or a second passed (``Acker._still_quiet``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import pytest
 
-import broker.acker.service
 from broker.acker import Acker, AckerConfig
 from broker.acker.service import LONG_POLL_MAX_S
 from broker.acker.state import PartitionState
 from broker.ledger.clock import ManualClock
 from broker.settings import KafkaSettings
-from tests.unit.fakes import FakeConsumer, FakeKafka
+from tests.unit.fakes import WHOLE_RESTORE, FakeConsumer, FakeKafka
 from tests.unit.test_acker_timeouts import (  # noqa: F401 - the fixture
     NS,
     R1,
@@ -36,7 +36,7 @@ SHORT_S = 0.02
 
 def _acker(commit_interval_ms: int = 100) -> tuple[Acker, FakeConsumer, list[float]]:
     config = AckerConfig(commit_interval_ms=commit_interval_ms, instance_id="unit", stats_interval_ms=10**12,
-                         poll_timeout_ms=int(SHORT_S * 1000))
+                         poll_timeout_ms=int(SHORT_S * 1000), **WHOLE_RESTORE)
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=ManualClock(T0), kafka=FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None
@@ -132,7 +132,7 @@ def test_a_quiet_acker_looks_again_after_a_second_or_a_change_of_partitions(
     looked = asked[0]
     run_steps(acker, 3)
     assert asked[0] == looked
-    monkeypatch.setattr(broker.acker.service, "QUIET_RECHECK_S", 0.0)
+    acker.config = dataclasses.replace(acker.config, quiet_recheck_ms=0)
     run_steps(acker, 3)
     assert asked[0] > looked
 

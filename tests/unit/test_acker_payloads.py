@@ -22,8 +22,6 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import broker.acker.assignment
-import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.acker.payloads import PersistFetcher, Unreadable
@@ -32,7 +30,7 @@ from broker.ledger.clock import ManualClock
 from broker.ledger.table import WATCH
 from broker.schemas import COUNTERS_KEY, LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
-from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
+from tests.unit.fakes import WHOLE_RESTORE, FakeConsumer, FakeKafka, FakeMessage, FakeProducer
 from tests.unit.test_acker_timeouts import (
     NS,
     T0,
@@ -149,10 +147,6 @@ def persist_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[PersistLog]:
         return FakeConsumer(conf)
 
     log.kafka = FakeKafka(consumers=consumer)
-    # A restore finishes inside its first slice however loaded the machine (the wall clock
-    # is the one thing these tests do not step): the steps a test counts stay the same.
-    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
-    monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
     yield log
 
 
@@ -160,7 +154,7 @@ def make_acker(log: PersistLog, **config: Any) -> tuple[Acker, FakeConsumer, Fak
     """An acker with NO payload cache: every replay reads its payload from ``log``."""
     conf: dict[str, Any] = {
         "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "fail_hold_ms": 0,
-        "replay_cache_entries": 0,
+        "replay_cache_entries": 0, **WHOLE_RESTORE,
     }
     acker = Acker(KafkaSettings("fake:9092"), NS, AckerConfig(**{**conf, **config}), clock=log.clock, kafka=log.kafka)
     consumer = FakeConsumer.last

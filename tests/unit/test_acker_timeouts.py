@@ -23,8 +23,6 @@ from confluent_kafka import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.acker.assignment
-import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.errors import ReplayBrokerError
@@ -40,7 +38,14 @@ from broker.schemas import (
 )
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
-from tests.unit.fakes import FakeConsumer, FakeKafka, FakeMessage, FakeProducer
+from tests.unit.fakes import (
+    WHOLE_RESTORE,
+    FakeConsumer,
+    FakeKafka,
+    FakeMessage,
+    FakeProducer,
+    reset_fakes,
+)
 
 T0 = 1_700_000_000_000  # a wall-clock-like start, ms
 S1, S2 = 0x1F3A_5C7E_9B2D_4E62, 0x2B7E_1516_28AE_D2A8  # srids of ledger partition 0 (mod 2)
@@ -172,23 +177,24 @@ def test_deadlines_keep_their_order_across_owners(start: int, restored_after_ms:
 
 
 @pytest.fixture
-def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A restore finishes inside its first slice however loaded the machine (the wall clock
-    # is the one thing these tests do not step): the steps a test counts stay the same.
-    monkeypatch.setattr(broker.acker.assignment, "RESTORE_SLICE_S", 10.0)
-    monkeypatch.setattr(broker.acker.service, "restore_slice", lambda commit_s: 10.0)
+def fake_kafka() -> None:
+    """The scripted fakes, without the consumers of a previous test; the ackers of a test
+    restore within their first slice (``make_acker``: ``WHOLE_RESTORE``)."""
+    reset_fakes()
 
 
 NS = Namespace("unit")
 
 
 def make_acker(
-    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000, *, kafka: FakeKafka | None = None
+    clock: ManualClock, fail_hold_ms: int = 0, unlogged_ms: int = 1_000, *, kafka: FakeKafka | None = None,
+    **config_fields: Any,
 ) -> tuple[Acker, FakeConsumer, FakeProducer]:
-    config = AckerConfig(
-        commit_interval_ms=0, instance_id="unit", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
-        fail_hold_ms=fail_hold_ms, unlogged_ms=unlogged_ms,
-    )
+    """``config_fields``: other fields of its ``AckerConfig`` (e.g. shorter timings)."""
+    config = AckerConfig(**{
+        "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "orphan_ttl_ms": 60_000,
+        "fail_hold_ms": fail_hold_ms, "unlogged_ms": unlogged_ms, **WHOLE_RESTORE, **config_fields,
+    })
     acker = Acker(KafkaSettings("fake:9092"), NS, config, clock=clock, kafka=kafka or FakeKafka())
     consumer = FakeConsumer.last
     assert consumer is not None

@@ -30,6 +30,7 @@ from broker.ledger.clock import ManualClock
 from broker.schemas import COUNTERS_KEY, LedgerCounters, PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
+from tests.unit.fakes import WHOLE_RESTORE
 from tests.unit.log_cluster import Cluster
 
 NS = Namespace("unlogged")
@@ -44,11 +45,10 @@ class World:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, **config: Any) -> None:
         self.cluster = Cluster(partitions=1, max_batch=100)
-        self.cluster.install(monkeypatch)
         self.clock = ManualClock(T0)
         self.config = AckerConfig(**{
             "commit_interval_ms": 0, "instance_id": "unit", "stats_interval_ms": 10**12, "fail_hold_ms": 0,
-            "orphan_ttl_ms": 60_000, **config,
+            "orphan_ttl_ms": 60_000, **WHOLE_RESTORE, **config,
         })
         self.acker = self.new_acker()
         self.roots: dict[int, int] = {}

@@ -31,6 +31,7 @@ from broker.ledger.clock import ManualClock
 from broker.schemas import PersistedRecord, XorBatch
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
+from tests.unit.fakes import WHOLE_RESTORE
 from tests.unit.log_cluster import Cluster
 
 NS = Namespace("windows")
@@ -46,11 +47,10 @@ class World:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.cluster = Cluster(partitions=1)
-        self.cluster.install(monkeypatch)
         self.clock = ManualClock(T0)
         self.config = AckerConfig(
             commit_interval_ms=0, instance_id="windows", stats_interval_ms=10**12, orphan_ttl_ms=60_000,
-            watch_ms=WATCH_MS, fail_hold_ms=0,
+            watch_ms=WATCH_MS, fail_hold_ms=0, **WHOLE_RESTORE,
         )
         self.acker = self.new_acker()
 

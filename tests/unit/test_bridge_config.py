@@ -33,10 +33,9 @@ def test_v_prints_the_effective_configuration(
     def unreachable(settings: KafkaSettings, *, verbose: bool = False, wait_s: float = 0.0) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")
-    assert broker.cli.main(["-v", *BRIDGE, "--bootstrap", "h:9092"]) == 2
+    assert broker.cli.main(["-v", *BRIDGE, "--bootstrap", "h:9092"], reach=unreachable) == 2
     err = capsys.readouterr().err
     assert "replaybroker bridge: effective Kafka configuration" in err
     assert "hunter2-secret" not in err

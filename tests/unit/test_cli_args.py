@@ -14,23 +14,24 @@ from typing import Any
 import pytest
 
 import broker.cli
-from broker.cli import build_parser, main
+from broker.cli import Calls, build_parser, main
 from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
 
 
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Commands that reached the point of waiting for a cluster (none may)."""
-    reached: list[str] = []
+class NoNetwork(list[str]):
+    """The clusters of the commands that reached the point of waiting for one (none may): the
+    reachability check handed to ``main`` (``reach=``)."""
 
-    def reach(settings: KafkaSettings, **_k: Any) -> None:
-        reached.append(settings.bootstrap_servers)
+    def __call__(self, settings: KafkaSettings, **_k: Any) -> None:
+        self.append(settings.bootstrap_servers)
         raise AssertionError("a command waited for the cluster")
 
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", reach)
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> NoNetwork:
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    return reached
+    return NoNetwork()
 
 
 CLUSTER = ["--bootstrap", "127.0.0.1:1", "--namespace", "shop"]
@@ -52,9 +53,9 @@ def test_without_v_nothing_is_verbose() -> None:
     assert build_parser().parse_args(["dlq", "list", *CLUSTER]).verbose is False
 
 
-def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str], reach: Any = None) -> str:
     with pytest.raises(SystemExit) as exited:
-        main(argv)
+        main(argv, reach=reach)
     assert exited.value.code == 2
     return capsys.readouterr().err
 
@@ -88,9 +89,9 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["spark", "down", "--cores", "2"], "unrecognized arguments: --cores"),
 ])
 def test_a_wrong_argument_is_a_usage_error_before_any_cluster_is_asked(
-    argv: list[str], why: str, capsys: pytest.CaptureFixture[str], no_network: list[str]
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str], no_network: NoNetwork
 ) -> None:
-    assert why in usage_error(argv, capsys)
+    assert why in usage_error(argv, capsys, no_network)
     assert no_network == []
 
 
@@ -110,18 +111,18 @@ def test_a_wrong_argument_is_a_usage_error_before_any_cluster_is_asked(
     (["task", *CLUSTER, "--handler", "no_such_module_here:f", "--topics", "t", "--group", "g"], "cannot import"),
 ])
 def test_a_wrong_combination_is_one_line_before_any_cluster_is_asked(
-    argv: list[str], why: str, capsys: pytest.CaptureFixture[str], no_network: list[str]
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str], no_network: NoNetwork
 ) -> None:
-    assert main(argv) == 2
+    assert main(argv, reach=no_network) == 2
     err = capsys.readouterr().err
     assert err.startswith("replaybroker: ") and err.count("\n") == 1, err
     assert why in err
     assert no_network == []
 
 
-def test_the_acls_of_a_role_print_without_a_cluster(capsys: pytest.CaptureFixture[str], no_network: list[str]) -> None:
+def test_the_acls_of_a_role_print_without_a_cluster(capsys: pytest.CaptureFixture[str], no_network: NoNetwork) -> None:
     assert main(["topics", "acls", "--namespace", "shop", "--role", "task", "--principal", "User:t",
-                 "--input", "orders", "--group", "shop-enrich"]) == 0
+                 "--input", "orders", "--group", "shop-enrich"], reach=no_network) == 0
     assert "User:t ALLOW READ             GROUP:LITERAL:shop-enrich" in capsys.readouterr().out
 
 
@@ -206,8 +207,8 @@ def test_a_task_without_replay_topics_says_so_once_at_start(
     ["--role", "acker", "--principal", "User:acker", "--data-topic", "orders"],
 ])
 def test_the_acls_of_the_readme_print(role_args: list[str], capsys: pytest.CaptureFixture[str],
-                                      no_network: list[str]) -> None:
-    assert main(["topics", "acls", "--namespace", "shop", *role_args]) == 0
+                                      no_network: NoNetwork) -> None:
+    assert main(["topics", "acls", "--namespace", "shop", *role_args], reach=no_network) == 0
     out = capsys.readouterr().out
     assert "TOPIC:LITERAL:shop.persist" in out and ":4" not in out
 
@@ -234,22 +235,21 @@ def test_status_text_stays_readable_at_a_thousand_partitions(
 ) -> None:
     """Issue 44: at P = 1 000 the text output printed every partition's figure; it sums them up
     (the JSON keeps every figure)."""
-    import broker.status
 
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda *_a, **_k: None)
     pending = [0] * 1000
     pending[7], pending[999] = 40, 3
     result = {"namespace": "big", "ledger_partitions": 1000, "pending": 43, "pending_per_partition": pending,
               "pending_unknown_partitions": [*range(500, 700), 900], "sources": {"pending": "counters"},
               "outages": {"big.enrich": {"since_ms": 1_700_000_000_000, "for_s": 12.5}}}
-    monkeypatch.setattr(broker.status, "status", lambda *_a: dict(result))
-    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big"]) == 0
+    calls = Calls(status=lambda *_a: dict(result))
+    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big"], reach=lambda *_a, **_k: None, calls=calls) == 0
     out = capsys.readouterr().out
     assert "pending_per_partition: 1000 partitions: total 43, min 0, max 40; largest 7: 40, 999: 3, 998: 0" in out
     assert "pending_unknown_partitions: 201 [500-699, 900]" in out
     assert "outages: big.enrich since 2023-11-14 22:13:20 UTC (12.5 s)" in out  # the tasks in an outage
     assert len(max(out.splitlines(), key=len)) < 200
-    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big", "--json"]) == 0
+    assert main(["status", "--bootstrap", "fake:9092", "--namespace", "big", "--json"], reach=lambda *_a, **_k: None,
+                calls=calls) == 0
     assert len(orjson_loads(capsys.readouterr().out)["pending_per_partition"]) == 1000
 
 

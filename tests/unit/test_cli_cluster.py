@@ -16,15 +16,13 @@ import broker.dev.kafka_local
 import broker.dlq
 import broker.status
 import broker.topics
-from broker.cli import main
+from broker.cli import Calls, main
 from broker.dev import kafka_cluster, kafka_local, kafka_sasl
 from broker.dev.kafka_cluster import ClusterState
 from broker.dev.kafka_local import BrokerState
 
 EMBEDDED = BrokerState(1, "127.0.0.1:19092", 19092, 19093, "/tmp/run", "4.0.0", "c", 0.0)
 SECURED = BrokerState(2, "127.0.0.1:29092", 29092, 29093, "/tmp/run-sasl", "4.0.0", "c", 0.0)
-
-REAL_STATUS = broker.status.status  # before clusters_used replaces it
 
 COMMANDS = [
     ["status", "--namespace", "ns"],
@@ -34,30 +32,37 @@ COMMANDS = [
 ]
 
 
+class Used(list[str]):
+    """The bootstrap servers each command went on to use; ``calls``: what the commands run,
+    recording them (nothing talks to Kafka)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        used = self
+
+        def record(settings: Any, *_a: Any, **_k: Any) -> Any:
+            used.append(settings.bootstrap_servers)
+            return {"sources": {}}
+
+        class Acker:
+            def __init__(self, settings: Any, *_a: Any, **_k: Any) -> None:
+                record(settings)
+
+            def run(self, **_k: Any) -> None:
+                pass
+
+        self.calls = Calls(status=record, acker=Acker, topics_check=record, check_replication=lambda *_a: ([], []),
+                           dlq_entries=lambda s, *_a: record(s) and [])
+
+
 @pytest.fixture
-def clusters_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The bootstrap servers each command went on to use (nothing talks to Kafka)."""
-    used: list[str] = []
-
-    def record(settings: Any, *_a: Any, **_k: Any) -> Any:
-        used.append(settings.bootstrap_servers)
-        return {"sources": {}}
-
-    class Acker:
-        def __init__(self, settings: Any, *_a: Any, **_k: Any) -> None:
-            record(settings)
-
-        def run(self, **_k: Any) -> None:
-            pass
-
-    monkeypatch.setattr(broker.status, "status", record)
-    monkeypatch.setattr(broker.acker, "Acker", Acker)
-    monkeypatch.setattr(broker.topics, "check", record)
-    monkeypatch.setattr(broker.topics, "check_replication", lambda *_a: ([], []))
-    monkeypatch.setattr(broker.dlq, "list_entries", lambda s, *_a: record(s) and [])
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda *_a, **_k: None)
+def clusters_used(monkeypatch: pytest.MonkeyPatch) -> Used:
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    return used
+    return Used()
+
+
+def answers(*_a: Any, **_k: Any) -> None:
+    """The reachability check of a cluster that answers (``main``'s ``reach``)."""
 
 
 def embedded(monkeypatch: pytest.MonkeyPatch, state: BrokerState | None, *, sasl: BrokerState | None = None,
@@ -70,10 +75,10 @@ def embedded(monkeypatch: pytest.MonkeyPatch, state: BrokerState | None, *, sasl
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_no_cluster_given_is_refused_even_with_an_embedded_kafka_running(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str], command: list[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: Used, command: list[str]
 ) -> None:
     embedded(monkeypatch, EMBEDDED)
-    assert main(command) != 0
+    assert main(command, reach=answers, calls=clusters_used.calls) != 0
     assert clusters_used == []
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -83,21 +88,21 @@ def test_no_cluster_given_is_refused_even_with_an_embedded_kafka_running(
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_a_cluster_given_either_way_is_used(
-    monkeypatch: pytest.MonkeyPatch, clusters_used: list[str], command: list[str]
+    monkeypatch: pytest.MonkeyPatch, clusters_used: Used, command: list[str]
 ) -> None:
     embedded(monkeypatch, EMBEDDED)
-    assert main([*command, "--bootstrap", "kafka1:9092"]) == 0
+    assert main([*command, "--bootstrap", "kafka1:9092"], reach=answers, calls=clusters_used.calls) == 0
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka2:9092")
-    assert main(command) == 0
-    assert main([*command, "--local"]) == 0
+    assert main(command, reach=answers, calls=clusters_used.calls) == 0
+    assert main([*command, "--local"], reach=answers, calls=clusters_used.calls) == 0
     assert clusters_used == ["kafka1:9092", "kafka2:9092", EMBEDDED.bootstrap]
 
 
 def test_local_without_an_embedded_kafka_is_refused(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: Used
 ) -> None:
     embedded(monkeypatch, None)
-    assert main(["status", "--namespace", "ns", "--local"]) != 0
+    assert main(["status", "--namespace", "ns", "--local"], reach=answers, calls=clusters_used.calls) != 0
     assert clusters_used == []
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -106,15 +111,14 @@ def test_local_without_an_embedded_kafka_is_refused(
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_a_kafka_error_during_a_command_is_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str], verbose: bool
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], verbose: bool
 ) -> None:
     def fail(*_a: Any) -> None:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
 
     # Deep inside ``status``: it leaves as a KafkaClientError, and the line stays Kafka's reason.
-    monkeypatch.setattr(broker.status, "status", REAL_STATUS)
     monkeypatch.setattr(broker.status, "check", fail)
-    assert main([*(["-v"] if verbose else []), "status", "--namespace", "ns", "--bootstrap", "k:9092"]) == 2
+    assert main([*(["-v"] if verbose else []), "status", "--namespace", "ns", "--bootstrap", "k:9092"], reach=answers) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "replaybroker: status failed: Failed to get metadata: Local: Timed out"
     assert ("Traceback" in err) is verbose
@@ -142,7 +146,7 @@ def test_acker_watch_settings_from_the_command_line() -> None:
 
 
 def test_local_finds_the_secured_broker_with_its_admin_settings(
-    monkeypatch: pytest.MonkeyPatch, clusters_used: list[str]
+    monkeypatch: pytest.MonkeyPatch, clusters_used: Used
 ) -> None:
     embedded(monkeypatch, None, sasl=SECURED)
     assert broker.cli.connection.connection(broker.cli.build_parser().parse_args(["status", "--namespace", "ns", "--local"])) == (
@@ -150,19 +154,19 @@ def test_local_finds_the_secured_broker_with_its_admin_settings(
     )
 
 
-def test_local_finds_the_local_cluster(monkeypatch: pytest.MonkeyPatch, clusters_used: list[str]) -> None:
+def test_local_finds_the_local_cluster(monkeypatch: pytest.MonkeyPatch, clusters_used: Used) -> None:
     cluster = ClusterState([1, 2, 3], [39092, 39093, 39094], [39095, 39096, 39097], "127.0.0.1:39092", "/tmp/c",
                            "4.0.0", "c", 0.0)
     embedded(monkeypatch, None, cluster=cluster)
-    assert main(["status", "--namespace", "ns", "--local"]) == 0
+    assert main(["status", "--namespace", "ns", "--local"], reach=answers, calls=clusters_used.calls) == 0
     assert clusters_used == [cluster.bootstrap]
 
 
 def test_local_with_two_brokers_running_names_both_and_uses_neither(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: list[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clusters_used: Used
 ) -> None:
     embedded(monkeypatch, EMBEDDED, sasl=SECURED)
-    assert main(["status", "--namespace", "ns", "--local"]) == 2
+    assert main(["status", "--namespace", "ns", "--local"], reach=answers, calls=clusters_used.calls) == 2
     err = capsys.readouterr().err
     assert EMBEDDED.bootstrap in err and SECURED.bootstrap in err and "--bootstrap" in err
     assert clusters_used == []

@@ -105,8 +105,6 @@ def test_the_spark_demo_passes_its_sink(
     argv: list[str], sink: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     demo = pytest.importorskip("spark_jobs.demo")
-    import broker.cli.connection
-    import broker.dev.kafka_local
 
     seen: dict[str, Any] = {}
 
@@ -115,11 +113,9 @@ def test_the_spark_demo_passes_its_sink(
         return {"lost": 0}
 
     monkeypatch.setattr(demo, "run_spark_demo", run_spark_demo)
-    monkeypatch.setattr(broker.dev.kafka_local, "demo_cluster", lambda b: (b, "--bootstrap"))
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda *_a, **_k: None)
     from broker.cli import main
 
-    assert main(["demo", "--spark", "--bootstrap", "h:9092", "--json", *argv]) == 0
+    assert main(["demo", "--spark", "--bootstrap", "h:9092", "--json", *argv], reach=lambda *_a, **_k: None) == 0
     assert (seen["bootstrap"], seen["sink"]) == ("h:9092", sink)
 
 

@@ -133,10 +133,10 @@ def test_topic_admin_calls_raise_kafka_client_errors(monkeypatch: pytest.MonkeyP
         def list_topics(self, **_: Any) -> None:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
 
-    monkeypatch.setattr(broker.topics, "AdminClient", Admin)
-    for call in (lambda: broker.topics.create(SETTINGS, Namespace("unit"), 2),
-                 lambda: broker.topics.delete(SETTINGS, ["unit.persist"]),
-                 lambda: broker.topics.check_replication(SETTINGS, Namespace("unit"))):
+    admin: Any = Admin({})
+    for call in (lambda: broker.topics.create(SETTINGS, Namespace("unit"), 2, admin=admin),
+                 lambda: broker.topics.delete(SETTINGS, ["unit.persist"], admin=admin),
+                 lambda: broker.topics.check_replication(SETTINGS, Namespace("unit"), admin=admin)):
         with pytest.raises(KafkaClientError) as raised:
             call()
         assert raised.value.error.code() == KafkaError._TRANSPORT and raised.value.retriable

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-import broker.delivery
 from broker.delivery import PendingData
 from broker.schemas import PersistedRecord
 
@@ -61,11 +60,6 @@ class Msg:
         ).encode()
 
 
-@pytest.fixture(autouse=True)
-def epoch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.delivery, "EPOCH_S", 0.0)  # every settle closes the open epoch
-
-
 def test_an_epoch_lasts_the_producers_linger() -> None:
     from broker.settings import KafkaSettings
     from broker.source import Source, SourceConfig
@@ -81,7 +75,7 @@ def _send(pending: PendingData, srid: int) -> None:
 
 def test_an_epoch_is_released_only_once_its_producer_is_drained_in_send_order() -> None:
     a, b = Producer(), Producer()
-    pending = PendingData(a, b)  # type: ignore[arg-type]
+    pending = PendingData(a, b, epoch_s=0.0)  # type: ignore[arg-type]  # every settle closes the open epoch
     for srid in (1, 2, 3):
         _send(pending, srid)
     pending.settle()  # epoch 1 (on a) closed; the next records go to b
@@ -100,7 +94,7 @@ def test_an_epoch_is_released_only_once_its_producer_is_drained_in_send_order() 
 
 def test_a_failed_persist_record_drops_its_data_record_and_is_reported() -> None:
     a, b = Producer(), Producer()
-    pending = PendingData(a, b)  # type: ignore[arg-type]
+    pending = PendingData(a, b, epoch_s=0.0)  # type: ignore[arg-type]  # every settle closes the open epoch
     for srid in (1, 2, 3):
         _send(pending, srid)
     pending.settle()
@@ -112,7 +106,7 @@ def test_a_failed_persist_record_drops_its_data_record_and_is_reported() -> None
 
 def test_drain_waits_for_every_epoch_and_delivers_their_data() -> None:
     a, b = Producer(), Producer()
-    pending = PendingData(a, b)  # type: ignore[arg-type]
+    pending = PendingData(a, b, epoch_s=0.0)  # type: ignore[arg-type]  # every settle closes the open epoch
     for srid in (1, 2):
         _send(pending, srid)
     pending.settle()
@@ -132,7 +126,7 @@ def test_a_record_with_only_its_tracking_header_is_produced_with_that_header_alo
             produced.append((topic, value, *args))
 
     a, b = Recording(), Recording()
-    pending = PendingData(a, b)  # type: ignore[arg-type]
+    pending = PendingData(a, b, epoch_s=0.0)  # type: ignore[arg-type]  # every settle closes the open epoch
     tracking = ("rb-t", b"\x01" * 16)
     pending.add(b"k1", "t", b"k", b"v1", 2, tracking)
     pending.extend([b"k2", "t", b"k", b"v2", 3, [("h", b"x"), tracking]])
@@ -151,9 +145,8 @@ def test_created_ms_keeps_send_order_across_the_two_producers(monkeypatch: pytes
     created time must say it: a record sent after the switch in the same millisecond - or
     after the clock stepped back - is created later than every record before it."""
     now = [1_000.0]
-    monkeypatch.setattr(broker.delivery.time, "time", lambda: now[0])
     a, b = Producer(), Producer()
-    pending = PendingData(a, b)  # type: ignore[arg-type]
+    pending = PendingData(a, b, epoch_s=0.0, wall_clock=lambda: now[0])  # type: ignore[arg-type]
     created = [pending.created_ms(), pending.created_ms()]
     _send(pending, 1)
     pending.settle()  # a switch of producers within the same millisecond

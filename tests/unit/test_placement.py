@@ -12,8 +12,9 @@ from broker.schemas import avro_placement
 from broker.topics import Namespace
 
 
-def _placements() -> Placements:
-    placements = Placements(Namespace("unit"), {"b": "murmur2_random"}, lambda names: dict.fromkeys(names))
+def _placements(max_keys: int = broker.placement.MAX_KEYS) -> Placements:
+    placements = Placements(Namespace("unit"), {"b": "murmur2_random"}, lambda names: dict.fromkeys(names),
+                            max_keys=max_keys)
     placements.partitions.update({"a": 4, "b": 3})  # as if checked on the cluster
     return placements
 
@@ -27,9 +28,8 @@ def test_each_partitions_placement_is_encoded_once_with_the_topics_partitioner()
         assert [placements.placement(topic, p) for p in range(n)] == encoded
 
 
-def test_known_keys_are_the_partitions_key_hash_partition_computed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.placement, "MAX_KEYS", 3)
-    placements = _placements()
+def test_known_keys_are_the_partitions_key_hash_partition_computed() -> None:
+    placements = _placements(max_keys=3)
     known = placements.known_keys("a")
     assert known == {}
     keys = [b"k%d" % i for i in range(3)]
@@ -60,9 +60,8 @@ def test_a_batch_learns_its_new_keys_together(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [51]
 
 
-def test_a_batch_over_max_keys_forgets_the_old_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker.placement, "MAX_KEYS", 60)
-    placements = _placements()
+def test_a_batch_over_max_keys_forgets_the_old_ones() -> None:
+    placements = _placements(max_keys=60)
     placements.learn("a", [b"old%d" % i for i in range(40)])
     placements.learn("a", [b"new%d" % i for i in range(40)])
     assert placements.known_keys("a") == {b"new%d" % i: get_partitioner("kafka").partition(b"new%d" % i, 4) for i in range(40)}

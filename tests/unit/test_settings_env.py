@@ -105,11 +105,10 @@ def test_every_command_prints_its_effective_config_with_v(
     def unreachable(settings: KafkaSettings, *, verbose: bool = False, wait_s: float = 0.0) -> None:
         raise KafkaUnreachable("stopped after the configuration was printed")
 
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", unreachable)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KAFKA_SASL_USERNAME", "svc")
     monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret")
-    code = broker.cli.main(["-v", *argv, "--bootstrap", "h:9092", "--namespace", "ns"])
+    code = broker.cli.main(["-v", *argv, "--bootstrap", "h:9092", "--namespace", "ns"], reach=unreachable)
     err = capsys.readouterr().err
     assert code == 2
     assert "effective Kafka configuration" in err

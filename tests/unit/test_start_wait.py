@@ -6,13 +6,12 @@ services' start paths (topic layout and configs, the group protocol)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import broker.cli.connection
-import broker.kafka_io
 from broker.cli.connection import check_reachable, cluster_settings
 from broker.errors import ConfigurationError, KafkaUnreachable
 from broker.kafka_io import consumer_group_protocol, delete_retention_ms, partition_counts
@@ -34,7 +33,8 @@ class Stepped:
         return self.now
 
 
-def unreachable_for(monkeypatch: pytest.MonkeyPatch, times: int, *, retriable: bool = True) -> list[int]:
+def unreachable_for(times: int, *, retriable: bool = True) -> tuple[list[int], Callable[..., None]]:
+    """The calls of an attempt of ``check_reachable`` that fails ``times`` times, and the attempt."""
     calls: list[int] = []
 
     def reach(_settings: Any, **_k: Any) -> None:
@@ -44,16 +44,15 @@ def unreachable_for(monkeypatch: pytest.MonkeyPatch, times: int, *, retriable: b
             exc.retriable = retriable
             raise exc
 
-    monkeypatch.setattr(broker.cli.connection, "_reach", reach)
-    return calls
+    return calls, reach
 
 
 def test_a_service_waits_for_a_cluster_that_comes_back(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    calls = unreachable_for(monkeypatch, 4)
+    calls, attempt = unreachable_for(4)
     clock = Stepped()
-    check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=120, sleep=clock.sleep, clock=clock.clock)
+    check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=120, sleep=clock.sleep, clock=clock.clock, attempt=attempt)
     assert len(calls) == 5
     assert clock.pauses == [1.0, 2.0, 4.0, 8.0]  # growing, capped at 10 s
     said = [r.getMessage() for r in caplog.records]
@@ -61,22 +60,22 @@ def test_a_service_waits_for_a_cluster_that_comes_back(
 
 
 def test_a_service_gives_up_after_the_bound_with_the_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = unreachable_for(monkeypatch, 1_000)
+    calls, attempt = unreachable_for(1_000)
     clock = Stepped()
     with pytest.raises(KafkaUnreachable, match=r"^cannot reach Kafka at 127\.0\.0\.1:1: Connection refused$"):
-        check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=60, sleep=clock.sleep, clock=clock.clock)
+        check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=60, sleep=clock.sleep, clock=clock.clock, attempt=attempt)
     assert clock.now <= 60 and clock.pauses[-1] == 10.0
     assert len(calls) == len(clock.pauses) + 1
 
 
 def test_a_command_and_a_refused_authentication_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Stepped()
-    unreachable_for(monkeypatch, 1_000)
+    _, attempt = unreachable_for(1_000)
+    with pytest.raises(KafkaUnreachable):  # wait_s 0: a command
+        check_reachable(KafkaSettings("127.0.0.1:1"), sleep=clock.sleep, clock=clock.clock, attempt=attempt)
+    _, attempt = unreachable_for(1_000, retriable=False)
     with pytest.raises(KafkaUnreachable):
-        check_reachable(KafkaSettings("127.0.0.1:1"), sleep=clock.sleep, clock=clock.clock)  # wait_s 0: a command
-    unreachable_for(monkeypatch, 1_000, retriable=False)
-    with pytest.raises(KafkaUnreachable):
-        check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=120, sleep=clock.sleep, clock=clock.clock)
+        check_reachable(KafkaSettings("127.0.0.1:1"), wait_s=120, sleep=clock.sleep, clock=clock.clock, attempt=attempt)
     assert clock.pauses == []
 
 
@@ -85,9 +84,9 @@ def test_a_service_command_waits_as_long_as_wait_for_kafka_says(
     monkeypatch: pytest.MonkeyPatch, wait: int | None, expected: float
 ) -> None:
     waited: list[float] = []
-    monkeypatch.setattr(broker.cli.connection, "check_reachable", lambda s, **k: waited.append(k["wait_s"]))
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    args = argparse.Namespace(local=False, bootstrap="127.0.0.1:1", verbose=False, command="acker", wait_for_kafka_ms=wait)
+    args = argparse.Namespace(local=False, bootstrap="127.0.0.1:1", verbose=False, command="acker", wait_for_kafka_ms=wait,
+                              reach=lambda s, **k: waited.append(k["wait_s"]))
     assert cluster_settings(args).start_wait_s == expected
     del args.wait_for_kafka_ms  # an admin command (status, topics ...): fails at once
     cluster_settings(args)
@@ -140,10 +139,8 @@ class Admin:
 
 
 @pytest.fixture
-def admin(monkeypatch: pytest.MonkeyPatch) -> type[Admin]:
+def admin() -> type[Admin]:
     Admin.failures, Admin.calls = 3, 0
-    monkeypatch.setattr(broker.kafka_io, "AdminClient", Admin)
-    monkeypatch.setattr(broker.kafka_io.time, "sleep", lambda _s: None)
     return Admin
 
 
@@ -151,11 +148,11 @@ def test_start_up_look_ups_retry_a_transport_failure(admin: type[Admin]) -> None
     """Seen: an acker restarted a second before a broker crash exited with "Broker transport
     failure" from an admin call of its start()."""
     settings = KafkaSettings("127.0.0.1:1")
-    assert delete_retention_ms(settings, "ns.ledger") == 86_400_000
+    assert delete_retention_ms(settings, "ns.ledger", admin=admin({})) == 86_400_000
     admin.calls = 0
-    assert consumer_group_protocol(settings, "g") is True
+    assert consumer_group_protocol(settings, "g", admin=admin({})) is True
     admin.calls = 0
-    assert partition_counts(settings, ["t"]) == {"t": None}
+    assert partition_counts(settings, ["t"], admin=admin({})) == {"t": None}
     assert admin.calls == 4
 
 
@@ -163,6 +160,6 @@ def test_start_up_look_ups_give_up_after_start_wait_s(admin: type[Admin]) -> Non
     admin.failures = 10**9
     settings = KafkaSettings("127.0.0.1:1", start_wait_s=0)
     with pytest.raises(KafkaException):
-        partition_counts(settings, ["t"])
+        partition_counts(settings, ["t"], admin=admin({}))
     assert admin.calls == 1
-    assert delete_retention_ms(settings, "ns.ledger") is None  # cannot be read: the caller assumes the least
+    assert delete_retention_ms(settings, "ns.ledger", admin=admin({})) is None  # cannot be read: the caller assumes the least

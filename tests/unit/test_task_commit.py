@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import broker.kafka_io
-import broker.task
 from broker.errors import KafkaClientError
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskContext, TaskRecord
@@ -119,7 +117,6 @@ def test_a_revocation_commits_the_partitions_that_go_before_it_lets_go(
     of the ones that go is committed first, even through a coordinator that is not ready at
     once, so their next owner redoes nothing."""
     monkeypatch.setattr(Consumer, "error", KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
-    monkeypatch.setattr(broker.kafka_io.time, "sleep", lambda _s: None)
     task.handle_batch([Message()])  # type: ignore[list-item]
     task._uncommitted[("orders", 1)] = 3  # a partition that stays
     calls: list[list[tuple[str, int, int]]] = []
