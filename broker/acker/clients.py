@@ -74,9 +74,10 @@ class AckerClients:
             "allow.auto.create.topics": False,
         }
         defaults: dict[str, object] = {
-            # Everything is produced inside a commit, which flushes (sending at once): a longer
-            # linger costs no latency, a shorter one splits a commit's batch of a partition
-            # into several requests while the loop is still producing it.
+            # Everything is produced inside a commit, which flushes (a flush sends at once,
+            # librdkafka #3494): a longer linger costs no latency, a shorter one splits a
+            # commit's batch of a partition into several requests (one partition a Produce
+            # request, librdkafka #1700) while the loop is still producing it.
             "linger.ms": 10, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(persist_max_bytes),
         }
         if self.config.exactly_once:
