@@ -134,10 +134,12 @@ def start(pid: int | None) -> Probe | None:
     """A probe of the bench's own broker ``pid``, or None when it cannot run here."""
     if pid is None:
         return None
+    from broker.errors import LocalKafkaError
+
     try:
         probe = Probe(pid)
         probe.wait_ready()
-    except (ProbeError, OSError):
+    except (ProbeError, OSError, LocalKafkaError):  # no JDK tools, no Kafka classpath here
         return None
     return probe
 
