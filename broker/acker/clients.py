@@ -74,7 +74,11 @@ class AckerClients:
             "allow.auto.create.topics": False,
         }
         defaults: dict[str, object] = {
-            "linger.ms": 1, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(persist_max_bytes),
+            # Everything is produced inside a commit, which flushes (a flush sends at once,
+            # librdkafka #3494): a longer linger costs no latency, a shorter one splits a
+            # commit's batch of a partition into several requests (one partition a Produce
+            # request, librdkafka #1700) while the loop is still producing it.
+            "linger.ms": 10, "partitioner": "murmur2_random", "message.max.bytes": producer_limit(persist_max_bytes),
         }
         if self.config.exactly_once:
             required["transactional.id"] = f"{self.ns.name}.acker.{self.config.instance_id}"

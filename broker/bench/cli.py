@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit-interval-ms", type=int, default=100, help="the acker's commit interval, ms")
     parser.add_argument("--replay-timeout-ms", type=int,
                         help="per-record timeout of the replay run (default: 2000 with --quick, else 10000)")
+    parser.add_argument("--count-requests", action="store_true", default=None,
+                        help="count the broker's requests on a given local broker too (default: only on the "
+                             "bench's own; a shared broker's counts include other clients')")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -47,6 +50,7 @@ def main_bench(args: argparse.Namespace) -> int:
         commit_interval_ms=args.commit_interval_ms,
         replay_timeout_ms=args.replay_timeout_ms,
         progress=not args.no_progress,
+        count_requests=args.count_requests,
     )
     result = run(options)
     if args.json:

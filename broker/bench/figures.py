@@ -147,6 +147,18 @@ def _specs() -> list[Spec]:
         Spec("cost.raw.bytes_per_record", "B", "bytes appended to the broker's logs per consumed record, raw baseline"),
         Spec("cost.raw.broker_cpu_us_per_record", "µs", "the broker's CPU per consumed record, raw baseline"),
         Spec("cost.bytes_vs_raw", "x", "pipeline / raw bytes appended per record"),
+        Spec("cost.broker_vs_skeleton", "x", "the broker's CPU per completed record in the throughput window, "
+             "pipeline / skeleton", ("<=", 1.5)),
+        *[spec for system in ("pipeline", "skeleton") for spec in (
+            Spec(f"requests.{system}_per_1k", "requests", f"requests of the {system}'s clients to the broker per "
+                 "1 000 completed records, throughput window (by API: by_api; bench.requests)"),
+            Spec(f"requests.{system}.produce_per_1k", "requests", f"Produce requests per 1 000 records, {system}"),
+            Spec(f"requests.{system}.fetch_per_1k", "requests", f"consumer Fetch requests per 1 000 records, {system}"),
+            Spec(f"requests.{system}.records_per_produce", "records", f"records per Produce request, {system}"),
+            Spec(f"requests.{system}.bytes_per_produce", "B", f"bytes per Produce request, {system}"),
+            Spec(f"requests.{system}.bytes_per_fetch", "B", f"record bytes per consumer Fetch response, {system}"),
+        )],
+        Spec("requests.pipeline_vs_skeleton", "x", "requests per completed record, pipeline / skeleton"),
         Spec("cost.broker_cpu_vs_raw", "x", "pipeline / raw broker CPU per record"),
         Spec("restore.entries", "entries", "live entries in the changelog partition restored"),
         Spec("restore.seconds", "s", "the acker's restore path (Acker._load from the start)"),

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from broker import topics
-from broker.bench import cost
+from broker.bench import cost, requests
 from broker.bench.completions import Mark, ledger_mark, proc_mark, rate, window
 from broker.bench.procs import BenchError, Proc, acker, wait_until, worker
 from broker.settings import KafkaSettings
@@ -73,6 +73,8 @@ class Env:
     commit_interval_ms: int = 100
     kafka_pid: int | None = None  # the embedded broker's JVM, for its CPU share
     log_dir: Path | None = None  # the broker's log directory, when on this host (bytes appended)
+    # count the broker's requests (bench.requests) of these systems' runs: the bench's own broker only
+    request_systems: tuple[str, ...] = ()
     created_topics: list[str] = field(default_factory=list)
 
     def unique(self, prefix: str) -> str:
@@ -113,6 +115,7 @@ class HopRun:
     cost: dict[str, Any] | None = None  # bench.cost.compare of the measured run (drained runs)
     window: Window | None = None  # runs not drained: the throughput window
     check: dict[str, Any] | None = None  # drained pipeline runs with a sampling tail: counters vs tail
+    requests: dict[str, Any] | None = None  # bench.requests.compare over the window (or the drained run)
 
     def cpu_report(self, *, per_sent: bool = False) -> dict[str, dict[str, float]]:
         """Per process: share of one core, and CPU µs per record - in the throughput window
@@ -313,6 +316,7 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         profile_dir = env.profile_dir / system
         profile_dir.mkdir(parents=True, exist_ok=True)
     setup: _Setup | None = None
+    probe: requests.Probe | None = None
     try:
         setup = _start(env, system, run_id, workdir, out, tail, task_options, timeout_ms, profile_dir)
         procs, producer, sink = setup.procs, setup.producer, setup.sink
@@ -330,9 +334,10 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         before = mark().total
 
         # the measured run
+        probe = requests.start(env.kafka_pid) if system in env.request_systems else None
         cost_before = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if drain else None
-        cpu_before = _cpu_snapshot(env, procs)
+        cpu_before, measured_at = _cpu_snapshot(env, procs), time.time()
         producer.send(cmd="run", duration=duration, rate=rate, n=records)
         expected = duration if duration is not None else (records or 0) / (rate or 1e9)
         started = time.monotonic()
@@ -369,9 +374,14 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
                        if on_progress else None)
             if setup.sample is not None and sink is not None:
                 check = _check_tail(setup.read(), setup.sample, sink)
+        drained_at = time.time()
         cost_after = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if cost_before is not None else None
+        counted = _count_requests(probe, edges, (measured_at, drained_at, sent) if drain else None,
+                                  setup.namespace or run_id)
     except BaseException:
+        if probe is not None:
+            probe.stop()
         for p in reversed(setup.procs if setup is not None else []):
             p.stop(10)
         raise
@@ -402,7 +412,29 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         # every record sent in the measured run completed before ``cost_after`` (drained)
         spent = cost.compare(env.settings, cost_before, cost_after, sent, setup.namespace)
     return HopRun(system, sent, t0, t1, recv[keep], created[keep], done, warm=warm, extra=extra,
-                  namespace=setup.namespace, cpu_s=cpu, cost=spent, window=_window(edges, extended_s), check=check)
+                  namespace=setup.namespace, cpu_s=cpu, cost=spent, window=_window(edges, extended_s), check=check,
+                  requests=counted)
+
+
+def _count_requests(probe: requests.Probe | None, edges: list[tuple[float, dict[str, float], Mark]],
+                    drained: tuple[float, float, int] | None, namespace: str | None) -> dict[str, Any] | None:
+    """The broker's requests per completed record: in the throughput window (its
+    completions as ``Window.us_per_record`` counts them), or over a drained run (every record
+    sent completed)."""
+    if probe is None:
+        return None
+    try:
+        if drained is not None:
+            start, end, completed = drained
+            return requests.compare(probe.at(start), probe.at(end), completed, namespace)
+        w = _window(edges, 0.0)
+        if w is None or not w.rate:
+            return None
+        return requests.compare(probe.at(edges[0][0]), probe.at(edges[1][0]), w.rate * w.seconds, namespace)
+    except requests.ProbeError:
+        return None
+    finally:
+        probe.stop()
 
 
 def extend_window(edges: list[tuple[float, dict[str, float], Mark]], edge: Callable[[], None],

@@ -11,11 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from broker.bench.figures import Figures
-from broker.bench.hops import Env, HopRun, read_all, run_hop
+from broker.bench.figures import FIGURE_KEYS, Figures
+from broker.bench.hops import KAFKA, Env, HopRun, read_all, run_hop
 from broker.bench.procs import BenchError
 
 Progress = Callable[[float, str], None]
+
+# the systems whose requests the bench counts (bench.requests) on its own broker
+REQUEST_SYSTEMS = ("pipeline", "skeleton")
 
 
 def _share_unavailable_reason(exc: BaseException) -> str:
@@ -81,7 +84,35 @@ def measure_throughput(env: Env, figures: Figures, *, duration: float, warm: flo
     figures.ratio("throughput.skeleton_vs_raw", "throughput.skeleton_rps", "throughput.raw_rps")
     figures.ratio("throughput.pipeline_vs_skeleton", "throughput.pipeline_rps", "throughput.skeleton_rps")
     figures.ratio("cpu.pipeline_vs_share", "cpu.share_us_per_record", "cpu.pipeline_us_per_record")
+    record_requests(figures, env, runs)
     return runs
+
+
+def record_requests(figures: Figures, env: Env, runs: dict[str, Any]) -> None:
+    """``cost.broker_vs_skeleton`` (the broker's CPU per completed record in the throughput
+    window, pipeline / skeleton) and ``requests.*`` (bench.requests) of the two runs."""
+    broker = {s: (runs.get(s) or {}).get("broker_us_per_record") for s in ("pipeline", "skeleton")}
+    if broker["pipeline"] and broker["skeleton"]:
+        figures.set("cost.broker_vs_skeleton", broker["pipeline"] / broker["skeleton"],
+                    pipeline_us=broker["pipeline"], skeleton_us=broker["skeleton"])
+    else:
+        figures.set("cost.broker_vs_skeleton", None, unavailable="the broker is not a local process"
+                    if env.kafka_pid is None else "no completions in a window")
+    why = ("not counted: the broker is not the bench's own (--count-requests counts a given local one)"
+           if not env.request_systems else "the broker's metrics could not be read (bench.requests)")
+    for system in REQUEST_SYSTEMS:
+        counted = (runs.get(system) or {}).get("requests")
+        if not counted:
+            figures.unavailable([k for k in FIGURE_KEYS if k.startswith(f"requests.{system}")], why)
+            continue
+        figures.set(f"requests.{system}_per_1k", counted["total_per_1k"],
+                    by_api=counted["requests_per_1k"])
+        figures.set(f"requests.{system}.produce_per_1k", counted["requests_per_1k"].get("Produce"))
+        figures.set(f"requests.{system}.fetch_per_1k", counted["requests_per_1k"].get("FetchConsumer"))
+        figures.set(f"requests.{system}.records_per_produce", counted["produce"]["records_per_request"])
+        figures.set(f"requests.{system}.bytes_per_produce", counted["produce"]["bytes_per_request"])
+        figures.set(f"requests.{system}.bytes_per_fetch", counted["fetch"]["bytes_per_response"])
+    figures.ratio("requests.pipeline_vs_skeleton", "requests.pipeline_per_1k", "requests.skeleton_per_1k")
 
 
 def compiler_cpu(env: Env) -> float | None:
@@ -151,6 +182,8 @@ def measure_latency(env: Env, figures: Figures, *, rate: float, duration: float,
         figures.set(f"latency.{system}_p999_ms", float(p999), samples=int(lat.size))
         series[system] = lat
         series[f"{system}_cpu"] = run.cpu_report(per_sent=True)
+        if run.requests is not None:
+            series[f"{system}_requests"] = run.requests
         if run.cost is not None:
             series[f"{system}_cost"] = run.cost
             record_cost(figures, system, run.cost)
@@ -279,5 +312,7 @@ def _summary(run: HopRun) -> dict[str, Any]:
         "throughput_rps": round(run.throughput(), 1),
         "cpu_us_per_record": run.cpu_us_per_record(),
         "cpu": run.cpu_report(),
+        "broker_us_per_record": None if w is None or KAFKA not in w.cpu_s else w.us_per_record(w.cpu_s[KAFKA]),
+        "requests": run.requests,
         "recv_rel": (run.recv - run.t0),
     }

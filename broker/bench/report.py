@@ -160,6 +160,8 @@ def markdown(result: dict[str, Any]) -> str:
         out += ["", "CPU in the throughput window (share of one core; CPU per record completed in it, counted "
                 "without a tail: broker/bench/completions.py):", "", *cpu_lines]
     out += _headline(figures)
+    out += request_lines({s: (runs.get(s) or {}).get("requests") for s in ("pipeline", "skeleton")},
+                         "throughput window")
     warm = runs.get("warm_broker")
     if warm:
         shares = ", ".join(f"{100 * s:.0f} %" for s in warm.get("compiler_share_per_round", [])) or "not readable"
@@ -189,6 +191,7 @@ def markdown(result: dict[str, Any]) -> str:
         xb = stages.get("xor_batch")
         if xb:
             out.append(f"\n{xb['batches']:.0f} XorBatch records, {xb['mean_events']:.0f} events each on average.")
+    out += request_lines({"pipeline": lat_details.get("pipeline_requests")}, "drained run at the latency load")
     out += _cost_lines(lat_details)
     out += _spark_lines(result.get("details", {}).get("spark") or {})
     unavailable = [(k, v["unavailable"]) for k, v in figures.items() if v.get("value") is None]
@@ -214,13 +217,42 @@ def markdown(result: dict[str, Any]) -> str:
 
 HEADLINE = ("cpu.pipeline_us_per_record", "cpu.pipeline_vs_share", "throughput.pipeline_vs_raw",
             "throughput.pipeline_vs_share", "throughput.pipeline_vs_skeleton", "latency.pipeline_p99_ms",
-            "check.counters_vs_tail")
+            "cost.broker_vs_skeleton", "requests.pipeline_vs_skeleton", "check.counters_vs_tail")
 
 
 def _headline(figures: dict[str, dict[str, Any]]) -> list[str]:
     """The figures the pipeline's cost is judged by, on one line."""
     cells = [f"`{key}` {_cell(figures, key)}" for key in HEADLINE]
     return ["", "Headline: " + " · ".join(cells)]
+
+
+def request_lines(counted: dict[str, dict[str, Any] | None], where: str) -> list[str]:
+    """The broker's requests per 1 000 completed records by API, and per topic role
+    (bench.requests), one column per system."""
+    have = {s: c for s, c in counted.items() if c}
+    if not have:
+        return []
+    systems = list(have)
+    apis = sorted({a for c in have.values() for a in c["requests_per_1k"]},
+                  key=lambda a: -max(c["requests_per_1k"].get(a, 0.0) for c in have.values()))
+    out = ["", f"The broker's requests per 1 000 completed records ({where}; its own metrics, bench.requests):", "",
+           "| request | " + " | ".join(systems) + " |", "|---|" + "---:|" * len(systems)]
+    out += [f"| {api} | " + " | ".join(fmt(have[s]["requests_per_1k"].get(api)) for s in systems) + " |"
+            for api in apis]
+    out.append("| **total** | " + " | ".join(fmt(have[s]["total_per_1k"]) for s in systems) + " |")
+    for label, part, key in (("records / Produce", "produce", "records_per_request"),
+                             ("bytes / Produce", "produce", "bytes_per_request"),
+                             ("record bytes / Fetch response", "fetch", "bytes_per_response")):
+        out.append(f"| {label} | " + " | ".join(fmt(have[s][part][key]) for s in systems) + " |")
+    out += ["", "By topic (requests touching it per 1 000 records; bytes per record):", "",
+            "| system | topic | Produce | Fetch | records in | bytes in | bytes out |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for s in systems:
+        for role, t in have[s]["topics"].items():
+            out.append(f"| {s} | {role} | {fmt(t['produce_requests_per_1k'])} | {fmt(t['fetch_requests_per_1k'])} | "
+                       f"{fmt(t['records_in_per_record'])} | {fmt(t['bytes_in_per_record'])} | "
+                       f"{fmt(t['bytes_out_per_record'])} |")
+    return out
 
 
 def _cost_lines(lat_details: dict[str, Any]) -> list[str]:

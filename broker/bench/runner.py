@@ -52,6 +52,7 @@ from broker.bench.figures import (
     default_results_dir,
 )
 from broker.bench.hops import Env, run_hop
+from broker.bench.pipeline import REQUEST_SYSTEMS
 from broker.bench.progress import Progress
 
 
@@ -134,6 +135,9 @@ class Options:
     commit_interval_ms: int = 100
     replay_timeout_ms: int | None = None
     progress: bool = True
+    # count the broker's requests (bench.requests) on a given local broker too, whose counts
+    # then include every other client's (None: only on the bench's own embedded broker)
+    count_requests: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     profile_dir: Path | None = None  # set by run() with --profile
 
@@ -241,7 +245,7 @@ def _delete_topics(env: Env) -> None:
 def _section_keys(section: str) -> list[str]:
     # The latency runs measure the cost and check the count; the throughput runs the CPU.
     # The fold section also measures the key partitions (bench.keys), Kafka-free too.
-    extra = {"latency": {"cost", "check"}, "throughput": {"cpu"}, "fold": {"keys"}}.get(section, set())
+    extra = {"latency": {"cost", "check"}, "throughput": {"cpu", "requests"}, "fold": {"keys"}}.get(section, set())
     prefixes = {section, *extra}
     return [k for k in FIGURE_KEYS if k.split(".", 1)[0] in prefixes]
 
@@ -319,9 +323,12 @@ def run(options: Options) -> dict[str, Any]:
         try:
             with _kafka(options, progress) as (bootstrap, kafka_desc, kafka_pid):
                 meta["kafka"] = kafka_desc
+                own = not (options.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+                count = own if options.count_requests is None else options.count_requests
                 env = Env(bootstrap, KafkaSettings.from_env(bootstrap), options.partitions, workdir,
                           profile_dir=profile_dir, commit_interval_ms=options.commit_interval_ms,
-                          kafka_pid=kafka_pid, log_dir=local_log_dir(kafka_pid))
+                          kafka_pid=kafka_pid, log_dir=local_log_dir(kafka_pid),
+                          request_systems=REQUEST_SYSTEMS if count and kafka_pid is not None else ())
                 try:
                     _kafka_sections(env, plan, options, figures, details, series, guarded)
                 finally:

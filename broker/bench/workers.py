@@ -327,7 +327,7 @@ def run_skeleton_acker(config: dict[str, Any]) -> None:
     consumer = Consumer(_settings(config).consumer_config(
         config["group"], defaults={"fetch.wait.max.ms": 20, "fetch.min.bytes": 262_144}))
     consumer.subscribe([config["persist"]])
-    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 1}))
+    producer = Producer(_settings(config).producer_config(defaults={"linger.ms": 10}))  # the acker's
     count = _counted(config)
     interval = config["commit_interval_ms"] / 1000
     progress = _Progress()  # its count only: a progress event follows every commit

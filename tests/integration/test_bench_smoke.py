@@ -25,6 +25,9 @@ MAY_BE_UNAVAILABLE = {
     # bytes on disk and the broker's CPU are read on the broker's host: a remote test cluster
     *(k for k in FIGURE_KEYS if k.startswith("cost.") and ("bytes" in k or "broker_cpu" in k)),
     *(k for k in FIGURE_KEYS if k.startswith("cpu.")),
+    "cost.broker_vs_skeleton",
+    # the broker's own request counters are read only on the bench's own broker (bench.requests)
+    *(k for k in FIGURE_KEYS if k.startswith("requests.")),
     # the scale section runs only when named (--only scale: a 3-broker cluster of its own)
     *(k for k in FIGURE_KEYS if k.startswith("scale.")),
 }
