@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from broker.bench.figures import Figures
 from broker.console.auth import Authenticator, parse_tokens
 from broker.console.index import Filter, Index
 from broker.console.server import Console, Server
@@ -98,27 +99,29 @@ def measure(n: int = 100_000, partitions: int = 1000, repeat: int = 20, index_di
         server = Server(console, "127.0.0.1", 0)
         thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
         thread.start()
-        # the cursor of a page deep in the list: the 1 000th page's
+        # the cursor of a page deep in the list: half the entries newer than it
         deep = index.page(Filter(), size=1)
         cursor = None
         for _ in range(20):
-            cursor = index.page(Filter(), cursor=cursor, size=2500).next_cursor
+            cursor = index.page(Filter(), cursor=cursor, size=max(1, n // 40)).next_cursor
+        # figure key (bench.figures.CONSOLE_PAGES) -> (label, path)
         pages = {
-            f"overview (P = {partitions})": "/",
-            "dead letters, newest": "/dead-letters",
-            "dead letters, by key": "/dead-letters?key=cust-4242",
-            "dead letters, by reason prefix": "/dead-letters?reason=rejected%3A+no",
-            "dead letters, by topic + time range": f"/dead-letters?topic=bench.topic1&since={BASE_MS + 1_000_000}&until={BASE_MS + 2_000_000}",
-            "dead letters, by header value": "/dead-letters?header=tenant&header_value=t7",
-            "dead letters, page 1 001 (50 000 newer before it)": f"/dead-letters?cursor={cursor}",
-            "one dead letter": f"/dead-letters/{deep.rows[0].part}/{deep.rows[0].off}",
-            "quarantined": "/quarantine",
-            "redrive": "/redrive",
+            "overview": (f"overview (P = {partitions})", "/"),
+            "newest": ("dead letters, newest", "/dead-letters"),
+            "by_key": ("dead letters, by key", "/dead-letters?key=cust-4242"),
+            "by_reason": ("dead letters, by reason prefix", "/dead-letters?reason=rejected%3A+no"),
+            "by_topic_time": ("dead letters, by topic + time range",
+                              f"/dead-letters?topic=bench.topic1&since={BASE_MS + 1_000_000}&until={BASE_MS + 2_000_000}"),
+            "by_header": ("dead letters, by header value", "/dead-letters?header=tenant&header_value=t7"),
+            "deep_page": (f"dead letters, {n // 2:,} newer before it", f"/dead-letters?cursor={cursor}"),
+            "one": ("one dead letter", f"/dead-letters/{deep.rows[0].part}/{deep.rows[0].off}"),
+            "quarantine": ("quarantined", "/quarantine"),
+            "redrive": ("redrive", "/redrive"),
         }
         out: dict[str, Any] = {"entries": n, "ledger_partitions": partitions, "repeat": repeat,
                                "index_fill_s": round(fill_s, 2), "pages_ms": {}}
         try:
-            for name, path in pages.items():
+            for key, (name, path) in pages.items():
                 times, size = [], 0
                 for _ in range(repeat):
                     status, took, size = fetch(server.port, path)
@@ -126,12 +129,21 @@ def measure(n: int = 100_000, partitions: int = 1000, repeat: int = 20, index_di
                         raise RuntimeError(f"{path}: HTTP {status}")
                     times.append(took * 1000)
                 out["pages_ms"][name] = {"median": round(statistics.median(times), 1), "max": round(max(times), 1),
-                                         "bytes": size}
+                                         "bytes": size, "key": key}
         finally:
             server.httpd.shutdown()
             server.httpd.server_close()
             index.close()
         return out
+
+
+def record(figures: Figures, result: dict[str, Any]) -> None:
+    """The run's figures (``replaybroker bench --only console``): each page's median."""
+    figures.set("console.dead_letters", result["entries"])
+    figures.set("console.ledger_partitions", result["ledger_partitions"])
+    figures.set("console.index_fill_s", result["index_fill_s"])
+    for t in result["pages_ms"].values():
+        figures.set(f"console.{t['key']}_median_ms", t["median"])
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("fold", "restore", "throughput", "latency", "replay", "takeover", "redrive", "spark", "scale")
+SECTIONS = ("fold", "console", "restore", "throughput", "latency", "replay", "takeover", "redrive", "spark", "scale")
 # What a run without --only measures: scale starts a 3-broker cluster of its own and creates
 # 1 000 ledger partitions on it (bench.scale), minutes on a small host - only when asked.
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "scale")
@@ -27,6 +27,10 @@ def default_results_dir() -> Path:
 
 # The topics a completed record writes to (bench.cost.role_of)
 COST_ROLES = ("persist", "data", "acks", "ledger", "__consumer_offsets", "__transaction_state")
+
+# The console's pages timed by bench.console, by figure key (console.<page>_median_ms)
+CONSOLE_PAGES = ("overview", "newest", "by_key", "by_reason", "by_topic_time", "by_header", "deep_page", "one",
+                 "quarantine", "redrive")
 
 FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 TAKEOVER_SIZES = (100_000, 1_000_000)
@@ -106,6 +110,11 @@ def _specs() -> list[Spec]:
         Spec("latency.raw_p999_ms", "ms", "raw produce -> consume at the same rate, p99.9"),
         Spec("latency.p99_budget_ms", "ms", "target for the pipeline p99: commit interval + 100 ms"),
         Spec("latency.p99_vs_raw", "x", "pipeline p99 / raw p99"),
+        Spec("console.dead_letters", "records", "dead letters in the console's index (bench.console)"),
+        Spec("console.ledger_partitions", "partitions", "ledger partitions of the Overview's status samples"),
+        Spec("console.index_fill_s", "s", "the index filled with those dead letters"),
+        *(Spec(f"console.{page}_median_ms", "ms", f"console page {page}: request to last byte, median",
+               ("<=", 300.0)) for page in CONSOLE_PAGES),
         Spec("redrive.dead_letters", "records", "dead letters redriven (bench.redrive)"),
         Spec("redrive.rate_asked", "records/s", "dlq redrive --rate"),
         Spec("redrive.rate_written", "records/s", "redriven records the task wrote a second, first to last"),

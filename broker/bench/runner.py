@@ -3,18 +3,20 @@
 Sections, in this order (the Kafka-free one first, while the broker is idle):
 
 1. ``fold``       - LedgerTable.fold vs a plain dict fold, 10^4 .. 10^7 pending entries;
-2. ``restore``    - changelog restore rate;
-3. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group, and the
+2. ``console``    - the operator console's pages over 10^5 dead letters, the Overview at P=1000
+   (bench.console; Kafka-free too);
+3. ``restore``    - changelog restore rate;
+4. ``throughput`` - pipeline vs raw produce->consume vs a KIP-932 share group, and the
    skeleton (the pipeline's unavoidable Kafka calls alone, bench.hops) vs raw;
-4. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
-5. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
+5. ``latency``    - completion latency at 50 % of the measured pipeline throughput, vs raw;
+6. ``replay``     - replay latency after an explicit failure and after a timeout; fixed vs
    adaptive timeouts under a latency shift (detection of a dropped record, spurious replays);
-6. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby;
-7. ``redrive``    - ``dlq redrive --rate`` of many dead letters: achieved rate, and live traffic's
+7. ``takeover``   - kill -9 of one of two ackers: detection and restore, with and without standby;
+8. ``redrive``    - ``dlq redrive --rate`` of many dead letters: achieved rate, and live traffic's
    latency meanwhile against the same traffic without it;
-8. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
+9. ``spark``      - the order job with and without ``Acking`` (records/s, jobs per micro-batch),
    and a sink's micro-batch time against a small and a large table (one Spark session);
-9. ``scale``      - P=1000 against P=16, 1, 2 and 4 ackers, kill -9 of one of 4 with and
+10. ``scale``      - P=1000 against P=16, 1, 2 and 4 ackers, kill -9 of one of 4 with and
    without standbys, Zipf keys, idle cost, a task joining (bench.scale): on a 3-broker
    cluster of its own, whatever ``--bootstrap`` says; only with ``--only scale``.
 
@@ -101,12 +103,17 @@ class Plan:
     redrive_dead: int = 10_000
     redrive_rate: float = 500.0
     redrive_window_s: float = 15.0
+    # bench.console: dead letters in the index, ledger partitions of the Overview, fetches a page
+    console_dead: int = 100_000
+    console_partitions: int = 1000
+    console_repeat: int = 20
 
     @classmethod
     def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
         if quick:
             return cls(True, 4.0, 1.0, 5.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
-                       6_000, 48.0, redrive_dead=1_000, redrive_window_s=5.0)
+                       6_000, 48.0, redrive_dead=1_000, redrive_window_s=5.0,
+                       console_dead=10_000, console_repeat=5)
         return cls(False, 20.0, 3.0, 20.0, 2_000, 200.0, replay_timeout_ms or 10_000, 1_000_000, 4_400,
                    TAKEOVER_SIZES, 10_000, 120.0, spark_warm_s=180.0, spark_records=50_000, spark_batch_records=5_000,
                    spark_rounds=5,
@@ -117,9 +124,11 @@ class Plan:
         """Expected seconds per section (drives the progress bar)."""
         if self.quick:
             return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
-                    "redrive": 25, "spark": 330, "scale": 240}
+                    "redrive": 25, "spark": 330, "scale": 240,
+                    "console": 5}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
-                "redrive": 70, "spark": 600, "scale": 600}
+                "redrive": 70, "spark": 600, "scale": 600,
+                "console": 40}
 
 
 @dataclass
@@ -318,7 +327,17 @@ def run(options: Options) -> dict[str, Any]:
 
     guarded("fold", fold)
 
-    kafka_sections = [s for s in options.sections if s not in ("fold", "scale")]
+    def console(update: Any) -> None:
+        from broker.bench import console as bench_console
+
+        measured = bench_console.measure(plan.console_dead, plan.console_partitions, plan.console_repeat,
+                                         index_dir=workdir)
+        bench_console.record(figures, measured)
+        details["console"] = measured
+
+    guarded("console", console)
+
+    kafka_sections = [s for s in options.sections if s not in ("fold", "console", "scale")]
     if kafka_sections:
         try:
             with _kafka(options, progress) as (bootstrap, kafka_desc, kafka_pid):
