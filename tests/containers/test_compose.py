@@ -1,6 +1,7 @@
 """docker/compose.yaml runs the product: records go through while an acker container is
 killed, and the topics show every record completed exactly once; Prometheus scrapes the
-services and answers the shipped dashboard's queries.
+services and answers the shipped dashboard's queries; the console shows the namespace to a
+login with the token given to compose, and to no one else.
 
 Ground truth comes from the topics, not from the services: the first attempts in ``demo.orders``
 (what the source sent), the persist tombstones and their ``rb-outcome`` (what was decided),
@@ -14,6 +15,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter, defaultdict
@@ -39,6 +41,7 @@ RECORDS = 3000
 RATE = 150  # records a second: the source runs ~20 s, long enough to kill an acker mid-run
 PARTITIONS = 4
 NAMESPACE = "demo"
+CONSOLE_TOKEN = "containers-test-viewer-token"
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Stack:
     bootstrap: str
     prometheus: str
     metrics_ports: dict[str, int]
+    console: str
 
     def run(self, *args: str, check: bool = True) -> str:
         done = subprocess.run([*self.compose, *args], env=self.env, capture_output=True, text=True, check=False)
@@ -81,11 +85,13 @@ def stack(compose: list[str]) -> Iterator[Stack]:
         **os.environ, **{k: str(v) for k, v in ports.items()},
         "COMPOSE_PROJECT_NAME": project, "COMPOSE_FILE": str(ROOT / "docker" / "compose.yaml"),
         "NAMESPACE": NAMESPACE, "RECORDS": str(RECORDS), "RATE": str(RATE),
+        "REPLAYBROKER_CONSOLE_TOKENS": f"viewer={CONSOLE_TOKEN}",
     }
     stack = Stack(
         compose, env, f"127.0.0.1:{ports['KAFKA_PORT']}", f"http://127.0.0.1:{ports['PROMETHEUS_PORT']}",
         {"acker-1": ports["ACKER1_METRICS_PORT"], "acker-2": ports["ACKER2_METRICS_PORT"],
          "enrich": ports["TASK_METRICS_PORT"]},
+        f"http://127.0.0.1:{ports['CONSOLE_PORT']}",
     )
     try:
         stack.run("up", "-d")
@@ -217,3 +223,35 @@ def test_prometheus_scrapes_the_services_and_answers_the_dashboard(stack: Stack)
                   'sum by (decision) (increase(replaybroker_acker_decisions_total{job="replaybroker-acker"}[10m]))',
                   'sum(increase(replaybroker_task_inputs_total{job="replaybroker-task"}[10m]))'):
         _wait(lambda q=query: bool(_prometheus(stack, "/api/v1/query", query=q)["result"]), query, stack, 60)
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:  # not listening yet
+        return 0, str(exc)
+
+
+def test_the_console_shows_the_namespace_to_its_token_only(stack: Stack) -> None:
+    """Runs after the records completed: the Overview shows the count the topics give."""
+    _wait(lambda: _get(f"{stack.console}/healthz")[0] == 200, "the console's /healthz", stack, 120)
+    assert _get(f"{stack.console}/")[0] == 401
+    assert _get(f"{stack.console}/dead-letters", "not-the-token-0123456789")[0] == 401
+    settings = KafkaSettings.from_env(stack.bootstrap, env_file=None)
+    completed = int(status(settings, NAMESPACE)["completed"])
+    assert completed == RECORDS
+    page: list[str] = [""]
+
+    def shows_completed() -> bool:
+        code, page[0] = _get(f"{stack.console}/", CONSOLE_TOKEN)
+        assert code == 200, page[0][:2000]
+        return f'<dd id="completed">{completed}</dd>' in page[0]
+
+    _wait(shows_completed, f"the console's Overview to show {completed} completed", stack, 90)
+    assert f'<span class="ns">{NAMESPACE}</span>' in page[0]
+    code, body = _get(f"{stack.console}/dead-letters", CONSOLE_TOKEN)
+    assert code == 200 and f'<span class="ns">{NAMESPACE}</span>' in body, body[:2000]
