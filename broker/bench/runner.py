@@ -125,10 +125,10 @@ class Plan:
         if self.quick:
             return {"kafka": 6, "fold": 8, "restore": 4, "throughput": 90, "latency": 16, "replay": 50, "takeover": 40,
                     "redrive": 25, "spark": 330, "scale": 240,
-                    "console": 5}
+                    "console": 3}
         return {"kafka": 6, "fold": 90, "restore": 20, "throughput": 130, "latency": 60, "replay": 100, "takeover": 150,
                 "redrive": 70, "spark": 600, "scale": 600,
-                "console": 40}
+                "console": 10}
 
 
 @dataclass
