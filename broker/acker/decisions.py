@@ -39,6 +39,7 @@ import numpy as np
 from broker import fate, ids
 from broker.acker.config import AckerConfig
 from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
+from broker.acker.replay_topics import ReplayTopics, Unknown
 from broker.acker.state import Ended, PartitionState, Turn, Watch
 from broker.errors import DecodeError
 from broker.fate import Outcome, Reason, Row
@@ -46,11 +47,12 @@ from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
-from broker.topics import Namespace, replay_topic
+from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
 
-MISSING_TOPIC_RECHECK_S = 60.0
+# A replay whose topic's metadata has not answered yet is decided again this much later.
+METADATA_RETRY_MS = 500
 # What the counters call a decision's outcome.
 _COUNTED = {Outcome.REPLAY: "replayed", Outcome.DLQ: "dlq"}
 
@@ -192,8 +194,8 @@ class Decider:
         self.cache = cache
         self.fetcher = fetcher
         self.config = config or AckerConfig()
-        self._partition_counts = partition_counts
-        self._replay_topics: dict[str, tuple[int | None, float]] = {}
+        # Replay topics' partition counts, looked up beside the loop (broker.acker.replay_topics).
+        self.topics = ReplayTopics(partition_counts)
         # data topic -> the next free turn (epoch ms) under the replay rate
         self._next_turn: dict[str, float] = {}
         self.partitions = 0  # P, known once the service has checked the topics
@@ -423,6 +425,12 @@ class Decider:
             self.cache.put(r.srid, r.payload)
             c.wait(r.lp, r, tick)
             return
+        if row is fate.REPLAYED and isinstance(self.topics.partitions(r.record.topic), Unknown):
+            # Its replay topic's metadata has not answered yet: decided again shortly, the
+            # loop never waits for it (broker.acker.replay_topics).
+            self.cache.put(r.srid, r.payload)
+            c.wait(r.lp, r, self.ticker.tick_of(c.now_ms + METADATA_RETRY_MS))  # fate.DEFERRED
+            return
         st.count("payload_fetches", int(r.fetched))
         if row is fate.HELD:
             self.cache.put(r.srid, r.payload)
@@ -534,9 +542,10 @@ class Decider:
         """A replay (watched) or a dead letter: ``broker.replay.decide``."""
         record = r.record
         refused = self.refused.get(r.srid)
+        count = self.topics.partitions(record.topic)  # known for a replay (``_settle``); a dead letter needs none
         decision = decide(
-            self.ns, record, r.reason, c.now_ms, self.partitions, self.replay_partitions(record.topic), refused,
-            st.rejections.get(r.srid),
+            self.ns, record, r.reason, c.now_ms, self.partitions, -1 if isinstance(count, Unknown) else count,
+            refused, st.rejections.get(r.srid),
         )
         st.count(_COUNTED[decision.outcome])
         if decision.outcome is Outcome.DLQ:
@@ -594,18 +603,10 @@ class Decider:
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""
-        self._replay_topics.pop(name, None)
+        self.topics.forget(name)
 
     def replay_partitions(self, topic: str) -> int | None:
-        """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is
-        looked up again after a minute."""
-        name = replay_topic(topic)
-        cached = self._replay_topics.get(name)
-        if cached is not None and (cached[0] is not None or time.monotonic() - cached[1] < MISSING_TOPIC_RECHECK_S):
-            return cached[0]
-        count = self._partition_counts([name])[name]
-        if count is None:
-            log.error("replay topic %s does not exist: its records go to the DLQ", name)
-        self._replay_topics[name] = (count, time.monotonic())
-        return count
-
+        """Partition count of ``<topic>.replay`` if known now (None: missing, or not known
+        yet), for a check at registration that the decision makes again: never waits for the
+        cluster's metadata."""
+        return self.topics.known(topic)
