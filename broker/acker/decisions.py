@@ -361,7 +361,7 @@ class Decider:
         kept of it, so that a re-decision, the live acker and a new owner give the same turn.
         Once its own wait has passed (``_waits_until``) and in its place under its topic's
         replay rate (``replay_rate_per_s``, a second's worth at once). A key (data topic,
-        key-hash partition) keeps its order: a turn is never before those of its key's records
+        record key) keeps its order: a turn is never before those of its key's records
         sent before it (``created_ms``, persist offset) that still wait, and one whose turn has
         come still waits while they wait (the gate brings them back a little after their
         turns) - they go first, in their order; a later record of its key never holds it. A
@@ -386,7 +386,9 @@ class Decider:
             slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
             self._next_turn[record.topic] = slot + gap
             turn = max(turn, slot)
-        key, sent = (record.topic, record.key_hash_partition), (record.created_ms, r.offset)
+        # A record without a key has no order to keep with others.
+        key = (record.topic, record.key if record.key is not None else ids.encode_id(r.srid))
+        sent = (record.created_ms, r.offset)
         earlier = st.earlier_turn(key, sent)
         if turn <= now_ms and earlier is None:
             return None

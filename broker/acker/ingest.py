@@ -344,7 +344,11 @@ class Ingest:
             f = np.concatenate(failed)
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
-            st.recent_fails.append((self.clock.now_ms(), f))
+            now = self.clock.now_ms()
+            st.recent_fails.append((now, f))
+            # Its back-off runs from its fold, as a retry-after does (``_retry_afters``).
+            for srid in f.tolist():
+                st.failed_at.setdefault(srid, now)
         if superseded:
             # Replays whose original completed late (broker.acker.superseding): never
             # replayed or dead-lettered from now on; an unknown one waits for its persist record.

@@ -62,7 +62,7 @@ class Turn(NamedTuple):
     until then."""
 
     turn: float  # epoch ms: its own wait passed and its place under the replay rate and its key
-    key: tuple[str, int]  # (data topic, key-hash partition)
+    key: tuple[str, bytes]  # (data topic, record key; a record without one: its srid)
     backing_off: bool  # its own wait is what it waits for (not the rate or its key)
     until: int | None  # when its own wait ends (``Decider._waits_until``): the turn stands while it does
     sent: tuple[int, int]  # (created_ms, persist offset) of its record: its place in its key's order
@@ -157,13 +157,13 @@ class PartitionState:
     # rest are due, held back by the rate or their key's order). In memory: a new owner gives
     # them turns again (later, never earlier).
     replay_turns: dict[int, Turn] = field(default_factory=dict)
-    replays_waiting: dict[tuple[str, int], dict[int, Turn]] = field(default_factory=dict)
+    replays_waiting: dict[tuple[str, bytes], dict[int, Turn]] = field(default_factory=dict)
     backing_off: int = 0
     # srid -> its attempt, for the registered replays (attempt > 1; a first attempt is not
     # kept): the attempt a completion ends at (``count_ended``). In memory, refilled by the
     # persist records a new owner reads again; one restored from the changelog alone counts as 1.
     replay_attempts: dict[int, int] = field(default_factory=dict)
-    # srid -> when its fail mark was decided, until it is replayed: its back-off runs from there
+    # srid -> when its fail mark was folded, until it is replayed: its back-off runs from there
     # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
     failed_at: dict[int, int] = field(default_factory=dict)
     # How far the timeout clock stood still for tasks in an outage, and which tasks: durable,
@@ -247,7 +247,7 @@ class PartitionState:
         self.replays_waiting.setdefault(turn.key, {})[srid] = turn
         self.backing_off += turn.backing_off
 
-    def earlier_turn(self, key: tuple[str, int], sent: tuple[int, int]) -> float | None:
+    def earlier_turn(self, key: tuple[str, bytes], sent: tuple[int, int]) -> float | None:
         """The latest turn of the records of ``key`` sent before ``sent`` that wait (None: none
         waits): a record of the key is replayed after them, never behind a later one."""
         waiting = self.replays_waiting.get(key)
