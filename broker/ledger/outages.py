@@ -49,8 +49,8 @@ import numpy as np
 PREFIX = "outage."
 STOP_PREFIX = "outage.stop:"  # + since_ms -> until_ms of one stop
 SINCE_PREFIX = "outage.since_ms:"  # + task
-FLOOR_KEY = "outage.floor_ms"
 LAST_PREFIX = "outage.until_ms:"  # + task
+FLOOR_KEY = "outage.floor_ms"  # below it no stop is added again (``ClockStops.floor_ms``)
 
 #: The stops kept: a record created before the oldest of them and registered only now (its
 #: persist record read that late) is not held back by it.
@@ -103,9 +103,8 @@ class ClockStops:
         """A task's beat: in an outage since ``since_ms``, covered up to ``until_ms`` (the stop
         from ``stop_from_ms`` if given: the beat's start as bounded). The partition's stops
         become the union of theirs and the beat's, whatever order the beats of its tasks
-        arrive in. Returns what changed (None: the beat covers
-        nothing new): the first instant the union gained, and the stops from there on before
-        and after (``Stopped``)."""
+        arrive in. Returns what changed (None: the beat covers nothing new): the first instant
+        the union gained, and the stops from there on before and after (``Stopped``)."""
         prev = self.tasks.get(task)
         self.tasks[task] = (since_ms, until_ms if prev is None or prev[0] != since_ms else max(prev[1], until_ms))
         for name in [n for n, (_, u) in self.tasks.items() if u < until_ms - FORGET_MS]:

@@ -346,6 +346,7 @@ class FateMachine(RuleBasedStateMachine):
         for srid in set(touched) - registered:
             a = self.model.attempts[srid]
             a.deadline_ms = max(a.deadline_ms, touched[srid])
+        queued = {srid: max(before, touched.get(srid, before)) for srid, before in queued.items()}  # due after the touch
         held_ms = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
         queued = {srid: before for srid, before in queued.items() if held_ms[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
@@ -787,6 +788,45 @@ def test_a_tree_completed_after_its_deadline_but_inside_an_outage_completes_with
         then(machine.advance, ms=300)
         then(machine.step, n=2)
     assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 4
+    machine.teardown()
+
+
+def test_two_tasks_beats_hold_a_deadline_back_by_their_union() -> None:
+    """Issue 57, sequence 1 as the model's rules write it: two tasks beat at 1 s, the second
+    from 2 s back (its earlier beats lost). The partition's stops are the union, so a record
+    due at 3 s is held past 4 s; its tree completes in between: completed, not replayed."""
+    machine = FateMachine()
+    then = machine.then
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
+    then(machine.send, max_attempts=3, n=2, script=("drop", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=1_000)
+    then(machine.outage, ms=1_000, going_on=False, task="enrich")
+    then(machine.step, n=2)
+    then(machine.outage, ms=1_000, going_on=False, task="score", back=2_000)
+    for _ in range(20):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
+    machine.teardown()
+
+
+def test_a_touch_and_a_beat_in_one_poll_hold_the_touched_deadline_back() -> None:
+    """Issue 57, sequence 2 as the model's rules write it: a task in an outage touches what it
+    holds, then beats, read in one poll: the stop holds back the touched deadline."""
+    machine = FateMachine()
+    then = machine.then
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
+    then(machine.send, max_attempts=3, n=2, script=("drop", "ack", "ack"), timeout_ms=1_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=300)
+    then(machine.outage, ms=1_000, going_on=False, touch_first=True)
+    for _ in range(20):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
     machine.teardown()
 
 
