@@ -1,7 +1,7 @@
 """Failure policy: a dependency that is down for a while, and malformed orders.
 
     python examples/failure_policy.py [--no-policy] [--records 4000] [--rate 100] [--down 12:32]
-                                      [--bootstrap HOST:PORT] [--keep] [-v]
+                                      [--flaky-every 500] [--bootstrap HOST:PORT] [--keep] [-v]
 
 An enrich step - the pipeline's last hop - looks each order's customer up in a service that is
 down from 12 s to 32 s after the first order while orders arrive at 100/s (timeout 10 s, 6
@@ -33,7 +33,7 @@ from broker import App, JsonSerde, TaskContext, TaskRecord
 from broker.retry import DEFAULT_RETRY
 
 MALFORMED_EVERY = 100  # order ids 0, 100, 200, ...: no amount
-FLAKY_EVERY = 500  # order ids 7, 507, ...: their lookup fails on attempts 1 to 3
+FLAKY_EVERY = 500  # order ids 7, 507, ... (``--flaky-every``): their lookup fails on attempts 1 to 3
 FLAKY_FAILURES = 3
 
 
@@ -74,7 +74,7 @@ class Observed:
         return attempt
 
 
-def build(service: CustomerService, observed: Observed, *, policy: bool) -> App:
+def build(service: CustomerService, observed: Observed, *, policy: bool, flaky_every: int = FLAKY_EVERY) -> App:
     app = App(f"failure-policy-{uuid.uuid4().hex[:8]}", serde=JsonSerde())
     orders = app.topic("orders", partitions=4)
     app.acker()
@@ -91,7 +91,7 @@ def build(service: CustomerService, observed: Observed, *, policy: bool) -> App:
         attempt = observed.saw(order["id"], record)  # for the summary
         if "amount" not in order:
             raise ValueError("malformed order: no amount")  # fatal: dead-lettered at once
-        if order["id"] % FLAKY_EVERY == 7 and attempt <= FLAKY_FAILURES:  # a flaky lookup
+        if order["id"] % flaky_every == 7 and attempt <= FLAKY_FAILURES:  # a flaky lookup
             ctx.fail("lookup returned garbage")  # replayed after its back-off
             return
         service.lookup(record.key)  # ConnectionError while it is down: an outage
@@ -121,16 +121,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=4000)
     parser.add_argument("--rate", type=float, default=100.0, help="orders a second (default: 100)")
     parser.add_argument("--down", default="12:32", help="the service is down FROM:TO s after the first order")
+    parser.add_argument("--flaky-every", type=int, default=FLAKY_EVERY, help="order ids 7 mod N fail 3 times")
     parser.add_argument("--keep", action="store_true", help="keep the namespace's topics afterwards")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
 
-def gaps(observed: Observed) -> list[float]:
+def flaky_gaps(observed: Observed, flaky_every: int) -> list[list[float]]:
+    """The gaps (s) between attempt n and n+1 of each flaky order, n = 1, 2, 3 (as far as seen)."""
+    out = []
+    for order_id, seen in sorted(observed.attempts.items()):
+        if order_id % flaky_every != 7:
+            continue
+        first: dict[int, float] = {}
+        for attempt, when in seen:
+            first.setdefault(attempt, when)
+        out.append([round(first[n + 1] - first[n], 3) for n in range(1, FLAKY_FAILURES + 1)
+                    if n in first and n + 1 in first])
+    return out
+
+
+def gaps(observed: Observed, flaky_every: int = FLAKY_EVERY) -> list[float]:
     """The median gap (s) between attempt n and n+1 of the flaky orders, n = 1, 2, 3."""
     by_step: list[list[float]] = [[] for _ in range(FLAKY_FAILURES)]
     for order_id, seen in observed.attempts.items():
-        if order_id % FLAKY_EVERY != 7:
+        if order_id % flaky_every != 7:
             continue
         first: dict[int, float] = {}
         for attempt, when in seen:
@@ -154,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     down_from, down_to = (float(x) for x in args.down.split(":"))
     service, observed = CustomerService((down_from, down_to)), Observed()
     policy = not args.no_policy
-    app = build(service, observed, policy=policy)
+    app = build(service, observed, policy=policy, flaky_every=args.flaky_every)
     app.setup()
     tail = OutcomeTail(app.settings, app.ns)
     try:
@@ -174,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             "lost": len(sent) - len(completed | dlq), "calls_while_down": service.refused,
             "replays": tail.log.replays(name_of),
             "malformed_attempts_max": max((a for i in malformed for a, _ in observed.attempts.get(i, [])), default=0),
-            "drain_s_after_outage": round(drained, 1), "flaky_gaps_s": gaps(observed),
+            "drain_s_after_outage": round(drained, 1), "flaky_gaps_s": gaps(observed, args.flaky_every),
+            "flaky_gaps_each_s": flaky_gaps(observed, args.flaky_every),
         }
         print(orjson.dumps(summary).decode())
         return 0 if summary["lost"] == 0 else 1

@@ -39,18 +39,20 @@ import numpy as np
 from broker import fate, ids
 from broker.acker.config import AckerConfig
 from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
-from broker.acker.state import Ended, PartitionState, Watch
+from broker.acker.replay_topics import ReplayTopics, Unknown
+from broker.acker.state import Ended, PartitionState, Turn, Watch
 from broker.errors import DecodeError
 from broker.fate import Outcome, Reason, Row
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
-from broker.topics import Namespace, replay_topic
+from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
 
-MISSING_TOPIC_RECHECK_S = 60.0
+# A replay whose topic's metadata has not answered yet is decided again this much later.
+METADATA_RETRY_MS = 500
 # What the counters call a decision's outcome.
 _COUNTED = {Outcome.REPLAY: "replayed", Outcome.DLQ: "dlq"}
 
@@ -192,8 +194,8 @@ class Decider:
         self.cache = cache
         self.fetcher = fetcher
         self.config = config or AckerConfig()
-        self._partition_counts = partition_counts
-        self._replay_topics: dict[str, tuple[int | None, float]] = {}
+        # Replay topics' partition counts, looked up beside the loop (broker.acker.replay_topics).
+        self.topics = ReplayTopics(partition_counts)
         # data topic -> the next free turn (epoch ms) under the replay rate
         self._next_turn: dict[str, float] = {}
         self.partitions = 0  # P, known once the service has checked the topics
@@ -224,6 +226,8 @@ class Decider:
         4. put what waits back into the tables, and watch what was replayed.
         """
         now_ms = self.clock.now_ms()
+        for st in states.values():
+            st.let_go_turns()
         # Deferred entries are taken only as far as this commit may read (mostly their
         # payloads are not cached): what is left waits untouched in the table, so a backlog
         # costs no changelog writes while it waits.
@@ -353,46 +357,64 @@ class Decider:
         return fate.DEAD_LETTERED, c.now_tick  # held until every window ended, or none was open
 
     def _turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float | None:
-        """When ``r`` may be replayed, if later than now (None: now): once its back-off has
-        passed (the time its task asked for with its fail mark, ``ctx.fail(retry_after_ms=...)``;
-        else ``retry`` of its record from when it timed out or failed, a jitter drawn from its
-        srid, so a re-decision gives the same) and in its place under its topic's replay
-        rate (``replay_rate_per_s``, a second's worth at once). A key (data topic, key-hash
-        partition) keeps its order: a turn is never before the latest one given to its key,
-        and one whose turn has come still waits while others of its key wait (the gate brings
-        them back a little after their turns) - they go first, in their order."""
+        """When ``r`` may be replayed, if later than now (None: now): one function of what is
+        kept of it, so that a re-decision, the live acker and a new owner give the same turn.
+        Once its own wait has passed (``_waits_until``) and in its place under its topic's
+        replay rate (``replay_rate_per_s``, a second's worth at once). A key (data topic,
+        record key) keeps its order: a turn is never before those of its key's records
+        sent before it (``created_ms``, persist offset) that still wait, and one whose turn has
+        come still waits while they wait (the gate brings them back a little after their
+        turns) - they go first, in their order; a later record of its key never holds it. A
+        turn given stands while its own wait is the same; a wait that changed since (a fail
+        mark's retry-after for a record waiting its back-off) takes a new turn."""
+        until = self._waits_until(st, r, now_ms)
         waiting = st.replay_turns.get(r.srid)
         if waiting is not None:
-            if waiting[0] <= now_ms:
-                st.end_turn(r.srid)
-                return None
-            return waiting[0]
+            if waiting.until == until:
+                if waiting.turn <= now_ms:
+                    st.end_turn(r.srid)
+                    return None
+                return waiting.turn
+            st.end_turn(r.srid)
         record, rate = r.record, self.config.replay_rate_per_s
-        asked = st.retry_at.get(r.srid) if r.reason is Reason.FAILED else None  # its task's time
-        if asked is None and record.retry is None and rate is None:
+        if until is None and rate is None:
             return None
-        turn = float(now_ms if asked is None else max(now_ms, asked))
-        if asked is None and record.retry is not None:
-            ended = st.timed_out_at.get(r.srid) if r.reason is Reason.TIMEOUT else None
-            if ended is None:
-                ended = st.failed_at.setdefault(r.srid, now_ms)
-            turn = max(turn, ended + record.retry.delay_ms(record.attempt, random.Random(r.srid)))
-        backed_off = turn  # when its back-off ends (now: it has none left)
+        turn = float(now_ms if until is None else max(now_ms, until))
+        backed_off = turn  # when its own wait ends (now: it has none left)
         if rate is not None:
             gap = 1_000.0 / rate
             slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
             self._next_turn[record.topic] = slot + gap
             turn = max(turn, slot)
-        key = (record.topic, record.key_hash_partition)
-        if turn <= now_ms and not st.replays_waiting.get(key):
+        # A record without a key has no order to keep with others.
+        key = (record.topic, record.key if record.key is not None else ids.encode_id(r.srid))
+        sent = (record.created_ms, r.offset)
+        earlier = st.earlier_turn(key, sent)
+        if turn <= now_ms and earlier is None:
             return None
-        turn = max(turn, st.last_turn.get(key, 0.0))
+        turn = max(turn, earlier or 0.0)
         # Why it waits, for the metrics: its back-off (which decides its turn), or its turn under
         # the rate or behind its key's earlier ones (due, but held back).
         backing_off = backed_off > now_ms and backed_off >= turn
-        st.wait_turn(r.srid, turn, key, backing_off)
+        st.wait_turn(r.srid, Turn(turn, key, backing_off, until, sent))
         st.count("replays_backed_off" if backing_off else "replays_waited")
         return max(turn, now_ms)
+
+    @staticmethod
+    def _waits_until(st: PartitionState, r: _Ready, now_ms: int) -> int | None:
+        """When ``r``'s own wait ends (None: it has none): the time its task asked for with its
+        fail mark (``ctx.fail(retry_after_ms=...)``, durable), else ``retry`` of its record
+        from when it timed out (durable while it waits) or failed, a jitter drawn from its
+        srid."""
+        if r.reason is Reason.FAILED and r.srid in st.retry_at:
+            return st.retry_at[r.srid]
+        record = r.record
+        if record.retry is None:
+            return None
+        ended = st.timed_out_at.get(r.srid)  # a timeout failed explicitly since: it ended then
+        if ended is None:
+            ended = st.failed_at.setdefault(r.srid, now_ms)
+        return ended + record.retry.delay_ms(record.attempt, random.Random(r.srid))
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
         """Do what ``r``'s row says."""
@@ -404,6 +426,12 @@ class Decider:
         if row is fate.DEFERRED:
             self.cache.put(r.srid, r.payload)
             c.wait(r.lp, r, tick)
+            return
+        if row is fate.REPLAYED and isinstance(self.topics.partitions(r.record.topic), Unknown):
+            # Its replay topic's metadata has not answered yet: decided again shortly, the
+            # loop never waits for it (broker.acker.replay_topics).
+            self.cache.put(r.srid, r.payload)
+            c.wait(r.lp, r, self.ticker.tick_of(c.now_ms + METADATA_RETRY_MS))  # fate.DEFERRED
             return
         st.count("payload_fetches", int(r.fetched))
         if row is fate.HELD:
@@ -516,9 +544,10 @@ class Decider:
         """A replay (watched) or a dead letter: ``broker.replay.decide``."""
         record = r.record
         refused = self.refused.get(r.srid)
+        count = self.topics.partitions(record.topic)  # known for a replay (``_settle``); a dead letter needs none
         decision = decide(
-            self.ns, record, r.reason, c.now_ms, self.partitions, self.replay_partitions(record.topic), refused,
-            st.rejections.get(r.srid),
+            self.ns, record, r.reason, c.now_ms, self.partitions, -1 if isinstance(count, Unknown) else count,
+            refused, st.rejections.get(r.srid),
         )
         st.count(_COUNTED[decision.outcome])
         if decision.outcome is Outcome.DLQ:
@@ -576,18 +605,10 @@ class Decider:
 
     def forget(self, name: str) -> None:
         """Look replay topic ``name`` up again at its next use: the broker called it unknown."""
-        self._replay_topics.pop(name, None)
+        self.topics.forget(name)
 
     def replay_partitions(self, topic: str) -> int | None:
-        """Partition count of ``<topic>.replay`` (None when missing), cached; a missing one is
-        looked up again after a minute."""
-        name = replay_topic(topic)
-        cached = self._replay_topics.get(name)
-        if cached is not None and (cached[0] is not None or time.monotonic() - cached[1] < MISSING_TOPIC_RECHECK_S):
-            return cached[0]
-        count = self._partition_counts([name])[name]
-        if count is None:
-            log.error("replay topic %s does not exist: its records go to the DLQ", name)
-        self._replay_topics[name] = (count, time.monotonic())
-        return count
-
+        """Partition count of ``<topic>.replay`` if known now (None: missing, or not known
+        yet), for a check at registration that the decision makes again: never waits for the
+        cluster's metadata."""
+        return self.topics.known(topic)

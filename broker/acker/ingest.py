@@ -19,6 +19,7 @@ from broker.errors import DecodeError
 from broker.headers import OUTCOME_COMPLETED
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
+from broker.ledger.outages import BEAT_BOUND_MS
 from broker.ledger.table import Removed
 from broker.replay import Outgoing, quarantine_record
 from broker.retry import MAX_RETRY_AFTER_MS
@@ -36,9 +37,10 @@ from broker.topics import Namespace
 
 log = logging.getLogger(__name__)
 
-#: An outage beat stops the clock at most this long past its own timestamp (the task covers
-#: a few seconds ahead: broker.outage.BEAT_COVER_MS).
-MAX_BEAT_COVER_MS = 10_000
+
+def _ticks(ticker: Ticker, stops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Stops on tick bounds (ms) as ticks."""
+    return [(ticker.current_tick(a), ticker.current_tick(b)) for a, b in stops]
 
 
 class Ingest:
@@ -255,15 +257,29 @@ class Ingest:
         return f"unknown persist flags {int(pre.flags[i]):#04x}"
 
     def fold(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
-        """Fold XOR batches: (srid, xor) pairs and explicit fail marks; then the deadline
-        extensions (touches) of the same messages."""
-        srids, xors, failed, touched, touched_deadlines, superseded = [], [], [], [], [], []
-        P = self.partitions
+        """Fold a batch of ``ns.acks[lp]`` in log order, so that what a message does never
+        depends on where a poll cut the log: the XOR batches between two outage beats
+        together (``_fold_xor_batches``), each beat where it is - a task in an outage touches
+        what it holds, then beats, and the beat stops the clock of the deadlines touched."""
         self._reading(batch)
+        run: list[Message] = []
         for msg in batch:
             if msg.key() == OUTAGE_BEAT_KEY:
+                if run:
+                    self._fold_xor_batches(st, lp, run)
+                    run = []
                 self.outage_beat(st, msg)
-                continue
+            else:
+                run.append(msg)
+        if run:
+            self._fold_xor_batches(st, lp, run)
+
+    def _fold_xor_batches(self, st: PartitionState, lp: int, batch: list[Message]) -> None:
+        """Fold XOR batches: the deadline extensions (touches), then the (srid, xor) pairs,
+        explicit fail marks and superseded marks of the same messages."""
+        srids, xors, failed, touched, touched_deadlines, superseded = [], [], [], [], [], []
+        P = self.partitions
+        for msg in batch:
             try:
                 xb = XorBatch.decode(msg.value())
                 if xb.ledger_partition != lp:
@@ -329,7 +345,11 @@ class Ingest:
             f = np.concatenate(failed)
             st.count("fail_marks", int(f.size))
             st.table.mark_failed(f, orphan_tick)
-            st.recent_fails.append((self.clock.now_ms(), f))
+            now = self.clock.now_ms()
+            st.recent_fails.append((now, f))
+            # Its back-off runs from its fold, as a retry-after does (``_retry_afters``).
+            for srid in f.tolist():
+                st.failed_at.setdefault(srid, now)
         if superseded:
             # Replays whose original completed late (broker.acker.superseding): never
             # replayed or dead-lettered from now on; an unknown one waits for its persist record.
@@ -352,8 +372,9 @@ class Ingest:
 
     def outage_beat(self, st: PartitionState, msg: Message) -> None:
         """A task in an outage: the partition's timeout clock stops for the time its beat adds
-        (broker.ledger.outages) - at most ``MAX_BEAT_COVER_MS`` past the beat's own timestamp,
-        so a beat with a cover too long (or a clock far ahead) cannot stop the clock for long.
+        (broker.ledger.outages) - at most ``BEAT_BOUND_MS`` either side of the beat's own
+        timestamp, so a beat with a start too early, a cover too long (or a clock far off)
+        cannot stop the clock for long.
         Read in order with the events, so before any expiry at a tick after it was sent."""
         try:
             beat = OutageBeat.decode(msg.value())
@@ -362,18 +383,20 @@ class Ingest:
             return
         ts_type, ts = msg.timestamp()
         sent = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms()
-        until = min(beat.until_ms, sent + MAX_BEAT_COVER_MS)
+        start = max(beat.since_ms, sent - BEAT_BOUND_MS)
+        until = min(beat.until_ms, sent + BEAT_BOUND_MS)
         st.count("outage_beats")
-        if until <= beat.since_ms:
+        if until <= start:
             return
-        # On tick bounds, so that the next beat's interval starts where this one's ended.
-        end = self.ticker.tick_of(until)
-        stopped = st.stops.beat(beat.task, beat.since_ms, self.ticker.ms_of(end))
+        # On tick bounds, so that the stops of beats meet where they touch.
+        ticker = self.ticker
+        stopped = st.stops.beat(beat.task, beat.since_ms, ticker.ms_of(ticker.tick_of(until)),
+                                ticker.ms_of(ticker.current_tick(start)))
         if stopped is None:
             return
-        start = self.ticker.current_tick(stopped[0])
-        st.table.stop_clock(start, end - start)
-        st.count("outage_stopped_ms", (end - start) * self.ticker.tick_ms)
+        st.table.stop_clock(ticker.current_tick(stopped.start_ms), _ticks(ticker, stopped.before),
+                            _ticks(ticker, stopped.after))
+        st.count("outage_stopped_ms", stopped.added_ms)
 
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -55,6 +55,17 @@ class Ended(NamedTuple):
     srid: int
     offset: int  # of its persist record
     reason: Reason
+
+
+class Turn(NamedTuple):
+    """A replay's turn (broker.acker.decisions: ``Decider._turn``): its record waits deferred
+    until then."""
+
+    turn: float  # epoch ms: its own wait passed and its place under the replay rate and its key
+    key: tuple[str, bytes]  # (data topic, record key; a record without one: its srid)
+    backing_off: bool  # its own wait is what it waits for (not the rate or its key)
+    until: int | None  # when its own wait ends (``Decider._waits_until``): the turn stands while it does
+    sent: tuple[int, int]  # (created_ms, persist offset) of its record: its place in its key's order
 
 
 class Watch(NamedTuple):
@@ -141,21 +152,18 @@ class PartitionState:
     # instead of its record's back-off. Durable like a rejection: the changelog record of the
     # entry carries it, so a new owner replays it then too, neither earlier nor later.
     retry_at: dict[int, int] = field(default_factory=dict)
-    # srid -> its replay's turn (epoch ms: its back-off passed and its place under the replay
-    # rate, broker.acker.decisions), its key (data topic, key-hash partition) and whether its
-    # back-off is what it waits for: it waits deferred until then, and goes then; per key, how
-    # many wait and the latest turn given; how many wait for their back-off (the rest are due,
-    # held back by the rate or their key's order). In memory: a new owner gives them turns
-    # again (later, never earlier).
-    replay_turns: dict[int, tuple[float, tuple[str, int], bool]] = field(default_factory=dict)
-    replays_waiting: Counter[tuple[str, int]] = field(default_factory=Counter)
-    last_turn: dict[tuple[str, int], float] = field(default_factory=dict)
+    # srid -> its replay's turn (``Turn``, broker.acker.decisions): it waits deferred until
+    # then, and goes then; per key, the turns waiting; how many wait for their back-off (the
+    # rest are due, held back by the rate or their key's order). In memory: a new owner gives
+    # them turns again (later, never earlier).
+    replay_turns: dict[int, Turn] = field(default_factory=dict)
+    replays_waiting: dict[tuple[str, bytes], dict[int, Turn]] = field(default_factory=dict)
     backing_off: int = 0
     # srid -> its attempt, for the registered replays (attempt > 1; a first attempt is not
     # kept): the attempt a completion ends at (``count_ended``). In memory, refilled by the
     # persist records a new owner reads again; one restored from the changelog alone counts as 1.
     replay_attempts: dict[int, int] = field(default_factory=dict)
-    # srid -> when its fail mark was decided, until it is replayed: its back-off runs from there
+    # srid -> when its fail mark was folded, until it is replayed: its back-off runs from there
     # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
     failed_at: dict[int, int] = field(default_factory=dict)
     # How far the timeout clock stood still for tasks in an outage, and which tasks: durable,
@@ -210,6 +218,7 @@ class PartitionState:
         which a commit then skips (``Acker._commit``)."""
         return self.table.quiet() and not (
             self.tombstones or self.failures or self.recent_fails or self.watches or self.counters_dirty
+            or self.replay_turns
         )
 
     def summarize(self) -> None:
@@ -232,23 +241,38 @@ class PartitionState:
         self.end_turn(srid)
         return self.expired_values.pop(srid, None)
 
-    def wait_turn(self, srid: int, turn: float, key: tuple[str, int], backing_off: bool) -> None:
-        """``srid`` waits for its replay's ``turn`` (``backing_off``: for its back-off)."""
-        self.replay_turns[srid] = (turn, key, backing_off)
-        self.replays_waiting[key] += 1
-        self.last_turn[key] = turn
-        self.backing_off += backing_off
+    def wait_turn(self, srid: int, turn: Turn) -> None:
+        """``srid`` waits for its replay's ``turn``."""
+        self.replay_turns[srid] = turn
+        self.replays_waiting.setdefault(turn.key, {})[srid] = turn
+        self.backing_off += turn.backing_off
+
+    def earlier_turn(self, key: tuple[str, bytes], sent: tuple[int, int]) -> float | None:
+        """The latest turn of the records of ``key`` sent before ``sent`` that wait (None: none
+        waits): a record of the key is replayed after them, never behind a later one."""
+        waiting = self.replays_waiting.get(key)
+        if not waiting:
+            return None
+        return max((t.turn for t in waiting.values() if t.sent < sent), default=None)
 
     def end_turn(self, srid: int) -> None:
         """``srid`` no longer waits for its replay's turn (replayed, or gone otherwise)."""
         turn = self.replay_turns.pop(srid, None)
         if turn is not None:
-            key = turn[1]
-            self.backing_off -= turn[2]
-            self.replays_waiting[key] -= 1
-            if self.replays_waiting[key] <= 0:
-                del self.replays_waiting[key]
-                self.last_turn.pop(key, None)
+            self.backing_off -= turn.backing_off
+            waiting = self.replays_waiting[turn.key]
+            del waiting[srid]
+            if not waiting:
+                del self.replays_waiting[turn.key]
+
+    def let_go_turns(self) -> None:
+        """A turn is held by a record of the table: the turns of those that left it for any
+        reason (completed late while they waited, settled as superseded, dropped) go, so
+        that they hold back no later record of their key and no gauge counts them."""
+        if self.replay_turns:
+            srids = np.fromiter(self.replay_turns, np.int64, len(self.replay_turns))
+            for srid in srids[self.table.hashtable.lookup(srids) < 0].tolist():
+                self.end_turn(srid)
 
     def forget_decided(self) -> None:
         """Drop what is kept per srid (``timed_out_at``, ``rejections``, ``retry_at``, the

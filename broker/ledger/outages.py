@@ -40,6 +40,7 @@ Pure: no clock, no I/O; times are the beats' own (epoch ms).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,47 +50,85 @@ PREFIX = "outage."
 STOP_PREFIX = "outage.stop:"  # + since_ms -> until_ms of one stop
 SINCE_PREFIX = "outage.since_ms:"  # + task
 LAST_PREFIX = "outage.until_ms:"  # + task
+FLOOR_KEY = "outage.floor_ms"  # below it no stop is added again (``ClockStops.floor_ms``)
 
 #: The stops kept: a record created before the oldest of them and registered only now (its
 #: persist record read that late) is not held back by it.
 MAX_STOPS = 16
 
+#: A beat stops the clock at most this long either side of its own timestamp: its cover is a
+#: few seconds ahead (broker.outage.BEAT_COVER_MS), its start at most a gap of lost beats
+#: back; a beat "since" long ago, or covering far ahead, is a writer's bug (or forged).
+BEAT_BOUND_MS = 10_000
+
 #: A task not heard from for this long after its last beat's cover is forgotten.
 FORGET_MS = 600_000
+
+
+class Stopped(NamedTuple):
+    """What a beat changed in a partition's stops: from ``start_ms`` on (no stop covered it),
+    the stops were ``before`` and are ``after`` (each in order, their parts after ``start_ms``).
+    A deadline moves as the clock standing still over ``after`` rather than ``before`` moves
+    it (``LedgerTable.stop_clock``)."""
+
+    start_ms: int
+    before: list[tuple[int, int]]
+    after: list[tuple[int, int]]
+
+    @property
+    def added_ms(self) -> int:
+        """How much longer the clock stands still."""
+        return sum(b - a for a, b in self.after) - sum(b - a for a, b in self.before)
 
 
 class ClockStops:
     """One ledger partition's stopped clock: when it stood still (the last ``MAX_STOPS``
     stops, each ``[since_ms, until_ms)``, oldest first), and for which tasks."""
 
-    __slots__ = ("stops", "tasks")
+    __slots__ = ("floor_ms", "stops", "tasks")
 
     def __init__(self, stops: list[tuple[int, int]] | None = None,
-                 tasks: dict[str, tuple[int, int]] | None = None) -> None:
-        self.stops: list[tuple[int, int]] = stops or []
+                 tasks: dict[str, tuple[int, int]] | None = None, floor_ms: int = 0) -> None:
+        self.stops: list[tuple[int, int]] = stops or []  # disjoint, in order
         self.tasks: dict[str, tuple[int, int]] = tasks or {}  # task -> (since_ms, until_ms) of its last beat
+        # Below here the stops were let go (past ``MAX_STOPS``): nothing is added there again.
+        self.floor_ms = floor_ms
 
     @property
     def until_ms(self) -> int:
         """The clock stands (or stood) still up to here (0: it never stopped)."""
         return self.stops[-1][1] if self.stops else 0
 
-    def beat(self, task: str, since_ms: int, until_ms: int) -> tuple[int, int] | None:
-        """A task's beat: in an outage since ``since_ms``, covered up to ``until_ms``. Returns
-        the interval ``[a, b)`` the clock stops for now (None: the beat covers nothing new)."""
+    def beat(self, task: str, since_ms: int, until_ms: int, stop_from_ms: int | None = None) -> Stopped | None:
+        """A task's beat: in an outage since ``since_ms``, covered up to ``until_ms`` (the stop
+        from ``stop_from_ms`` if given: the beat's start as bounded). The partition's stops
+        become the union of theirs and the beat's, whatever order the beats of its tasks
+        arrive in. Returns what changed (None: the beat covers nothing new): the first instant
+        the union gained, and the stops from there on before and after (``Stopped``)."""
         prev = self.tasks.get(task)
         self.tasks[task] = (since_ms, until_ms if prev is None or prev[0] != since_ms else max(prev[1], until_ms))
         for name in [n for n, (_, u) in self.tasks.items() if u < until_ms - FORGET_MS]:
             del self.tasks[name]
-        last = self.until_ms
-        start = max(since_ms, last)
-        if until_ms <= start:
+        since_ms = max(since_ms if stop_from_ms is None else stop_from_ms, self.floor_ms)
+        if until_ms <= since_ms:
             return None
-        if self.stops and since_ms <= last:  # the current stop goes on
-            self.stops[-1] = (self.stops[-1][0], until_ms)
-        else:  # a new one
-            self.stops = [*self.stops[-(MAX_STOPS - 1):], (since_ms, until_ms)]
-        return start, until_ms
+        start = since_ms  # the first instant of the beat no stop covers yet
+        for a, b in self.stops:
+            if a <= start < b:
+                start = b
+        if start >= until_ms:
+            return None
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.stops, (since_ms, until_ms)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        before = [(max(a, start), b) for a, b in self.stops if b > start]
+        self.stops = merged[-MAX_STOPS:]
+        if len(merged) > MAX_STOPS:
+            self.floor_ms = max(self.floor_ms, merged[-MAX_STOPS - 1][1])
+        return Stopped(start, before, [(max(a, start), b) for a, b in merged if b > start])
 
     def held_back(self, created_ms: np.ndarray, deadlines_ms: np.ndarray) -> np.ndarray:
         """How much later the timeouts of records created at ``created_ms`` (due at
@@ -112,6 +151,8 @@ class ClockStops:
     def as_counters(self) -> dict[str, int]:
         """The state as ``__counters__`` entries (empty: the clock never stopped)."""
         out = {f"{STOP_PREFIX}{since}": until for since, until in self.stops}
+        if self.floor_ms:
+            out[FLOOR_KEY] = self.floor_ms
         for name, (since, until) in self.tasks.items():
             out[SINCE_PREFIX + name] = since
             out[LAST_PREFIX + name] = until
@@ -126,7 +167,7 @@ class ClockStops:
             k[len(SINCE_PREFIX):]: (v, counters.get(LAST_PREFIX + k[len(SINCE_PREFIX):], v))
             for k, v in counters.items() if k.startswith(SINCE_PREFIX)
         }
-        return cls(stops, tasks), rest
+        return cls(stops, tasks, counters.get(FLOOR_KEY, 0)), rest
 
 
 def outages_in(counters: Mapping[str, int], now_ms: int) -> dict[str, int]:

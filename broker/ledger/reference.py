@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.fate import Outcome, Reason
+from broker.ledger.outages import BEAT_BOUND_MS
 from broker.ledger.table import (
     DEFERRED,
     FAILED,
@@ -426,21 +427,36 @@ class FateModel:
         return until - begin if begin < until and deadline_ms > max(start, sent) else 0
 
     def stop(self, since_ms: int, until_ms: int, sent_ms: int) -> None:
-        """An outage beat sent at ``sent_ms``: the clock stands still from ``since_ms`` to
-        ``until_ms`` (the part not covered yet); every attempt still pending is held back as
-        ``_holds`` says."""
-        start = max(since_ms, self.stops[-1][1] if self.stops else since_ms)
-        if until_ms <= start:
+        """An outage beat sent at ``sent_ms``: the clock stands still from ``since_ms`` (at
+        most ``BEAT_BOUND_MS`` before ``sent_ms``) to ``until_ms``, the stops become their
+        union with it; every attempt still pending is held back by each part not covered
+        yet as ``_holds`` says."""
+        since_ms = max(since_ms, sent_ms - BEAT_BOUND_MS)
+        if until_ms <= since_ms:
             return
-        if self.stops and since_ms <= self.stops[-1][1]:
-            self.stops[-1] = (self.stops[-1][0], until_ms)
-        else:
-            self.stops.append((since_ms, until_ms))
-        piece = (start, until_ms, sent_ms)
-        self.pieces.append(piece)
-        for a in self.attempts.values():
-            if a.outcome is None and a.reason is None:
-                a.deadline_ms += self._holds(piece, a.created_ms, a.deadline_ms)
+        gaps: list[tuple[int, int]] = []
+        start = since_ms
+        for a, b in self.stops:
+            if b <= start or a >= until_ms:
+                continue
+            if a > start:
+                gaps.append((start, a))
+            start = max(start, b)
+        if start < until_ms:
+            gaps.append((start, until_ms))
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.stops, (since_ms, until_ms)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.stops = merged
+        for gap_start, gap_end in gaps:
+            piece = (gap_start, gap_end, sent_ms)
+            self.pieces.append(piece)
+            for attempt in self.attempts.values():
+                if attempt.outcome is None and attempt.reason is None:
+                    attempt.deadline_ms += self._holds(piece, attempt.created_ms, attempt.deadline_ms)
 
     def counts(self, a: ModelAttempt) -> bool | None:
         """Whether ``a``'s completed tree must complete the record (None: it may)."""

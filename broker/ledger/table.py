@@ -123,9 +123,10 @@ class LedgerTable:
         """Push deadlines forward, never back (``Timeouts.touch``)."""
         return self._timeouts.touch(srids, deadlines, orphan_ttl)
 
-    def stop_clock(self, after: int, ticks: int) -> int:
-        """The clock stood still ``ticks`` from tick ``after`` on (``Timeouts.stop``)."""
-        return self._timeouts.stop(after, ticks)
+    def stop_clock(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+        """From tick ``start`` on the clock stood still over ``after``, not ``before``
+        (``Timeouts.stop``)."""
+        return self._timeouts.stop(start, before, after)
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return the entries due at ``now_tick`` (``Timeouts.expire``)."""

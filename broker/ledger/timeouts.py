@@ -94,22 +94,30 @@ class Timeouts:
             store.lower_min_deadline(int(target[later].min()))
         return int(applies.sum())
 
-    def stop(self, after: int, ticks: int) -> int:
-        """The clock stood still ``ticks`` from tick ``after`` on (a task's outage,
-        broker.ledger.outages): every registered, pending entry whose deadline is after
-        ``after`` gets ``ticks`` more; one due before was not held up by it. Failed, deferred
-        and watched entries are decided already, orphans wait for a persist record, not a
-        task: none of them moves. A deadline that moved is DIRTY (the changelog carries it:
-        a restore keeps the stop). Returns how many moved. One scan of the columns."""
-        if ticks <= 0:
-            return 0
+    def stop(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+        """The clock stood still over the stops ``after`` (ticks ``[a, b)``, in order) where it
+        stood still over ``before``, from tick ``start`` on (a task's outage,
+        broker.ledger.outages): every registered, pending entry due after ``start`` is due
+        where a clock standing still over ``after`` puts the time left from ``start`` under
+        ``before`` - so the stops of several beats add up to their union, whatever order they
+        came in, and a deadline due before ``start`` does not move. Failed, deferred and
+        watched entries are decided already, orphans wait for a persist record, not a task:
+        none of them moves. A deadline that moved is DIRTY (the changelog carries it: a
+        restore keeps the stop). Returns how many moved. One scan of the columns."""
         t = self._store.hashtable
         moved = np.flatnonzero(
-            ((t.flags & STATE) == REGISTERED) & (t.deadline > after) & (t.deadline < INT32_MAX)
+            ((t.flags & STATE) == REGISTERED) & (t.deadline > start) & (t.deadline < INT32_MAX)
         )
         if moved.size:
-            later = np.minimum(t.deadline[moved].astype(np.int64) + ticks, INT32_MAX - 1)
-            t.deadline[moved] = later.astype(t.deadline.dtype)
+            due = t.deadline[moved].astype(np.int64)
+            left = due - start  # the time the entry has left from ``start``, on a clock that runs
+            for a, b in before:
+                left -= np.clip(np.minimum(due, b) - max(a, start), 0, None)
+            later = start + left
+            for a, b in after:
+                a = max(a, start)
+                later = np.where(later > a, later + (b - a), later)
+            t.deadline[moved] = np.minimum(later, INT32_MAX - 1).astype(t.deadline.dtype)
             t.flags[moved] |= DIRTY
         return int(moved.size)
 

@@ -52,3 +52,17 @@ def test_failure_policy_waits_out_an_outage_and_rejects_what_fails_every_time(bo
     assert policy["calls_while_down"] < without["calls_while_down"] / 10
     # DEFAULT_RETRY: 0.5 s, 1 s, 2 s (jitter 0.2) - each gap at least 80 % of its back-off.
     assert [g >= 0.8 * b for g, b in zip(policy["flaky_gaps_s"], (0.5, 1.0, 2.0), strict=True)] == [True] * 3
+
+
+def test_failure_policy_waits_each_back_off_as_its_policy_says(bootstrap: str) -> None:
+    """No outage, 20 orders failed on their first three attempts among 600 (1 % rejected): each
+    attempt of each is delivered its policy's back-off after the one before it (DEFAULT_RETRY:
+    0.5 s, 1 s, 2 s, jitter 0.2), within 20 % and 0.5 s - from when the hop saw them."""
+    policy = run_example("failure_policy.py", bootstrap, "--records", "600", "--rate", "100", "--down", "0:0",
+                         "--flaky-every", "30")
+    assert policy["lost"] == 0 and policy["dlq_valid"] == 0 and policy["dlq_malformed"] == 6
+    each = policy["flaky_gaps_each_s"]
+    assert len(each) == 20 and all(len(g) == 3 for g in each), each
+    off = [(i, g) for i, g in enumerate(each)
+           if not all(0.8 * b <= x <= 1.2 * b + 0.5 for x, b in zip(g, (0.5, 1.0, 2.0), strict=True))]
+    assert not off, off

@@ -211,3 +211,74 @@ def test_the_metrics_counters_attempts_at_the_end_failures_by_class_and_why_repl
     assert (c["replays_backed_off"], c.get("replays_waited", 0)) == (2, 0)
     assert (c["ended_completed_le_2"], c["ended_completed_attempts"]) == (2, 4)
     assert (c["ended_dlq_le_1"], c["ended_dlq_le_5"], c["ended_dlq_attempts"]) == (1, 1, 6)
+
+
+# ---------------------------------------------------------------- issue 57: where inputs meet
+
+
+def test_a_retry_after_for_a_record_waiting_its_back_off_is_honoured_as_by_a_new_owner(world: World) -> None:
+    """A times out and waits its 2 s back-off; its task then fails it asking for 10 s: the
+    live acker waits the 10 s, as a new owner (no turns in memory) does."""
+    send(world, A)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(3)  # timed out: waits until 3.2 s
+    fail_after(world, A, 10_000)  # folded at 1.2 s: its replay at 11.2 s
+    world.step(3)
+    world.clock.advance(2_500)
+    world.step(3)
+    assert not replayed(world)
+    world.clock.advance(6_000)
+    world.step(3)
+    assert not replayed(world)  # 9.7 s
+    world.clock.advance(1_700)
+    world.step(3)
+    assert replayed(world) == [A]
+
+
+def test_a_record_that_completes_while_it_waits_lets_its_keys_turn_go(world: World) -> None:
+    """A (attempt 3: an 18 s back-off) times out, then completes late while it waits; B, same
+    key, fails after: it waits its own 2 s, not A's turn - and nothing counts A as waiting."""
+    send(world, A, attempt=3)
+    world.step(2)
+    world.clock.advance(1_200)
+    world.step(3)  # A waits until 19.2 s
+    world.ack(A, ROOT + A % 100)
+    send(world, B)
+    world.step(3)
+    fail(world, B)
+    world.step(3)
+    (st,) = world.acker.states.values()
+    assert (len(st.replay_turns), st.backing_off) == (1, 1)  # B's only
+    world.clock.advance(2_200)
+    world.step(3)
+    assert replayed(world) == [B] and world.outcomes()[A] == "completed"
+    assert (len(st.replay_turns), st.backing_off, dict(st.replays_waiting)) == (0, 0, {})
+
+
+def test_a_failure_waits_its_own_back_off_behind_no_later_record_of_its_key(world: World) -> None:
+    """A fails and is replayed at 2.1 s; B, same key, sent before that replay, fails while the
+    replay waits its 6 s: B waits its own 2 s - only an earlier record of its key that still
+    waits may hold it back."""
+    send(world, A)
+    world.step(2)
+    fail(world, A)
+    world.step(3)
+    world.clock.advance(1_900)
+    send(world, B)  # sent at 1.9 s
+    world.step(2)
+    world.clock.advance(200)
+    world.step(3)
+    (again,) = [r for r in world.replays() if r.history]  # A's second attempt, sent at 2.1 s
+    world.step(3)
+    fail(world, again.srid)  # waits until 8.1 s
+    world.step(3)
+    world.clock.advance(400)
+    fail(world, B)  # at 2.5 s: waits until 4.5 s
+    world.step(3)
+    world.clock.advance(2_100)
+    world.step(3)
+    assert replayed(world) == [A, B]
+    world.clock.advance(3_600)
+    world.step(3)
+    assert replayed(world) == [A, B, A]

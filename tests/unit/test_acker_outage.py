@@ -14,7 +14,7 @@ import pytest
 
 from broker.errors import DecodeError
 from broker.ledger.outages import ClockStops, outages_in
-from broker.schemas import COUNTERS_KEY, OUTAGE_BEAT_KEY, LedgerCounters, OutageBeat
+from broker.schemas import COUNTERS_KEY, OUTAGE_BEAT_KEY, LedgerCounters, OutageBeat, XorBatch
 from broker.status import without_outages
 from tests.unit.test_acker_windows import NS, ROOT, T0, World, X
 
@@ -40,11 +40,11 @@ def at(world: World, ms: int) -> None:
 
 def test_beats_stop_the_clock_for_the_union_of_what_they_cover() -> None:
     stops = ClockStops()
-    assert stops.beat("a", 10_000, 13_000) == (10_000, 13_000)
-    assert stops.beat("a", 10_000, 14_000) == (13_000, 14_000)  # the next second
+    assert stops.beat("a", 10_000, 13_000) == (10_000, [], [(10_000, 13_000)])
+    assert stops.beat("a", 10_000, 14_000) == (13_000, [], [(13_000, 14_000)])  # the next second
     assert stops.beat("b", 11_000, 13_500) is None  # another task, covered already
     assert stops.beat("a", 10_000, 12_000) is None  # a beat read again
-    assert stops.beat("a", 20_000, 22_000) == (20_000, 22_000)  # a new outage: a new stop
+    assert stops.beat("a", 20_000, 22_000) == (20_000, [], [(20_000, 22_000)])  # a new outage: a new stop
     assert stops.stops == [(10_000, 14_000), (20_000, 22_000)] and stops.until_ms == 22_000
     assert stops.in_outage(21_000) == {"a": 20_000} and stops.in_outage(22_000) == {}
 
@@ -153,3 +153,61 @@ def test_a_bad_beat_is_quarantined(world: World) -> None:
     world.cluster.append(NS.acks, 0, OUTAGE_BEAT_KEY, b"nonsense")
     world.step(2)
     assert world.acker.counters()["quarantined"] == 1
+
+
+# ---------------------------------------------------------------- issue 57: where inputs meet
+
+
+def test_the_stops_are_the_union_whatever_order_the_beats_arrive_in() -> None:
+    """A's beat covers 10-13 s, then B's (its earlier beats late or lost) 5-14 s: the union is
+    5-14 s, and what B adds is what A's left uncovered on both sides."""
+    stops = ClockStops()
+    assert stops.beat("a", 10_000, 13_000) == (10_000, [], [(10_000, 13_000)])
+    assert stops.beat("b", 5_000, 14_000) == (5_000, [(10_000, 13_000)], [(5_000, 14_000)])
+    assert stops.stops == [(5_000, 14_000)]
+    stops.beat("c", 20_000, 22_000)
+    stops.beat("d", 16_000, 18_000)  # before the last: kept in order
+    assert stops.stops == [(5_000, 14_000), (16_000, 18_000), (20_000, 22_000)]
+
+
+def test_a_deadline_moves_by_the_union_of_the_stops(world: World) -> None:
+    world.send(X, ROOT, max_attempts=3, timeout_ms=12_000)  # due at T0 + 12 s
+    world.step(2)
+    at(world, 10_500)
+    beat(world, T0 + 10_000, T0 + 13_000, task="a")  # X: 15 s
+    world.step(2)
+    beat(world, T0 + 5_000, T0 + 14_000, task="b")  # the union 5-14 s: X at 12 + 9 = 21 s
+    world.step(2)
+    at(world, 20_900)
+    assert not world.outcomes()
+    at(world, 21_100)
+    assert world.outcomes() == {X: "replay"}
+
+
+def test_a_touch_and_a_beat_read_in_one_poll_act_as_in_two(world: World) -> None:
+    """A task in an outage touches what it holds, then beats: the touch moves X to 2 s, the
+    stop from 0.5 s to 3.5 s then to 5 s - whether one poll reads both or not."""
+    world.send(X, ROOT, max_attempts=3, timeout_ms=1_000)
+    world.step(2)
+    world.clock.advance(500)
+    empty = np.array([], np.int64)
+    touch = XorBatch(0, empty, empty, empty, touched=np.array([X]), touched_deadlines=np.array([T0 + 2_000]))
+    world.cluster.append(NS.acks, 0, None, touch.encode())
+    beat(world, T0 + 500, T0 + 3_500)
+    world.step(3)  # one poll reads both
+    at(world, 4_900)
+    assert not world.outcomes()
+    at(world, 5_100)
+    assert world.outcomes() == {X: "replay"}
+
+
+def test_a_beats_start_is_bounded_like_its_end(world: World) -> None:
+    """A beat "since an hour ago" stops the clock from 10 s before its timestamp at most."""
+    world.send(X, ROOT, max_attempts=3, timeout_ms=1_000)
+    world.step(2)
+    beat(world, T0 - 3_600_000, T0 + 3_000)  # read at T0: the stop is T0 - 10 s to T0 + 3 s
+    world.step(2)
+    at(world, 13_900)
+    assert not world.outcomes()
+    at(world, 14_100)
+    assert world.outcomes() == {X: "replay"}

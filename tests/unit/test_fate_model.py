@@ -34,10 +34,15 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
 - ``group``: two ackers in one group: joins, clean hand-overs (revoke and warm state),
   kill -9 and takeover, with or without ``--standby``;
 - ``txn``: transactions of a source left open on ``ns.persist``, then committed or aborted;
-- ``outage``: a task's outage beats on every ``ns.acks`` partition (§6, *Outages*): the model
-  holds back every deadline the stop covers that is due after the beat was sent (one due by
-  then may have timed out before the beat was read), so a tree completed before the held-back
-  deadline must complete its record without a replay.
+- ``outage``: outage beats of two tasks on every ``ns.acks`` partition (§6, *Outages*), each
+  from now, its outage's start, or back from now (its earlier beats lost; an hour: a broken
+  writer, bounded), after the touches of what the task holds in the same poll or not: the model
+  holds back every deadline by the union of the stops, each part a beat adds where it is due
+  after the beat was sent (one due by then may have timed out before the beat was read), so a
+  tree completed before the held-back deadline must complete its record without a replay.
+
+Whatever the dimensions, a task may fail an attempt that timed out and waits its back-off,
+with a retry-after longer than it (``fail_waiting``): its replay as a failure goes no sooner.
 
 The compound rules (``trickle``, ``delete_then_crash``, ``warm_up``) are runs of the plain
 rules, the invariant checked after each: sequences that one rule drawn at a time hardly ever
@@ -107,6 +112,7 @@ MOVES = ("ack", "fail", "fail_after", "reject", "drop", "touch", *DELAYS, *(WIND
          *(("quick",) if "early" in DIMENSIONS else ()))
 _NONE = np.array([], np.int64)
 RETRY_AFTER_MS = 1_500  # a "fail_after" move's (longer than the drawn policy's first delay)
+TASKS = ("enrich", "score")  # the tasks whose outages beat
 
 
 class FateMachine(RuleBasedStateMachine):
@@ -133,6 +139,7 @@ class FateMachine(RuleBasedStateMachine):
         self.roots: dict[int, int] = {}  # srid -> the record id its tree completes with
         self.scripts: dict[int, tuple[str, str, str]] = {}  # origin -> the move of each attempt
         self.planned: list[tuple[int, int, str]] = []  # (ms, srid, ack / fail / reject / touch): the tasks' doings
+        self.outages: dict[str, int] = {}  # task -> since when its outage goes on (its beats say)
         self.created: dict[int, int] = {}  # srid -> created_ms
         self.offsets: dict[int, tuple[int, int]] = {}  # srid -> (ledger partition, persist offset)
         self.auto: set[int] = set()  # srids of adaptive attempts
@@ -301,15 +308,18 @@ class FateMachine(RuleBasedStateMachine):
         self.clock.advance(end - self.clock.now_ms())
 
     @precondition(lambda self: "outage" in DIMENSIONS)
-    @rule(ms=st.sampled_from([1_000, 3_000, 8_000]), going_on=st.booleans())
-    def outage(self, ms: int, going_on: bool) -> None:
+    @rule(ms=st.sampled_from([1_000, 3_000, 8_000]), going_on=st.booleans(), task=st.sampled_from(TASKS),
+          back=st.sampled_from([0, 0, 2_000, 5_000, 3_600_000]), touch_first=st.booleans())
+    def outage(self, ms: int, going_on: bool, task: str = "enrich", back: int = 0, touch_first: bool = False) -> None:
         """A task in an outage (§6, *Outages*): its beat to every ledger partition stops the
-        clock from now (or from the last stop's start: the outage goes on) for ``ms``."""
+        clock from now (or from its outage's start: it goes on; or ``back`` ms ago: its
+        earlier beats were lost - an hour: a broken writer) for ``ms``. Several tasks beat,
+        each its own outage, so their stops meet in any order. ``touch_first``: it touches the
+        records it holds first (``_touch_held``, then ``_outage_beat``), read in one poll."""
         now = self.clock.now_ms()
-        since = self.model.stops[-1][0] if going_on and self.model.stops else now
-        beat = OutageBeat("enrich", since, now + ms).encode()
-        for lp in range(self.cluster.partitions):
-            self.cluster.append(NS.acks, lp, OUTAGE_BEAT_KEY, beat)
+        since = self.outages.get(task, now) if going_on else now - back
+        self.outages[task] = since
+        beat = OutageBeat(task, since, now + ms).encode()
         # The records queued behind the task that it would complete late or drop complete
         # once it is back instead: after their deadline, before the held-back one.
         queued = {
@@ -318,11 +328,65 @@ class FateMachine(RuleBasedStateMachine):
             and a.deadline_ms > now and a.srid in self.roots
             and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
         }
+        touched = {srid: now + 2_000 for srid in queued} if touch_first else {}
+        for lp in range(self.cluster.partitions):
+            held = [srid for srid in touched if ids.ledger_partition(srid, self.cluster.partitions) == lp]
+            if held:
+                batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array(held, np.int64),
+                                 touched_deadlines=np.array([touched[s] for s in held], np.int64))
+                self.cluster.append(NS.acks, lp, None, batch.encode())
+            self.cluster.append(NS.acks, lp, OUTAGE_BEAT_KEY, beat)
+        # A touch read before the beat moves the deadline the stop then holds back - of an entry
+        # registered already; one registered after both gets the later of the two.
+        registered = {srid for srid in touched if self._registered(srid)}
+        for srid in registered:
+            a = self.model.attempts[srid]
+            a.deadline_ms = max(a.deadline_ms, touched[srid])
         self.model.stop(since, now + ms, now)
-        held = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
-        queued = {srid: before for srid, before in queued.items() if held[srid] > before}
+        for srid in set(touched) - registered:
+            a = self.model.attempts[srid]
+            a.deadline_ms = max(a.deadline_ms, touched[srid])
+        queued = {srid: max(before, touched.get(srid, before)) for srid, before in queued.items()}  # due after the touch
+        held_ms = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
+        queued = {srid: before for srid, before in queued.items() if held_ms[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
-        self.planned += [((before + held[srid]) // 2, srid, "ack") for srid, before in queued.items()]
+        self.planned += [((before + held_ms[srid]) // 2, srid, "ack") for srid, before in queued.items()]
+
+    def _registered(self, srid: int) -> bool:
+        """Whether an acker's table holds ``srid`` registered and pending."""
+        for acker in self.ackers:
+            st_ = acker.states.get(ids.ledger_partition(srid, self.cluster.partitions))
+            entry = None if st_ is None else st_.table.get(srid)
+            if entry is not None and entry.registered and not (entry.deferred or entry.watching or entry.failed):
+                return True
+        return False
+
+    @rule(data=st.data())
+    def fail_waiting(self, data: st.DataObject) -> None:
+        """A task fails an attempt that timed out and waits its back-off, asking its replay to
+        wait ``RETRY_AFTER_MS`` (longer than the back-off): replayed as failed, no sooner."""
+        waiting = sorted(
+            srid for srid, a in self.model.attempts.items()
+            if a.outcome is None and a.failed_ms is None and a.acked_ms is None
+            and self.scripts[a.origin][a.number - 1] == "drop" and self._waiting(srid)
+        )
+        if not waiting:
+            return
+        srid = data.draw(st.sampled_from(waiting))
+        a = self.model.attempts[srid]
+        a.failed_ms, a.retry_after_ms = self.clock.now_ms(), RETRY_AFTER_MS
+        lp = ids.ledger_partition(srid, self.cluster.partitions)
+        batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64), retry_after_ms=np.array([RETRY_AFTER_MS], np.int64))
+        self.cluster.append(NS.acks, lp, None, batch.encode())
+
+    def _waiting(self, srid: int) -> bool:
+        """Whether an acker's table holds ``srid`` timed out, waiting (deferred) to be replayed."""
+        for acker in self.ackers:
+            st_ = acker.states.get(ids.ledger_partition(srid, self.cluster.partitions))
+            entry = None if st_ is None else st_.table.get(srid)
+            if entry is not None and entry.deferred and not entry.failed and srid in st_.replay_turns:
+                return True
+        return False
 
     @rule(lp=st.integers(0, 1), n=st.integers(5, 40))
     def backlog(self, lp: int, n: int) -> None:
@@ -724,6 +788,45 @@ def test_a_tree_completed_after_its_deadline_but_inside_an_outage_completes_with
         then(machine.advance, ms=300)
         then(machine.step, n=2)
     assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 4
+    machine.teardown()
+
+
+def test_two_tasks_beats_hold_a_deadline_back_by_their_union() -> None:
+    """Issue 57, sequence 1 as the model's rules write it: two tasks beat at 1 s, the second
+    from 2 s back (its earlier beats lost). The partition's stops are the union, so a record
+    due at 3 s is held past 4 s; its tree completes in between: completed, not replayed."""
+    machine = FateMachine()
+    then = machine.then
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
+    then(machine.send, max_attempts=3, n=2, script=("drop", "ack", "ack"), timeout_ms=3_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=1_000)
+    then(machine.outage, ms=1_000, going_on=False, task="enrich")
+    then(machine.step, n=2)
+    then(machine.outage, ms=1_000, going_on=False, task="score", back=2_000)
+    for _ in range(20):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
+    machine.teardown()
+
+
+def test_a_touch_and_a_beat_in_one_poll_hold_the_touched_deadline_back() -> None:
+    """Issue 57, sequence 2 as the model's rules write it: a task in an outage touches what it
+    holds, then beats, read in one poll: the stop holds back the touched deadline."""
+    machine = FateMachine()
+    then = machine.then
+
+    then(machine.start, cache=0, fetches=1, unlogged_ms=1_000, fail_hold_ms=0)
+    then(machine.send, max_attempts=3, n=2, script=("drop", "ack", "ack"), timeout_ms=1_000)
+    then(machine.step, n=2)
+    then(machine.advance, ms=300)
+    then(machine.outage, ms=1_000, going_on=False, touch_first=True)
+    for _ in range(20):
+        then(machine.advance, ms=300)
+        then(machine.step, n=2)
+    assert [a.outcome for a in machine.model.attempts.values()] == [Outcome.COMPLETED] * 2
     machine.teardown()
 
 
