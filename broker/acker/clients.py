@@ -29,6 +29,11 @@ _INSTEAD = {
 }
 
 
+STANDBY_MARK = "+standby"
+"""Ends the group consumer's ``client.id`` of an acker that keeps standbys (``--standby``):
+its standby consumer has no group, so the group's description (the console's Overview) shows
+the role only through the member's own name."""
+
 FETCH_WAIT_MS = 20
 """The group consumer's ``fetch.wait.max.ms`` at a small P (``fetch_wait_ms``)."""
 FETCH_WAIT_MAX_MS = 200
@@ -121,6 +126,8 @@ class AckerClients:
         if cfg.group_protocol == "consumer":
             for key in GROUP_SIDE:  # the common consumer defaults' (a user's were refused above)
                 conf.pop(key, None)
+        if cfg.standby:  # on whichever client.id is set, a user's too
+            conf["client.id"] = f"{conf['client.id']}{STANDBY_MARK}"
         return conf | group_client_logging()
 
     def restorer(self) -> dict[str, object]:

@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from broker.acker.clients import STANDBY_MARK
 from broker.console.index import Index
 from broker.dlq import RUN_PREFIX, DlqEntry, Marker, redriven_topic
 from broker.errors import ReplayBrokerError
@@ -196,19 +198,29 @@ RATES = ("completed", "replayed", "dlq")
 WAITS = ("replays_backed_off", "replays_waited", "retry_afters")
 
 
+def acker_member(ns: Namespace, client_id: str, group_instance_id: str | None, host: str,
+                 topic_partitions: Iterable[TopicPartition]) -> dict[str, Any]:
+    """One member of the acker group as the Overview shows it: its instance (the
+    ``ns.acker.`` prefix left out), whether it keeps standbys (``STANDBY_MARK`` on its
+    client.id, broker.acker.clients) and the partitions it owns per topic."""
+    standby = client_id.endswith(STANDBY_MARK)
+    name = group_instance_id or (client_id[: -len(STANDBY_MARK)] if standby else client_id)
+    owned: dict[str, int] = {}
+    for tp in topic_partitions:
+        owned[tp.topic] = owned.get(tp.topic, 0) + 1
+    return {"client_id": client_id, "instance": name.removeprefix(f"{ns.name}.acker."), "host": host,
+            "partitions": owned, "owned": max(owned.values(), default=0), "standby": standby}
+
+
 def ackers(settings: KafkaSettings, ns: Namespace, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """The acker group's members now, each with the partitions it owns per topic."""
+    """The acker group's members now (``acker_member``)."""
     group = f"{ns.name}.acker"
     admin = AdminClient(settings.client_config())
     description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout=timeout_s)
-    out = []
-    for member in description.members:
-        owned: dict[str, int] = {}
-        for tp in getattr(member.assignment, "topic_partitions", None) or []:
-            owned[tp.topic] = owned.get(tp.topic, 0) + 1
-        out.append({"client_id": member.client_id, "host": member.host, "partitions": owned,
-                    "owned": max(owned.values(), default=0)})
-    out.sort(key=lambda m: (m["host"], m["client_id"]))
+    out = [acker_member(ns, m.client_id, m.group_instance_id, m.host,
+                        getattr(m.assignment, "topic_partitions", None) or [])
+           for m in description.members]
+    out.sort(key=lambda m: (m["host"], m["instance"]))
     return out
 
 

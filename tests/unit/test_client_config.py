@@ -105,6 +105,17 @@ def test_acker_group_consumer_protocol_and_static_membership(clients: Clients) -
     assert "group.protocol" not in classic
 
 
+def test_the_acker_group_members_client_id_says_whether_it_keeps_standbys(clients: Clients) -> None:
+    # Its standby consumer has no group: the member's name is what the group's description
+    # (the console's Overview) can show of the role, on a user's client.id too.
+    for config in (AckerConfig(instance_id="a", standby=True), AckerConfig(instance_id="b"),
+                   AckerConfig(instance_id="c", standby=True, consumer={"client.id": "mine"})):
+        Acker(settings(), "unit", config, kafka=clients)
+    assert [c["client.id"] for c in clients.consumers if c["group.id"] == "unit.acker"] == [
+        "unit.acker.a+standby", "unit.acker.b", "mine+standby",
+    ]
+
+
 @pytest.mark.parametrize("key", ["session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"])
 def test_acker_refuses_client_side_group_settings_with_the_consumer_protocol(clients: Clients, key: str) -> None:
     # librdkafka would refuse them when the consumer is created; say what sets them instead.

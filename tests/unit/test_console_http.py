@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import base64
 import http.client
+import re
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from broker.console.auth import Authenticator, parse_tokens
 from broker.console.index import Index
+from broker.console.kafka import acker_member
 from broker.console.server import CSP, Console, Server
 from broker.settings import KafkaSettings
+from broker.topics import Namespace
 from tests.unit.console_data import XSS, hostile, quarantined, record
 
 
@@ -96,6 +100,21 @@ def test_pages_need_credentials(server: Server) -> None:
     assert status == 401 and headers["www-authenticate"].startswith("Basic ")
     status, _, _ = call(server, "GET", "/", role=None, headers={"Authorization": "Bearer nope-nope-nope-nope"})
     assert status == 401
+
+
+def test_the_overview_shows_each_ackers_partitions_and_standby(server: Server) -> None:
+    ns = Namespace("ns")
+    members = [acker_member(ns, "ns.acker.a1+standby", None, "/10.0.0.1", [TopicPartition("ns.persist", p) for p in (0, 1)]),
+               acker_member(ns, "ns.acker.a2", "ns.acker.a2", "/10.0.0.2", [TopicPartition("ns.persist", 2)])]
+    assert [(m["instance"], m["owned"], m["standby"]) for m in members] == [("a1", 2, True), ("a2", 1, False)]
+    server.console.sampler.samples.append((0.0, {
+        "ledger_partitions": 3, "pending": 0, "pending_unknown_partitions": [], "oldest_pending_age_s": None,
+        "completed": 0, "replayed": 0, "dlq": 0, "counters_age_s": 1, "outages": {}, "ackers": members}))
+    _, _, body = call(server, "GET", "/")
+    assert '2 acker instance(s) in ns.acker, <span id="standbys">1</span> keeping standbys' in body
+    rows = re.findall(r'<tr class="acker">(.*?)</tr>', body)
+    assert rows == ["<td>a1</td><td>/10.0.0.1</td><td>ns.persist: 2 </td><td>yes</td>",
+                    "<td>a2</td><td>/10.0.0.2</td><td>ns.persist: 1 </td><td>no</td>"]
 
 
 @pytest.mark.parametrize("path", PAGES)
