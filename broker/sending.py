@@ -253,7 +253,7 @@ def send_batch(
             )
             try:
                 try:
-                    # Positional (kafka_io.PRODUCE_ARGS): keywords cost a call 0.4 µs.
+                    # Positional (kafka_io.PRODUCE_ARGS): cheaper than keywords on the hot path.
                     produce(persist, value_p, srid_b, srid % ledger_partitions, on_persist)
                 except BufferError:  # the queue is full: wait for it like any produce
                     kafka_io.produce(producer, persist, key=srid_b, value=value_p,

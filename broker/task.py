@@ -728,8 +728,8 @@ class Task:
                 return
             if not means(err, Meaning.LOST_MEMBERSHIP):
                 raise
-            # The group moved on while this batch ran (seen in a chaos run: the task died of
-            # UNKNOWN_MEMBER_ID). The new owner resumes from the last committed offsets and
+            # The group moved on while this batch ran (UNKNOWN_MEMBER_ID and the like: not the
+            # task's fault, and no reason to die). The new owner resumes from the last committed offsets and
             # runs the batch again: its events arrive twice, which only delays completion.
             self.counters.commits_lost += 1
             log.warning("offsets not committed (%s): the partitions moved; their new owner redoes the batch", err)
@@ -809,7 +809,7 @@ class Task:
 
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
-        the garbage collector would scan what is kept (~1 us per input); the usual input, a
+        the garbage collector would scan what is kept; the usual input, a
         leaf acked, without a call of ``_settle``."""
         handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
         acked = processed = 0

@@ -43,10 +43,10 @@ RESTORE_SLICE_MAX_S = AckerConfig.restore_slice_max_ms / 1000
 
 def restore_slice(commit_s: float, low_s: float = RESTORE_SLICE_S, high_s: float = RESTORE_SLICE_MAX_S) -> float:
     """The restore's share of one loop iteration: as long as the last commit took (between
-    ``low_s`` and ``high_s``), so a restore gets about half the loop.
-    At P = 1 000 on three brokers a commit takes 2-3 s: a fixed 50 ms slice gave a restore a
-    fiftieth of the loop, and a ``committed()`` against a loaded coordinator timed out within
-    its slice and was asked again one commit later (a standby takeover restored in 68 s)."""
+    ``low_s`` and ``high_s``), so a restore gets about half the loop however long a commit
+    takes: a fixed slice would shrink the restore's share as commits grow with P, and a
+    ``committed()`` against a loaded coordinator would time out within its slice and be asked
+    again only one commit later."""
     return min(max(low_s, commit_s), high_s)
 
 
@@ -130,8 +130,8 @@ class Assignment:
             self.restored(pending, resume=False)
             # librdkafka keeps a partition's pause across an unassign and a new assignment: a
             # rewind that paused these inputs, then lost them, would leave them paused for good
-            # (seen in chaos: an acker cut off mid-rewind got its partitions back, restored them
-            # here and never fetched again).
+            # (an acker cut off mid-rewind gets its partitions back, restores them here and
+            # would never fetch again).
             consumer.resume(assigned)
         else:
             consumer.pause(assigned)
@@ -169,9 +169,9 @@ class Assignment:
 
     def resume_restored(self) -> None:
         """Seek the restored partitions' inputs to their starts (anything fetched before the
-        pause is read again) and resume them. Seen on a loaded machine: a seek right after a
-        takeover's assignment fails with "Erroneous state" while the partition's fetcher is
-        still starting; such a partition stays paused and is sought again at the next step
+        pause is read again) and resume them. A seek right after a takeover's assignment can
+        fail with "Erroneous state" while the partition's fetcher is still starting; such a
+        partition stays paused and is sought again at the next step
         (for up to ``SEEK_RETRY_S``), instead of the acker exiting."""
         waiting: list[TopicPartition] = []
         for tp in self.to_resume:
@@ -236,7 +236,7 @@ class Assignment:
         self.transactions.abort()
         # Lost after the group stopped hearing from us (a network partition): the producer
         # came through the same outage, and once partitions are owned again its
-        # send_offsets_to_transaction was seen to block for good (librdkafka #5456). A new
+        # send_offsets_to_transaction can block for good (librdkafka #5456). A new
         # one (the same transactional id) aborts whatever is open and finds its coordinators.
         self.live.producer_stale = True
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
@@ -264,8 +264,8 @@ class Assignment:
     def wake_fetchers(self) -> None:
         """librdkafka pauses every partition's fetcher while a rebalance callback runs; the
         partitions that stay are resumed afterwards, but a fetcher with nothing else to do
-        notices only at its next wake-up, up to a second later - every membership change
-        stalled the partitions that did not move for about a second. A request to each
+        notices only at its next wake-up, up to a second later, so every membership change
+        would stall the partitions that did not move. A request to each
         leader wakes their fetchers now (one ListOffsets per leader, once per rebalance: after
         the poll in which a callback ran)."""
         if not self.rebalanced:

@@ -155,9 +155,9 @@ class Changelog:
                 return self._restorer.get_watermark_offsets(tp, timeout=30)
             except KafkaException as exc:
                 if means(exc, Meaning.STALE_METADATA):
-                    # The partition is missing from this client's metadata (seen for 30 s on end
-                    # after a node of a cluster crashed), or its leader moved (seen for 40 s
-                    # after 1 000 partitions were created on a busy node): ask for the topic's
+                    # The partition is missing from this client's metadata (it can stay so for
+                    # long after a node of the cluster crashed), or its leader moved (as it does
+                    # while many partitions are created on a busy node): ask for the topic's
                     # metadata, so the next try knows the partition and its leader.
                     with contextlib.suppress(KafkaException):
                         self._restorer.list_topics(topic, timeout=5)
@@ -169,8 +169,8 @@ class Changelog:
 
     def marks_of(self, lps: Iterable[int], topic: str | None = None) -> dict[int, tuple[int, int]]:
         """The watermarks of many partitions in one batch (``watermarks`` asks one partition per
-        round trip: 1 000 of them take 100 s on a loaded cluster); what the batch could not
-        give is asked one by one."""
+        round trip, too slow for a thousand partitions on a loaded cluster); what the batch
+        could not give is asked one by one."""
         topic = topic or self.ns.ledger
         lps = sorted(set(lps))
         got: dict[int, tuple[int, int]] = {}

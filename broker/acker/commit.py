@@ -272,8 +272,8 @@ class Transactions:
         """``call()`` on a thread of its own, waited for ``timeout_s`` + ``left_behind_ms``; if
         it has not returned by then it is left behind, and so is the producer (``stuck``). The
         request of ``send_offsets_to_transaction`` to the group coordinator ignores its timeout
-        (librdkafka #5456): seen in chaos, an acker cut off from the cluster stayed blocked in it
-        past the heal, for good; the commit then fails as cut off (broker.acker.recovery: a new
+        (librdkafka #5456): an acker cut off from the cluster can stay blocked in it past the
+        heal, for good; the commit then fails as cut off (broker.acker.recovery: a new
         producer)."""
         done = threading.Event()
         failed: list[BaseException] = []

@@ -101,7 +101,7 @@ class Recovery:
     def on_commit_error(self, exc: KafkaException, touched: set[int]) -> None:
         err = kafka_error(exc)
         if is_fenced(exc) and self.transactions.outlived(self.live.configs.config.transaction_timeout_ms):
-            # Seen after a broker outage longer than the transaction timeout: the coordinator
+            # After a broker outage longer than the transaction timeout: the coordinator
             # came back, aborted the transaction it found expired and bumped our epoch. No
             # other instance is involved - but one may be (a paused zombie fenced by its
             # successor looks the same), so this instance does not simply start a new producer,
@@ -136,10 +136,9 @@ class Recovery:
                       " (a new producer for the next transaction)" if cut_off else "")
             self.transactions.abort()
             if cut_off:
-                # The producer came through an outage of its coordinators. Seen in chaos: once
-                # the cluster was back, its next send_offsets_to_transaction blocked for good
-                # (librdkafka #5456: coordinator requests ignore their timeout), and the acker
-                # with it. A new one (the same transactional id) starts the next transaction.
+                # The producer came through an outage of its coordinators: once the cluster is
+                # back, its next send_offsets_to_transaction can block for good (librdkafka
+                # #5456: coordinator requests ignore their timeout), and the acker with it. A new one (the same transactional id) starts the next transaction.
                 self.live.producer_stale = True
         refused = self.refusals.take_noted()
         if refused:

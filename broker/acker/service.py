@@ -134,7 +134,7 @@ class Acker:
         # offsets are what the group coordinator checks against the member's generation
         # (epoch), so a member that lost its partitions (stalled past max.poll.interval.ms,
         # or its session expired) cannot commit anything any more. Not all of them each time:
-        # at P = 1 000 that is 2 000 offsets, and records of __consumer_offsets, a commit.
+        # a commit's offsets, and its records of __consumer_offsets, would grow with P.
         self._positions: dict[tuple[str, int], int] = {}
         self._committed_positions: dict[tuple[str, int], int] = {}  # as the last commit left them
         self._read: set[int] = set()  # ledger partitions whose input was consumed since the last commit
@@ -381,9 +381,8 @@ class Acker:
         their persist partition, whose position moves with transaction markers); otherwise
         until the next commit may be due - early if anything was read since the last one
         (``_commit_due``) - and at most ``LONG_POLL_MAX_S``. A poll returns as soon as a
-        message is there, so only an acker with nothing to read waits longer: it wakes 10
-        times a second instead of 50, and each wake-up cost ~0.15 ms in librdkafka's poll
-        (an idle acker at P = 16, one broker: its loop 1.1 -> 0.6 % of a core)."""
+        message is there, so only an acker with nothing to read waits longer: each wake-up
+        costs a pass through librdkafka's poll, which is most of an idle acker's CPU."""
         short = self.config.poll_timeout_ms / 1000
         if self.restores.pending or self.assignment.to_resume or self.reading.paused:
             return short

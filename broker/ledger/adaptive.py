@@ -6,8 +6,8 @@ Why a histogram of log buckets over a sliding window
 ----------------------------------------------------
 A fixed timeout must be sized for the worst latency a pipeline ever shows, so a record whose
 task dropped it waits that long to be replayed. An adaptive one follows what completions take
-now: ``timeout = clamp(quantile x safety_factor, floor, ceiling)``. The acker folds millions
-of events per second, so the estimator takes whole arrays of latencies (one ``bincount`` per
+now: ``timeout = clamp(quantile x safety_factor, floor, ceiling)``. The acker folds events
+by the array, so the estimator takes whole arrays of latencies (one ``bincount`` per
 batch), and its memory is fixed: ``slots x BUCKETS`` int64 counts per topic (8 x 256 x 8 B =
 16 KiB), whatever the rate. Buckets are logarithmic, ``BUCKETS_PER_DOUBLING`` per power of
 two (each 9 % wide), 1 ms to 2^32 ms; the quantile is read as its bucket's *upper* edge, never

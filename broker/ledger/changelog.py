@@ -69,7 +69,7 @@ class Changelog:
         back is an upsert instead: the new record supersedes the old one).
 
         Cost: one vectorised scan of the ``flags`` column, 8 slots per uint64 word
-        (O(capacity): ~0.6 ms for 2M slots), once per commit interval.
+        (O(capacity)), once per commit interval.
         """
         store = self._store
         gone = store.take_left_logged()

@@ -177,7 +177,7 @@ class EntryStore:
         """How many entries are registered (the records this partition guarantees: pending,
         deferred ones included; unregistered events are not records yet), and the smallest
         persist offset among them (-1: none) - the oldest pending record, as persist order is
-        registration order. Two unmasked scans (O(capacity), ~1 ms for 10^6 slots): only a
+        registration order. Two unmasked scans (O(capacity)): only a
         registered entry holds an offset >= 0 (free slots, unregistered entries: -1, which
         read as unsigned is the largest value)."""
         t = self.hashtable
