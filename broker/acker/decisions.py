@@ -429,7 +429,9 @@ class Decider:
             return
         if row is fate.REPLAYED and isinstance(self.topics.partitions(r.record.topic), Unknown):
             # Its replay topic's metadata has not answered yet: decided again shortly, the
-            # loop never waits for it (broker.acker.replay_topics).
+            # loop never waits for it (broker.acker.replay_topics). Its fetch counts now: the
+            # payload waits in the cache and comes from there when it is decided again.
+            st.count("payload_fetches", int(r.fetched))
             self.cache.put(r.srid, r.payload)
             c.wait(r.lp, r, self.ticker.tick_of(c.now_ms + METADATA_RETRY_MS))  # fate.DEFERRED
             return
