@@ -163,6 +163,14 @@ def collect_failures(
             st.count("failed_rejected", sum(s in rejected for s in failed.srids.tolist()))
 
 
+def _key_of(r: _Ready) -> tuple[tuple[str, bytes], tuple[int, int]]:
+    """The key whose order ``r`` keeps - (data topic, record key); a record without a key has
+    no order to keep with others - and its place in it: (``created_ms``, persist offset)."""
+    record = r.record
+    key = (record.topic, record.key if record.key is not None else ids.encode_id(r.srid))
+    return key, (record.created_ms, r.offset)
+
+
 def _decoded(srid: int, payload: bytes, now_ms: int) -> PersistedRecord:
     """The persist record of ``srid`` in ``payload``, if it can be replayed (DecodeError: not)."""
     record = PersistedRecord.decode(payload)
@@ -351,6 +359,8 @@ class Decider:
             return fate.HELD, hold
         if not last:
             turn = self._turn(st, r, c.now_ms)
+            if turn is None and isinstance(self.topics.partitions(r.record.topic), Unknown):
+                turn = self._metadata_turn(st, r, c.now_ms)
             if turn is not None:
                 return fate.WAITS, self.ticker.tick_of(int(turn))
             return fate.REPLAYED, c.now_tick
@@ -377,8 +387,8 @@ class Decider:
                 return waiting.turn
             st.end_turn(r.srid)
         record, rate = r.record, self.config.replay_rate_per_s
-        if until is None and rate is None:
-            return None
+        if until is None and rate is None and not st.replays_waiting:
+            return None  # nothing of its own to wait for, and no record waits before it
         turn = float(now_ms if until is None else max(now_ms, until))
         backed_off = turn  # when its own wait ends (now: it has none left)
         if rate is not None:
@@ -386,9 +396,7 @@ class Decider:
             slot = max(self._next_turn.get(record.topic, 0.0), now_ms - 1_000.0 + gap)
             self._next_turn[record.topic] = slot + gap
             turn = max(turn, slot)
-        # A record without a key has no order to keep with others.
-        key = (record.topic, record.key if record.key is not None else ids.encode_id(r.srid))
-        sent = (record.created_ms, r.offset)
+        key, sent = _key_of(r)
         earlier = st.earlier_turn(key, sent)
         if turn <= now_ms and earlier is None:
             return None
@@ -399,6 +407,17 @@ class Decider:
         st.wait_turn(r.srid, Turn(turn, key, backing_off, until, sent))
         st.count("replays_backed_off" if backing_off else "replays_waited")
         return max(turn, now_ms)
+
+    def _metadata_turn(self, st: PartitionState, r: _Ready, now_ms: int) -> float:
+        """The turn of ``r``, due now but whose replay topic's metadata has not answered yet
+        (broker.acker.replay_topics: the loop never waits for it): ``METADATA_RETRY_MS`` later,
+        asked again then. A turn like the others, so that its key's later records wait behind
+        it, in their order, instead of going first once the answer is in."""
+        key, sent = _key_of(r)
+        turn = float(now_ms + METADATA_RETRY_MS)
+        st.wait_turn(r.srid, Turn(turn, key, False, self._waits_until(st, r, now_ms), sent))
+        st.count("replays_waited")
+        return turn
 
     @staticmethod
     def _waits_until(st: PartitionState, r: _Ready, now_ms: int) -> int | None:
@@ -417,28 +436,14 @@ class Decider:
         return ended + record.retry.delay_ms(record.attempt, random.Random(r.srid))
 
     def _settle(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
-        """Do what ``r``'s row says."""
+        """Do what ``r``'s row says. Its fetch counts now unless it is put off for the order
+        of this commit's reads (DEFERRED, counted when it is decided): a payload that waits its
+        turn does so in the cache, and comes from there when it is decided again."""
         row, tick = self._fate(c, st, r)
-        if row is fate.WAITS:
+        st.count("payload_fetches", int(r.fetched and row is not fate.DEFERRED))
+        if row in (fate.WAITS, fate.DEFERRED, fate.HELD):
             self.cache.put(r.srid, r.payload)
-            c.wait(r.lp, r, tick)
-            return
-        if row is fate.DEFERRED:
-            self.cache.put(r.srid, r.payload)
-            c.wait(r.lp, r, tick)
-            return
-        if row is fate.REPLAYED and isinstance(self.topics.partitions(r.record.topic), Unknown):
-            # Its replay topic's metadata has not answered yet: decided again shortly, the
-            # loop never waits for it (broker.acker.replay_topics). Its fetch counts now: the
-            # payload waits in the cache and comes from there when it is decided again.
-            st.count("payload_fetches", int(r.fetched))
-            self.cache.put(r.srid, r.payload)
-            c.wait(r.lp, r, self.ticker.tick_of(c.now_ms + METADATA_RETRY_MS))  # fate.DEFERRED
-            return
-        st.count("payload_fetches", int(r.fetched))
-        if row is fate.HELD:
-            self.cache.put(r.srid, r.payload)
-            st.count("dlq_held")
+            st.count("dlq_held", int(row is fate.HELD))
             c.wait(r.lp, r, tick)
             return
         self._decide_record(c, st, r)  # REPLAYED or DEAD_LETTERED: broker.replay.decide

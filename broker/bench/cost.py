@@ -100,7 +100,9 @@ def thread_cpu(pid: int | None) -> dict[str, float]:
 
 def snapshot(settings: Any, topics: list[str], *, log_dir: Path | None, kafka_pid: int | None) -> Snapshot:
     parts = _partitions(settings, [*topics, *INTERNAL])
-    return Snapshot(_end_offsets(settings, parts), _disk_sizes(log_dir, parts), thread_cpu(kafka_pid), time.time())
+    ends = _end_offsets(settings, parts)
+    at = time.time()  # when the log ends were read: the edge bench.requests counts to as well
+    return Snapshot(ends, _disk_sizes(log_dir, parts), thread_cpu(kafka_pid), at)
 
 
 def _count_records(settings: Any, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], int]:

@@ -377,8 +377,11 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         drained_at = time.time()
         cost_after = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if cost_before is not None else None
-        counted = _count_requests(probe, edges, (measured_at, drained_at, sent) if drain else None,
-                                  setup.namespace or run_id)
+        # A drained run's requests are counted between the log snapshots (``cost``): a marker of
+        # the warm-up's last transaction, or one of the run's written after the drain, is in both.
+        bracket = (cost_before.at, cost_after.at) if cost_before is not None and cost_after is not None \
+            else (measured_at, drained_at)
+        counted = _count_requests(probe, edges, (*bracket, sent) if drain else None, setup.namespace or run_id)
     except BaseException:
         if probe is not None:
             probe.stop()

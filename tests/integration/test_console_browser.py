@@ -160,8 +160,12 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         op.click("#plan-form button[type=submit]")
         assert op.locator("#plan-count").inner_text() == str(PLAIN)  # the hostile one has another reason
         accept.set()
-        op.click("#confirm-form button[type=submit]")
-        op.locator("tr.run form[action$=cancel] button").click()
+        with op.expect_navigation():
+            op.click("#confirm-form button[type=submit]")
+        # a POST answered by a redirect: reload only once its page is in (a reload while it
+        # navigates finds no page)
+        with op.expect_navigation():
+            op.locator("tr.run form[action$=cancel] button").click()
         run = op.locator("tr.run").first
 
         def state() -> str:
@@ -171,7 +175,8 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         wait_until(lambda: state() == "cancelled", "the run to stop")
         done = int(run.locator("span.done").inner_text())
         assert 0 < done < PLAIN
-        run.locator("form[action$=resume] button").click()
+        with op.expect_navigation():
+            run.locator("form[action$=resume] button").click()
         wait_until(lambda: state() == "completed", "the resumed run", limit_s=90)
         assert run.locator("span.done").inner_text() == str(PLAIN)
         services.wait(lambda: set(bad) <= services.tail.log.completed_origins().keys(), "the redriven records")

@@ -77,15 +77,19 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
         services.wait(lambda: origins <= set(log.completed_origins()), "every record completed", limit_s=120)
         assert acker.metrics_server is not None and task.metrics_server is not None
         acker_port, task_port = acker.metrics_server.port, task.metrics_server.port
-        # The acker publishes at each commit: wait for one after the last completion.
+        # The acker publishes at each commit: wait for one after the last completion, and for
+        # an input lag of every input partition (sampled once a second: absent while unknown).
         deadline = time.monotonic() + 30
         while True:
-            a = scrape(acker_port)
-            if total(a, "replaybroker_acker_decisions_total", decision="completed") >= RECORDS:
+            a, full = scrape(acker_port), scrape(acker_port, "?partitions=all")
+            lags = {(dict(ls)["topic"], dict(ls)["partition"]) for (n, ls), _ in full.items()
+                    if n == "replaybroker_acker_input_lag_messages"}
+            if (total(full, "replaybroker_acker_decisions_total", decision="completed") >= RECORDS
+                    and len(lags) == 2 * P):
                 break
-            assert time.monotonic() < deadline, "the acker's metrics never showed every completion"
+            assert time.monotonic() < deadline, f"the acker's metrics never showed every completion and lag: {lags}"
             time.sleep(0.2)
-        full = scrape(acker_port, "?partitions=all")
+        a = scrape(acker_port)
         t = scrape(task_port)
     finally:
         services.stop()
@@ -114,8 +118,6 @@ def test_metrics_of_an_acker_and_a_task_match_the_topics(bootstrap: str) -> None
     assert per_partition(full, "replaybroker_acker_pending_entries") == dict.fromkeys(range(P), 0)
     assert per_partition(full, "replaybroker_acker_oldest_pending_age_seconds") == dict.fromkeys(range(P), 0)
     assert total(a, "replaybroker_acker_pending_entries") == total(a, "replaybroker_acker_oldest_pending_age_seconds") == 0
-    lags = {(dict(ls)["topic"], dict(ls)["partition"]) for (n, ls), _ in full.items()
-            if n == "replaybroker_acker_input_lag_messages"}
     assert lags == {(name, str(p)) for name in (ns.persist, ns.acks) for p in range(P)}
     assert {dict(ls)["topic"] for (n, ls) in a if n == "replaybroker_acker_input_lag_messages"} == {ns.persist, ns.acks}
 

@@ -63,3 +63,34 @@ def test_a_decision_waits_for_metadata_that_does_not_answer_and_the_rest_goes_on
             break
     assert world.outcomes() == {Y: "completed", X: "replay"}
     assert [r.origin for r in world.replays()] == [X]
+
+
+def test_a_keys_record_decided_once_the_metadata_answers_waits_behind_the_one_that_waited_for_it(
+        world: World) -> None:
+    """X and then Y, of one key (data topic, record key), both fail. X is decided while the
+    metadata does not answer, so it waits; the answer comes in, and Y is decided before X's
+    wait is over. Y must not go first: the key's replays keep the order it was sent in."""
+    slow = SlowMetadata()
+    world.cluster.partition_counts = slow  # type: ignore[method-assign]  # the port's look-up
+    world.acker = world.new_acker()
+    world.send(X, ROOT, max_attempts=3)
+    world.clock.advance(1)
+    world.send(Y, ROOT_Y, max_attempts=3)
+    world.step(2)
+    world.fail(X)
+    world.step(3)
+    assert world.outcomes() == {}  # X waits for the answer
+    slow.answer()
+    for _ in range(100):  # the answer comes in on the lookup's thread
+        if not any(t.name.startswith("lookup ") for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.01)
+    world.fail(Y)
+    world.step(3)
+    for _ in range(10):
+        world.clock.advance(600)
+        world.step(3)
+        if {X, Y} <= world.outcomes().keys():
+            break
+    assert world.outcomes() == {X: "replay", Y: "replay"}
+    assert [r.origin for r in world.replays()] == [X, Y]
