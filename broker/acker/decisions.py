@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 # A replay whose topic's metadata has not answered yet is decided again this much later.
 METADATA_RETRY_MS = 500
+EVERY_TICK = 2**62  # later than any deferred entry's tick
 # What the counters call a decision's outcome.
 _COUNTED = {Outcome.REPLAY: "replayed", Outcome.DLQ: "dlq"}
 
@@ -239,7 +240,7 @@ class Decider:
         # Deferred entries are taken only as far as this commit may read (mostly their
         # payloads are not cached): what is left waits untouched in the table, so a backlog
         # costs no changelog writes while it waits.
-        due = {lp: 0 if ticks.get(lp) is None else st.table.deferred_due(ticks[lp] or 0) for lp, st in states.items()}
+        due = {lp: self._due(st, ticks.get(lp)) for lp, st in states.items()}
         need = {
             lp: due[lp] + sum(f.srid not in self.cache for f in st.failures)
             for lp, st in states.items() if due[lp] or st.failures
@@ -262,13 +263,27 @@ class Decider:
                 self._defer(states[lp], waits)
         self._watch(states, now_ms)
 
+    @staticmethod
+    def _due(st: PartitionState, tick: int | None) -> int:
+        """How many of the partition's deferred entries this commit takes: those due at the
+        lag gate's ``tick``; all of them in a state taken over (``turns_unknown``), to learn
+        the keys its turns hold back."""
+        if st.turns_unknown:
+            every = st.table.deferred_due(EVERY_TICK)
+            st.turns_unknown = every > 0  # nothing deferred: nothing to learn
+            return every
+        return 0 if tick is None else st.table.deferred_due(tick or 0)
+
     def _take(self, st: PartitionState, due: int, tick: int | None, quota: int) -> tuple[list[Ended], int | None]:
         """The partition's failures and its deferred ones due at ``tick`` (at most ``quota``),
-        in persist order; and the offset of the first due one left waiting (None: none)."""
+        in persist order; and the offset of the first due one left waiting (None: none). In a
+        state taken over, every deferred one: what is not read now waits for the next commit
+        behind the ones read (``_read``), in persist order."""
         failures, st.failures = st.failures, []
         boundary = None
+        relearn, st.turns_unknown = st.turns_unknown, False
         if due:
-            again = st.table.take_deferred(tick or 0, quota)
+            again = st.table.take_deferred(EVERY_TICK, None) if relearn else st.table.take_deferred(tick or 0, quota)
             for removed, reason in ((again.timed_out, Reason.TIMEOUT), (again.failed, Reason.FAILED)):
                 srids = removed.srids.tolist()
                 failures.extend(
@@ -381,10 +396,17 @@ class Decider:
         waiting = st.replay_turns.get(r.srid)
         if waiting is not None:
             if waiting.until == until:
-                if waiting.turn <= now_ms:
+                # An earlier record of its key may wait longer than it did when this turn was
+                # given (its metadata had not answered, a new owner gave it a turn again).
+                earlier = st.earlier_turn(waiting.key, waiting.sent)
+                if earlier is None and waiting.turn <= now_ms:
                     st.end_turn(r.srid)
                     return None
-                return waiting.turn
+                if earlier is None or earlier <= waiting.turn:
+                    return max(waiting.turn, now_ms)
+                st.end_turn(r.srid)
+                st.wait_turn(r.srid, waiting._replace(turn=earlier))
+                return max(earlier, float(now_ms))
             st.end_turn(r.srid)
         record, rate = r.record, self.config.replay_rate_per_s
         if until is None and rate is None and not st.replays_waiting:
@@ -414,7 +436,7 @@ class Decider:
         asked again then. A turn like the others, so that its key's later records wait behind
         it, in their order, instead of going first once the answer is in."""
         key, sent = _key_of(r)
-        turn = float(now_ms + METADATA_RETRY_MS)
+        turn = max(float(now_ms + METADATA_RETRY_MS), st.earlier_turn(key, sent) or 0.0)
         st.wait_turn(r.srid, Turn(turn, key, False, self._waits_until(st, r, now_ms), sent))
         st.count("replays_waited")
         return turn

@@ -114,6 +114,7 @@ class Restores:
             if not job.done or not self._read_unlogged(head, lp, job):
                 continue
             assert job.state is not None
+            job.state.turns_unknown = True  # they were given by the owner before
             head.states[lp] = job.state
             head.read += job.read
             head.warm += job.reused

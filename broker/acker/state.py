@@ -158,6 +158,11 @@ class PartitionState:
     # them turns again (later, never earlier).
     replay_turns: dict[int, Turn] = field(default_factory=dict)
     replays_waiting: dict[tuple[str, bytes], dict[int, Turn]] = field(default_factory=dict)
+    # Taken over (broker.acker.restoring): its deferred entries' keys are not known here (their
+    # changelog entries do not carry them), so its next decision takes them all again, whatever
+    # their ticks - those whose turn has not come wait again, and a later record of their key
+    # waits behind them instead of going first.
+    turns_unknown: bool = False
     backing_off: int = 0
     # srid -> its attempt, for the registered replays (attempt > 1; a first attempt is not
     # kept): the attempt a completion ends at (``count_ended``). In memory, refilled by the

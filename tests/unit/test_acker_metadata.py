@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
+from broker.acker.replay_topics import UNKNOWN, ReplayTopics
 from tests.unit.test_acker_windows import ROOT, World, X
 
 Y, ROOT_Y = X + 1, ROOT + 1
@@ -87,6 +88,64 @@ def test_a_keys_record_decided_once_the_metadata_answers_waits_behind_the_one_th
         threading.Event().wait(0.01)
     world.fail(Y)
     world.step(3)
+    for _ in range(10):
+        world.clock.advance(600)
+        world.step(3)
+        if {X, Y} <= world.outcomes().keys():
+            break
+    assert world.outcomes() == {X: "replay", Y: "replay"}
+    assert [r.origin for r in world.replays()] == [X, Y]
+
+
+def test_a_new_owner_replays_a_keys_records_in_the_order_they_were_sent(world: World) -> None:
+    """X and then Y, of one key, fail. The first owner decides X while its metadata does not
+    answer: X waits for its turn, which only that owner knows. It is killed; the new owner's
+    metadata answers at once, and Y fails there before X's wait is over. The new owner does
+    not know X's key from its changelog entry, yet Y must not go first."""
+    slow = SlowMetadata()
+    world.cluster.partition_counts = slow  # type: ignore[method-assign]  # the port's look-up
+    world.acker = world.new_acker()
+    world.send(X, ROOT, max_attempts=3)
+    world.clock.advance(1)
+    world.send(Y, ROOT_Y, max_attempts=3)
+    world.step(2)
+    world.fail(X)
+    world.step(3)
+    assert world.outcomes() == {}  # X waits for the answer
+    slow.answer()
+    world.acker = world.new_acker()  # kill -9: the next owner restores X deferred
+    world.step(2)
+    for _ in range(100):  # its own look-up answers on its thread
+        if not any(t.name.startswith("lookup ") for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.01)
+    world.fail(Y)
+    world.step(3)
+    for _ in range(10):
+        world.clock.advance(600)
+        world.step(3)
+        if {X, Y} <= world.outcomes().keys():
+            break
+    assert world.outcomes() == {X: "replay", Y: "replay"}
+    assert [r.origin for r in world.replays()] == [X, Y]
+
+
+def test_a_keys_record_whose_turn_has_come_waits_while_an_earlier_one_waits_again(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """X and then Y, of one key, fail together while the metadata does not answer: X waits
+    for it, Y behind X. At their turn the metadata still has not answered when X asks, and
+    has when Y asks (it comes in on the lookup's thread at any moment): X waits again, and Y,
+    whose own turn has come, must wait behind it instead of going first."""
+    answers = iter([UNKNOWN, UNKNOWN, UNKNOWN])  # X, Y, then X again
+    monkeypatch.setattr(ReplayTopics, "partitions", lambda self, topic: next(answers, 4))
+    world.send(X, ROOT, max_attempts=3)
+    world.clock.advance(1)
+    world.send(Y, ROOT_Y, max_attempts=3)
+    world.step(2)
+    world.fail(X)
+    world.fail(Y)
+    world.step(3)
+    assert world.outcomes() == {}  # X waits for the answer, Y behind it
     for _ in range(10):
         world.clock.advance(600)
         world.step(3)
