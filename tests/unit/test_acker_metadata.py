@@ -36,6 +36,24 @@ class SlowMetadata:
         self.answered.set()
 
 
+def _lookups_answered() -> None:
+    """Until the look-ups started so far have answered (on their own threads)."""
+    for _ in range(100):
+        if not any(t.name.startswith("lookup ") for t in threading.enumerate()):
+            return
+        threading.Event().wait(0.01)
+
+
+def _step_until_decided(world: World, srids: set[int]) -> None:
+    """Move the clock on a little at a time until every one of ``srids`` has its outcome
+    (at most ten turns: what has none then fails the test's assertions)."""
+    for _ in range(10):
+        world.clock.advance(600)
+        world.step(3)
+        if srids <= world.outcomes().keys():
+            return
+
+
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     yield World(monkeypatch)
@@ -57,11 +75,7 @@ def test_a_decision_waits_for_metadata_that_does_not_answer_and_the_rest_goes_on
     world.step(3)
     assert slow.asked and world.outcomes() == {Y: "completed"}  # before the answer
     slow.answer()
-    for _ in range(10):  # the answer comes in on the lookup's thread: a commit or a few later
-        world.clock.advance(600)
-        world.step(3)
-        if X in world.outcomes():
-            break
+    _step_until_decided(world, {X})  # the answer comes in on the lookup's thread: a commit or a few later
     assert world.outcomes() == {Y: "completed", X: "replay"}
     assert [r.origin for r in world.replays()] == [X]
 
@@ -82,17 +96,10 @@ def test_a_keys_record_decided_once_the_metadata_answers_waits_behind_the_one_th
     world.step(3)
     assert world.outcomes() == {}  # X waits for the answer
     slow.answer()
-    for _ in range(100):  # the answer comes in on the lookup's thread
-        if not any(t.name.startswith("lookup ") for t in threading.enumerate()):
-            break
-        threading.Event().wait(0.01)
+    _lookups_answered()  # the answer comes in on the lookup's thread
     world.fail(Y)
     world.step(3)
-    for _ in range(10):
-        world.clock.advance(600)
-        world.step(3)
-        if {X, Y} <= world.outcomes().keys():
-            break
+    _step_until_decided(world, {X, Y})
     assert world.outcomes() == {X: "replay", Y: "replay"}
     assert [r.origin for r in world.replays()] == [X, Y]
 
@@ -115,17 +122,10 @@ def test_a_new_owner_replays_a_keys_records_in_the_order_they_were_sent(world: W
     slow.answer()
     world.acker = world.new_acker()  # kill -9: the next owner restores X deferred
     world.step(2)
-    for _ in range(100):  # its own look-up answers on its thread
-        if not any(t.name.startswith("lookup ") for t in threading.enumerate()):
-            break
-        threading.Event().wait(0.01)
+    _lookups_answered()  # its own look-up answers on its thread
     world.fail(Y)
     world.step(3)
-    for _ in range(10):
-        world.clock.advance(600)
-        world.step(3)
-        if {X, Y} <= world.outcomes().keys():
-            break
+    _step_until_decided(world, {X, Y})
     assert world.outcomes() == {X: "replay", Y: "replay"}
     assert [r.origin for r in world.replays()] == [X, Y]
 
@@ -146,10 +146,6 @@ def test_a_keys_record_whose_turn_has_come_waits_while_an_earlier_one_waits_agai
     world.fail(Y)
     world.step(3)
     assert world.outcomes() == {}  # X waits for the answer, Y behind it
-    for _ in range(10):
-        world.clock.advance(600)
-        world.step(3)
-        if {X, Y} <= world.outcomes().keys():
-            break
+    _step_until_decided(world, {X, Y})
     assert world.outcomes() == {X: "replay", Y: "replay"}
     assert [r.origin for r in world.replays()] == [X, Y]
