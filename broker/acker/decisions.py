@@ -294,6 +294,13 @@ class Decider:
                 st.expired_values.update(zip(again.timed_out.srids.tolist(), again.timed_out.values.tolist(), strict=True))
             if again.next_offset >= 0:
                 boundary = again.next_offset
+        if st.turnless:
+            # A deferred entry without a turn here (its key not known, or held back by the
+            # reading order) that is not taken now: what was persisted after it waits behind it.
+            taken = {f.srid for f in failures}
+            unread = [offset for srid, offset in st.turnless.items() if srid not in taken]
+            if unread:
+                boundary = min(unread) if boundary is None else min(boundary, min(unread))
         failures.sort(key=lambda f: f.offset)
         return failures, boundary
 
@@ -309,6 +316,7 @@ class Decider:
         mine: list[_Ready] = []
         unreadable: list[str] = []
         for failure in failures[:cut]:
+            st.turnless.pop(failure.srid, None)  # read, or not readable (its key is not known)
             ready = self._payload(c, lp, st, failure, got, unreadable)
             if ready is not None:
                 mine.append(ready)
@@ -318,6 +326,8 @@ class Decider:
         if cut < len(failures) or boundary is not None:
             for failure in failures[cut:]:
                 c.wait(lp, failure, c.now_tick)  # fate.DEFERRED: over this commit's reads
+                if failure.srid not in st.replay_turns:  # its key is not known here: no turn
+                    st.turnless[failure.srid] = failure.offset
             if mine:
                 # What waits here was persisted after the last record read here: a record
                 # of another partition newer than that one waits too.
@@ -366,6 +376,8 @@ class Decider:
         """The row of the fate table (broker.fate) that ``r`` follows now, and the tick it
         waits until when it waits (DEFERRED, HELD)."""
         if c.horizon is not None and r.record.created_ms > c.horizon:
+            if r.record.attempt < r.record.max_attempts and r.reason is not Reason.REJECTED:
+                st.turnless[r.srid] = r.offset  # without a turn: its key's later ones wait
             return fate.DEFERRED, c.now_tick  # newer than a record not read yet
         timed_out_ms = st.timed_out_at.setdefault(r.srid, c.now_ms) if r.reason is Reason.TIMEOUT else None
         last = r.record.attempt >= r.record.max_attempts or r.reason is Reason.REJECTED

@@ -163,6 +163,12 @@ class PartitionState:
     # their ticks - those whose turn has not come wait again, and a later record of their key
     # waits behind them instead of going first.
     turns_unknown: bool = False
+    # srid -> persist offset: deferred entries that wait without a turn here - their payload
+    # not read since (over a commit's reads: their key is not known) or held back by the
+    # reading order - so a failure persisted after them waits until they are decided again:
+    # it may be of their key. (One whose payload could not be read holds back none: it may
+    # not be readable for a long time.)
+    turnless: dict[int, int] = field(default_factory=dict)
     backing_off: int = 0
     # srid -> its attempt, for the registered replays (attempt > 1; a first attempt is not
     # kept): the attempt a completion ends at (``count_ended``). In memory, refilled by the
@@ -278,6 +284,10 @@ class PartitionState:
             srids = np.fromiter(self.replay_turns, np.int64, len(self.replay_turns))
             for srid in srids[self.table.hashtable.lookup(srids) < 0].tolist():
                 self.end_turn(srid)
+        if self.turnless:
+            srids = np.fromiter(self.turnless, np.int64, len(self.turnless))
+            for srid in srids[self.table.hashtable.lookup(srids) < 0].tolist():
+                del self.turnless[srid]
 
     def forget_decided(self) -> None:
         """Drop what is kept per srid (``timed_out_at``, ``rejections``, ``retry_at``, the

@@ -53,6 +53,7 @@ class Message:
                  timestamp_ms: int = 0) -> None:
         self._t, self._p, self._o, self._k, self._v, self._h, self._e = topic, partition, offset, key, value, headers, err
         self._ts = timestamp_ms
+        self.seq = 0  # its place among every append to the cluster (``Cluster.appended``)
 
     def error(self) -> KafkaError | None:
         return self._e
@@ -100,13 +101,17 @@ class Cluster:
     # Each group's live members, in join order.
     groups: dict[str, list[ClusterConsumer]] = field(default_factory=lambda: defaultdict(list))
     transactions: int = 0  # transactions committed with offsets (by any member)
+    appended: int = 0  # records appended to any log: the order of appends across logs (``Message.seq``)
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                headers: list[tuple[str, bytes | None]] | None = None, timestamp_ms: int | None = None) -> int:
         log = self.logs[(topic, partition)]
         if timestamp_ms is None or timestamp_ms <= 0:
             timestamp_ms = self.clock() if self.clock is not None else 0
-        log.append(Message(topic, partition, len(log), key, value, headers, timestamp_ms=timestamp_ms))
+        msg = Message(topic, partition, len(log), key, value, headers, timestamp_ms=timestamp_ms)
+        self.appended += 1
+        msg.seq = self.appended
+        log.append(msg)
         return len(log) - 1
 
     def high(self, topic: str, partition: int) -> int:

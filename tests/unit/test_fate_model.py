@@ -43,9 +43,20 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
 
 Whatever the dimensions, a task may fail an attempt that timed out and waits its back-off,
 with a retry-after longer than it (``fail_waiting``): its replay as a failure goes no sooner.
+The replay topics' metadata may not answer the next few look-ups (``metadata_silent``: it
+comes in between two decisions of one commit, or a few commits later), and an acker may be
+killed while replays wait their turns (``takeover_mid_wait``).
+
+Key order (§6, *Turns*): the records have ``KEYS`` keys, each in its ledger partition as a
+source draws them; ``crossing_waits`` sends two of one key whose own waits cross (the first
+waits its back-off or retry-after, the second, sent after it, a shorter one or none) and
+then kills the acker, silences the metadata between their decisions or rewinds. After every
+step no replay went out while a record of its key sent before it waited - deferred in the
+changelog, not on its last attempt - and was neither replayed nor gone before it (the order
+of the cluster's appends, ``Message.seq``).
 
 The compound rules (``trickle``, ``delete_then_crash``, ``warm_up``) are runs of the plain
-rules, the invariant checked after each: sequences that one rule drawn at a time hardly ever
+rules (``crossing_waits`` too), the invariant checked after each: sequences that one rule drawn at a time hardly ever
 lines up (issue #42: on 6ee45d7, an entry never logged through early commits, lost by a
 deletion and a takeover; an adaptive deadline shortened by a rewind).
 
@@ -75,12 +86,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
+from broker.acker.replay_topics import UNKNOWN, ReplayTopics
 from broker.fate import Outcome, Reason
 from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
+from broker.ledger.entries import DEFERRED
 from broker.ledger.reference import FateModel, ModelAttempt
 from broker.retry import RetryPolicy
-from broker.schemas import OUTAGE_BEAT_KEY, OutageBeat, PersistedRecord, XorBatch
+from broker.schemas import (
+    COUNTERS_KEY,
+    OUTAGE_BEAT_KEY,
+    LedgerEntry,
+    OutageBeat,
+    PersistedRecord,
+    XorBatch,
+)
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 from tests.unit.log_cluster import Cluster, Message
@@ -113,6 +133,8 @@ MOVES = ("ack", "fail", "fail_after", "reject", "drop", "touch", *DELAYS, *(WIND
 _NONE = np.array([], np.int64)
 RETRY_AFTER_MS = 1_500  # a "fail_after" move's (longer than the drawn policy's first delay)
 TASKS = ("enrich", "score")  # the tasks whose outages beat
+RETRY = RetryPolicy(300, 2.0, 2_000, 0.2)  # the back-off a record may have (else none)
+KEYS = 3  # the records' keys: a key's records meet often, so its order is checked often
 
 
 class FateMachine(RuleBasedStateMachine):
@@ -147,6 +169,24 @@ class FateMachine(RuleBasedStateMachine):
         # (transactions, ms, committed persist offsets, ledger partitions of the acker that committed)
         self.commits: list[tuple[int, int, dict[int, int], frozenset[int]]] = []
         self.sent = 0
+        # A key's order (§6, *Turns*): what the logs say of each record of a key, by the order
+        # the cluster appended them (``Message.seq``).
+        self.key_of: dict[int, tuple[int, str, bytes]] = {}  # srid -> (ledger partition, topic, key)
+        self.by_key: dict[tuple[int, str, bytes], list[int]] = {}  # (lp, topic, key) -> its srids
+        self.deferred_seq: dict[int, int] = {}  # srid -> its first changelog record as DEFERRED
+        self.replay_seq: dict[int, int] = {}  # srid -> its replay's persist record
+        self.left_seq: dict[int, int] = {}  # srid -> its tombstone
+        self.ledger_scanned: dict[int, int] = {}  # ledger partition -> changelog records looked at
+        self.silent = 0  # look-ups of the replay topics' metadata that are not answered yet
+        partitions = ReplayTopics.partitions
+
+        def answer(topics: ReplayTopics, topic: str) -> Any:
+            if self.silent > 0:
+                self.silent -= 1
+                return UNKNOWN
+            return partitions(topics, topic)
+
+        self.monkeypatch.setattr(ReplayTopics, "partitions", answer)
 
     # ------------------------------------------------------------------ set-up
 
@@ -201,19 +241,23 @@ class FateMachine(RuleBasedStateMachine):
         script=st.tuples(*[st.sampled_from(MOVES)] * 3),
         open_txn=st.booleans() if "txn" in DIMENSIONS else st.just(False),
         # The back-off between attempts: at once, or a wait in the table (deferred, value kept).
-        retry=st.sampled_from([None, RetryPolicy(300, 2.0, 2_000, 0.2)]),
+        retry=st.sampled_from([None, RETRY]),
     )
     def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str], open_txn: bool = False,
-             retry: RetryPolicy | None = None) -> None:
+             retry: RetryPolicy | None = None, key: int | None = None) -> None:
         """A source sends ``n`` records at once (their deadlines fall due together); the
         tasks will handle attempt k of each as ``script[k - 1]`` says. ``open_txn``: in a
-        transaction left open (``end_transactions`` ends it)."""
+        transaction left open (``end_transactions`` ends it). ``key``: every one of that key
+        (else one key after the other)."""
         for _ in range(n):
             self.sent += 1
-            srid, root = ids.new_id(), ids.new_id()
+            # KEYS keys, each a key-hash partition and its srids in its ledger partition, as a
+            # source draws them (design §3): a key's records meet in one table, in its order.
+            k = self.sent % KEYS if key is None else key
+            srid, root = ids.new_id_in(k % self.cluster.partitions, self.cluster.partitions), ids.new_id()
             record = PersistedRecord(
                 srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
-                key_hash_partition=self.sent % 4, key=b"k%d" % (self.sent % 5), value=b"v%d" % self.sent,
+                key_hash_partition=k % 4, key=b"k%d" % k, value=b"v%d" % self.sent,
                 created_ms=self.clock.now_ms(), timeout_ms=timeout_ms, max_attempts=max_attempts, retry=retry,
             )
             self.scripts[srid] = script
@@ -479,6 +523,31 @@ class FateMachine(RuleBasedStateMachine):
             self.then(self.advance, gap)
             self.then(self.step, n=3, which=which)
 
+    @precondition(lambda self: bool(self.ackers))
+    @rule(first=st.sampled_from(["fail", "fail_after", "drop"]), then_retry=st.sampled_from([None, RETRY]),
+          gap=st.sampled_from([10, 50, 300]), meet=st.sampled_from(["takeover", "silent", "rewind", "none"]),
+          wait=st.sampled_from([300, 1_000, 3_000]))
+    def crossing_waits(self, first: str, then_retry: RetryPolicy | None, gap: int, meet: str, wait: int) -> None:
+        """Two records of one key whose own waits cross (§6, *Turns*): the first fails or
+        times out and waits its back-off (or its retry-after), the second, sent ``gap`` later,
+        fails with a shorter wait or none; then, while they wait, a takeover, a metadata
+        answer that comes between their two decisions, or a rewind - and the clock moves on."""
+        key = self.sent % KEYS
+        self.then(self.send, n=1, max_attempts=3, timeout_ms=1_000, script=(first, "ack", "ack"), retry=RETRY, key=key)
+        self.then(self.advance, gap)
+        self.then(self.step, n=2)
+        self.then(self.send, n=1, max_attempts=3, timeout_ms=1_000, script=("fail", "ack", "ack"), retry=then_retry, key=key)
+        self.then(self.advance, 50)
+        self.then(self.step, n=2)
+        if meet == "takeover":
+            self.then(self.takeover, 0)
+        elif meet == "silent":
+            self.then(self.metadata_silent, 1)
+        elif meet == "rewind":
+            self.then(self.commit_fails)
+        self.then(self.advance, wait)
+        self.then(self.step, n=3)
+
     @precondition(lambda self: "delete" in DIMENSIONS and bool(self.ackers))
     @rule(which=st.integers(0, 1))
     def delete_then_crash(self, which: int) -> None:
@@ -528,6 +597,22 @@ class FateMachine(RuleBasedStateMachine):
         if not self.ackers or "group" not in DIMENSIONS:
             self.ackers.append(self._new_acker())
 
+    @precondition(lambda self: bool(self.ackers))
+    @rule(asks=st.sampled_from([1, 2, 3, 20]))
+    def metadata_silent(self, asks: int) -> None:
+        """The replay topics' metadata does not answer the next ``asks`` look-ups (it comes
+        in between two decisions of one commit, or after a few commits): the decisions that
+        need it wait (deferred), the loop does not."""
+        self.silent = asks
+
+    @precondition(lambda self: bool(self.ackers) and any(
+        st_.replay_turns for acker in self.ackers for st_ in acker.states.values()))
+    @rule(which=st.integers(0, 1))
+    def takeover_mid_wait(self, which: int) -> None:
+        """kill -9 while replays wait their turns (back-off, retry-after, rate, key order):
+        the new owner has none of the turns in memory."""
+        self.takeover(which)
+
     @precondition(lambda self: "group" in DIMENSIONS and len(self.ackers) == 1)
     @rule()
     def join(self) -> None:
@@ -568,9 +653,15 @@ class FateMachine(RuleBasedStateMachine):
         for lp, msg in new:
             value = msg.value()
             if value is None:
+                self.left_seq.setdefault(ids.decode_id(msg.key() or b""), msg.seq)
                 continue
             r = PersistedRecord.decode(value)
             records.append(r)
+            key = (lp, r.topic, r.key or b"")
+            self.key_of[r.srid] = key
+            self.by_key.setdefault(key, []).append(r.srid)
+            if r.history:
+                self.replay_seq[r.history[-1].srid] = msg.seq
             self.roots[r.srid] = r.root_xor
             self.created[r.srid] = r.created_ms
             self.offsets[r.srid] = (lp, msg.offset())
@@ -597,6 +688,36 @@ class FateMachine(RuleBasedStateMachine):
             a = self.model.attempts[srid]
             assert a.outcome is None, f"srid {srid} tombstoned twice ({a.outcome}, then {outcome!r})"
             a.outcome = Outcome(outcome.decode())
+        for lp in range(self.cluster.partitions):
+            log = self.cluster.logs[(NS.ledger, lp)]
+            for msg in log[self.ledger_scanned.get(lp, 0):]:
+                if msg is None or msg.value() is None or msg.key() == COUNTERS_KEY or len(msg.key() or b"") != 8:
+                    continue
+                if LedgerEntry.decode(msg.value()).flags & DEFERRED:
+                    self.deferred_seq.setdefault(ids.decode_id(msg.key() or b""), msg.seq)
+            self.ledger_scanned[lp] = len(log)
+        for r in records:
+            if r.history:
+                self._keeps_its_keys_order(r.history[-1].srid)
+
+    def _keeps_its_keys_order(self, later: int) -> None:
+        """§6, *Turns*, key order: ``later``'s replay goes after the replay of every record of
+        its key sent before it that waited (deferred in the changelog, not on its last attempt)
+        when ``later`` was replayed - or after that one left the table."""
+        key, seq = self.key_of[later], self.replay_seq[later]
+        sent = (self.created[later], self.offsets[later][1])
+        for earlier in self.by_key[key]:
+            waited = self.deferred_seq.get(earlier)
+            if earlier == later or waited is None or waited > seq or (self.created[earlier], self.offsets[earlier][1]) >= sent:
+                continue
+            a = self.model.attempts[earlier]
+            if a.number >= a.max_attempts or a.rejected or a.payload_lost:
+                continue
+            gone = min(self.replay_seq.get(earlier, seq + 1), self.left_seq.get(earlier, seq + 1))
+            assert gone < seq, (
+                f"key order: {later} (sent {sent[0] - T0} ms, offset {sent[1]}) replayed while {earlier} of its key, "
+                f"sent before it ({self.created[earlier] - T0} ms, offset {self.offsets[earlier][1]}), waited"
+            )
 
     def _see_deadlines(self) -> None:
         """The deadline each adaptive attempt is first given, from the table that holds it
@@ -1014,4 +1135,75 @@ def test_an_aborted_source_transaction_leaves_the_ackers_tombstones() -> None:
     then(machine.send, max_attempts=1, n=1, open_txn=True, script=("ack", "ack", "ack"), timeout_ms=1_000)
     then(machine.trickle, k=1, which=0)
     then(machine.end_transactions, commit=False)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_failure_waits_behind_a_deferred_entry_whose_key_is_not_read_yet() -> None:
+    """A run the model found (key order, ``crossing_waits``): taken over, the new owner takes
+    every deferred entry again to learn their keys, but one payload read per commit
+    (``fetches=1``) leaves the key's earlier record X unread; its lag gate then holds the
+    deferred entries back while a later record of X's key fails fresh. That one used to be
+    replayed at once, before X: a failure persisted after a deferred entry whose key is not
+    known here waits until that one is read (``PartitionState.keyless``)."""
+    machine = FateMachine()
+    then = machine.then
+    then(machine.start, cache=0, fetches=1, fail_hold_ms=0, unlogged_ms=0, commit_interval_ms=1_000)
+    then(machine.crossing_waits, first="fail_after", gap=10, meet="takeover", then_retry=None, wait=300)
+    then(machine.warm_up, fails=0, n=3, which=0)
+    then(machine.warm_up, fails=1, n=4, which=0)
+    then(machine.warm_up, fails=0, n=3, which=0)
+    then(machine.crossing_waits, first="fail", gap=10, meet="takeover", then_retry=None, wait=300)
+    then(machine.crossing_waits, first="fail", gap=10, meet="takeover", then_retry=None, wait=300)
+    for _ in range(3):
+        then(machine.warm_up, fails=0, n=3, which=0)
+    machine.teardown()  # drains: every record has the fate the model gives it
+
+
+def test_a_failure_waits_behind_one_of_its_key_the_reading_order_held_back() -> None:
+    """A run the model found (key order, 1 500 random examples): X, then Y of its key, fail;
+    X, decided in a commit whose reading order holds back what is newer than a record not read
+    yet, is deferred without a turn; Y, taken before it in a later commit, used to be replayed
+    first (``PartitionState.turnless``)."""
+    machine = FateMachine()
+    then = machine.then
+    then(machine.start, cache=0, commit_interval_ms=1000, unlogged_ms=0, fetches=1, fail_hold_ms=0, replay_rate=None, standby=False)
+    then(machine.crossing_waits, first='fail_after', gap=10, meet='takeover', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='fail', gap=10, meet='takeover', then_retry=None, wait=300)
+    then(machine.warm_up, fails=1, n=6, which=0)
+    then(machine.warm_up, fails=0, n=5, which=0)
+    then(machine.crossing_waits, first='fail', gap=10, meet='takeover', then_retry=RetryPolicy(initial_ms=300, multiplier=2.0, max_ms=2000, jitter=0.2), wait=300)
+    then(machine.crossing_waits, first='fail', gap=10, meet='takeover', then_retry=None, wait=300)
+    then(machine.crossing_waits, first='fail', gap=300, meet='none', then_retry=None, wait=300)
+    then(machine.crossing_waits, first='fail', gap=10, meet='rewind', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='fail', gap=10, meet='silent', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='fail', gap=10, meet='rewind', then_retry=None, wait=300)
+    then(machine.warm_up, fails=2, n=6, which=0)
+    then(machine.warm_up, fails=1, n=4, which=0)
+    then(machine.warm_up, fails=2, n=5, which=0)
+    then(machine.warm_up, fails=0, n=6, which=0)
+    then(machine.warm_up, fails=0, n=6, which=0)
+    then(machine.warm_up, fails=0, n=6, which=0)
+    then(machine.crossing_waits, first='fail', gap=50, meet='rewind', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='fail', gap=10, meet='takeover', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='drop', gap=300, meet='silent', then_retry=None, wait=3000)
+    then(machine.warm_up, fails=0, n=3, which=0)
+    then(machine.crossing_waits, first='fail', gap=10, meet='takeover', then_retry=None, wait=3000)
+    then(machine.crossing_waits, first='drop', gap=10, meet='takeover', then_retry=None, wait=300)
+    then(machine.crossing_waits, first='fail', gap=50, meet='rewind', then_retry=None, wait=1000)
+    then(machine.crossing_waits, first='drop', gap=10, meet='silent', then_retry=None, wait=300)
+    then(machine.crossing_waits, first='fail', gap=10, meet='none', then_retry=None, wait=300)
+    then(machine.warm_up, fails=0, n=4, which=0)
+    then(machine.crossing_waits, first='fail', gap=300, meet='takeover', then_retry=None, wait=3000)
+    then(machine.warm_up, fails=0, n=4, which=0)
+    then(machine.warm_up, fails=0, n=3, which=1)
+    then(machine.warm_up, fails=0, n=6, which=1)
+    then(machine.warm_up, fails=2, n=5, which=1)
+    then(machine.crossing_waits, first='drop', gap=300, meet='none', then_retry=None, wait=3000)
+    then(machine.warm_up, fails=1, n=4, which=1)
+    then(machine.warm_up, fails=2, n=3, which=0)
+    then(machine.warm_up, fails=0, n=6, which=1)
+    then(machine.crossing_waits, first='fail', gap=300, meet='rewind', then_retry=RetryPolicy(initial_ms=300, multiplier=2.0, max_ms=2000, jitter=0.2), wait=3000)
+    then(machine.warm_up, fails=0, n=4, which=1)
+    then(machine.crossing_waits, first='fail_after', gap=10, meet='takeover', then_retry=None, wait=3000)
+    then(machine.warm_up, fails=1, n=4, which=1)
     machine.teardown()  # drains: every record has the fate the model gives it
