@@ -126,7 +126,7 @@ XOR_BATCH_LAYOUTS = Layouts(1, _schema_json("xor_batch"), (
 XOR_BATCH, XOR_BATCH_WITH_TOUCHES, XOR_BATCH_WITH_SUPERSEDED, XOR_BATCH_WITH_REJECTED, XOR_BATCH_FULL = (
     XOR_BATCH_LAYOUTS.schemas
 )
-# A deferred timeout's entry holds ``timed_out_ms``, a rejected one's its ``rejection``, one
+# A deferred timeout's or a failed entry's holds ``timed_out_ms``, a rejected one's its ``rejection``, one
 # that waits for the replay its task asked for ``retry_at_ms``; every other entry none of them.
 LEDGER_ENTRY_LAYOUTS = Layouts(2, _schema_json("ledger_entry"), (
     ("value", "flags", "persist_offset", "deadline_ms"), ("timed_out_ms",), ("rejection",), ("retry_at_ms",),
@@ -875,7 +875,9 @@ class XorBatch:
 class LedgerEntry:
     """One srid's changelog record. ``timed_out_ms`` (-1: none) is kept only for a deferred
     timeout - when it timed out, so that a new owner continues its window (docs/design.md
-    §6) - and written only then: every other entry has the shorter encoding."""
+    §6) - and for a failed one - when it ended (its fail mark folded, or it timed out before),
+    so that a new owner continues its back-off - and written only then: every other entry has
+    the shorter encoding."""
 
     value: int
     flags: int

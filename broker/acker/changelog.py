@@ -54,6 +54,7 @@ from broker.acker.state import PartitionState, empty_state
 from broker.kafka_errors import Meaning, means
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
+from broker.ledger.entries import FAILED
 from broker.ledger.outages import ClockStops
 from broker.ranges import counted
 from broker.schemas import COUNTERS_KEY, LedgerCounters, LedgerEntry
@@ -395,13 +396,19 @@ class Changelog:
         if live:
             entries = [LedgerEntry.decode(v) for _, v in live]
             srids = np.frombuffer(b"".join(k for k, _ in live), dtype=">i8").astype(np.int64)
-            # A deferred timeout's windows run from when it timed out, as its first owner saw
-            # it (broker.acker.decisions): a new owner continues them.
+            # A deferred timeout's windows run from when it timed out, a failed one's back-off
+            # from when it ended, as its first owner saw it (broker.acker.decisions): a new
+            # owner continues them.
             for srid, e in zip(srids.tolist(), entries, strict=True):
-                if e.timed_out_ms >= 0:
+                failed = e.flags & FAILED
+                if e.timed_out_ms >= 0 and not failed:
                     st.timed_out_at[srid] = e.timed_out_ms
                 elif st.timed_out_at:
                     st.timed_out_at.pop(srid, None)
+                if e.timed_out_ms >= 0 and failed:
+                    st.failed_at[srid] = e.timed_out_ms
+                elif st.failed_at:
+                    st.failed_at.pop(srid, None)
                 if e.rejection:
                     st.rejections[srid] = e.rejection
                 elif st.rejections:

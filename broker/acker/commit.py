@@ -114,17 +114,22 @@ def take_changes(
 
 
 def timed_out_column(st: PartitionState, up: Entries) -> np.ndarray | None:
-    """When each deferred timeout among ``up`` timed out (-1 for every other entry; None:
-    there is none): its changelog record carries it, so that a new owner continues the
-    windows that run from it (docs/design.md §6) instead of starting them again."""
-    if not st.timed_out_at:
+    """When each deferred timeout among ``up`` timed out, and when each failed one ended (it
+    timed out before, or its fail mark was folded) - -1 for every other entry; None: there is
+    none. Its changelog record carries it, so that a new owner continues the windows and the
+    back-off that run from it (docs/design.md §6) instead of starting them again."""
+    if not st.timed_out_at and not st.failed_at:
         return None
-    waiting = np.flatnonzero((up.flags & (DEFERRED | FAILED)) == DEFERRED)
-    if not waiting.size:
+    ended = np.flatnonzero((up.flags & (DEFERRED | FAILED)) != 0)
+    if not ended.size:
         return None
     column = np.full(len(up), -1, np.int64)
-    for i, srid in zip(waiting.tolist(), up.srids[waiting].tolist(), strict=True):
-        column[i] = st.timed_out_at.get(srid, -1)
+    timed_out, failed = st.timed_out_at.get, st.failed_at.get
+    for i, srid, flags in zip(ended.tolist(), up.srids[ended].tolist(), up.flags[ended].tolist(), strict=True):
+        at = timed_out(srid, -1)
+        if flags & FAILED and at < 0:
+            at = failed(srid, -1)
+        column[i] = at
     return column
 
 

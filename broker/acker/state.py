@@ -175,7 +175,8 @@ class PartitionState:
     # persist records a new owner reads again; one restored from the changelog alone counts as 1.
     replay_attempts: dict[int, int] = field(default_factory=dict)
     # srid -> when its fail mark was folded, until it is replayed: its back-off runs from there
-    # (a timeout's from ``timed_out_at``). In memory: a new owner starts the back-off again.
+    # (a timeout's from ``timed_out_at``). Durable: its changelog record carries it
+    # (``timed_out_ms`` of a failed entry), so a new owner continues the back-off.
     failed_at: dict[int, int] = field(default_factory=dict)
     # How far the timeout clock stood still for tasks in an outage, and which tasks: durable,
     # in the counters record (broker.ledger.outages).

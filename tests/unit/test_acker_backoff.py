@@ -282,3 +282,21 @@ def test_a_failure_waits_its_own_back_off_behind_no_later_record_of_its_key(worl
     world.clock.advance(3_600)
     world.step(3)
     assert replayed(world) == [A, B, A]
+
+
+def test_a_failures_back_off_runs_from_its_fold_across_a_takeover(world: World) -> None:
+    """A fails at 0 s and waits its 2 s back-off; the acker is killed at 1.5 s: the new owner
+    replays A at 2 s, as the first would have - not 2 s after it took over (the fold's time is
+    in A's changelog record)."""
+    send(world, A)
+    world.step(2)
+    fail(world, A)
+    world.step(3)  # folded at 0 s: its replay at 2 s
+    assert not replayed(world)
+    world.clock.advance(1_500)
+    world.acker = world.new_acker()  # kill -9
+    world.step(3)
+    assert not replayed(world)
+    world.clock.advance(700)
+    world.step(3)
+    assert replayed(world) == [A]  # at 2.2 s (its own back-off), not at 3.5 s
