@@ -35,6 +35,7 @@ from broker.dev.faults import skip_ack
 from broker.dev.testing import stop_processes, unique_name
 from broker.headers import Tracking
 from broker.kafka_io import read_to_end
+from broker.retry import DEFAULT_RETRY, RetryPolicy
 from broker.schemas import PersistedRecord
 from broker.settings import KafkaSettings
 from broker.source import Source, SourceConfig
@@ -71,8 +72,15 @@ def _persisted(settings: KafkaSettings, ns: topics.Namespace) -> dict[int, tuple
     return out
 
 
-@pytest.mark.parametrize(("ackers", "kill"), [(1, False), (2, False), (4, False), (4, True)])
-def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, ackers: int, kill: bool) -> None:
+@pytest.mark.parametrize(("ackers", "kill"), [(1, ""), (2, ""), (4, ""), (4, "sending"), (1, "waiting"), (2, "waiting")])
+def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, ackers: int, kill: str) -> None:
+    """``kill``: SIGKILL one acker half-way through the sending ("sending"), or once the first
+    bursts' records timed out and their replays wait ("waiting": half the dropped records fail
+    at once asking for 15 s - the kill is noticed after the 6 s session - the others time out
+    and wait a 2 s back-off, behind the earlier ones of their key; the turns are in the killed
+    acker's memory, the new owner - the other acker, or a new process - restores the waits
+    from the changelog while the later bursts time out). On 998b494 "waiting" inverted a
+    key's replays with 1 and with 2 ackers."""
     settings = KafkaSettings.from_env(bootstrap)
     ns = topics.Namespace(unique_name("order"))
     topic = f"{ns.name}.orders"
@@ -85,6 +93,11 @@ def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, acke
         tracking = record.tracking
         assert tracking is not None
         if tracking.attempt == 1 and record.key != b"warm-up" and draw(tracking.origin) < DROP:
+            if kill == "waiting" and draw(tracking.origin, b"fail") < 0.5:
+                # Failed at once, its replay asked for at 15 s: a key's later records that time
+                # out (at 3 s, their replays at 5 s) wait behind it.
+                ctx.fail("busy", retry_after_ms=15_000)
+                return
             skip_ack(ctx)  # never acked: it times out, with the others of its burst
 
     task = Task(settings, ns, [topic, replay], unique_name("task"), handler, TaskConfig(poll_timeout_ms=50))
@@ -97,7 +110,8 @@ def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, acke
 
     thread = threading.Thread(target=run_task, name="task", daemon=True)
     thread.start()
-    source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS, max_attempts=5))
+    retry = RetryPolicy(initial_ms=2_000, multiplier=2.0, max_ms=8_000, jitter=0.2) if kill == "waiting" else DEFAULT_RETRY
+    source = Source(settings, ns, SourceConfig(timeout_ms=TIMEOUT_MS, max_attempts=5, retry=retry))
     tail = OutcomeTail(settings, ns)
 
     def wait_for(origins: set[int], what: str, limit_s: float = 120.0) -> None:
@@ -113,6 +127,7 @@ def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, acke
         wait_for({warm}, "the warm-up record")
         sent: dict[bytes, list[tuple[int, int]]] = defaultdict(list)  # key -> (origin, seq) in send order
         partition_of: dict[bytes, int] = {}
+        first_sent = time.monotonic()
         for burst in range(BURSTS):
             records = [(KEYS[i % len(KEYS)], b"%d" % (burst * BURST + i)) for i in range(BURST)]
             for (key, value), result in zip(records, source.send_many(topic, records), strict=True):
@@ -120,9 +135,16 @@ def test_a_keys_replays_keep_its_send_order(bootstrap: str, tmp_path: Path, acke
                 partition_of[key] = result.key_hash_partition
             source.poll(0)
             time.sleep(0.02)
-            if kill and burst == BURSTS // 2:
+            if kill == "sending" and burst == BURSTS // 2:
                 procs[0].send_signal(signal.SIGKILL)
         source.flush()
+        if kill == "waiting":
+            # The first bursts timed out at 3 s and wait until 5 s or so; the last ones time
+            # out at 3.6 s, after the kill.
+            time.sleep(max(0.0, first_sent + TIMEOUT_MS / 1000 + 0.4 - time.monotonic()))
+            procs[0].send_signal(signal.SIGKILL)
+            if ackers == 1:
+                procs.append(_acker(bootstrap, ns.name, tmp_path / "acker-new.log"))
         wait_for({origin for records in sent.values() for origin, _ in records}, "every record to complete")
         counts = tail.log.completed_origins()
         assert all(n == 1 for n in counts.values()), "a record completed twice"
