@@ -46,6 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from broker import kafka_io
 from broker.acker.live import LiveClients
 from broker.acker.refusals import Refusals
+from broker.acker.replay_topics import ReplayTopics, Unknown
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
 from broker.kafka_errors import Meaning, means
@@ -178,6 +179,8 @@ class Transactions:
         self.open_since: float | None = None
         # The producer is blocked in a call left behind (``left_behind_ms``): not used again.
         self.stuck = False
+        # The replay topics' partition counts, asked again at every commit (``_partition_counts``).
+        self.output_counts = ReplayTopics(self._look_up, max_age_s=0.0)
 
     def outlived(self, timeout_ms: int) -> bool:
         """Whether the open transaction is older than ``transaction.timeout.ms``: then its
@@ -265,10 +268,21 @@ class Transactions:
 
     def _partition_counts(self, records: list[Outgoing]) -> dict[str, int | None]:
         """Partition counts of the topics outside the namespace that ``records`` go to (the
-        replay topics), fresh from the producer's metadata: one may have been deleted or
-        shrunk since the decision looked it up."""
+        replay topics), asked again at every commit: one may have been deleted or shrunk since
+        the decision looked it up. Asked beside the loop (broker.acker.replay_topics), never
+        waited for longer than ``ANSWER_WAIT_S``: until the answer is in, the count answered
+        before stands, and a topic never answered for is not checked (its decision was)."""
         counts: dict[str, int | None] = {}
         for name in {rec.topic for rec in records} - {self.ns.persist, self.ns.dlq, self.ns.acks, self.ns.superseded}:
+            count = self.output_counts.count(name)
+            if not isinstance(count, Unknown):
+                counts[name] = count
+        return counts
+
+    def _look_up(self, names: list[str]) -> dict[str, int | None]:
+        """The partition counts of ``names`` from the producer's metadata (on a look-up's thread)."""
+        counts: dict[str, int | None] = {}
+        for name in names:
             meta = self.producer.list_topics(topic=name, timeout=10).topics.get(name)
             counts[name] = None if meta is None or meta.error is not None else len(meta.partitions)
         return counts

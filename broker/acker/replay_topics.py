@@ -46,10 +46,14 @@ UNKNOWN = Unknown()
 class ReplayTopics:
     """Replay topic -> its partition count (None: it does not exist), as last answered."""
 
-    __slots__ = ("_counts", "_lookup", "_pending")
+    __slots__ = ("_counts", "_lookup", "_max_age_s", "_pending")
 
-    def __init__(self, lookup: Callable[[list[str]], Mapping[str, int | None]]) -> None:
+    def __init__(self, lookup: Callable[[list[str]], Mapping[str, int | None]], max_age_s: float | None = None) -> None:
+        """``max_age_s``: a count older than this is looked up again at its next use, the old
+        one answered until the new one is in (None: a count stands until ``forget``, a missing
+        topic's for ``MISSING_RECHECK_S``)."""
         self._lookup = lookup
+        self._max_age_s = max_age_s
         self._counts: dict[str, tuple[int | None, float]] = {}  # name -> (count, when answered)
         self._pending: dict[str, Future[Mapping[str, int | None]]] = {}
 
@@ -57,31 +61,46 @@ class ReplayTopics:
         """The partition count of ``topic``'s replay topic (None: it does not exist), or
         ``UNKNOWN`` while the lookup has not answered; never waits longer than
         ``ANSWER_WAIT_S``."""
-        name = replay_topic(topic)
+        return self.count(replay_topic(topic))
+
+    def count(self, name: str) -> int | Unknown | None:
+        """The partition count of topic ``name``, as ``partitions``."""
         cached = self._counts.get(name)
-        if cached is not None and (cached[0] is not None or time.monotonic() - cached[1] < MISSING_RECHECK_S):
+        if cached is not None and not self._stale(*cached):
             return cached[0]
+        # While a count known before is looked up again, it stands (a missing topic's only
+        # with ``max_age_s``: else it is asked again as not known).
+        standing: int | Unknown | None = UNKNOWN
+        if cached is not None and (cached[0] is not None or self._max_age_s is not None):
+            standing = cached[0]
         future = self._pending.get(name)
         if future is None:
             future = self._pending[name] = self._start(name)
             try:
                 future.result(timeout=ANSWER_WAIT_S)
             except TimeoutError:
-                log.warning("no metadata for %s yet: its decisions wait for it", name)
+                if standing is UNKNOWN:
+                    log.warning("no metadata for %s yet: its decisions wait for it", name)
             except Exception:  # noqa: BLE001 - its outcome is read below
                 pass
         if not future.done():
-            return UNKNOWN
+            return standing
         del self._pending[name]
         try:
             count = future.result()[name]
         except Exception as exc:  # noqa: BLE001 - a lookup that failed is asked again at the next use
             log.warning("looking up %s failed (%s): asked again at its next use", name, exc)
-            return UNKNOWN
+            return standing
         if count is None:
             log.error("replay topic %s does not exist: its records go to the DLQ", name)
         self._counts[name] = (count, time.monotonic())
         return count
+
+    def _stale(self, count: int | None, when: float) -> bool:
+        age = time.monotonic() - when
+        if self._max_age_s is not None:
+            return age >= self._max_age_s
+        return count is None and age >= MISSING_RECHECK_S
 
     def _start(self, name: str) -> Future[Mapping[str, int | None]]:
         """Look ``name`` up on a daemon thread (one that hangs must not hold up the exit)."""

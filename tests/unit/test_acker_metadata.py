@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 
 import pytest
 
 from broker.acker.replay_topics import UNKNOWN, ReplayTopics
+from tests.unit.log_cluster import ClusterProducer
 from tests.unit.test_acker_windows import ROOT, World, X
 
 Y, ROOT_Y = X + 1, ROOT + 1
@@ -149,3 +151,29 @@ def test_a_keys_record_whose_turn_has_come_waits_while_an_earlier_one_waits_agai
     _step_until_decided(world, {X, Y})
     assert world.outcomes() == {X: "replay", Y: "replay"}
     assert [r.origin for r in world.replays()] == [X, Y]
+
+
+def test_a_commit_does_not_wait_for_the_replay_topics_metadata(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit asks the replay topic's partition count again (it may have been deleted since
+    the decision): once answered, then never again. X's replay commits without the answer; the
+    count answered before stands (or, never answered, is not checked - its decision was)."""
+    answered, fired = threading.Event(), threading.Event()
+
+    def list_topics(self: object, topic: str | None = None, **_: object) -> object:
+        if topic is not None and topic.endswith(".replay"):
+            answered.wait()
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=dict.fromkeys(range(4)))})
+
+    monkeypatch.setattr(ClusterProducer, "list_topics", list_topics)
+    timer = threading.Timer(5.0, lambda: (fired.set(), answered.set()))  # the old loop waited 10 s for it
+    timer.start()
+    try:
+        world.send(X, ROOT, max_attempts=3)
+        world.step(2)
+        world.fail(X)
+        world.step(3)
+        assert world.outcomes() == {X: "replay"} and not fired.is_set()
+    finally:
+        timer.cancel()
+        answered.set()
