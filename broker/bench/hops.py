@@ -337,6 +337,11 @@ def run_hop(env: Env, system: str, *, duration: float | None = None, rate: float
         probe = requests.start(env.kafka_pid) if system in env.request_systems else None
         cost_before = cost.snapshot(env.settings, setup.touched, log_dir=env.log_dir, kafka_pid=env.kafka_pid) \
             if drain else None
+        if probe is not None and cost_before is not None:
+            # The broker's counters are sampled (every 200 ms, later on a busy machine) and read
+            # between the samples around the edge: none of the run's records may fall between
+            # them, so the run starts once a sample after the edge is in.
+            probe.at(cost_before.at, timeout=10.0)
         cpu_before, measured_at = _cpu_snapshot(env, procs), time.time()
         producer.send(cmd="run", duration=duration, rate=rate, n=records)
         expected = duration if duration is not None else (records or 0) / (rate or 1e9)
