@@ -16,8 +16,9 @@ Names come from ``Namespace`` and ``replay_topic``, never typed by hand. What ea
   writes ``ns.persist``, its target topic (``DESCRIBE`` its replay topic) and ``ns.dlq``
   (quarantine), and owns the transactional ids ``ns.bridge.*`` (PREFIXED: one per instance;
   its input offsets commit in those transactions);
-- ``console``: reads ``ns.dlq``, ``ns.dlq.redriven``, ``ns.persist``, ``ns.ledger`` and the
-  replay topics of its data topics (the index, the status, a trace), describes the group
+- ``console``: reads ``ns.dlq``, ``ns.dlq.redriven``, ``ns.persist``, ``ns.ledger``, its data
+  topics and their replay topics (the index, the status, a trace, a data key's records - read
+  in the key's hash partitions only), describes the group
   ``ns.acker``, creates, writes and reads its audit log ``ns.console.audit``; with
   ``redrive`` also what a redrive writes: ``ns.persist``, the replay topics and
   ``ns.dlq.redriven`` (created on the first run) under the transactional id
@@ -202,7 +203,7 @@ def _console_acls(ns: Namespace, data_topics: list[str], redrive: bool) -> set[A
     # Its readers assign partitions and commit nothing; their group ids are named all the same.
     acls |= {Acl("GROUP", name, "LITERAL", "READ") for name in (f"{ns.name}.console", "replaybroker.read")}
     for topic in data_topics:
-        acls |= _topic(_data_topic("console", topic, "read"), "DESCRIBE") | _topic(replay_topic(topic), "READ")
+        acls |= _topic(_data_topic("console", topic, "read"), "DESCRIBE", "READ") | _topic(replay_topic(topic), "READ")
     if redrive:
         acls |= _topic(ns.persist, "WRITE") | _topic(marks, "CREATE", "WRITE")
         acls |= {Acl("TRANSACTIONAL_ID", f"{ns.name}.dlq-redrive", "LITERAL", op) for op in ("WRITE", "DESCRIBE")}

@@ -493,6 +493,7 @@ def redrive(
     only: Collection[bytes] | None = None,
     keep_going: Callable[[int], bool] | None = None,
     who: str | None = None,
+    run_id: str | None = None,
 ) -> RedriveResult:
     """Re-inject selected DLQ records as fresh source records with their origin, through the
     replay path, at most ``rate_per_s`` a second (None: as fast as it goes); see the module
@@ -501,7 +502,8 @@ def redrive(
     ``only``: marker keys (``DlqEntry.marker_key``) a selected entry must also have - a plan
     shown before, so what runs is what was shown. ``keep_going(redriven so far)`` is asked
     after each committed chunk; False stops the run there (recorded as ``cancelled``), and
-    running it again later continues with what is left. ``who`` names the run's author."""
+    running it again later continues with what is left. ``who`` names the run's author,
+    ``run_id`` the console run this pass is of (in the run's record as ``console_run``)."""
     if rate_per_s is not None and not rate_per_s > 0:
         raise ConfigurationError(f"a redrive rate must be a positive number of records per second, not {rate_per_s!r}")
     where = where or RedriveFilter(reason_prefix, origins)
@@ -542,7 +544,8 @@ def redrive(
                 cancelled = len(result.redriven) < len(plan.selected)
                 break
         result.seconds = time.monotonic() - began
-        result.run = _record_run(source, marker_topic, where, rate_per_s, plan, result, who=who, cancelled=cancelled)
+        result.run = _record_run(source, marker_topic, where, rate_per_s, plan, result, who=who, cancelled=cancelled,
+                                 run_id=run_id)
         return result
     finally:
         with contextlib.suppress(Exception):
@@ -567,7 +570,7 @@ class _Pace:
 
 def _record_run(
     source: Source, marker_topic: str, where: RedriveFilter, rate_per_s: float | None, plan: RedrivePlan,
-    result: RedriveResult, *, who: str | None = None, cancelled: bool = False,
+    result: RedriveResult, *, who: str | None = None, cancelled: bool = False, run_id: str | None = None,
 ) -> dict[str, Any]:
     """The run, in ``ns.dlq.redriven`` (its own transaction, after the records): who, when,
     the filter and how many."""
@@ -584,6 +587,8 @@ def _record_run(
         "skipped_not_matching": plan.not_matching,
         "seconds": round(result.seconds, 3),
     }
+    if run_id is not None:
+        run["console_run"] = run_id
     key = RUN_PREFIX + f"{now_ms:013d}:{uuid.uuid4().hex[:8]}".encode()
     with source.transaction():
         source.produce(marker_topic, key, orjson.dumps(run))

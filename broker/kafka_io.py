@@ -233,6 +233,50 @@ def read_partitions(
     return out
 
 
+def read_since(
+    settings: KafkaSettings, topic: str, partitions: Iterable[int], since_ms: int, *, limit: int,
+    timeout_s: float = 60.0,
+) -> tuple[list[Message], bool]:
+    """The committed messages of the given partitions of ``topic`` written at or after
+    ``since_ms`` (their timestamps, found by ``offsets_for_times``), at most the newest
+    ``limit`` of each partition -> (the messages in offset order per partition, whether a
+    partition held more than ``limit``)."""
+    config = settings.consumer_config(
+        None, defaults={"group.id": "replaybroker.read", "enable.partition.eof": True, "fetch.wait.max.ms": 10}
+    )
+    consumer = Consumer(config)
+    out: list[Message] = []
+    capped = False
+    try:
+        marks = watermarks(settings, topic, partitions)
+        found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in marks], timeout=timeout_s)
+        starts = []
+        for tp in found:
+            low, high = marks[tp.partition]
+            start = high if tp.offset < 0 else max(tp.offset, low)  # < 0: nothing written since
+            if high - start > limit:
+                start, capped = high - limit, True
+            if high > start:
+                starts.append(TopicPartition(topic, tp.partition, start))
+        consumer.assign(starts)
+        eof: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(eof) < len(starts):
+            if time.monotonic() > deadline:
+                raise TopologyError(f"could not read {topic} to its end")
+            for msg in consumer.consume(1_000, 0.05):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition() or 0)
+                else:
+                    raise KafkaException(err)
+    finally:
+        consumer.close()
+    return out, capped
+
+
 def partition_counts(
     settings: KafkaSettings, topics: Iterable[str], *, admin: AdminClient | None = None
 ) -> dict[str, int | None]:

@@ -34,10 +34,11 @@ from confluent_kafka import Message
 
 from broker import ids
 from broker.dlq import RECORD, DlqEntry
-from broker.errors import DecodeError
+from broker.errors import ConfigurationError, DecodeError
 from broker.headers import AUTO, AUTO_TIMEOUT_MS, Tracking, outcome_of
-from broker.kafka_io import kafka_errors, partition_counts, read_partitions, read_to_end
+from broker.kafka_io import kafka_errors, partition_counts, read_partitions, read_since, read_to_end
 from broker.ledger.table import DEFERRED, FAILED, REGISTERED, SUPERSEDED, WATCH
+from broker.partitioning import kafka_partition, spark_partition
 from broker.schemas import LedgerEntry, PersistedRecord
 from broker.settings import KafkaSettings
 from broker.topics import Namespace, check, replay_topic
@@ -63,6 +64,50 @@ def _iso(ms: int | None) -> str | None:
     if ms is None or ms <= 0:
         return None
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: The records of a data key read per partition (the newest), by ``find_key``.
+KEY_SCAN_LIMIT = 100_000
+
+
+@kafka_errors("finding a data key's records")
+def find_key(settings: KafkaSettings, data_topic: str, key: bytes, *, since_ms: int,
+             limit: int = KEY_SCAN_LIMIT) -> dict[str, Any]:
+    """Where the records of one data key are: every record of ``key`` in ``data_topic`` and
+    its replay topic written since ``since_ms``, newest first, each with its srid, origin and
+    attempt (its ``rb-t``) to ``trace``.
+
+    Cost: a key's records are in the partition its key hash names - by Kafka's murmur2 or
+    by Spark's HashPartitioning, whichever the topic's partitioner is - so those two
+    partitions of each topic are read from ``since_ms`` on (at most their newest ``limit``
+    records each), never the whole topic."""
+    topics = [data_topic, replay_topic(data_topic)]
+    counts = partition_counts(settings, topics)
+    if counts[data_topic] is None:
+        raise ConfigurationError(f"no topic {data_topic!r}")
+    hits: list[dict[str, Any]] = []
+    read: dict[str, list[int]] = {}
+    scanned, capped = 0, False
+    for topic in topics:
+        n = counts[topic]
+        if n is None:
+            continue
+        read[topic] = sorted({kafka_partition(key, n), spark_partition(key, n)})
+        msgs, cut = read_since(settings, topic, read[topic], since_ms, limit=limit)
+        scanned, capped = scanned + len(msgs), capped or cut
+        for m in msgs:
+            if m.key() != key:
+                continue
+            tracking = Tracking.from_headers(m.headers())
+            hits.append({
+                "topic": topic, "partition": m.partition(), "offset": m.offset(), "at_ms": m.timestamp()[1],
+                "srid": None if tracking is None else tracking.srid,
+                "origin": None if tracking is None else tracking.origin,
+                "attempt": None if tracking is None else tracking.attempt,
+            })
+    hits.sort(key=lambda h: (h["at_ms"], h["topic"], h["offset"]), reverse=True)
+    return {"topic": data_topic, "partitions": read, "since_ms": since_ms, "scanned": scanned, "capped": capped,
+            "hits": hits}
 
 
 def flag_names(flags: int) -> list[str]:

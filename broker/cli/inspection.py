@@ -18,6 +18,7 @@ from broker.cli.args import (
     record_id,
 )
 from broker.cli.connection import calls_of, cluster_settings
+from broker.errors import ConfigurationError
 
 
 def add_status(sub: Any) -> None:
@@ -81,17 +82,42 @@ def add_trace(sub: Any) -> None:
         "topic and NS.dlq: slow on large ones)",
     )
     cluster(tr)
-    tr.add_argument("id", type=record_id,
+    tr.add_argument("id", type=record_id, nargs="?",
                     help="an srid of any attempt, or the origin (decimal, or 0x hex of its 8 bytes)")
+    tr.add_argument("--key", help="instead of an id: the records of this data key (UTF-8), with --topic")
+    tr.add_argument("--topic", help="the data topic of --key: it and its replay topic are read in the key's "
+                                    "hash partitions only")
+    tr.add_argument("--since", help="with --key: records written since (ISO 8601 or epoch ms; default: 24 h ago)")
     json_option(tr)
     tr.set_defaults(func=run_trace)
 
 
 def run_trace(args: argparse.Namespace) -> int:
+    import time
+
     import orjson
 
     from broker import trace
+    from broker.console.render import parse_time
 
+    if args.key is not None:
+        if args.id is not None or not args.topic:
+            raise ConfigurationError("trace takes an id, or --key with --topic")
+        since = parse_time(args.since) if args.since else int((time.time() - 24 * 3600) * 1000)
+        if since is None:
+            raise ConfigurationError(f"--since: not a time: {args.since!r}")
+        found = trace.find_key(cluster_settings(args), args.topic, args.key.encode(), since_ms=since)
+        if args.json:
+            sys.stdout.write(orjson.dumps(found).decode() + "\n")
+        else:
+            for h in found["hits"]:
+                print(f"{h['at_ms']} {h['topic']} {h['partition']}@{h['offset']} attempt {h['attempt']} "
+                      f"origin {h['origin']} srid {h['srid']}")
+            print(f"{len(found['hits'])} record(s) of the key in {found['scanned']} read"
+                  + (" (the newest only)" if found["capped"] else ""))
+        return 0 if found["hits"] else 1
+    if args.id is None:
+        raise ConfigurationError("trace takes an id, or --key with --topic")
     result = trace.trace(cluster_settings(args), args.namespace, args.id)
     if args.json:
         sys.stdout.write(orjson.dumps(result).decode() + "\n")

@@ -2,8 +2,10 @@
 
 The topic stays the truth: the index holds where it has read to per partition, in the same
 SQLite transaction as the entries it read, so a console restarted goes on from there and a
-deleted index file is rebuilt by reading the topic again. Redrive markers
-(``ns.dlq.redriven``) are indexed beside the entries, so a page shows what was redriven.
+deleted index file is rebuilt by reading the topic again. Redrive markers and runs
+(``ns.dlq.redriven``) are indexed beside the entries, so a page shows what was redriven, and
+so is the audit log (``ns.console.audit``), so its page and a restarted console's redrive
+runs read the index, not the topic.
 
 A page is a keyset query (newest first: ``at_ms``, then partition and offset, descending)
 over indexes that cover each filter, so its cost does not grow with the entries before it.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +56,12 @@ CREATE TABLE IF NOT EXISTS marker (
 CREATE TABLE IF NOT EXISTS run (
     run_key BLOB PRIMARY KEY, body TEXT NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+    part INTEGER NOT NULL, off INTEGER NOT NULL, at_ms INTEGER NOT NULL, action TEXT NOT NULL,
+    body TEXT NOT NULL, PRIMARY KEY (part, off)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at_ms DESC, part DESC, off DESC);
+CREATE INDEX IF NOT EXISTS audit_action ON audit (action, at_ms);
 CREATE TABLE IF NOT EXISTS position (
     topic TEXT NOT NULL, part INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (topic, part)
@@ -83,6 +92,47 @@ class Filter:
             "header_value": None if self.header_value is None else self.header_value.decode("utf-8", "replace"),
         }
         return {k: v for k, v in given.items() if v is not None}
+
+    def to_record(self) -> dict[str, Any]:
+        """Every field, bytes as hex: ``from_record`` gives this filter back (``as_json`` is
+        for reading and loses a key that is not UTF-8)."""
+        return {
+            "topic": self.topic, "key": None if self.key is None else self.key.hex(),
+            "reason_prefix": self.reason_prefix, "since_ms": self.since_ms, "until_ms": self.until_ms,
+            "header_name": self.header_name,
+            "header_value": None if self.header_value is None else self.header_value.hex(),
+        }
+
+    @staticmethod
+    def from_record(r: dict[str, Any]) -> Filter:
+        def blob(v: Any) -> bytes | None:
+            return None if v is None else bytes.fromhex(str(v))
+
+        def ms(v: Any) -> int | None:
+            return None if v is None else int(v)
+
+        return Filter(r.get("topic"), blob(r.get("key")), r.get("reason_prefix"), ms(r.get("since_ms")),
+                      ms(r.get("until_ms")), r.get("header_name"), blob(r.get("header_value")))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a redrive plan took, so that it can be taken again (a console restarted): the
+    entries ``filter`` matched among those indexed then (``bound``: past the last offset
+    indexed per partition of ``ns.dlq``) that were not redriven before ``at_ms``."""
+
+    filter: Filter
+    bound: dict[int, int]
+    at_ms: int
+
+    def to_record(self) -> dict[str, Any]:
+        return {"filter": self.filter.to_record(), "bound": {str(p): o for p, o in self.bound.items()},
+                "at_ms": self.at_ms}
+
+    @staticmethod
+    def from_record(r: dict[str, Any]) -> Selection:
+        return Selection(Filter.from_record(r["filter"]), {int(p): int(o) for p, o in r["bound"].items()},
+                         int(r["at_ms"]))
 
 
 @dataclass
@@ -141,6 +191,15 @@ def encode_cursor(row: Row) -> str:
     return f"{row.at_ms}.{row.part}.{row.off}"
 
 
+def _blob_cursor(text: str | None) -> bytes | None:
+    if not text:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
 def decode_cursor(text: str | None) -> tuple[int, int, int] | None:
     if not text:
         return None
@@ -192,9 +251,10 @@ class Index:
         markers: Sequence[tuple[bytes, Marker | None]] = (),
         positions: Iterable[tuple[str, int, int]] = (),
         runs: Sequence[tuple[bytes, dict[str, Any]]] = (),
+        audits: Sequence[tuple[int, int, dict[str, Any]]] = (),
     ) -> None:
-        """Entries, markers and redrive runs read, and where each topic was read to, in one
-        transaction."""
+        """Entries, markers, redrive runs and audit events read, and where each topic was read
+        to, in one transaction."""
         with self._tx() as db:
             for e in entries:
                 value = None if e.value is None else e.value[:VALUE_CAP]
@@ -220,6 +280,9 @@ class Index:
                     db.execute("INSERT OR REPLACE INTO marker VALUES (?,?,?)", (key, str(marker.new_srid), marker.at_ms))
             db.executemany("INSERT OR REPLACE INTO run VALUES (?,?)",
                            [(key, orjson.dumps(body).decode()) for key, body in runs])
+            db.executemany("INSERT OR REPLACE INTO audit VALUES (?,?,?,?,?)",
+                           [(part, off, int(e.get("at_ms") or 0), str(e.get("action", "")), orjson.dumps(e).decode())
+                            for part, off, e in audits])
             db.executemany("INSERT OR REPLACE INTO position VALUES (?,?,?)", list(positions))
 
     # ------------------------------------------------------------------ reading
@@ -295,34 +358,83 @@ class Index:
             ).fetchone()
         return None if r is None else _row(r)
 
-    def plan(self, f: Filter, sample: int = 10) -> tuple[list[bytes], dict[str, int], list[Row]]:
+    def plan(self, f: Filter, sample: int = 10) -> tuple[list[bytes], dict[str, int], list[Row], Selection]:
         """What a redrive of ``f`` takes: records not redriven yet -> (their marker keys,
-        how many per data topic, the newest ``sample``)."""
-        where, args = self._where(f, RECORD)
+        how many per data topic, the newest ``sample``, the selection that takes them again)."""
+        with self._lock:
+            bound = {r[0]: r[1] + 1 for r in self._db.execute("SELECT part, max(off) FROM entry GROUP BY part")}
+            selection = Selection(f, bound, int(time.time() * 1000))
+            taken = self.selected(selection)
+        keys = [key for key, _, redriven in taken if not redriven]
+        per_topic: dict[str, int] = {}
+        for _, topic, redriven in taken:
+            if not redriven:
+                per_topic[topic] = per_topic.get(topic, 0) + 1
+        page = self.page(f, size=sample)
+        return keys, per_topic, [row for row in page.rows if row.redriven is None], selection
+
+    def selected(self, s: Selection) -> list[tuple[bytes, str, bool]]:
+        """The records ``s`` takes, newest first: (marker key, data topic, redriven since)."""
+        where, args = self._where(s.filter, RECORD)
+        bound = " OR ".join("(e.part = ? AND e.off < ?)" for _ in s.bound) or "0"
+        args = [*args, *(x for p, o in sorted(s.bound.items()) for x in (p, o)), s.at_ms]
         with self._lock:
             rows = self._db.execute(
-                "SELECT e.marker_key, e.topic FROM entry e LEFT JOIN marker m ON m.marker_key = e.marker_key "
-                f"WHERE {where} AND m.marker_key IS NULL ORDER BY e.at_ms DESC, e.part DESC, e.off DESC",
+                "SELECT e.marker_key, e.topic, m.marker_key IS NOT NULL AS redriven FROM entry e "
+                f"LEFT JOIN marker m ON m.marker_key = e.marker_key WHERE {where} AND ({bound}) "
+                "AND (m.marker_key IS NULL OR m.at_ms >= ?) ORDER BY e.at_ms DESC, e.part DESC, e.off DESC",
                 args,
             ).fetchall()
-        keys: list[bytes] = []
-        per_topic: dict[str, int] = {}
-        for r in rows:
-            keys.append(r["marker_key"])
-            per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + 1
-        page = self.page(f, size=sample)
-        return keys, per_topic, [row for row in page.rows if row.redriven is None]
+        return [(r["marker_key"], r["topic"], bool(r["redriven"])) for r in rows]
 
     def topics(self) -> list[str]:
         with self._lock:
             rows = self._db.execute("SELECT DISTINCT topic FROM entry WHERE topic IS NOT NULL ORDER BY topic").fetchall()
         return [r[0] for r in rows]
 
-    def runs(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The redrive runs recorded in ``ns.dlq.redriven``, newest first."""
+    def runs(self, cursor: str | None = None, size: int = PAGE) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the redrive runs recorded in ``ns.dlq.redriven``, newest first, after
+        ``cursor`` -> (runs, the next page's cursor)."""
+        after = _blob_cursor(cursor)
         with self._lock:
-            rows = self._db.execute("SELECT body FROM run ORDER BY run_key DESC LIMIT ?", (limit,)).fetchall()
-        return [orjson.loads(r[0]) for r in rows]
+            rows = self._db.execute(
+                "SELECT run_key, body FROM run WHERE ? IS NULL OR run_key < ? ORDER BY run_key DESC LIMIT ?",
+                (after, after, size + 1),
+            ).fetchall()
+        more = len(rows) > size
+        return [orjson.loads(r["body"]) for r in rows[:size]], rows[size - 1]["run_key"].hex() if more else None
+
+    def audit(self, cursor: str | None = None, size: int = 100) -> tuple[list[dict[str, Any]], int, str | None]:
+        """A page of the audit log, newest first, after ``cursor`` -> (events, how many in
+        all, the next page's cursor)."""
+        after = decode_cursor(cursor)
+        where, args = ("1", []) if after is None else (
+            "at_ms <= ? AND (at_ms, part, off) < (?, ?, ?)", [after[0], *after])
+        with self._lock:
+            total = int(self._db.execute("SELECT count(*) FROM audit").fetchone()[0])
+            rows = self._db.execute(
+                f"SELECT part, off, at_ms, body FROM audit WHERE {where} ORDER BY at_ms DESC, part DESC, off DESC LIMIT ?",
+                (*args, size + 1),
+            ).fetchall()
+        more = len(rows) > size
+        last = rows[size - 1] if more else None
+        return ([orjson.loads(r["body"]) for r in rows[:size]], total,
+                f"{last['at_ms']}.{last['part']}.{last['off']}" if last is not None else None)
+
+    def audited(self, actions: Sequence[str]) -> list[dict[str, Any]]:
+        """The audit events of ``actions``, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT body FROM audit WHERE action IN ({','.join('?' for _ in actions)}) "
+                "ORDER BY at_ms, part, off", list(actions),
+            ).fetchall()
+        return [orjson.loads(r["body"]) for r in rows]
+
+    def runs_of(self, console_run: str) -> list[dict[str, Any]]:
+        """The passes ``ns.dlq.redriven`` recorded for one console run, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM run ORDER BY run_key").fetchall()
+        return [body for body in (orjson.loads(r["body"]) for r in rows) if body.get("console_run") == console_run]
 
     def count(self) -> int:
         with self._lock:

@@ -25,7 +25,7 @@ from broker.acker.clients import STANDBY_MARK
 from broker.console.index import Index
 from broker.dlq import RUN_PREFIX, DlqEntry, Marker, redriven_topic
 from broker.errors import ReplayBrokerError
-from broker.kafka_io import partition_counts, read_to_end
+from broker.kafka_io import partition_counts
 from broker.settings import KafkaSettings
 from broker.status import status
 from broker.topics import Namespace
@@ -38,9 +38,9 @@ def audit_topic(ns: Namespace) -> str:
 
 
 class Tailer:
-    """Reads ``ns.dlq`` and ``ns.dlq.redriven`` (read_committed) into the index, from where
-    the index says it stopped; new partitions (and the marker topic once a redrive created
-    it) are picked up at the next look (``refresh_s``)."""
+    """Reads ``ns.dlq``, ``ns.dlq.redriven`` and ``ns.console.audit`` (read_committed) into
+    the index, from where the index says it stopped; new partitions (and the marker topic
+    once a redrive created it) are picked up at the next look (``refresh_s``)."""
 
     def __init__(self, settings: KafkaSettings, ns: Namespace, index: Index, *, refresh_s: float = 5.0) -> None:
         self.settings, self.ns, self.index, self.refresh_s = settings, ns, index, refresh_s
@@ -59,7 +59,7 @@ class Tailer:
             self._thread.join(10)
 
     def _assignment(self) -> list[TopicPartition]:
-        topics = [self.ns.dlq, redriven_topic(self.ns)]
+        topics = [self.ns.dlq, redriven_topic(self.ns), audit_topic(self.ns)]
         counts = partition_counts(self.settings, topics)
         out = []
         for topic in topics:
@@ -106,6 +106,7 @@ class Tailer:
         entries: list[DlqEntry] = []
         markers: list[tuple[bytes, Marker | None]] = []
         runs: list[tuple[bytes, dict[str, Any]]] = []
+        audits: list[tuple[int, int, dict[str, Any]]] = []
         positions: dict[tuple[str, int], int] = {}
         for m in msgs:
             err = m.error()
@@ -117,6 +118,10 @@ class Tailer:
             positions[(m.topic(), m.partition())] = m.offset() + 1
             if m.topic() == self.ns.dlq:
                 entries.append(DlqEntry.from_message(m))
+            elif m.topic() == audit_topic(self.ns):
+                event = audit_event(m.value())
+                if event is not None:
+                    audits.append((m.partition(), m.offset(), event))
             else:
                 key, value = m.key(), m.value()
                 if key is None:
@@ -129,7 +134,18 @@ class Tailer:
                     continue
                 markers.append((key, None if value is None else Marker.decode(value)))
         if entries or markers or positions:
-            self.index.add(entries, markers, [(t, p, o) for (t, p), o in positions.items()], runs)
+            self.index.add(entries, markers, [(t, p, o) for (t, p), o in positions.items()], runs, audits)
+
+
+def audit_event(value: bytes | None) -> dict[str, Any] | None:
+    """An audit record's event, None for anything else (the topic is writable by others)."""
+    if value is None:
+        return None
+    try:
+        event = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("action"), str) else None
 
 
 class AuditLog(Protocol):
@@ -137,9 +153,9 @@ class AuditLog(Protocol):
 
     def close(self) -> None: ...
 
-    def record(self, who: str, action: str, what: dict[str, Any], result: str) -> dict[str, Any]: ...
-
-    def read(self) -> list[dict[str, Any]]: ...
+    def record(self, who: str, action: str, what: dict[str, Any], result: str) -> tuple[int, int, dict[str, Any]]:
+        """Writes the event -> (its partition, its offset, the event)."""
+        ...
 
 
 class Audit:
@@ -162,28 +178,18 @@ class Audit:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
 
-    def record(self, who: str, action: str, what: dict[str, Any], result: str) -> dict[str, Any]:
+    def record(self, who: str, action: str, what: dict[str, Any], result: str) -> tuple[int, int, dict[str, Any]]:
         event = {"at_ms": int(time.time() * 1000), "who": who, "action": action, "what": what, "result": result}
+        written: list[Any] = []
         with self._lock:
             if self._producer is None:
                 self._producer = Producer(self.settings.producer_config(defaults={"linger.ms": 0}))
-            self._producer.produce(self.topic, key=who.encode(), value=orjson.dumps(event))
-            if self._producer.flush(30) != 0:
+            self._producer.produce(self.topic, key=who.encode(), value=orjson.dumps(event),
+                                   on_delivery=lambda err, msg: written.append((err, msg)))
+            if self._producer.flush(30) != 0 or not written or written[0][0] is not None:
                 raise ReplayBrokerError(f"the audit record of {action} was not written to {self.topic}")
-        return event
-
-    def read(self) -> list[dict[str, Any]]:
-        n = partition_counts(self.settings, [self.topic])[self.topic]
-        if n is None:
-            return []
-        out = []
-        for m in read_to_end(self.settings, self.topic, n):
-            with contextlib.suppress(orjson.JSONDecodeError, TypeError):
-                event = orjson.loads(m.value())
-                if isinstance(event, dict):
-                    out.append(event)
-        out.sort(key=lambda e: e.get("at_ms", 0), reverse=True)
-        return out
+        msg = written[0][1]
+        return msg.partition(), msg.offset(), event
 
     def close(self) -> None:
         with self._lock:

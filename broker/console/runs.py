@@ -9,6 +9,13 @@
 3. ``cancel`` stops it after the chunk in flight (one transaction per chunk: what is
    committed went out, what is not did not); ``resume`` runs the same plan again - the
    markers make the records already redriven skip.
+
+A run outlives its console: the audit record of its start holds the plan's ``Selection``
+(its filter, how far ``ns.dlq`` was indexed, when), and each pass's record in
+``ns.dlq.redriven`` names the run. A console started again restores its runs from the two
+(``restore``, once its index has caught up): a run not complete is ``cancelled`` or, when
+its console stopped under it, ``interrupted`` - both can be resumed, and the resumed run
+takes the same records again, never one dead-lettered after the plan.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import dlq
-from broker.console.index import Filter, Index, Row
+from broker.console.index import Filter, Index, Row, Selection
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.settings import KafkaSettings
 
@@ -41,6 +48,7 @@ class Plan:
     sample: list[Row]
     by: str
     at: float
+    selection: Selection
 
     @property
     def count(self) -> int:
@@ -62,7 +70,7 @@ class Run:
     rate_per_s: float | None
     by: str
     started: float
-    state: str = "running"  # running, cancelling, cancelled, completed, failed
+    state: str = "running"  # running, cancelling, cancelled, interrupted, completed, failed
     done: int = 0
     error: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)  # what dlq recorded per pass
@@ -90,6 +98,13 @@ def parse_rate(text: str | None) -> float | None:
     return rate
 
 
+def started(plan: Plan, run: Run) -> dict[str, Any]:
+    """What the audit record of a run's start holds: with the plan's selection and the run's
+    id, what a console started again restores the run from (``Redrives.restore``)."""
+    return {"plan": plan.id, "run": run.id, "rate_per_s": run.rate_per_s, "filter": plan.filter.as_json(),
+            "count": plan.count, "selection": plan.selection.to_record()}
+
+
 def where_of(f: Filter) -> dlq.RedriveFilter:
     """The part of a console filter ``broker.dlq`` can check itself (the header is checked by
     the plan's keys)."""
@@ -110,8 +125,8 @@ class Redrives:
         self._lock = threading.Lock()
 
     def plan(self, f: Filter, by: str) -> Plan:
-        keys, per_topic, sample = self.index.plan(f)
-        plan = Plan(secrets.token_urlsafe(12), f, tuple(keys), per_topic, sample, by, time.time())
+        keys, per_topic, sample, selection = self.index.plan(f)
+        plan = Plan(secrets.token_urlsafe(12), f, tuple(keys), per_topic, sample, by, time.time(), selection)
         with self._lock:
             now = time.time()
             for pid in [p for p, old in self.plans.items() if now - old.at > PLAN_TTL_S]:
@@ -150,7 +165,7 @@ class Redrives:
             try:
                 result = dlq.redrive(
                     self.settings, self.namespace, where=where_of(run.plan.filter), rate_per_s=run.rate_per_s,
-                    only=run.plan.keys, keep_going=keep_going, who=run.by,
+                    only=run.plan.keys, keep_going=keep_going, who=run.by, run_id=run.id,
                 )
                 run.done = before + len(result.redriven)
                 if result.run is not None:
@@ -182,6 +197,61 @@ class Redrives:
             run.by = by
             self._launch(run)
         return run
+
+    def restore(self) -> int:
+        """The runs of earlier consoles, from the audit log and ``ns.dlq.redriven`` as the
+        index holds them (call it once the index has caught up) -> how many were restored.
+        A run this console knows already is left as it is."""
+        started: dict[str, dict[str, Any]] = {}
+        resumed_by: dict[str, str] = {}
+        for event in self.index.audited(("redrive start", "redrive resume")):
+            what = event.get("what") or {}
+            run_id = what.get("run")
+            if not isinstance(run_id, str) or not str(event.get("result", "")).startswith("ok"):
+                continue
+            if event["action"] == "redrive start" and isinstance(what.get("selection"), dict):
+                started[run_id] = event
+            elif run_id in started:
+                resumed_by[run_id] = str(event.get("who"))
+        restored = 0
+        for run_id, event in started.items():
+            with self._lock:
+                if run_id in self.runs:
+                    continue
+            what = event["what"]
+            try:
+                selection = Selection.from_record(what["selection"])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("console redrive %s: its audit record holds no selection (%s): not restored", run_id, exc)
+                continue
+            taken = self.index.selected(selection)
+            per_topic: dict[str, int] = {}
+            for _, topic, _ in taken:
+                per_topic[topic] = per_topic.get(topic, 0) + 1
+            plan = Plan(str(what.get("plan", "")), selection.filter, tuple(key for key, _, _ in taken), per_topic, [],
+                        str(event.get("who")), selection.at_ms / 1000, selection)
+            rate = what.get("rate_per_s")
+            run = Run(run_id, plan, float(rate) if rate else None, resumed_by.get(run_id, str(event.get("who"))),
+                      int(event.get("at_ms") or 0) / 1000)
+            run.done = sum(1 for _, _, redriven in taken if redriven)
+            passes = self.index.runs_of(run_id)
+            run.records = passes
+            if run.done >= run.total:
+                run.state = "completed"
+            elif passes and passes[-1].get("state") == "cancelled":
+                run.state = "cancelled"
+            else:
+                run.state = "interrupted"  # its console stopped while it ran
+            with self._lock:
+                self.runs.setdefault(run_id, run)
+            restored += 1
+        return restored
+
+    def page(self, start: int = 0, size: int = 20) -> tuple[list[Run], int]:
+        """The runs, newest first, ``size`` from ``start`` -> (those, how many in all)."""
+        with self._lock:
+            runs = sorted(self.runs.values(), key=lambda r: r.started, reverse=True)
+        return runs[start : start + size], len(runs)
 
     def _run(self, run_id: str) -> Run:
         run = self.runs.get(run_id)

@@ -24,7 +24,7 @@ from broker.console.auth import Authenticator, Principal, check_bind, loopback_h
 from broker.console.index import Filter, Index
 from broker.console.kafka import WAITS, Audit, AuditLog, Sampler, Tailer
 from broker.console.render import HERE, environment, line_chart, parse_time, timeline
-from broker.console.runs import Redrives, parse_rate
+from broker.console.runs import Redrives, parse_rate, started
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
@@ -47,6 +47,8 @@ HEADERS = {
 MAX_BODY = 64 * 1024
 STATIC = {"console.css": "text/css; charset=utf-8"}
 WORST = 10  # ledger partitions shown by pending
+RUNS_PAGE = 20
+KEY_WINDOW_S = 24 * 3600  # how far back a data key's records are looked for, unless told
 
 
 class HttpError(Exception):
@@ -78,6 +80,8 @@ class Console:
         self.redrives = Redrives(settings, namespace, index)
         self.audit: AuditLog = audit or Audit(settings, self.ns)
         self.env = environment()
+        self.runs_restored = threading.Event()
+        self._stopping = threading.Event()
         self.routes: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
             ("GET", re.compile(r"/"), self.overview),
             ("GET", re.compile(r"/dead-letters"), self.dead_letters),
@@ -96,8 +100,26 @@ class Console:
         self.audit.ensure_topic()
         self.tailer.start()
         self.sampler.start()
+        self._stopping.clear()
+        threading.Thread(target=self._restore_runs, name="console-restore", daemon=True).start()
+
+    def _restore_runs(self) -> None:
+        """The redrive runs of the consoles before, once the index has caught up with the
+        audit log and the markers."""
+        while not self.tailer.caught_up.wait(0.5):
+            if self._stopping.is_set():
+                return
+        try:
+            restored = self.redrives.restore()
+        except Exception:  # the runs stay unrestored; every page still serves
+            log.exception("console: restoring the redrive runs failed")
+            return
+        if restored:
+            log.info("console: %d redrive run(s) of earlier consoles restored", restored)
+        self.runs_restored.set()
 
     def stop(self) -> None:
+        self._stopping.set()
         self.tailer.stop()
         self.sampler.stop()
         self.audit.close()
@@ -120,14 +142,20 @@ class Console:
             raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, "method not allowed")
         raise HttpError(HTTPStatus.NOT_FOUND, "no such page")
 
+    def _record(self, req: Request, action: str, what: dict[str, Any], result: str) -> None:
+        """In the audit log, and in the index at once (the tailer reads it in again: the
+        same partition and offset), so the next page shows it."""
+        part, off, event = self.audit.record(req.principal.name, action, what, result)
+        self.index.add([], audits=[(part, off, event)])
+
     def _act(self, req: Request, action: str, what: dict[str, Any], do: Callable[[], Any]) -> Any:
         """An operator action, recorded in the audit log with its result either way."""
         try:
             result = do()
         except ReplayBrokerError as exc:
-            self.audit.record(req.principal.name, action, what, f"refused: {exc}")
+            self._record(req, action, what, f"refused: {exc}")
             raise HttpError(HTTPStatus.CONFLICT, str(exc)) from exc
-        self.audit.record(req.principal.name, action, what, "ok")
+        self._record(req, action, what, "ok")
         return result
 
     # ------------------------------------------------------------------ pages
@@ -193,9 +221,11 @@ class Console:
     def trace(self, req: Request) -> tuple[HTTPStatus, str, None]:
         ident_text = (req.query.get("id") or "").strip()
         key = req.query.get("key")
+        topic = (req.query.get("topic") or "").strip()
         result = None
         error = None
         candidates: list[Any] = []
+        found: dict[str, Any] | None = None
         if ident_text:
             try:
                 ident = tracing.parse_id(ident_text)
@@ -208,24 +238,33 @@ class Console:
                     error = str(exc)
         elif key:
             candidates = self.index.by_key(key.encode())
+            if topic:
+                since = parse_time(req.query.get("since")) or int((time.time() - KEY_WINDOW_S) * 1000)
+                try:
+                    found = tracing.find_key(self.settings, topic, key.encode(), since_ms=since)
+                except ReplayBrokerError as exc:
+                    error = str(exc)
         marks, spans, height, span = timeline(result) if result else ([], [], 0, None)
         return HTTPStatus.OK, self.render(
             "trace.html", req, result=result, error=error, ident=ident_text, key=key or "", candidates=candidates,
-            marks=marks, spans=spans, height=height, span=span,
+            marks=marks, spans=spans, height=height, span=span, topic=topic, found=found,
+            since=req.query.get("since", ""), topics=self.index.topics(), window_h=KEY_WINDOW_S // 3600,
         ), None
 
     def redrive_page(self, req: Request) -> tuple[HTTPStatus, str, None]:
-        runs = sorted(self.redrives.runs.values(), key=lambda r: r.started, reverse=True)
-        history = self.index.runs()
+        start = _start_of(req.query)
+        runs, total = self.redrives.page(start, RUNS_PAGE)
+        history, next_history = self.index.runs(req.query.get("history"))
         return HTTPStatus.OK, self.render(
-            "redrive.html", req, runs=runs, history=history, q=req.query, topics=self.index.topics(),
+            "redrive.html", req, runs=runs, runs_start=start, runs_total=total, runs_page=RUNS_PAGE,
+            restored=self.runs_restored.is_set(), history=history, q=req.query, topics=self.index.topics(),
+            next_history=urllib.parse.urlencode({"history": next_history}) if next_history else None,
         ), None
 
     def redrive_plan(self, req: Request) -> tuple[HTTPStatus, str, None]:
         f = self._filter(req.form)
         plan = self.redrives.plan(f, req.principal.name)
-        self.audit.record(req.principal.name, "redrive dry run", {"filter": f.as_json(), "plan": plan.id},
-                          f"ok: {plan.count} selected")
+        self._record(req, "redrive dry run", {"filter": f.as_json(), "plan": plan.id}, f"ok: {plan.count} selected")
         return HTTPStatus.OK, self.render("plan.html", req, plan=plan, rate=req.form.get("rate", "")), None
 
     def redrive_confirm(self, req: Request) -> tuple[HTTPStatus, str, str]:
@@ -235,7 +274,9 @@ class Console:
         def go() -> Any:
             plan = self.redrives.bound_plan(plan_id, digest)
             what.update(filter=plan.filter.as_json(), count=plan.count)
-            return self.redrives.start(plan, parse_rate(req.form.get("rate")), req.principal.name)
+            run = self.redrives.start(plan, parse_rate(req.form.get("rate")), req.principal.name)
+            what.update(started(plan, run))  # what a console started again resumes the run from
+            return run
 
         run = self._act(req, "redrive start", what, go)
         return HTTPStatus.SEE_OTHER, "", f"/redrive#run-{run.id}"
@@ -250,14 +291,18 @@ class Console:
         return HTTPStatus.SEE_OTHER, "", f"/redrive#run-{run_id}"
 
     def audit_page(self, req: Request) -> tuple[HTTPStatus, str, None]:
-        events = self.audit.read()
-        try:
-            start = max(0, int(req.query.get("start", "0")))
-        except ValueError:
-            start = 0
+        events, total, cursor = self.index.audit(req.query.get("cursor"))
         return HTTPStatus.OK, self.render(
-            "audit.html", req, events=events[start : start + 100], start=start, total=len(events),
+            "audit.html", req, events=events, total=total,
+            next_query=urllib.parse.urlencode({"cursor": cursor}) if cursor else None,
         ), None
+
+
+def _start_of(query: dict[str, str]) -> int:
+    try:
+        return max(0, int(query.get("start", "0")))
+    except ValueError:
+        return 0
 
 
 def handler_for(console: Console) -> type[BaseHTTPRequestHandler]:

@@ -1,7 +1,7 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) on a real Kafka: a
 pipeline dead-letters records, some with HTML and script in key, value, headers and reason;
 a viewer finds one by key and reason and traces it; an operator dry-runs a redrive, runs it at
-a rate, cancels and resumes it, and the records complete once each - ground truth from the
+a rate, cancels it, restarts the console and resumes the run there, and the records complete once each - ground truth from the
 outcomes on the broker, not from what the console says. A viewer's redrive is refused, a POST
 without the CSRF token too, and the hostile records do nothing on any page: no dialog, no
 script run, no request to another origin."""
@@ -175,6 +175,22 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         wait_until(lambda: state() == "cancelled", "the run to stop")
         done = int(run.locator("span.done").inner_text())
         assert 0 < done < PLAIN
+        run_id = run.get_attribute("id")
+
+        # ---- the console restarted: the run is restored from Kafka and resumed there
+        server.stop()
+        server = build(settings, ns.name, auth, index_path=tmp_path / "index.sqlite", port=0, sample_every_s=1)
+        server.start()
+        base = watch.origin = f"http://127.0.0.1:{server.port}"
+        op.goto(f"{base}/redrive")
+        run = op.locator(f"tr#{run_id}")
+
+        def restored() -> str:
+            op.reload()
+            return run.locator("td.state").inner_text() if run.count() else ""
+
+        wait_until(lambda: restored() == "cancelled", "the run restored by the new console")
+        assert int(run.locator("span.done").inner_text()) == done
         with op.expect_navigation():
             run.locator("form[action$=resume] button").click()
         wait_until(lambda: state() == "completed", "the resumed run", limit_s=90)
@@ -184,6 +200,18 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         completed = services.tail.log.completed_origins()
         assert all(completed[o] == 1 for o in bad)  # once each, cancel and resume notwithstanding
         assert hostile not in completed  # not in the plan, not redriven
+
+        # ---- a data key's records, dead-lettered or not: its first attempt and its redrive
+        page.goto(f"{base}/trace?" + urllib.parse.urlencode({"key": "cust-3", "topic": topic}))
+        hits = page.locator("#key-records tr.hit")
+        assert hits.count() == 2
+        assert {t.split(" ")[0] for t in hits.locator("td:nth-child(2)").all_inner_texts()} == {
+            topic, topics.replay_topic(topic)}
+        page.goto(f"{base}/trace?" + urllib.parse.urlencode({"key": "good-1", "topic": topic}))
+        assert page.locator("#key-records tr.hit").count() == 1
+        page.locator("#key-records tr.hit a").first.click()
+        expect(page.locator("h2", has_text=f"origin {good[1]}")).to_have_count(1, timeout=60_000)
+        assert "completed" in page.locator("table").last.inner_text()
 
         # ---- the audit log, in Kafka and on its page
         recorded = [m.value() for m in read_to_end(settings, audit_topic(ns), 1)]
@@ -220,7 +248,7 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
             wait_until(tailer.caught_up.is_set, "the rebuilt index")
             old, new = server.console.index.page(Filter(), size=100), fresh.page(Filter(), size=100)
             assert [(r.where, r.key, r.redriven) for r in new.rows] == [(r.where, r.key, r.redriven) for r in old.rows]
-            assert len(fresh.runs()) == 2
+            assert len(fresh.runs()[0]) == 2
         finally:
             tailer.stop()
             fresh.close()

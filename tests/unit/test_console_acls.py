@@ -19,8 +19,8 @@ def test_a_console_reads_and_writes_only_its_audit_log() -> None:
     acls = role_acls(NS, "console", data_topics=["shop.orders"])
     assert writes(acls) == {"shop.console.audit"}
     reads = {a.name for a in acls if a.operation == "READ" and a.resource == "TOPIC"}
-    assert reads == {"shop.dlq", "shop.dlq.redriven", "shop.persist", "shop.ledger", "shop.orders.replay",
-                     "shop.console.audit"}
+    assert reads == {"shop.dlq", "shop.dlq.redriven", "shop.persist", "shop.ledger", "shop.orders",
+                     "shop.orders.replay", "shop.console.audit"}
     assert Acl("GROUP", "shop.acker", "LITERAL", "DESCRIBE") in acls
     assert not any(a.resource == "TRANSACTIONAL_ID" for a in acls)
 

@@ -3,12 +3,14 @@ with the entries, the plan of a redrive and its binding (broker.console.index, .
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 
-from broker.console.index import Filter, Index
-from broker.console.runs import Redrives, parse_rate, where_of
+from broker.console.index import Filter, Index, Selection
+from broker.console.runs import Redrives, Run, parse_rate, started, where_of
 from broker.dlq import Marker
 from broker.errors import ConfigurationError
 from broker.settings import KafkaSettings
@@ -68,7 +70,7 @@ def test_quarantined_inputs_are_listed_apart(index: Index) -> None:
     page = index.page(Filter(), kind="quarantine")
     assert [r.off for r in page.rows] == [101, 100]
     assert all(r.kind == "quarantine" for r in page.rows)
-    keys, _, _ = index.plan(Filter())
+    keys, _, _, _ = index.plan(Filter())
     assert len(keys) == 40  # never in a plan
 
 
@@ -95,7 +97,7 @@ def test_values_are_capped_but_their_size_kept() -> None:
 def test_markers_exclude_what_was_redriven_from_a_plan(index: Index) -> None:
     redriven = record(7, partition=1)
     index.add([], markers=[(redriven.marker_key, Marker(redriven.origin, 42, "ns.dlq 1@7", BASE_MS))])
-    keys, per_topic, sample = index.plan(Filter())
+    keys, per_topic, sample, _ = index.plan(Filter())
     assert len(keys) == 39 and redriven.marker_key not in keys
     assert sum(per_topic.values()) == 39 and per_topic["ns.payments"] == len([i for i in range(40) if i % 3 == 0])
     row = index.get(1, 7)
@@ -139,4 +141,86 @@ def test_rates() -> None:
 def test_redrive_runs_are_indexed_newest_first() -> None:
     idx = Index(":memory:")
     idx.add([], runs=[(b"run:0000000000002:b", {"redriven": 2}), (b"run:0000000000001:a", {"redriven": 1})])
-    assert [r["redriven"] for r in idx.runs()] == [2, 1]
+    assert [r["redriven"] for r in idx.runs()[0]] == [2, 1]
+
+
+def test_a_filter_and_a_selection_survive_their_record() -> None:
+    f = Filter(topic="ns.orders", key=b"\xff\x00not utf-8", reason_prefix="handler:", since_ms=1, until_ms=2,
+               header_name="tenant", header_value=b"\xfe")
+    assert Filter.from_record(orjson.loads(orjson.dumps(f.to_record()))) == f
+    s = Selection(f, {0: 12, 3: 7}, BASE_MS)
+    assert Selection.from_record(orjson.loads(orjson.dumps(s.to_record()))) == s
+    assert Filter.from_record(Filter().to_record()) == Filter()
+
+
+def test_a_selection_takes_the_plans_records_again_and_none_dead_lettered_after_it(index: Index) -> None:
+    keys, _, _, selection = index.plan(Filter(topic="ns.payments"))
+    later = [record(200 + i, partition=i % 2, topic="ns.payments") for i in range(4)]  # after the plan
+    index.add(later, positions=[("ns.dlq", 0, 204), ("ns.dlq", 1, 204)])
+    assert len(index.plan(Filter(topic="ns.payments"))[0]) == len(keys) + 4
+    redriven = keys[:3]
+    index.add([], markers=[(k, Marker(1, 99, "ns.dlq", selection.at_ms + 5)) for k in redriven])
+    taken = index.selected(selection)
+    assert [k for k, _, _ in taken] == list(keys)  # the same records, in the same order
+    assert [k for k, _, done in taken if done] == redriven
+    assert not {r.marker_key for r in later} & {k for k, _, _ in taken}
+
+
+def record_start(index: Index, redrives: Redrives, f: Filter, run_id: str, at_ms: int) -> Run:
+    """A run's start as the console audits it (broker.console.runs.started)."""
+    plan = redrives.plan(f, "operator:x")
+    run = Run(run_id, plan, 2.0, "operator:x", at_ms / 1000, state="running")
+    event = {"at_ms": at_ms, "who": "operator:x", "action": "redrive start", "what": started(plan, run), "result": "ok"}
+    index.add([], audits=[(0, at_ms, orjson.loads(orjson.dumps(event)))])
+    return run
+
+
+def test_a_console_started_again_restores_its_runs(index: Index) -> None:
+    before = Redrives(KafkaSettings("127.0.0.1:1"), "ns", index)
+    cancelled = record_start(index, before, Filter(topic="ns.payments"), "run-c", BASE_MS + 1)
+    interrupted = record_start(index, before, Filter(topic="ns.orders", reason_prefix="handler: timeout"),
+                               "run-i", BASE_MS + 2)
+    complete = record_start(index, before, Filter(key=record(1).key), "run-d", BASE_MS + 3)
+    index.add([], audits=[(0, BASE_MS + 9, {"at_ms": BASE_MS + 9, "who": "operator:y", "action": "redrive resume",
+                                             "what": {"run": "run-i"}, "result": "ok"}),
+                          (0, BASE_MS + 10, {"at_ms": BASE_MS + 10, "who": "operator:z", "action": "redrive start",
+                                              "what": {"plan": "p"}, "result": "refused: busy"})])
+    now = int(time.time() * 1000) + 5
+    marks = [*cancelled.plan.keys[:2], *interrupted.plan.keys[:1], *complete.plan.keys]
+    index.add([], markers=[(k, Marker(1, 99, "ns.dlq", now)) for k in marks],
+              runs=[(b"run:%013d:a" % now, {"state": "cancelled", "redriven": 2, "console_run": "run-c"}),
+                    (b"run:%013d:b" % now, {"state": "completed", "redriven": 1, "console_run": "run-d"}),
+                    (b"run:%013d:c" % now, {"state": "completed", "redriven": 5})])
+    index.add([record(300, topic="ns.payments")], positions=[("ns.dlq", 0, 301)])  # after the plans
+
+    again = Redrives(KafkaSettings("127.0.0.1:1"), "ns", index)
+    assert again.restore() == 3 and again.restore() == 0
+    runs = {r.id: r for r in again.page(0, 10)[0]}
+    assert [r.id for r in again.page(0, 10)[0]] == ["run-d", "run-i", "run-c"]  # newest first
+    c, i, d = runs["run-c"], runs["run-i"], runs["run-d"]
+    assert (c.state, c.done, c.total, c.plan.keys) == ("cancelled", 2, cancelled.total, cancelled.plan.keys)
+    assert (i.state, i.done, i.total, i.by, i.rate_per_s) == ("interrupted", 1, interrupted.total, "operator:y", 2.0)
+    assert (d.state, d.done, d.total) == ("completed", 1, 1)
+    assert [p["redriven"] for p in c.records] == [2]
+    assert not c.active and not i.active
+
+
+def test_the_audit_log_and_the_runs_are_paged_newest_first() -> None:
+    idx = Index(":memory:")
+    idx.add([], audits=[(i % 2, i, {"at_ms": BASE_MS + i // 3, "action": f"a{i}"}) for i in range(250)])
+    seen, cursor, total = [], None, 0
+    while True:
+        events, total, cursor = idx.audit(cursor, size=40)
+        seen += [e["action"] for e in events]
+        if cursor is None:
+            break
+    assert total == 250 and sorted(seen) == sorted(f"a{i}" for i in range(250)) and len(seen) == 250
+    assert seen[0] == "a249" and seen[-1] == "a0"
+    idx.add([], runs=[(b"run:%013d:x" % i, {"n": i}) for i in range(45)])
+    got, cursor = [], None
+    while True:
+        page, cursor = idx.runs(cursor, size=20)
+        got += [r["n"] for r in page]
+        if cursor is None:
+            break
+    assert got == list(range(44, -1, -1))
