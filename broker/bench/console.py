@@ -68,11 +68,20 @@ def status_sample(partitions: int, t: float, i: int) -> dict[str, Any]:
     }
 
 
+AUDITED = 20_000  # audit events in the index (one a minute: two weeks of an operator's actions)
+RUNS = 2_000  # redrive passes in ns.dlq.redriven
+
+
 def fill(index: Index, n: int, chunk: int = 10_000) -> float:
     began = time.perf_counter()
     made = entries(n)
     for start in range(0, n, chunk):
         index.add(made[start : start + chunk], positions=[("bench.dlq", 0, start + chunk)])
+    index.add([], audits=[(0, i, {"at_ms": BASE_MS + i * 60_000, "who": "operator:bench", "action": "redrive dry run",
+                                  "what": {"filter": {"reason_prefix": "rejected"}}, "result": "ok: 12 selected"})
+                          for i in range(AUDITED)],
+              runs=[(b"run:%013d:bench" % (BASE_MS + i), {"who": "operator:bench", "state": "completed", "redriven": 12,
+                                                          "selected": 12, "filter": {}}) for i in range(RUNS)])
     return time.perf_counter() - began
 
 
@@ -116,7 +125,8 @@ def measure(n: int = 100_000, partitions: int = 1000, repeat: int = 20, index_di
             "deep_page": (f"dead letters, {n // 2:,} newer before it", f"/dead-letters?cursor={cursor}"),
             "one": ("one dead letter", f"/dead-letters/{deep.rows[0].part}/{deep.rows[0].off}"),
             "quarantine": ("quarantined", "/quarantine"),
-            "redrive": ("redrive", "/redrive"),
+            "redrive": (f"redrive ({RUNS:,} passes)", "/redrive"),
+            "audit": (f"audit ({AUDITED:,} actions)", "/audit"),
         }
         out: dict[str, Any] = {"entries": n, "ledger_partitions": partitions, "repeat": repeat,
                                "index_fill_s": round(fill_s, 2), "pages_ms": {}}

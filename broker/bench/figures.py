@@ -30,7 +30,7 @@ COST_ROLES = ("persist", "data", "acks", "ledger", "__consumer_offsets", "__tran
 
 # The console's pages timed by bench.console, by figure key (console.<page>_median_ms)
 CONSOLE_PAGES = ("overview", "newest", "by_key", "by_reason", "by_topic_time", "by_header", "deep_page", "one",
-                 "quarantine", "redrive")
+                 "quarantine", "redrive", "audit")
 
 FOLD_SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 TAKEOVER_SIZES = (100_000, 1_000_000)
