@@ -9,6 +9,7 @@ script run, no request to another origin."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import urllib.parse
@@ -71,6 +72,15 @@ class Watch:
         page.on("request", lambda r: None if r.url.startswith(self.origin) else self.foreign.append(r.url))
         page.on("pageerror", lambda e: self.errors.append(str(e)))
         return page
+
+
+SHOTS = os.environ.get("REPLAYBROKER_SCREENSHOTS")  # a folder: the pages' screenshots go there
+
+
+def shot(page: Page, name: str) -> None:
+    """docs/operations.md's pictures: ``REPLAYBROKER_SCREENSHOTS=docs/images`` takes them."""
+    if SHOTS:
+        page.screenshot(path=str(Path(SHOTS) / f"console-{name}.png"), full_page=True)
 
 
 def context(browser: Browser, role: str, token: str) -> BrowserContext:
@@ -205,6 +215,7 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         page.goto(f"{base}/trace?" + urllib.parse.urlencode({"key": "cust-3", "topic": topic}))
         hits = page.locator("#key-records tr.hit")
         assert hits.count() == 2
+        shot(page, "trace-key")
         assert {t.split(" ")[0] for t in hits.locator("td:nth-child(2)").all_inner_texts()} == {
             topic, topics.replay_topic(topic)}
         page.goto(f"{base}/trace?" + urllib.parse.urlencode({"key": "good-1", "topic": topic}))
@@ -219,6 +230,7 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
         assert sum(b'"redrive cancel"' in v for v in recorded) == 1
         assert sum(b'"redrive resume"' in v for v in recorded) == 1
         op.goto(f"{base}/audit")
+        shot(op, "audit")
         actions = op.locator("td.action").all_inner_texts()
         assert {"redrive dry run", "redrive start", "redrive cancel", "redrive resume"} <= set(actions)
         assert all(w.startswith("operator:") for w in op.locator("tr.event td:nth-child(2)").all_inner_texts())
@@ -228,6 +240,9 @@ def test_console_in_a_browser(bootstrap: str, browser: Browser, tmp_path: Path) 
             return op.locator("#history td.state").all_inner_texts()
 
         wait_until(lambda: sorted(history()) == ["cancelled", "completed"], "the runs' history")
+        shot(op, "redrive")
+        op.goto(f"{base}/quarantine")
+        shot(op, "quarantine")
 
         # ---- the Overview: the acker, the records completed, from the console's own samples
         def overview() -> str:
