@@ -32,3 +32,10 @@ def test_every_cited_section_exists() -> None:
     sections = _sections()
     assert sections >= set(range(1, 11))
     assert [(where, n) for where, n in _citations() if n not in sections] == []
+
+
+def test_the_design_stays_short() -> None:
+    """docs/design.md is the rules, at most 500 lines: measurements go to docs/benchmarks.md,
+    how-tos to the README and docs/operations.md."""
+    lines = (ROOT / "docs" / "design.md").read_text().splitlines()
+    assert len(lines) <= 500, f"docs/design.md has {len(lines)} lines"
