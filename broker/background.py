@@ -76,8 +76,7 @@ SERVICE_GC_THRESHOLDS = (50_000, 20, 10)
 """``gc.set_threshold`` of a service process: a young collection per 50 000 objects kept
 instead of per 700. A service's batches keep thousands of objects alive for a moment; at the
 default each batch set off collections that found nothing and moved its objects to the old
-generations, whose full collections then walked everything (7-10 % of a loop's CPU,
-docs/benchmarks.md)."""
+generations, whose full collections then walked everything (docs/benchmarks.md)."""
 
 
 def tune_gc_for_service() -> None:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 # --- tracking: on every data record under the guarantee (docs/design.md §3). One header:
-# librdkafka's cost of a produce grows with each header (3-5 us apiece), so the srid, record
+# librdkafka's cost of a produce grows with each header, so the srid, record
 # id, origin and attempt travel packed in ``rb-t`` (the table above; ``Tracking``).
 H_TRACKING = "rb-t"
 # The origin alone: on sink outputs (with rb-path, their output identity) and DLQ records.

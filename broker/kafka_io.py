@@ -66,7 +66,7 @@ _WARN_AFTER_S = 1.0
 PRODUCE_ARGS = ("topic", "value", "key", "partition", "on_delivery", "callback", "timestamp", "headers")
 """``Producer.produce``'s parameters in confluent-kafka's positional order (``callback`` is an
 old name of ``on_delivery``, ``timestamp`` 0 is now). The per-record produce calls pass them
-by position: keywords cost each call about 0.4 µs, a tenth of a record's produce
+by position: keywords cost each call a noticeable share of a record's produce
 (docs/benchmarks.md). ``tests/unit/test_kafka_io.py`` checks the order on the installed
 library; the unit tests' fake producers take the same order."""
 

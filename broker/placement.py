@@ -18,8 +18,8 @@ from broker.topics import Namespace, replay_topic
 MAX_KEYS = 65_536
 """Key partitions kept per topic (keys repeat: that is what keys are for); then forgotten."""
 BATCH_KEYS = 32
-"""From this many new keys in a batch, ``learn`` hashes them together (numpy): one call costs
-~60 us, one key alone 1.6-2.5 us."""
+"""From this many new keys in a batch, ``learn`` hashes them together (numpy): one call has a
+fixed cost about that of hashing this many keys one by one."""
 
 
 class Placements:

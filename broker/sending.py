@@ -105,7 +105,7 @@ def new_id_pair() -> IdPair:
 
 BATCH_IDS = 64
 """From this many records, a batch's ids are drawn together (``draw_pairs``) when P is over
-``POOLED_PARTITIONS``: one numpy pass has a fixed cost of ~100 µs."""
+``POOLED_PARTITIONS``: one numpy pass has a fixed cost that a smaller batch does not repay."""
 POOLED_PARTITIONS = 64
 """Up to this P, ids come from a pool per ledger partition (``new_id_pair_in``), each refilled
 with at least 1 024 pairs: as cheap per id as one pool."""

@@ -422,9 +422,9 @@ def xor_events(
     one aggregate without grouping: each task packs its rows, one small exchange brings the
     packed rows to one task. Folding per srid in Spark needed a shuffle of every row by ledger
     partition (a job of two full stages); the fold is a sort and an XOR-reduce over arrays on
-    the driver instead (``fold_events``), 1.4-1.6x faster per batch on 2 cores
+    the driver instead (``fold_events``), faster per batch
     (docs/benchmarks.md, "Spark: the cost of acking"). The plan is one SQL text over the row
-    frames: built from Column objects it took ~1 400 py4j round trips.
+    frames: built from Column objects it took a py4j round trip per expression.
     """
     fail_flag = F.lit(False)
     if isinstance(failed, Column):

@@ -47,22 +47,19 @@ from pyspark.sql import functions as F
 from spark_jobs.tracking import IS_REPLAY, RECORD_ID, SRID
 
 # How every pin (acking.pin, and the observer's) keeps its rows: serialized, in memory, then on
-# disk. As deserialized objects every block was sized object by object (SizeEstimator), which
-# cost more than serializing the rows (UnsafeRow bytes): a pin's cost over the plain job went
-# from 23 to 7-10 ms a batch (3 000 rows of 20 columns, a broadcast join, 36 batches each).
+# disk. As deserialized objects every block is sized object by object (SizeEstimator), which
+# costs more than serializing the rows (UnsafeRow bytes; docs/benchmarks.md).
 PIN_STORAGE = StorageLevel(True, True, False, False)
 
 PARTITION = "_rb_part"  # the column a pin_fails frame keeps: drop it with the decision's
 
 # The ids are observed as plain ``collect_list`` arrays and read here a slice at a time, as
 # decimal text. Packed in SQL instead (``packed_ids_sql``: higher-order functions, a lambda per
-# id), an observation of two lists made the batch ~20 ms slower (248 against 225 ms, 20
-# batches each, 3 000 rows), more than the whole read costs. And a slice, not the whole array: py4j
-# answers in one line, written by the JVM through an 8 kB buffer, so an answer longer than that
-# leaves in two TCP segments, and the second waits for the first's ACK, which the kernel
-# delays (Nagle's algorithm against delayed ACKs) - ~40 ms for any answer past ~8 000
-# characters (measured: 0.1 ms at 8 000, 44 ms at 12 000). 350 ids of at most 20 characters
-# and a comma stay under it.
+# id), an observation of two lists costs a batch more than the whole read. And a slice, not
+# the whole array: py4j answers in one line, written by the JVM through an 8 kB buffer, so an
+# answer longer than that leaves in two TCP segments, and the second waits for the first's
+# ACK, which the kernel delays (Nagle's algorithm against delayed ACKs). 350 ids of at most 20
+# characters and a comma stay under 8 000 characters.
 _SLICE_IDS = 350
 
 

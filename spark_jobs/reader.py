@@ -101,10 +101,8 @@ def read_with_replay(
 
     Fetches wait at most ``FETCH_MAX_WAIT_MS`` for data (the Java consumer's default is 500
     ms): a task that reads up to the end of a partition - every micro-batch of a query that
-    keeps up - otherwise waits about twice that, once the data is there (measured on the
-    bench's broker, 750 rows of each of 4 partitions: 1.2-1.4 s up to the end against 0.2-0.3
-    s elsewhere; 2 x the setting at 100 ms, none at 10). The wait applies only to a fetch that
-    finds no data: with ``fetch.min.bytes`` 1 a fetch with data returns at once.
+    keeps up - otherwise waits about twice that, once the data is there. The wait applies only
+    to a fetch that finds no data: with ``fetch.min.bytes`` 1 a fetch with data returns at once.
     """
     if check:
         check_topics(bootstrap, topic)

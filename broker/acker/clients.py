@@ -47,11 +47,10 @@ def fetch_wait_ms(partitions: int) -> int:
     An idle fetch waits this long for ``fetch.min.bytes`` and comes back empty; librdkafka
     has no incremental fetch sessions (KIP-227), so every fetch lists every owned partition
     of both inputs, and an idle fleet of ackers asks for 2 P partitions per wait whatever
-    the number of instances. At P = 1 000 and 20 ms that was 100 000 partitions a second:
-    three brokers spent most of a core serving one idle acker. The wait grows with P so
-    that stays within ``IDLE_FETCH_BUDGET``; what it adds to a completion's latency at a
-    low rate (at most the wait) is small against a commit at that P (0.5-1 s at P = 1 000 on
-    three brokers). Under load, ``fetch.min.bytes`` ends a fetch before the wait."""
+    the number of instances: at a fixed wait, the brokers' work for an idle fleet grows with
+    P. The wait grows with P so that stays within ``IDLE_FETCH_BUDGET``; what it adds to a
+    completion's latency at a low rate (at most the wait) is small against a commit at that
+    P. Under load, ``fetch.min.bytes`` ends a fetch before the wait."""
     return min(max(FETCH_WAIT_MS, 2 * partitions * 1000 // IDLE_FETCH_BUDGET), FETCH_WAIT_MAX_MS)
 
 

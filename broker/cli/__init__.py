@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 # Pydantic looks for plugins among every installed distribution's entry points when the first
-# settings class is built: ~0.3 s of every command on a small machine, for plugins this
+# settings class is built: a noticeable part of every command's start, for plugins this
 # command does not use. Set to "" to have them loaded.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
