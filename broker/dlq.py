@@ -1,6 +1,6 @@
 """The dead-letter queue ``ns.dlq``: list what is in it, redrive dead-lettered records.
 
-``ns.dlq`` holds two kinds of entries (broker.replay writes both):
+``ns.dlq`` holds two kinds of entries (broker.acker.replay writes both):
 
 - a dead-lettered **record**: a source record that failed ``max_attempts`` times. Original
   key, value and user headers, then ``rb-reason``, ``rb-attempts``, ``rb-topic``,

@@ -58,7 +58,7 @@ OUTCOME_COMPLETED = b"completed"
 OUTCOME_REPLAY = b"replay"
 OUTCOME_DLQ = b"dlq"
 
-# --- dead letters and quarantined input (broker.replay writes, broker.dlq reads)
+# --- dead letters and quarantined input (broker.acker.replay writes, broker.dlq reads)
 H_REASON = "rb-reason"
 H_ATTEMPTS = "rb-attempts"
 H_TOPIC = "rb-topic"

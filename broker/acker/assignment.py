@@ -18,18 +18,18 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from broker.acker.changelog import Changelog
+from broker.acker.changelog import ChangelogReader
 from broker.acker.commit import Transactions
 from broker.acker.config import AckerConfig
 from broker.acker.lag import ExpiryGate
 from broker.acker.live import LiveClients
 from broker.acker.reading import ReadingOrder
+from broker.acker.replay import Outgoing
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
 from broker.kafka_io import retrying
 from broker.ranges import counted
-from broker.replay import Outgoing
 from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
@@ -70,7 +70,7 @@ class Assignment:
         positions: dict[tuple[str, int], int],
         read: set[int],
         outgoing: list[tuple[int, Outgoing]],
-        changelog: Changelog,
+        changelog: ChangelogReader,
         restores: Restores,
         expiry: ExpiryGate,
         reading: ReadingOrder,

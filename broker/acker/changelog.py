@@ -110,7 +110,7 @@ class RestoreJob:
     began: float = field(default_factory=time.monotonic)
 
 
-class Changelog:
+class ChangelogReader:
     """Reads ``ns.ledger`` partitions: full restores, catch-ups, and standby tails."""
 
     def __init__(

@@ -46,13 +46,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from broker import kafka_io
 from broker.acker.live import LiveClients
 from broker.acker.refusals import Refusals
+from broker.acker.replay import Outgoing
 from broker.acker.replay_topics import ReplayTopics, Unknown
 from broker.acker.state import PartitionState
 from broker.headers import H_OUTCOME, OUTCOME_COMPLETED
 from broker.kafka_errors import Meaning, means
 from broker.ledger.clock import Ticker
 from broker.ledger.entries import DEFERRED, FAILED, Entries
-from broker.replay import Outgoing
 from broker.schemas import COUNTERS_KEY, LedgerCounters, encode_ledger_entries
 from broker.topics import Namespace
 

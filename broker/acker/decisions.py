@@ -1,6 +1,6 @@
 """Failure decisions at commit time: which entries failed (timeouts, explicit fail marks),
-and what becomes of each - a replay or a dead letter (broker.replay.decide). Each follows a
-row of the fate table (broker.fate, docs/design.md §6), picked by name: ``REPLAYED``,
+and what becomes of each - a replay or a dead letter (broker.acker.replay.decide). Each follows a
+row of the fate table (broker.acker.fate, docs/design.md §6), picked by name: ``REPLAYED``,
 ``HELD``, ``DEAD_LETTERED``, ``DEFERRED``, ``LOST`` or ``QUARANTINED``.
 
 Replays are produced in the order their originals were persisted, not the order they leave
@@ -36,16 +36,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from broker import fate, ids
+from broker import ids
+from broker.acker import fate
 from broker.acker.config import AckerConfig
+from broker.acker.fate import Outcome, Reason, Row
 from broker.acker.payloads import PayloadCache, PersistFetcher, Unreadable
+from broker.acker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.acker.replay_topics import ReplayTopics, Unknown
 from broker.acker.state import Ended, PartitionState, Turn, Watch
 from broker.errors import DecodeError
-from broker.fate import Outcome, Reason, Row
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
-from broker.replay import Outgoing, Subject, decide, lost_payload_record, quarantine_record
 from broker.schemas import PersistedRecord
 from broker.topics import Namespace
 
@@ -373,7 +374,7 @@ class Decider:
         return _Ready(lp, failure.srid, failure.offset, failure.reason, payload, record, fetched)
 
     def _fate(self, c: _Commit, st: PartitionState, r: _Ready) -> tuple[Row, int]:
-        """The row of the fate table (broker.fate) that ``r`` follows now, and the tick it
+        """The row of the fate table (broker.acker.fate) that ``r`` follows now, and the tick it
         waits until when it waits (DEFERRED, HELD)."""
         if c.horizon is not None and r.record.created_ms > c.horizon:
             if r.record.attempt < r.record.max_attempts and r.reason is not Reason.REJECTED:
@@ -480,7 +481,7 @@ class Decider:
             st.count("dlq_held", int(row is fate.HELD))
             c.wait(r.lp, r, tick)
             return
-        self._decide_record(c, st, r)  # REPLAYED or DEAD_LETTERED: broker.replay.decide
+        self._decide_record(c, st, r)  # REPLAYED or DEAD_LETTERED: broker.acker.replay.decide
 
     @staticmethod
     def _defer(st: PartitionState, waits: list[_Wait]) -> None:
@@ -582,7 +583,7 @@ class Decider:
         st.tombstones.append(((srid,), fate.QUARANTINED.tombstone))
 
     def _decide_record(self, c: _Commit, st: PartitionState, r: _Ready) -> None:
-        """A replay (watched) or a dead letter: ``broker.replay.decide``."""
+        """A replay (watched) or a dead letter: ``broker.acker.replay.decide``."""
         record = r.record
         refused = self.refused.get(r.srid)
         count = self.topics.partitions(record.topic)  # known for a replay (``_settle``); a dead letter needs none

@@ -1,7 +1,7 @@
 """The rule's domain: which persist values the acker may register at all.
 
 A record's fate follows from a few of its fields: ``attempt`` against ``max_attempts``
-decides replay or dead letter (``broker.replay.decide``), the deadline (created_ms +
+decides replay or dead letter (``broker.acker.replay.decide``), the deadline (created_ms +
 timeout_ms) when it times out, ``partitioner`` how the replay is placed. A value outside
 their domain would be registered, timed out and replayed as it is - an attempt of -2^31 that
 nobody acks would be replayed 2^31 times instead of dead-lettered. So the acker checks them
@@ -78,7 +78,7 @@ def placement_error(placement: bytes, replay_partitions: ReplayPartitions | None
     replayed (None: it can). A replay goes to the key-hash partition of the topic's replay
     topic, so the partition must be one of that topic's. A replay topic that does not exist
     is no reason: a record that completes needs none, and one that fails is dead-lettered then
-    with that reason (broker.replay.decide) - it may have been created meanwhile."""
+    with that reason (broker.acker.replay.decide) - it may have been created meanwhile."""
     decoded = decode_placement(placement)
     if decoded is None:
         return "persist record ends before its topic and key_hash_partition"

@@ -1,7 +1,7 @@
 """Ingest: persist records and XOR batches, decoded in bulk and folded into the tables.
 
 Bad input never stops the acker: an undecodable, misrouted or srid-0 message is counted as
-``quarantined`` and kept byte for byte in ``ns.dlq`` (broker.replay.quarantine_record). In an
+``quarantined`` and kept byte for byte in ``ns.dlq`` (broker.acker.replay.quarantine_record). In an
 XorBatch for the right partition only the bad pairs are: the good ones are folded.
 """
 
@@ -14,6 +14,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker.acker.domain import ReplayPartitions, domain_errors, placement_errors, topic_of
 from broker.acker.payloads import PayloadCache
+from broker.acker.replay import Outgoing, quarantine_record
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_COMPLETED
@@ -21,7 +22,6 @@ from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
 from broker.ledger.outages import BEAT_BOUND_MS
 from broker.ledger.table import Removed
-from broker.replay import Outgoing, quarantine_record
 from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
     OUTAGE_BEAT_KEY,

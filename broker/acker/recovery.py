@@ -15,7 +15,7 @@ import threading
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.acker.assignment import Assignment
-from broker.acker.changelog import Changelog
+from broker.acker.changelog import ChangelogReader
 from broker.acker.commit import Transactions, is_cut_off, is_fenced
 from broker.acker.decisions import Decider
 from broker.acker.live import LiveClients
@@ -46,7 +46,7 @@ class Recovery:
         states: dict[int, PartitionState],
         totals: dict[str, int],
         committed_totals: dict[str, int],
-        changelog: Changelog,
+        changelog: ChangelogReader,
         restores: Restores,
         transactions: Transactions,
         refusals: Refusals,

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, Message
 
+from broker.acker.replay import Outgoing, Subject, stripped
 from broker.errors import ReplayBrokerError
 from broker.kafka_errors import Meaning, means
-from broker.replay import Outgoing, Subject, stripped
 
 MAX_DLQ_LEVEL = 2  # 1: without the value; 2: without key, value, history, original headers
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from broker.acker.changelog import MAX_READING, Changelog, RestoreJob
+from broker.acker.changelog import MAX_READING, ChangelogReader, RestoreJob
 from broker.acker.state import PartitionState
 from broker.acker.unlogged import Register, Unlogged, UnloggedJob
 from broker.ranges import counted
@@ -61,7 +61,7 @@ Starts = Callable[[list[TopicPartition], float], list[TopicPartition] | None]
 
 
 class Restores:
-    def __init__(self, changelog: Changelog, starts: Starts, register: Register) -> None:
+    def __init__(self, changelog: ChangelogReader, starts: Starts, register: Register) -> None:
         self.changelog = changelog
         self._starts = starts
         self.unlogged = Unlogged(changelog.ns, changelog, register)

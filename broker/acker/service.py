@@ -39,7 +39,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from broker.acker import superseding
 from broker.acker.assignment import Assignment, committed_starts, restore_slice
-from broker.acker.changelog import Changelog
+from broker.acker.changelog import ChangelogReader
 from broker.acker.clients import AckerClients
 from broker.acker.commit import Batch, Transactions, positions_of, take_changes
 from broker.acker.config import AckerConfig
@@ -52,6 +52,7 @@ from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.reading import ReadingOrder
 from broker.acker.recovery import Recovery
 from broker.acker.refusals import Refusals
+from broker.acker.replay import Outgoing
 from broker.acker.restoring import Restores
 from broker.acker.state import COUNTERS, PartitionState
 from broker.background import running
@@ -69,7 +70,6 @@ from broker.metrics import (
     serve,
 )
 from broker.ranges import ranges
-from broker.replay import Outgoing
 from broker.settings import KafkaSettings
 from broker.topics import Namespace
 
@@ -165,7 +165,7 @@ class Acker:
         # Watermarks of many partitions in one admin request (a restore or a revoke of 1 000
         # partitions asks them all at once).
         marks = functools.partial(kafka.watermarks, committed=False)
-        self.changelog = Changelog(ns, self.ticker, self.totals, restorer, standby, self.clock, marks)
+        self.changelog = ChangelogReader(ns, self.ticker, self.totals, restorer, standby, self.clock, marks)
         # One latency estimate per source topic for the whole process (timeout "auto").
         self.adaptive = AdaptiveTimeouts(self.config.adaptive)
         self.decider = Decider(

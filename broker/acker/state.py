@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from broker.fate import Reason
+from broker.acker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.outages import ClockStops
 from broker.ledger.table import LedgerTable

@@ -40,9 +40,9 @@ import numpy as np
 
 from broker import ids
 from broker.acker.payloads import PayloadCache
+from broker.acker.replay import Outgoing
 from broker.acker.state import PartitionState
 from broker.headers import OUTCOME_COMPLETED
-from broker.replay import Outgoing
 from broker.schemas import XorBatch
 from broker.topics import Namespace
 

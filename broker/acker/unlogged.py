@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from broker.acker.changelog import Changelog
+from broker.acker.changelog import ChangelogReader
 from broker.acker.state import PartitionState
 from broker.topics import Namespace
 
@@ -68,7 +68,7 @@ class UnloggedJob:
 class Unlogged:
     """Reads the restore floor's suffix of ``ns.persist`` with the changelog's restorer."""
 
-    def __init__(self, ns: Namespace, changelog: Changelog, register: Register) -> None:
+    def __init__(self, ns: Namespace, changelog: ChangelogReader, register: Register) -> None:
         self.ns = ns
         self.changelog = changelog
         self.register = register

@@ -59,7 +59,7 @@ from broker.bench.progress import Progress
 
 
 @dataclass(frozen=True)
-class Plan:
+class BenchPlan:
     """How big each section is: ``--quick`` (CI smoke, ~60-90 s on 2 cores) or full."""
 
     quick: bool
@@ -109,7 +109,7 @@ class Plan:
     console_repeat: int = 20
 
     @classmethod
-    def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> Plan:
+    def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> BenchPlan:
         if quick:
             return cls(True, 4.0, 1.0, 5.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
                        6_000, 48.0, redrive_dead=1_000, redrive_window_s=5.0,
@@ -263,7 +263,7 @@ def run(options: Options) -> dict[str, Any]:
     """Run the sections; write the JSON, Markdown and PNGs; return the result object."""
     from broker.settings import KafkaSettings
 
-    plan = Plan.make(options.quick, options.replay_timeout_ms)
+    plan = BenchPlan.make(options.quick, options.replay_timeout_ms)
     weights = {k: v for k, v in plan.weights().items() if k == "kafka" or k in options.sections}
     progress = Progress(weights, enabled=options.progress)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -406,7 +406,7 @@ def run(options: Options) -> dict[str, Any]:
     return result
 
 
-def _kafka_sections(env: Env, plan: Plan, options: Options, figures: Figures, details: dict[str, Any],
+def _kafka_sections(env: Env, plan: BenchPlan, options: Options, figures: Figures, details: dict[str, Any],
                     series: dict[str, Any], guarded: Any) -> None:
     from broker.bench.adaptive import measure_adaptive
     from broker.bench.pipeline import (

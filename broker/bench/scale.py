@@ -139,7 +139,7 @@ def commit_totals(port: int) -> tuple[float, float]:
 
 
 @dataclass
-class Window:
+class ScaleWindow:
     sent: int
     seconds: float
     completed: dict[int, int]  # per ledger partition
@@ -228,7 +228,7 @@ class _Run:
         wait_until(lambda: self.mark().total - start >= n, timeout, [*self.ackers.values(), *self.others],
                    "the warm-up records to complete")
 
-    def window(self, source: Proc, rate: float, seconds: float) -> Window:
+    def window(self, source: Proc, rate: float, seconds: float) -> ScaleWindow:
         """Send at ``rate`` for ``seconds``, wait until every record is completed."""
         names = list(self.ackers)
         # The commit histograms are scraped outside the CPU snapshots: a scrape is the
@@ -249,7 +249,7 @@ class _Run:
         c1 = {n: cpu_s(self.ackers[n].popen.pid) for n in names}
         k1 = {n: commit_totals(self.ports[n]) for n in names}
         commit_ms = {n: 1000 * (k1[n][0] - k0[n][0]) / (k1[n][1] - k0[n][1]) for n in names if k1[n][1] > k0[n][1]}
-        return Window(sent, time.monotonic() - t0, {lp: m1.counts[lp] - m0.counts.get(lp, 0) for lp in m1.counts},
+        return ScaleWindow(sent, time.monotonic() - t0, {lp: m1.counts[lp] - m0.counts.get(lp, 0) for lp in m1.counts},
                       {n: c1[n] - c0[n] for n in names}, commit_ms, self.owners())
 
     def status_s(self) -> float:

@@ -24,7 +24,7 @@ from broker import ids
 from broker.headers import tracking_headers
 from broker.markers import SupersededMarkers
 from broker.task import Task, TaskConfig, TaskCounters
-from broker.task_acks import Events
+from broker.task.acks import Events
 from broker.topics import Namespace
 
 

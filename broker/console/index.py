@@ -136,7 +136,7 @@ class Selection:
 
 
 @dataclass
-class Row:
+class EntryRow:
     part: int
     off: int
     at_ms: int
@@ -165,7 +165,7 @@ class Row:
 
 @dataclass
 class Page:
-    rows: list[Row]
+    rows: list[EntryRow]
     total: int
     next_cursor: str | None
     quarantined: int = 0
@@ -176,8 +176,8 @@ def _headers_json(headers: Iterable[tuple[str, bytes | None]]) -> str:
     return orjson.dumps([[name, None if v is None else v.hex()] for name, v in headers]).decode()
 
 
-def _row(r: sqlite3.Row) -> Row:
-    return Row(
+def _row(r: sqlite3.Row) -> EntryRow:
+    return EntryRow(
         part=r["part"], off=r["off"], at_ms=r["at_ms"], kind=r["kind"], reason=r["reason"], topic=r["topic"],
         key=r["key"], origin=None if r["origin"] is None else int(r["origin"]), attempts=r["attempts"],
         history=orjson.loads(r["history"]),
@@ -187,7 +187,7 @@ def _row(r: sqlite3.Row) -> Row:
     )
 
 
-def encode_cursor(row: Row) -> str:
+def encode_cursor(row: EntryRow) -> str:
     return f"{row.at_ms}.{row.part}.{row.off}"
 
 
@@ -349,7 +349,7 @@ class Index:
         out = [_row(r) for r in rows[:size]]
         return Page(out, total, encode_cursor(out[-1]) if len(rows) > size else None, quarantined)
 
-    def get(self, part: int, off: int) -> Row | None:
+    def get(self, part: int, off: int) -> EntryRow | None:
         with self._lock:
             r = self._db.execute(
                 "SELECT e.*, m.new_srid AS new_srid, m.at_ms AS m_at_ms FROM entry e "
@@ -358,7 +358,7 @@ class Index:
             ).fetchone()
         return None if r is None else _row(r)
 
-    def plan(self, f: Filter, sample: int = 10) -> tuple[list[bytes], dict[str, int], list[Row], Selection]:
+    def plan(self, f: Filter, sample: int = 10) -> tuple[list[bytes], dict[str, int], list[EntryRow], Selection]:
         """What a redrive of ``f`` takes: records not redriven yet -> (their marker keys,
         how many per data topic, the newest ``sample``, the selection that takes them again)."""
         with self._lock:
@@ -440,5 +440,5 @@ class Index:
         with self._lock:
             return int(self._db.execute("SELECT count(*) FROM entry").fetchone()[0])
 
-    def by_key(self, key: bytes, limit: int = 20) -> list[Row]:
+    def by_key(self, key: bytes, limit: int = 20) -> list[EntryRow]:
         return self.page(Filter(key=key), kind=None, size=limit).rows

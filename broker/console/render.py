@@ -122,14 +122,14 @@ def line_chart(title: str, points: list[tuple[float, float]], now: float, *, spa
 
 
 @dataclass(frozen=True)
-class Mark:
+class TimelineMark:
     x: float
     y: float
     kind: str  # created, decided, replayed, dead-lettered
     label: str  # shown as a <title> (escaped like any text)
 
 
-Timeline = tuple[list[Mark], list[tuple[float, float, float]], int, tuple[int, int] | None]
+Timeline = tuple[list[TimelineMark], list[tuple[float, float, float]], int, tuple[int, int] | None]
 
 
 def timeline(result: dict[str, Any], width: int = 760) -> Timeline:
@@ -154,7 +154,7 @@ def timeline(result: dict[str, Any], width: int = 760) -> Timeline:
     t0 = min(e[0] for e in events)
     t1 = max(e[0] for e in events)
     span = max(t1 - t0, 1)
-    marks = [Mark(20 + (width - 40) * (at - t0) / span, 20 + row * 28, kind, label) for at, row, kind, label in events]
+    marks = [TimelineMark(20 + (width - 40) * (at - t0) / span, 20 + row * 28, kind, label) for at, row, kind, label in events]
     spans = []
     for row in range(rows + 1):
         xs = [m.x for m in marks if m.y == 20 + row * 28]

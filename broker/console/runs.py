@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker import dlq
-from broker.console.index import Filter, Index, Row, Selection
+from broker.console.index import EntryRow, Filter, Index, Selection
 from broker.errors import ConfigurationError, ReplayBrokerError
 from broker.settings import KafkaSettings
 
@@ -45,7 +45,7 @@ class Plan:
     filter: Filter
     keys: tuple[bytes, ...]
     per_topic: dict[str, int]
-    sample: list[Row]
+    sample: list[EntryRow]
     by: str
     at: float
     selection: Selection

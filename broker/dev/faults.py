@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from broker.task import Task, TaskContext
-from broker.task_acks import Events, TaskAcks
+from broker.task.acks import Events, TaskAcks
 
 
 class _LosingAcks:
@@ -60,7 +60,9 @@ def skip_ack(ctx: TaskContext) -> None:
     input is left as it is: it has no event to lose."""
     tracking = ctx.record.tracking
     if tracking is not None and ctx.failed is None:
-        _losing(ctx._task).lost[tracking.srid] += 1
+        task = ctx._task
+        assert isinstance(task, Task), "skip_ack needs a TaskContext of a Task"
+        _losing(task).lost[tracking.srid] += 1
 
 
 def skipped_acks(task: Task) -> int:

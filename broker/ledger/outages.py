@@ -1,7 +1,7 @@
 """The timeout clock of a ledger partition stops while a task is in an outage (docs/design.md
 §6, *Outages*).
 
-A task whose dependency is down (``TaskConfig.outage``, ``broker.outage``) pauses its inputs.
+A task whose dependency is down (``TaskConfig.outage``, ``broker.task.outage``) pauses its inputs.
 The records queued unread behind it - on its input topics, or still on a topic before it -
 cannot complete meanwhile, and the task cannot name them: it has not read them. So it reports
 the outage instead, to every ledger partition: an *outage beat* on each ``ns.acks[i]``, "in an
@@ -57,7 +57,7 @@ FLOOR_KEY = "outage.floor_ms"  # below it no stop is added again (``ClockStops.f
 MAX_STOPS = 16
 
 #: A beat stops the clock at most this long either side of its own timestamp: its cover is a
-#: few seconds ahead (broker.outage.BEAT_COVER_MS), its start at most a gap of lost beats
+#: few seconds ahead (broker.task.outage.BEAT_COVER_MS), its start at most a gap of lost beats
 #: back; a beat "since" long ago, or covering far ahead, is a writer's bug (or forged).
 BEAT_BOUND_MS = 10_000
 

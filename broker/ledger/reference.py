@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker.fate import Outcome, Reason
+from broker.acker.fate import Outcome, Reason
 from broker.ledger.outages import BEAT_BOUND_MS
 from broker.ledger.table import (
     DEFERRED,

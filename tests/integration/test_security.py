@@ -159,11 +159,11 @@ def test_console_principal_reads_with_its_role_and_redrives_only_when_enabled(se
     """The console's least ACLs: under its own principal it indexes the DLQ, samples the
     status, traces and writes its audit log; a redrive fails on the broker's refusal until the
     role's --redrive ACLs are added, and then sends the record to its replay topic."""
+    from broker.acker.replay import dlq_record
     from broker.console.auth import Authenticator
     from broker.console.index import Filter
     from broker.console.server import build
     from broker.ids import new_id
-    from broker.replay import dlq_record
     from broker.schemas import Failure, PersistedRecord
 
     ns = topics.Namespace(unique_name("seccon"))

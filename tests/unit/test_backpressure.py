@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.backpressure import PendingWindow
+from broker.source.backpressure import PendingWindow
 
 
 def test_completion_frees_a_slot() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from broker import ids
+from broker.acker.replay import Outgoing, dlq_record, quarantine_record
 from broker.dlq import (
     QUARANTINE,
     RECORD,
@@ -18,7 +19,6 @@ from broker.dlq import (
     format_entry,
     plan_redrive,
 )
-from broker.replay import Outgoing, dlq_record, quarantine_record
 from broker.schemas import Failure, PersistedRecord
 from broker.topics import Namespace
 from broker.trace import parse_id

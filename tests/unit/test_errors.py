@@ -22,7 +22,7 @@ from broker.errors import (
 from broker.kafka_io import client_error, kafka_error, kafka_errors
 from broker.settings import KafkaSettings
 from broker.source import Source
-from broker.task import _no_handler
+from broker.task.records import _no_handler
 from broker.topics import Namespace
 from tests.unit.fakes import FakeKafka
 

@@ -86,8 +86,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import broker.acker.service
 from broker import ids
 from broker.acker import Acker, AckerConfig
+from broker.acker.fate import Outcome, Reason
 from broker.acker.replay_topics import UNKNOWN, ReplayTopics
-from broker.fate import Outcome, Reason
 from broker.headers import AUTO_TIMEOUT_MS, outcome_of
 from broker.ledger.clock import ManualClock
 from broker.ledger.entries import DEFERRED

@@ -1,4 +1,4 @@
-"""The fate table in code (``broker.fate.TABLE``) is the table of docs/design.md §6, row by row:
+"""The fate table in code (``broker.acker.fate.TABLE``) is the table of docs/design.md §6, row by row:
 its states, condition, input, gating, next state and tombstone - so the two cannot drift."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker import fate
-from broker.fate import ANY, TABLE, Condition, Input, Outcome, Reason, Row, State
+from broker.acker import fate
+from broker.acker.fate import ANY, TABLE, Condition, Input, Outcome, Reason, Row, State
 from broker.headers import OUTCOME_COMPLETED, OUTCOME_DLQ, OUTCOME_REPLAY
 
 DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"

@@ -144,3 +144,26 @@ def test_services_import_no_development_only_module() -> None:
 def test_broker_services_run_without_spark_and_test_packages(forbidden: tuple[str, ...]) -> None:
     """A service image installs without the ``spark`` and ``test`` extras."""
     assert _violations(forbidden, ("broker",)) == []
+
+
+def test_no_two_classes_of_broker_share_a_name() -> None:
+    """A class name says one thing in ``broker/``: a reader who meets ``Changelog`` knows
+    which one it is."""
+    where: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        if not name.startswith("broker"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(name)
+    assert {n: m for n, m in where.items() if len(m) > 1} == {}
+
+
+def test_every_package_is_shipped() -> None:
+    """pyproject.toml lists the packages a wheel holds: a room added to ``broker/`` must be
+    among them, or an installed broker cannot import it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module_name(p.parent / "__init__.py") for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")}
+    assert found - listed == set()

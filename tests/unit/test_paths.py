@@ -24,8 +24,8 @@ class _Producing:
     def __init__(self) -> None:
         self.produced: list[dict[str, Any]] = []
 
-    def _produce(self, topic: str, **kwargs: Any) -> None:
-        self.produced.append({"topic": topic, **kwargs})
+    def emit_record(self, topic: str, record: dict[str, Any]) -> None:
+        self.produced.append({"topic": topic, **record})
 
     def serde(self, _topic: str) -> Serde:
         return BYTES

@@ -1,18 +1,18 @@
-"""A source's placements (broker.placement): the persist record's placement fields encoded per
+"""A source's placements (broker.source.placement): the persist record's placement fields encoded per
 partition, and the known key partitions a batch looks up without a call."""
 
 from __future__ import annotations
 
 import pytest
 
-import broker.placement
+import broker.source.placement
 from broker.partitioning import get_partitioner
-from broker.placement import Placements
 from broker.schemas import avro_placement
+from broker.source.placement import Placements
 from broker.topics import Namespace
 
 
-def _placements(max_keys: int = broker.placement.MAX_KEYS) -> Placements:
+def _placements(max_keys: int = broker.source.placement.MAX_KEYS) -> Placements:
     placements = Placements(Namespace("unit"), {"b": "murmur2_random"}, lambda names: dict.fromkeys(names),
                             max_keys=max_keys)
     placements.partitions.update({"a": 4, "b": 3})  # as if checked on the cluster
@@ -48,7 +48,7 @@ def test_a_batch_learns_its_new_keys_together(monkeypatch: pytest.MonkeyPatch) -
     partition_many = type(kafka).partition_many
     monkeypatch.setattr(type(kafka), "partition_many",
                         lambda self, keys, n: calls.append(len(keys)) or partition_many(self, keys, n))
-    few = [(b"f%d" % i, b"v") for i in range(broker.placement.BATCH_KEYS - 1)]
+    few = [(b"f%d" % i, b"v") for i in range(broker.source.placement.BATCH_KEYS - 1)]
     placements.learn("a", [k for k, _ in few])  # too few to hash together: key_hash_partition does them
     assert placements.known_keys("a") == {} and calls == []
     records = [(b"k%d" % (i % 50), b"v") for i in range(200)] + [("text", b"v"), (None, b"v")]

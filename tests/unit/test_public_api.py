@@ -21,7 +21,7 @@ def test_the_root_exports_what_a_pipeline_is_written_with() -> None:
     from broker import Acker, KafkaSettings, Source, Task
 
     assert (Source.__module__, Task.__module__, Acker.__module__, KafkaSettings.__module__) == (
-        "broker.source", "broker.task", "broker.acker.service", "broker.settings")
+        "broker.source.client", "broker.task.service", "broker.acker.service", "broker.settings")
 
 
 def test_every_error_a_user_can_catch_is_exported() -> None:

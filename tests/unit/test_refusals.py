@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 from confluent_kafka import KafkaError
 
+from broker.acker.fate import Outcome, Reason
 from broker.acker.refusals import Refusals
+from broker.acker.replay import Decision, decide
 from broker.errors import ReplayBrokerError
-from broker.fate import Outcome, Reason
 from broker.headers import H_HISTORY, H_ORIGIN, H_REASON
-from broker.replay import Decision, decide
 from broker.schemas import PersistedRecord
 from broker.topics import Namespace
 

@@ -1,4 +1,4 @@
-"""Replay decisions (broker.replay, docs/design.md §6): pure functions of the failed attempt's
+"""Replay decisions (broker.acker.replay, docs/design.md §6): pure functions of the failed attempt's
 PersistedRecord - no Kafka. A replay is a fresh attempt on ``<topic>.replay`` at the same
 key-hash partition; after ``max_attempts`` the record is dead-lettered with its history."""
 
@@ -10,8 +10,9 @@ import orjson
 import pytest
 
 from broker import ids
+from broker.acker.fate import Outcome, Reason
 from broker.acker.payloads import PayloadCache
-from broker.fate import Outcome, Reason
+from broker.acker.replay import Decision, decide, quarantine_record
 from broker.headers import (
     H_ATTEMPTS,
     H_HISTORY,
@@ -22,7 +23,6 @@ from broker.headers import (
     H_TOPIC,
     Tracking,
 )
-from broker.replay import Decision, decide, quarantine_record
 from broker.schemas import Failure, PersistedRecord
 from broker.topics import Namespace
 

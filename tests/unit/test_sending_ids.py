@@ -1,4 +1,4 @@
-"""A source's ids (broker.sending): drawn in bulk with their encodings, never the same in two
+"""A source's ids (broker.source.sending): drawn in bulk with their encodings, never the same in two
 processes - a forked child that reused its parent's pool would send the same srids and
 record ids, and the same ids XORed twice cancel in the ledger."""
 
@@ -8,10 +8,11 @@ import os
 
 import numpy as np
 
-from broker import ids, sending
+from broker import ids
 from broker.headers import H_TRACKING, Tracking
 from broker.schemas import avro_long
-from broker.sending import SendResult, first_results, new_id_pair
+from broker.source import sending
+from broker.source.sending import SendResult, first_results, new_id_pair
 
 
 def test_a_source_id_comes_with_its_encodings() -> None:

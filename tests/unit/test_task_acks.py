@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from broker import ids
 from broker.schemas import XorBatch
 from broker.task import TaskCounters
-from broker.task_acks import Events, TaskAcks
+from broker.task.acks import Events, TaskAcks
 
 SRIDS = st.integers(-(2**63), 2**63 - 1).filter(bool)
 

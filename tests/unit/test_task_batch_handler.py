@@ -12,7 +12,7 @@ from broker.errors import ConfigurationError
 from broker.headers import Tracking
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
-from broker.task_acks import Events, TaskAcks
+from broker.task.acks import Events, TaskAcks
 from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_interval_commit import Consumer, Message, Producer
 

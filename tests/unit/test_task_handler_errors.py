@@ -13,7 +13,7 @@ from broker.retry import checked_retry_after_ms
 from broker.schemas import XorBatch
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
-from broker.task_acks import Events, TaskAcks
+from broker.task.acks import Events, TaskAcks
 from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_batch_handler import _by_srid, _inputs, _task
 from tests.unit.test_task_interval_commit import Consumer, Producer

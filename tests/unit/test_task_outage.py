@@ -1,4 +1,4 @@
-"""A dependency that is down (broker.outage, ``TaskConfig.outage``): the input is put back - its
+"""A dependency that is down (broker.task.outage, ``TaskConfig.outage``): the input is put back - its
 partition sought back to it, nothing of it acked, failed or committed, every partition paused,
 the records held touched - and tried again after a back-off; the first input that goes through
 ends the outage; one still in it after ``outage_max_ms`` is failed as any failure. No Kafka:
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-import broker.task
+import broker.task.service
 from broker.errors import ConfigurationError
 from broker.headers import Tracking
 from broker.retry import RetryPolicy
 from broker.settings import KafkaSettings
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
-from broker.task_acks import Events, TaskAcks
+from broker.task.acks import Events, TaskAcks
 from tests.unit.fakes import FakeKafka
 from tests.unit.test_task_interval_commit import Message, Producer
 
@@ -196,7 +196,7 @@ def test_an_outage_sends_a_beat_at_once_then_every_second_never_past_outage_max_
     beats: list[tuple[int, int]] = []
     monkeypatch.setattr(TaskAcks, "outage_beat", lambda _self, since, until: beats.append((since, until)))
     wall = {"ms": 1_700_000_000_000}
-    monkeypatch.setattr(broker.task.time, "time", lambda: wall["ms"] / 1000)
+    monkeypatch.setattr(broker.task.service.time, "time", lambda: wall["ms"] / 1000)
     task.handle_batch([Message(0, 1)])
     since = task._outage.since_ms
     assert since is not None and beats == [(since, wall["ms"] + 3_000)]  # at once, covering 3 s ahead
@@ -224,7 +224,7 @@ def test_the_beat_goes_to_every_ledger_partition_with_its_key() -> None:
             produced.append((topic, kwargs))
 
     outputs = type("Outputs", (), {"producer": Recording({})})()
-    acks = TaskAcks(outputs, "unit.acks", "g", broker.task.TaskCounters(), lambda: 3)  # type: ignore[arg-type]
+    acks = TaskAcks(outputs, "unit.acks", "g", broker.task.service.TaskCounters(), lambda: 3)  # type: ignore[arg-type]
     acks.outage_beat(1_000, 4_000)
     assert [(t, k["partition"], k["key"]) for t, k in produced] == [("unit.acks", p, OUTAGE_BEAT_KEY) for p in range(3)]
     assert OutageBeat.decode(produced[0][1]["value"]) == OutageBeat("g", 1_000, 4_000)

@@ -14,10 +14,10 @@ from confluent_kafka import KafkaError
 from broker import delivery
 from broker.delivery import Outputs
 from broker.headers import tracking_headers
-from broker.outage import Outage
 from broker.schemas import XorBatch
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
-from broker.task_acks import TaskAcks
+from broker.task.acks import TaskAcks
+from broker.task.outage import Outage
 from broker.topics import Namespace
 
 NS = Namespace("unit")

@@ -22,7 +22,7 @@ from typing import TypeAlias
 import orjson
 
 from broker import ids
-from broker.fate import Outcome, Reason
+from broker.acker.fate import Outcome, Reason
 from broker.headers import (
     AUTO_B,
     AUTO_TIMEOUT_MS,

@@ -16,13 +16,13 @@ import numpy as np
 from confluent_kafka import KafkaException, Producer
 
 from broker import ids, kafka_io
-from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
 from broker.errors import DeliveryError
 from broker.headers import AUTO_TIMEOUT_MS, H_TRACKING, Headers, as_bytes, user_headers
-from broker.placement import Placements
 from broker.retry import RetryPolicy
 from broker.schemas import FirstAttempts, avro_headers, encode_first_persisted, first_attempt_ids
+from broker.source.backpressure import Backpressure
+from broker.source.placement import Placements
 from broker.topics import Namespace
 
 

@@ -16,29 +16,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Self
+from collections.abc import Iterable, Iterator
+from typing import Any, Self
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from broker import ids
 from broker.background import running
 from broker.delivery import Outputs
 from broker.errors import ConfigurationError, KafkaClientError
 from broker.headers import (
-    H_ORIGIN,
-    H_PATH,
-    H_TRACKING,
-    Headers,
     Tracking,
-    as_bytes,
-    child_path_header,
-    path_of,
     tracking_of,
-    user_headers,
 )
-from broker.ids import encode_id
 from broker.kafka_errors import Meaning, kafka_error, means
 from broker.kafka_io import (
     CONSUMER_PROTOCOL,
@@ -50,12 +39,23 @@ from broker.kafka_io import (
 from broker.kafka_port import KafkaClients, KafkaPort, setup_consumer_group
 from broker.markers import SupersededMarkers
 from broker.metrics import MetricsServer, TaskMetrics, serve
-from broker.outage import Outage
-from broker.retry import RetryPolicy, checked_retry_after_ms
-from broker.serde import BYTES, Serde
+from broker.serde import Serde
 from broker.settings import KafkaSettings
-from broker.task_acks import Events, TaskAcks
-from broker.topics import REPLAY_SUFFIX, Namespace, replay_topic
+from broker.task.acks import Events, TaskAcks
+from broker.task.config import TaskConfig, TaskCounters, without_replay_topics
+from broker.task.outage import Outage
+from broker.task.records import (
+    BatchHandler,
+    Handler,
+    Offsets,
+    PutBack,
+    TaskContext,
+    TaskRecord,
+    _no_handler,
+    fail_all,
+    settle,
+)
+from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -65,310 +65,6 @@ _new_tuple = tuple.__new__
 # How long a revocation waits for a coordinator that cannot take the commit of the partitions
 # that go: well inside max.poll.interval.ms (the rebalance waits for the callback meanwhile).
 _REVOKE_COMMIT_S = 10.0
-
-
-class _PutBack(Exception):  # a signal inside handle_batch, never raised out of it
-    """The handler met an outage exception (``TaskConfig.outage``): put ``records`` back."""
-
-    def __init__(self, records: list[TaskRecord]) -> None:
-        super().__init__()
-        self.records = records
-
-class TaskRecord(NamedTuple):
-    """One input of a handler: where it was read, its key, value (bytes) and headers, and its
-    tracking (None for an untracked record). ``decoded()`` is the value through the task's
-    serde (``TaskConfig.serde``)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    tracking: Tracking | None
-    serde: Serde = BYTES
-
-    def decoded(self) -> Any:
-        """The value deserialized by the task's serde (decoded on each call); raises
-        ``SerializationError`` - which fails the input - when it cannot be."""
-        return self.serde.deserialize(self.value)
-
-
-def _record(
-    key: bytes | str | None, value: Any, headers: list[tuple[str, bytes | None]], partition: int | None, serde: Serde
-) -> dict[str, Any]:
-    """Produce arguments of one record; no partition lets the producer's partitioner choose."""
-    kwargs: dict[str, Any] = {"key": as_bytes(key), "value": serde.serialize(value), "headers": headers}
-    if partition is not None:
-        kwargs["partition"] = partition
-    return kwargs
-
-
-class TaskContext:
-    """Handed to user code for one input record. A pipeline's records end in one of three
-    ways: ``emit`` a child into a topic another task reads (tracked: the tree waits for it);
-    ``output`` a record out of the pipeline (untracked: the last hop); or neither - the
-    handler wrote to the outside world itself - and return. Returning acks the input;
-    ``fail`` replays it instead, ``reject`` dead-letters it at once."""
-
-    __slots__ = ("_task", "children", "children_xor", "failed", "record", "rejected", "retry_after_ms")
-
-    def __init__(self, task: Task, record: TaskRecord) -> None:
-        self._task = task
-        self.record = record
-        self.children_xor = 0
-        self.children = 0
-        self.failed: str | None = None
-        self.rejected = False
-        self.retry_after_ms: int | None = None
-
-    def emit(
-        self,
-        topic: str,
-        key: bytes | str | None,
-        value: Any,
-        headers: Headers | None = None,
-        partition: int | None = None,
-    ) -> int:
-        """Produce a child anchored to the input's tree; returns its record id. The tree
-        completes only once a task reads and acks the child: ``topic`` must be an input of a
-        running task (a topic nobody reads holds its record until it is replayed, and at
-        last dead-lettered). The last hop of a pipeline is ``output``.
-
-        ``value``: bytes as they are, anything else through ``TaskConfig.serde``. Untracked
-        inputs produce untracked children (plain records)."""
-        user = list(user_headers(headers))
-        tracking = self.record.tracking
-        child_id = 0
-        if tracking is not None:
-            child_id = ids.new_id()
-            self.children_xor ^= child_id
-            user.append((H_TRACKING, tracking.child(child_id)))
-            # rb-path: its emit index, the same child on every attempt, different per sibling.
-            user.append(child_path_header(self.record.headers, self.children))
-        self._task._produce(topic, **_record(key, value, user, partition, self._task.serde(topic)))
-        self.children += 1
-        return child_id
-
-    def output(
-        self,
-        topic: str,
-        key: bytes | str | None,
-        value: Any,
-        headers: Headers | None = None,
-        partition: int | None = None,
-    ) -> None:
-        """The last hop: write a result out of the pipeline - a sink record, untracked: nothing
-        downstream acks it. It is delivered before the input is acked, so a tree never
-        completes without its outputs (one that stays undeliverable fails the input instead).
-        Carries ``rb-origin`` and ``rb-path`` (the output identity): a replay writes the same
-        output again, and sinks deduplicate on the pair."""
-        user = list(user_headers(headers))
-        tracking = self.record.tracking
-        if tracking is not None:
-            # The output identity (docs/design.md §8): origin + the input's path.
-            user += [(H_ORIGIN, encode_id(tracking.origin)), (H_PATH, path_of(self.record.headers).encode())]
-        self._task._produce(
-            topic, srid=None if tracking is None else tracking.srid,
-            **_record(key, value, user, partition, self._task.serde(topic)),
-        )
-        self._task._outputs_pending = True
-        self._task.counters.sink_outputs += 1
-
-    def touch(self, timeout_ms: int | None = None) -> None:
-        """Push the input's source record's deadline forward to now + ``timeout_ms``
-        (default ``TaskConfig.touch_timeout_ms``) - Storm's ``resetTimeout`` - so work that
-        takes longer than the record's timeout is not replayed while it runs. Call it
-        periodically during long work. The touch goes out at once, to ``ns.acks[srid mod P]``
-        with the task's producer, ahead of the input's event; the acker never shortens a
-        deadline with it and ignores it once the record is decided. Untracked input: nothing."""
-        tracking = self.record.tracking
-        if tracking is None:
-            return
-        timeout = self._task.config.touch_timeout_ms if timeout_ms is None else timeout_ms
-        self._task._acks.touch(tracking.srid, int(time.time() * 1000) + timeout)
-
-    def fail(self, reason: str = "failed", retry_after_ms: int | None = None) -> None:
-        """Fail the input's source record now: the acker replays it (or sends it to the DLQ).
-
-        ``retry_after_ms``: how long the replay waits, instead of the source's back-off
-        (``SourceConfig.retry``; without one it waits too) - a rate limit's ``Retry-After``, say.
-        0 replays it at once; at most ``broker.retry.MAX_RETRY_AFTER_MS`` (24 h); anything else
-        raises ValueError (the input is then failed by the exception, with the back-off)."""
-        self.retry_after_ms = None if retry_after_ms is None else checked_retry_after_ms(retry_after_ms)
-        self.failed = reason
-
-    def reject(self, reason: str = "rejected") -> None:
-        """Dead-letter the input's source record now, whatever attempts it has left: it fails
-        the same way every time (a malformed record, a permanent error). ``reason`` goes into
-        its DLQ record."""
-        self.failed = reason
-        self.rejected = True
-
-
-Handler = Callable[[TaskRecord, TaskContext], None]
-Offsets = dict[tuple[str, int], int]  # the offset to commit per (topic, partition)
-BatchHandler = Callable[[list[TaskRecord], list[TaskContext]], None]
-"""A handler of a poll batch at once: ``contexts[i]`` is ``records[i]``'s, with the handler's
-semantics per input (emit, output, fail, touch; returning acks every input not failed). An
-exception fails every input not failed already."""
-
-
-def _no_handler(_record: TaskRecord, _ctx: TaskContext) -> None:
-    raise ConfigurationError("a Task with a batch_handler has no per-record handler")
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    batch_size: int = 1000
-    poll_timeout_ms: int = 100
-    # An exception in user code fails the input (replay) instead of stopping the task.
-    fail_on_exception: bool = True
-    # Exceptions that say the input can never succeed (a malformed record, a permanent
-    # error): such an exception rejects the input - dead-lettered at once, its DLQ reason
-    # naming the exception's class - instead of spending its attempts (ctx.reject).
-    fatal: tuple[type[BaseException], ...] = ()
-    # Exceptions that say a dependency is down, not that the input is bad (broker.outage):
-    # the input is put back and tried again after a back-off (``outage_retry``), the task's
-    # inputs paused meanwhile and the records it holds touched - no attempt is spent, nothing
-    # goes downstream. An input still in an outage ``outage_max_ms`` after it began is failed.
-    outage: tuple[type[Exception], ...] = ()
-    outage_max_ms: int = 60_000
-    outage_retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # Outputs (children, sink outputs, events) that fail to deliver are sent again up to this
-    # many rounds, the first after retry_backoff_ms, doubling; then their inputs are failed
-    # (fail marks: replay or DLQ) and the task moves on - a permanent error never stalls it.
-    delivery_retries: int = 3
-    retry_backoff_ms: int = 100
-    # Outputs and events go out as each batch is handled; waiting for their delivery and
-    # committing the input offsets happens once per interval (0: after every batch). A crash
-    # redoes at most this interval's inputs (docs/design.md §4) - it costs a replay, never a
-    # loss - and in return the task waits for the broker a few times a second instead of
-    # once per poll, which is most of its produce and commit requests under load.
-    commit_interval_ms: int = 100
-    # ctx.touch(): how far past now a touch pushes the record's deadline, unless given.
-    touch_timeout_ms: int = 30_000
-    # Skip replays the acker marked superseded (their original attempt completed late,
-    # docs/design.md §6): ack them without running the handler. The markers come from
-    # ns.superseded.
-    skip_superseded: bool = True
-    # A batch that took longer than slow_batch_ms to handle may have outlived its records'
-    # timeouts: a replay of one of its inputs read within superseded_wait_ms after it waits,
-    # at most until then, for the acker's marker (written once the late ack is folded, ~a
-    # commit interval) - otherwise the replay, queued behind its original, would be handled
-    # before the marker can arrive. One window per slow batch, shared by all its replays.
-    slow_batch_ms: int = 1000
-    superseded_wait_ms: int = 1000
-    # Serve Prometheus metrics on this port while run() runs (broker.metrics; 0: any free
-    # port, see Task.metrics_server.port); None: no HTTP server.
-    metrics_port: int | None = None
-    # Values of the inputs (TaskRecord.decoded()) and of ctx.emit / ctx.output (broker.serde);
-    # ``serdes``: topic -> its own serde, over ``serde`` (an App's topics with their own).
-    serde: Serde = BYTES
-    serdes: Mapping[str, Serde] = field(default_factory=dict)
-    # The consumer group protocol. "consumer" (KIP-848, Kafka >= 4.0): the broker's range
-    # assignor keeps a data topic and its replay topic co-partitioned, and a member joining or
-    # leaving moves only the partitions that change owner - the others keep processing; a
-    # session.timeout.ms / heartbeat.interval.ms in ``consumer`` is set on the group. On a
-    # cluster without it the task falls back to "classic": cooperative-sticky, incremental
-    # too, but it balances partitions over all topics and may split a data topic from its
-    # replay topic (docs/design.md, Known gaps).
-    group_protocol: str = "consumer"
-    consumer: Mapping[str, Any] = field(default_factory=dict)
-    producer: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.group_protocol not in ("consumer", "classic"):
-            raise ConfigurationError(f"TaskConfig.group_protocol must be 'consumer' or 'classic', not {self.group_protocol!r}")
-        if self.batch_size < 1:
-            raise ConfigurationError(f"TaskConfig.batch_size must be positive, not {self.batch_size}")
-        durations = ("poll_timeout_ms", "retry_backoff_ms", "commit_interval_ms", "touch_timeout_ms",
-                     "slow_batch_ms", "superseded_wait_ms")
-        for name in durations:
-            if getattr(self, name) < 0:
-                raise ConfigurationError(f"TaskConfig.{name} must not be negative, not {getattr(self, name)}")
-        for name in ("fatal", "outage"):
-            given = getattr(self, name)
-            classes = given if isinstance(given, tuple) else (given,)
-            if not all(isinstance(t, type) and issubclass(t, Exception if name == "outage" else BaseException)
-                       for t in classes):
-                raise ConfigurationError(f"TaskConfig.{name} must be exception classes, not {given!r}")
-            object.__setattr__(self, name, classes)
-        if self.outage_max_ms < 0:
-            raise ConfigurationError(f"TaskConfig.outage_max_ms must not be negative, not {self.outage_max_ms}")
-        if not isinstance(self.outage_retry, RetryPolicy):
-            raise ConfigurationError(f"TaskConfig.outage_retry must be a RetryPolicy, not {self.outage_retry!r}")
-
-
-def without_replay_topics(topics: Iterable[str]) -> list[str]:
-    """The data topics among ``topics`` whose replay topic is not among them: a replay of one
-    of their records is written to a topic nobody reads."""
-    names = set(topics)
-    return [t for t in dict.fromkeys(topics) if not t.endswith(REPLAY_SUFFIX) and replay_topic(t) not in names]
-
-
-@dataclass
-class TaskCounters:
-    processed: int = 0
-    acked: int = 0
-    failed: int = 0
-    rejected: int = 0  # inputs dead-lettered at once (ctx.reject, a fatal exception)
-    untracked: int = 0
-    emitted: int = 0
-    sink_outputs: int = 0  # TaskContext.output records
-    errors: int = 0
-    retried_batches: int = 0  # batches with outputs sent again after a delivery error
-    undeliverable: int = 0  # source records failed because an output could not be delivered
-    dropped: int = 0  # untracked outputs given up (no source record to fail)
-    commits_lost: int = 0  # batches whose offsets could not be committed after a rebalance
-    commits_deferred: int = 0  # commits the group coordinator could not take yet: done later
-    # Inputs taken before their partition was revoked: not processed, the owner reads them again.
-    dropped_revoked: int = 0
-    touches: int = 0  # deadline extensions sent (ctx.touch)
-    outages: int = 0  # outages begun (TaskConfig.outage)
-    outage_tries: int = 0  # inputs put back in an outage, to be tried again after a back-off
-    outage_beats: int = 0  # outage beats sent: the clock of what waits behind the task stops (broker.outage)
-    skipped: int = 0  # superseded replays acked without running the handler
-    superseded_waits: int = 0  # replays of a slow batch's inputs that waited for a marker
-
-
-def _settle(ctx: TaskContext, events: Events, counters: TaskCounters) -> None:
-    """The input's event (``input.id ^ children``) or fail mark, in ``events``."""
-    if ctx.children:
-        counters.emitted += ctx.children
-    tracking = ctx.record.tracking
-    if tracking is None:
-        counters.untracked += 1
-    elif ctx.rejected:
-        events.rejected[tracking.srid] = ctx.failed or "rejected"
-        counters.rejected += 1
-    elif ctx.failed is not None:
-        events.failed.append(tracking.srid)
-        if ctx.retry_after_ms is not None:
-            events.retry_after_ms[tracking.srid] = ctx.retry_after_ms
-        counters.failed += 1
-    else:
-        events.srids.append(tracking.srid)
-        events.xors.append(tracking.record_id ^ ctx.children_xor)
-        counters.acked += 1
-
-
-def _fail(exc: Exception, contexts: list[TaskContext], fatal: bool = False) -> None:
-    """User code raised: fail its inputs (replay; ``fatal``: reject them, the DLQ record
-    naming the exception's class), in one log line."""
-    if len(contexts) == 1:
-        r = contexts[0].record
-        log.warning("handler failed on %s[%d]@%d: %r", r.topic, r.partition, r.offset, exc)
-    elif contexts:
-        r = contexts[0].record
-        log.warning("batch handler failed: %d inputs failed (from %s[%d]@%d): %r",
-                    len(contexts), r.topic, r.partition, r.offset, exc)
-    reason = f"exception: {type(exc).__name__}: {exc}"
-    for ctx in contexts:
-        if fatal:
-            ctx.reject(reason)
-        else:
-            ctx.fail(reason)
 
 
 class Task:
@@ -422,7 +118,7 @@ class Task:
         self.handler: Handler = handler or _no_handler
         self.batch_handler = batch_handler
         self.counters = TaskCounters()
-        # A dependency that is down (broker.outage): puts inputs back instead of failing them.
+        # A dependency that is down (broker.task.outage): puts inputs back instead of failing them.
         self._outage = Outage(self.config.outage_retry, self.config.outage_max_ms,
                               max(100, self.config.touch_timeout_ms // 3))
         # Its own registry (many tasks run in one process), read at scrape time; served by
@@ -528,6 +224,20 @@ class Task:
 
     def _produce(self, topic: str, srid: int | None = None, **kwargs: Any) -> None:
         self._outputs.produce(topic, srid, **kwargs)
+
+    def emit_record(self, topic: str, record: dict[str, Any]) -> None:
+        """A context's child (``TaskContext.emit``)."""
+        self._outputs.produce(topic, None, **record)
+
+    def output_record(self, topic: str, srid: int | None, record: dict[str, Any]) -> None:
+        """A context's sink output (``TaskContext.output``): delivered before the batch's events."""
+        self._outputs.produce(topic, srid, **record)
+        self._outputs_pending = True
+        self.counters.sink_outputs += 1
+
+    def touch_input(self, srid: int, deadline_ms: int) -> None:
+        """A context's touch (``TaskContext.touch``): out at once, ahead of the input's event."""
+        self._acks.touch(srid, deadline_ms)
 
     def serde(self, topic: str) -> Serde:
         """The serde of ``topic``'s values: its own (``TaskConfig.serdes``), else the task's."""
@@ -683,7 +393,7 @@ class Task:
                 self._handle_each(records, events)
             else:
                 self._handle_all(self.batch_handler, list(records), events)
-        except _PutBack as back:
+        except PutBack as back:
             self._put_back(back.records, batch, offsets)
         if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
             self._slow_origins = set(origins)  # their replays may be superseded (_superseded)
@@ -810,7 +520,7 @@ class Task:
     def _handle_each(self, records: Iterable[TaskRecord], events: Events) -> None:
         """The per-record handler's path. Each input is settled at once, not kept for the batch:
         the garbage collector would scan what is kept; the usual input, a
-        leaf acked, without a call of ``_settle``."""
+        leaf acked, without a call of ``settle``."""
         handler, counters, srids, xors = self.handler, self.counters, events.srids, events.xors
         acked = processed = 0
         try:
@@ -822,7 +532,7 @@ class Task:
                 except self.config.outage as exc:
                     if self._outage.holds_on():
                         processed -= 1
-                        raise _PutBack([record]) from None
+                        raise PutBack([record]) from None
                     if not self._failed_by(exc, [ctx] if ctx.failed is None else []):
                         raise
                 except Exception as exc:
@@ -837,7 +547,7 @@ class Task:
                     xors.append(tracking.record_id)
                     acked += 1
                 else:
-                    _settle(ctx, events, counters)
+                    settle(ctx, events, counters)
         finally:
             counters.processed += processed
             counters.acked += acked
@@ -854,7 +564,7 @@ class Task:
         except self.config.outage as exc:
             if self._outage.holds_on():
                 self.counters.processed -= len(records)
-                raise _PutBack(records) from None
+                raise PutBack(records) from None
             if not self._failed_by(exc, [c for c in contexts if c.failed is None]):
                 raise
         except Exception as exc:
@@ -864,10 +574,10 @@ class Task:
             if self._outage.since is not None:
                 self._outage.over()
         for ctx in contexts:
-            _settle(ctx, events, self.counters)
+            settle(ctx, events, self.counters)
 
     def _put_back(self, records: list[TaskRecord], rest: list[Message], offsets: Offsets) -> None:
-        """An outage (broker.outage): ``records`` and the messages of the batch not taken yet
+        """An outage (broker.task.outage): ``records`` and the messages of the batch not taken yet
         (``rest``, in reverse order) are read again after a back-off - their partitions sought
         back to the first of them, their offsets committed no further - and every assigned
         partition pauses meanwhile."""
@@ -920,7 +630,7 @@ class Task:
             self._pause_all()
 
     def _outage_beat(self) -> None:
-        """Stop the timeout clock of what waits unread behind the paused task (broker.outage)."""
+        """Stop the timeout clock of what waits unread behind the paused task (broker.task.outage)."""
         due = self._outage.beat_due(int(time.time() * 1000))
         if due is not None:
             with contextlib.suppress(KafkaException):
@@ -943,7 +653,7 @@ class Task:
         self.counters.errors += 1
         fatal = isinstance(exc, self.config.fatal)
         if self.config.fail_on_exception or fatal:
-            _fail(exc, contexts, fatal)
+            fail_all(exc, contexts, fatal)
         return self.config.fail_on_exception or fatal
 
     def close(self) -> None:

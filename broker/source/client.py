@@ -18,13 +18,11 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from broker import kafka_io
-from broker.backpressure import Backpressure
 from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
 from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
 from broker.kafka_io import client_error, kafka_errors
 from broker.kafka_port import KafkaClients, KafkaPort
-from broker.placement import Placements
 from broker.retry import DEFAULT_RETRY, RetryPolicy
 from broker.schemas import (
     MAX_ATTEMPTS,
@@ -33,7 +31,11 @@ from broker.schemas import (
     encode_first_persisted,
     encode_persisted,
 )
-from broker.sending import (
+from broker.serde import BYTES, Serde
+from broker.settings import KafkaSettings
+from broker.source.backpressure import Backpressure
+from broker.source.placement import Placements
+from broker.source.sending import (
     BatchRecord,
     SendResult,
     Timeout,
@@ -44,8 +46,6 @@ from broker.sending import (
     send_batch,
     timeout_field,
 )
-from broker.serde import BYTES, Serde
-from broker.settings import KafkaSettings
 from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
