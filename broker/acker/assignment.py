@@ -1,8 +1,8 @@
 """The acker's side of its consumer group (docs/design.md §5, "Assignment and restore"): the
 rebalance callbacks, the restores they start, and where each input partition resumes.
 
-Owned by ``Acker`` (broker.acker.service), which hands it the partition states, input
-positions and outputs it shares with the loop and the commit. On assignment the committed
+Owned by ``Acker`` (broker.acker.service), which hands it the owner of the partitions'
+states (broker.acker.owned), shared with the loop and the commit. On assignment the committed
 offsets are fetched first (stable ones: this waits out a transaction a dead owner left open),
 then the changelog is read (and ``ns.persist`` from the restore floor, broker.acker.unlogged),
 then the inputs resume - so restored state and input positions come from the same commit.
@@ -18,13 +18,10 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from broker.acker.changelog import ChangelogReader
 from broker.acker.commit import Transactions
 from broker.acker.config import AckerConfig
-from broker.acker.lag import ExpiryGate
 from broker.acker.live import LiveClients
-from broker.acker.reading import ReadingOrder
-from broker.acker.replay import Outgoing
+from broker.acker.owned import OwnedPartitions
 from broker.acker.restoring import Pending, Restores
 from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
@@ -58,35 +55,23 @@ the acker gives up."""
 class Assignment:
     """Rebalance callbacks and restores of an ``Acker`` (see the module doc). It owns what a
     restore leaves to do (inputs to seek and resume) and whether a rebalance ran since the
-    last poll; the states, positions, inputs read and outputs due are the acker's, handed over
-    at construction and changed in place."""
+    last poll; the partitions come and go through their owner (broker.acker.owned)."""
 
     def __init__(
         self,
         *,
         ns: Namespace,
         live: LiveClients,
-        states: dict[int, PartitionState],
-        positions: dict[tuple[str, int], int],
-        read: set[int],
-        outgoing: list[tuple[int, Outgoing]],
-        changelog: ChangelogReader,
+        owned: OwnedPartitions,
         restores: Restores,
-        expiry: ExpiryGate,
-        reading: ReadingOrder,
         transactions: Transactions,
         commit: Callable[[], None],
     ) -> None:
         self.ns = ns
         self.live = live
-        self.states = states
-        self.positions = positions
-        self.read = read
-        self.outgoing = outgoing
-        self.changelog = changelog
+        self.owned = owned
         self.restores = restores
-        self.expiry = expiry
-        self.reading = reading
+        self.changelog = restores.changelog
         self.transactions = transactions
         self.commit = commit  # what a revocation commits before the partitions go
         self.partitions = 0  # ledger partitions, known from Acker.start()
@@ -135,14 +120,14 @@ class Assignment:
             consumer.resume(assigned)
         else:
             consumer.pause(assigned)
-        self.changelog.assign_standby(self.partitions, self.owned())
+        self.changelog.assign_standby(self.partitions, self.owned_lps())
 
     def restored(self, done: Pending, *, resume: bool = True) -> None:
         """A callback's partitions are restored: install them and let their inputs flow."""
         starts = done.starts
         assert starts is not None
         lps = sorted(done.states)
-        owned = sorted(set(self.states) | set(lps))
+        owned = sorted(set(self.owned.states) | set(lps))
         seconds = time.monotonic() - done.began
         # Before the states: whoever sees them owned (another thread) sees this too.
         self.last_assignment = {
@@ -153,10 +138,7 @@ class Assignment:
             "entries": sum(len(st.table) for st in done.states.values()),
             "seconds": seconds,
         }
-        self.expiry.assigned(starts)
-        self.read.difference_update(lps)
-        self.positions.update(((tp.topic, tp.partition), tp.offset) for tp in starts)
-        self.states.update(done.states)
+        self.owned.install(done.states, starts)
         self.changes += 1
         if resume:
             self.to_resume = [*self.to_resume, *starts]
@@ -175,7 +157,7 @@ class Assignment:
         (for up to ``SEEK_RETRY_S``), instead of the acker exiting."""
         waiting: list[TopicPartition] = []
         for tp in self.to_resume:
-            if tp.partition not in self.states:
+            if tp.partition not in self.owned.states:
                 continue  # revoked or lost meanwhile
             try:
                 self.live.consumer.seek(tp)
@@ -193,9 +175,9 @@ class Assignment:
         if not waiting:
             self._seek_failing_since = None
 
-    def owned(self) -> set[int]:
+    def owned_lps(self) -> set[int]:
         """Ledger partitions owned: restored, or restoring."""
-        return set(self.states) | self.restores.lps
+        return set(self.owned.states) | self.restores.lps
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.rebalanced = True
@@ -205,7 +187,7 @@ class Assignment:
         # them (one deleted meanwhile would leave no trace), and this table is all in the
         # changelog, to be kept warm.
         for lp in lps:
-            if (st := self.states.get(lp)) is not None:
+            if (st := self.owned.states.get(lp)) is not None:
                 st.table.log_older(_ALL_OFFSETS)
         clean = True
         try:
@@ -216,18 +198,15 @@ class Assignment:
         # After a successful commit a partition's table equals its changelog: keep it as a
         # warm standby, so getting the partition back (range rebalances are eager) costs a
         # catch-up read, not a restore. A table ahead of its changelog is dropped instead.
-        clean = clean and not self.outgoing
-        warm: dict[int, PartitionState] = {}
-        for lp in lps:
-            st = self.states.pop(lp, None)
-            if st is not None and clean and not st.failures and not st.tombstones:
-                warm[lp] = st
-        self.changelog.keep_warm(warm)
-        self.drop(lps)
-        self.changelog.assign_standby(self.partitions, self.owned())
+        clean = clean and not self.owned.outgoing
+        dropped = self.drop(lps)
+        self.changelog.keep_warm({
+            lp: st for lp, st in dropped.items() if clean and not st.failures and not st.tombstones
+        })
+        self.changelog.assign_standby(self.partitions, self.owned_lps())
         if self.live.incremental:
             consumer.incremental_unassign(partitions)
-        log.info("revoked ledger partitions %s (owning %s)", counted(lps), counted(self.states))
+        log.info("revoked ledger partitions %s (owning %s)", counted(lps), counted(self.owned.states))
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.rebalanced = True
@@ -242,24 +221,17 @@ class Assignment:
         lps = {tp.partition for tp in partitions if tp.topic == self.ns.persist}
         self.restores.cancel(lps)
         self.drop(lps)
-        self.changelog.assign_standby(self.partitions, self.owned())
+        self.changelog.assign_standby(self.partitions, self.owned_lps())
         if self.live.incremental:
             consumer.incremental_unassign(partitions)
-        log.warning("lost ledger partitions %s (owning %s)", counted(lps), counted(self.states))
+        log.warning("lost ledger partitions %s (owning %s)", counted(lps), counted(self.owned.states))
 
-    def drop(self, lps: set[int]) -> None:
+    def drop(self, lps: set[int]) -> dict[int, PartitionState]:
+        """Partitions leave (broker.acker.owned: ``drop``), and their inputs still to be
+        resumed with them. Returns their states."""
         self.changes += 1
-        for lp in lps:
-            self.states.pop(lp, None)
-        for tp in [tp for tp in self.positions if tp[1] in lps]:
-            del self.positions[tp]
-        self.read -= lps
         self.to_resume = [tp for tp in self.to_resume if tp.partition not in lps]
-        self.expiry.forget(lps)
-        self.reading.forget(lps)
-        # Outputs not committed yet go with the partition: its next owner re-derives them
-        # from the changelog and the inputs after the committed offsets (quarantines too).
-        self.outgoing[:] = [(lp, rec) for lp, rec in self.outgoing if lp not in lps]
+        return self.owned.drop(lps)
 
     def wake_fetchers(self) -> None:
         """librdkafka pauses every partition's fetcher while a rebalance callback runs; the
@@ -271,10 +243,10 @@ class Assignment:
         if not self.rebalanced:
             return
         self.rebalanced = False
-        if not self.live.incremental or not self.states:
+        if not self.live.incremental or not self.owned.states:
             return
         now_ms = int(time.time() * 1000)
-        owned = [TopicPartition(t, lp, now_ms) for lp in self.states for t in (self.ns.persist, self.ns.acks)]
+        owned = [TopicPartition(t, lp, now_ms) for lp in self.owned.states for t in (self.ns.persist, self.ns.acks)]
         with contextlib.suppress(KafkaException, RuntimeError):
             self.live.consumer.offsets_for_times(owned, timeout=5)
 

@@ -50,7 +50,7 @@ from confluent_kafka import (
 )
 
 from broker import kafka_io
-from broker.acker.state import PartitionState, empty_state
+from broker.acker.state import PartitionState
 from broker.kafka_errors import Meaning, means
 from broker.ledger.adaptive import AutoRegistrations
 from broker.ledger.clock import Clock, SystemClock, Ticker
@@ -117,7 +117,7 @@ class ChangelogReader:
         self,
         ns: Namespace,
         ticker: Ticker,
-        totals: dict[str, int],
+        new_state: Callable[[], PartitionState],
         restorer: Consumer,
         standby_consumer: Consumer | None,
         clock: Clock | None = None,
@@ -125,7 +125,9 @@ class ChangelogReader:
     ) -> None:
         self.ns = ns
         self.ticker = ticker
-        self.totals = totals
+        # An empty state counting into the instance's totals (broker.acker.owned), for a
+        # partition restored from the beginning.
+        self.new_state = new_state
         self.clock = clock or SystemClock()
         # delete.retention.ms of ns.ledger, set by the service at start (None: unknown).
         self.tombstone_retention_ms: int | None = None
@@ -142,9 +144,6 @@ class ChangelogReader:
         # (topic, partition) the restorer is assigned -> the job it reads for, its handler
         self._reading: dict[tuple[str, int], tuple[Reader, Chunk]] = {}
         self._reader_keys: dict[int, tuple[str, int]] = {}  # id(job) -> its partition
-
-    def new_state(self) -> PartitionState:
-        return empty_state(self.totals)
 
     def watermarks(self, lp: int, topic: str | None = None) -> tuple[int, int]:
         """Low and high watermark of partition ``lp`` of ``topic`` (default: the changelog)."""

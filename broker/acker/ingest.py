@@ -13,8 +13,9 @@ import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from broker.acker.domain import ReplayPartitions, domain_errors, placement_errors, topic_of
+from broker.acker.owned import OwnedPartitions
 from broker.acker.payloads import PayloadCache
-from broker.acker.replay import Outgoing, quarantine_record
+from broker.acker.replay import quarantine_record
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
 from broker.headers import OUTCOME_COMPLETED
@@ -53,7 +54,7 @@ class Ingest:
         ticker: Ticker,
         orphan_ttl_ms: int,
         cache: PayloadCache,
-        outgoing: list[tuple[int, Outgoing]],
+        owned: OwnedPartitions,
         adaptive: AdaptiveTimeouts | None = None,
         replay_partitions: ReplayPartitions | None = None,
     ) -> None:
@@ -73,9 +74,9 @@ class Ingest:
         # the unregistered entry this long past the touched deadline (LedgerTable.touch).
         self.orphan_ttl_ticks = -(-orphan_ttl_ms // ticker.tick_ms)
         self.cache = cache
-        # Quarantine records go here with their ledger partition; the commit produces them
-        # in its transaction, or drops them when the partition is revoked or lost first.
-        self.outgoing = outgoing
+        # Quarantine records are queued there with their ledger partition; the commit produces
+        # them in its transaction, or they are dropped with the partition if it leaves first.
+        self.owned = owned
         self.partitions = 0  # P, known once the service has checked the topics
         # Per input partition, the offset after the last message this process read, and below
         # which offset the batch being folded was read before (a rewind or a rejoin reads
@@ -99,10 +100,10 @@ class Ingest:
         if msg.offset() >= self._logged_below:
             log.warning("quarantined %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), why)
         value = msg.value() if value is None else value
-        self.outgoing.append((
+        self.owned.queue(
             msg.partition(),  # persist[i] and acks[i] belong to ledger partition i
             quarantine_record(self.ns, msg.topic(), msg.partition(), msg.offset(), msg.key(), value, why),
-        ))
+        )
 
     def register(self, st: PartitionState, lp: int, batch: list[Message], *, again: bool = False) -> None:
         """Register persist records (their roots' creation events) without decoding them.

@@ -15,18 +15,14 @@ import threading
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.acker.assignment import Assignment
-from broker.acker.changelog import ChangelogReader
-from broker.acker.commit import Transactions, is_cut_off, is_fenced
+from broker.acker.commit import is_cut_off, is_fenced
 from broker.acker.decisions import Decider
 from broker.acker.live import LiveClients
 from broker.acker.membership import Rejoins, consumer_protocol_refused
 from broker.acker.refusals import Refusals
-from broker.acker.restoring import Restores
-from broker.acker.state import PartitionState
 from broker.errors import ReplayBrokerError
 from broker.kafka_errors import is_fatal, kafka_error
 from broker.ranges import counted
-from broker.topics import Namespace
 
 log = logging.getLogger("broker.acker")
 
@@ -35,36 +31,23 @@ class Recovery:
     """Commit errors and rejoins of an ``Acker`` (see the module doc). It owns the counts of
     what it did (rejoins, fencings by a timed-out transaction); the clients are replaced
     through ``LiveClients``, the partitions dropped through ``Assignment``, and the counts of
-    what was folded since the last commit (``totals``, the acker's) put back in place."""
+    what was folded since the last commit put back by their owner (broker.acker.owned)."""
 
     def __init__(
         self,
         *,
-        ns: Namespace,
         live: LiveClients,
         assignment: Assignment,
-        states: dict[int, PartitionState],
-        totals: dict[str, int],
-        committed_totals: dict[str, int],
-        changelog: ChangelogReader,
-        restores: Restores,
-        transactions: Transactions,
         refusals: Refusals,
         decider: Decider,
         membership: Rejoins,
         stop: threading.Event,
     ) -> None:
-        self.ns = ns
         self.live = live
         self.assignment = assignment
-        self.states = states
-        self.totals = totals
-        # ``totals`` as of the last committed transaction (kept by the commit): what a rewind
-        # or a rejoin puts back, or the inputs read again would be counted twice.
-        self.committed_totals = committed_totals
-        self.changelog = changelog
-        self.restores = restores
-        self.transactions = transactions
+        self.owned = assignment.owned
+        self.restores = assignment.restores
+        self.transactions = assignment.transactions
         self.refusals = refusals
         self.decider = decider
         self.membership = membership
@@ -85,15 +68,14 @@ class Recovery:
         refused = err is not None and config.group_protocol == "consumer" and consumer_protocol_refused(err)
         if refused and err is not None:  # a cluster of Kafka >= 4.0 with the consumer protocol off
             self.live.fall_back_to_classic(f"the cluster refused the consumer group protocol ({err.str()})")
-        owned = self.assignment.owned()
+        owned = self.assignment.owned_lps()
         wait_s = self.membership.wait_after(None if refused else err, owned=bool(owned))  # logs, once per period
         if err is not None:
             self.transactions.abort()
         self.restores.cancel(owned)
-        self.assignment.drop(set(self.states))
-        self.totals.clear()  # what was folded since the last commit is dropped with them
-        self.totals.update(self.committed_totals)
-        self.changelog.assign_standby(self.assignment.partitions, self.states)
+        self.assignment.drop(set(self.owned.states))
+        self.owned.rewind_totals()  # what was folded since the last commit is dropped with them
+        self.assignment.changelog.assign_standby(self.assignment.partitions, self.owned.states)
         self.live.replace_consumer(wait_s)
         self.rejoins += 1
         self.assignment.subscribe()
@@ -167,14 +149,15 @@ class Recovery:
         per loop iteration (broker.acker.restoring), then sought back to the committed
         offsets - while the partitions it did not touch go on as they are. Nothing of it runs
         inside one poll: a large changelog costs no membership."""
-        lps = sorted(touched & set(self.states))
-        self.totals.clear()  # the same dict the states and the changelog count into
-        self.totals.update(self.committed_totals)
+        lps = sorted(touched & set(self.owned.states))
+        self.owned.rewind_totals()
         if not lps:
             return
-        tps = [TopicPartition(t, lp) for lp in lps for t in (self.ns.persist, self.ns.acks)]
+        ns = self.assignment.ns
+        tps = [TopicPartition(t, lp) for lp in lps for t in (ns.persist, ns.acks)]
         with contextlib.suppress(KafkaException, RuntimeError):
             self.live.consumer.pause(tps)
         self.assignment.drop(set(lps))
         self.restores.add(lps, tps)
-        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", counted(lps), counted(self.states))
+        log.info("rewinding ledger partitions %s to their changelogs (owning %s)", counted(lps),
+                 counted(self.owned.states))

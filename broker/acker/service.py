@@ -10,10 +10,11 @@ each owned partition has a ``PartitionState`` backed by the compacted changelog
 - ``commit``: the transaction that writes all of it with the input offsets;
 - ``assignment``: the rebalance callbacks and the restores they start;
 - ``recovery``: commit errors and rejoins;
-- ``live``: the group consumer and the producer as they are now (either may be replaced).
+- ``live``: the group consumer and the producer as they are now (either may be replaced);
+- ``owned``: what the parts share - the owned partitions' states, the input positions, the
+  inputs read and the outputs due since the last commit, and the totals - with its only writer.
 
-``Acker`` builds each part with its collaborators and owns what they share: the partition
-states, the input positions, the inputs read and the outputs due since the last commit.
+``Acker`` builds each part with its collaborators and runs the loop.
 
 Partition assignment uses the ``range`` assignor: it gives partition i of persist and of acks
 to the same member (cooperative-sticky balances each topic on its own and would split them).
@@ -31,7 +32,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Self
 
@@ -48,13 +49,13 @@ from broker.acker.ingest import Ingest
 from broker.acker.lag import ExpiryGate
 from broker.acker.live import LiveClients
 from broker.acker.membership import Rejoins
+from broker.acker.owned import OwnedPartitions
 from broker.acker.payloads import PayloadCache, PersistFetcher
 from broker.acker.reading import ReadingOrder
 from broker.acker.recovery import Recovery
 from broker.acker.refusals import Refusals
-from broker.acker.replay import Outgoing
 from broker.acker.restoring import Restores
-from broker.acker.state import COUNTERS, PartitionState
+from broker.acker.state import PartitionState
 from broker.background import running
 from broker.headers import OUTCOME_COMPLETED
 from broker.kafka_io import kafka_errors
@@ -118,33 +119,16 @@ class Acker:
         self.group_id = f"{self.ns.name}.acker"
         self.P = 0  # ledger partitions, checked against the cluster by start()
         self.markers = False  # ns.superseded exists with P partitions (checked by start())
-        self.states: dict[int, PartitionState] = {}
-        self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        # ``totals`` as of the last committed transaction: an aborted one's counts are undone
-        # with its state by the rewind, or the inputs read again would be counted twice.
-        self._committed_totals = dict(self.totals)
         self.commits = 0
         # Pauses before rejoining; refusals of a static member whose instance id is still in
         # use (a killed predecessor's session) counted in membership.in_use.
         self.membership = Rejoins(
             self.config.rejoin_backoff_ms / 1000, self.config.session_timeout_ms, f"{self.ns.name}.acker.{self.config.instance_id}"
         )
-        # The input position of every owned partition. A transaction commits those that moved
-        # since the last commit and those of the partitions it writes for - never none:
-        # offsets are what the group coordinator checks against the member's generation
-        # (epoch), so a member that lost its partitions (stalled past max.poll.interval.ms,
-        # or its session expired) cannot commit anything any more. Not all of them each time:
-        # a commit's offsets, and its records of __consumer_offsets, would grow with P.
-        self._positions: dict[tuple[str, int], int] = {}
-        self._committed_positions: dict[tuple[str, int], int] = {}  # as the last commit left them
-        self._read: set[int] = set()  # ledger partitions whose input was consumed since the last commit
         # The figures last published per partition, with the state they are of; the partitions
         # the last commit looked at (their figures are made again, the others' kept).
         self._figures: dict[int, tuple[PartitionState, PartitionFigures]] = {}
         self._changed: set[int] = set()
-        # Records due in the next transaction, with the ledger partition they belong to: they
-        # are dropped with the partition when it is revoked or lost.
-        self._outgoing: list[tuple[int, Outgoing]] = []
         self._stop = threading.Event()
         self._started = False
         self._last_commit = time.monotonic()
@@ -165,14 +149,19 @@ class Acker:
         # Watermarks of many partitions in one admin request (a restore or a revoke of 1 000
         # partitions asks them all at once).
         marks = functools.partial(kafka.watermarks, committed=False)
-        self.changelog = ChangelogReader(ns, self.ticker, self.totals, restorer, standby, self.clock, marks)
+        self.expiry = ExpiryGate(ns, self.live, slack=self.config.expiry_lag_slack)
+        self.reading = ReadingOrder(ns, self.expiry)
+        # The owned partitions' states, input positions, reads, outputs due and totals: their
+        # only writer (broker.acker.owned).
+        self.owned = OwnedPartitions(self.expiry, self.reading)
+        self.changelog = ChangelogReader(ns, self.ticker, self.owned.new_state, restorer, standby, self.clock, marks)
         # One latency estimate per source topic for the whole process (timeout "auto").
         self.adaptive = AdaptiveTimeouts(self.config.adaptive)
         self.decider = Decider(
             ns, self.clock, self.ticker, cache, fetcher, kafka.partition_counts, self.config
         )
         self.ingest = Ingest(
-            ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self._outgoing, self.adaptive,
+            ns, self.clock, self.ticker, self.config.orphan_ttl_ms, cache, self.owned, self.adaptive,
             self.decider.replay_partitions,
         )
         self.restores = Restores(
@@ -181,17 +170,12 @@ class Acker:
         self.refusals = Refusals(ns.dlq)
         self.decider.refused = self.refusals.replay
         self.transactions = Transactions(ns, self.live, self.refusals, exactly_once=self.config.exactly_once)
-        self.expiry = ExpiryGate(ns, self.live, slack=self.config.expiry_lag_slack)
-        self.reading = ReadingOrder(ns, self.expiry)
         self.assignment = Assignment(
-            ns=ns, live=self.live, states=self.states, positions=self._positions, read=self._read,
-            outgoing=self._outgoing, changelog=self.changelog, restores=self.restores, expiry=self.expiry,
-            reading=self.reading, transactions=self.transactions, commit=self.commit,
+            ns=ns, live=self.live, owned=self.owned, restores=self.restores, transactions=self.transactions,
+            commit=self.commit,
         )
         self.recovery = Recovery(
-            ns=ns, live=self.live, assignment=self.assignment, states=self.states, totals=self.totals,
-            committed_totals=self._committed_totals, changelog=self.changelog, restores=self.restores,
-            transactions=self.transactions, refusals=self.refusals, decider=self.decider,
+            live=self.live, assignment=self.assignment, refusals=self.refusals, decider=self.decider,
             membership=self.membership, stop=self._stop,
         )
         # Its own registry (tests run many ackers in one process); served from start() when
@@ -206,6 +190,16 @@ class Acker:
     @config.setter
     def config(self, config: AckerConfig) -> None:
         self.clients.config = config
+
+    @property
+    def states(self) -> Mapping[int, PartitionState]:
+        """The owned ledger partitions' states (broker.acker.owned)."""
+        return self.owned.states
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """This instance's decisions since it started (broker.acker.owned)."""
+        return self.owned.totals
 
     @property
     def last_assignment(self) -> dict[str, object]:
@@ -364,8 +358,8 @@ class Acker:
                 return 0
             self._fold_messages(msgs)
         seeking = {tp.partition for tp in assignment.to_resume}  # paused by a restore, not sought yet
-        self.reading.apply(self.live.consumer, self.states.keys() - seeking if seeking else self.states.keys(),
-                           self._positions)
+        owned = self.owned.states.keys()
+        self.reading.apply(self.live.consumer, owned - seeking if seeking else owned, self.owned.positions)
         now = time.monotonic()
         due = self._commit_due(now, idle)
         if due is not None:
@@ -386,7 +380,7 @@ class Acker:
         short = self.config.poll_timeout_ms / 1000
         if self.restores.pending or self.assignment.to_resume or self.reading.paused:
             return short
-        share = EARLY_COMMIT if self._read else 1.0
+        share = EARLY_COMMIT if self.owned.read else 1.0
         due = self._last_commit + share * self.config.commit_interval_ms / 1000 - now
         return max(short, min(due, LONG_POLL_MAX_S))
 
@@ -400,7 +394,7 @@ class Acker:
             return Due.INTERVAL
         # (trees complete as their events are folded: in the partitions read since the last commit)
         if idle and since_ms >= self.config.commit_interval_ms * EARLY_COMMIT and any(
-            outcome == OUTCOME_COMPLETED for lp in self._read for _, outcome in self.states[lp].tombstones
+            outcome == OUTCOME_COMPLETED for lp in self.owned.read for _, outcome in self.states[lp].tombstones
         ):
             return Due.EARLY
         return None
@@ -420,13 +414,13 @@ class Acker:
                 continue  # revoked while in flight
             (persist if msg.topic() == persist_topic else acks)[partition].append(msg)
         # A partition's messages come in offset order: its position is after the last one.
-        self.reading.admit(self.live.consumer, persist, acks, self._positions)
-        self._read.update(persist, acks)
+        owned = self.owned
+        self.reading.admit(self.live.consumer, persist, acks, owned.positions)
         for lp, batch in persist.items():
-            self._positions[(persist_topic, lp)] = batch[-1].offset() + 1
+            owned.consumed(persist_topic, lp, batch[-1].offset() + 1)
             self.ingest.register(states[lp], lp, batch)
         for lp, batch in acks.items():
-            self._positions[(self.ns.acks, lp)] = batch[-1].offset() + 1
+            owned.consumed(self.ns.acks, lp, batch[-1].offset() + 1)
             self.ingest.fold(states[lp], lp, batch)
 
     # ------------------------------------------------------------------ commit
@@ -453,7 +447,7 @@ class Acker:
         acker's commits were most of its CPU: each one looks at every partition three times."""
         quiet = self._quiet
         return (
-            quiet is not None and not self._read and not self._outgoing and not self.live.producer_stale
+            quiet is not None and not self.owned.read and not self.owned.outgoing and not self.live.producer_stale
             and quiet[1] == self.assignment.changes and time.monotonic() - quiet[0] < self.config.quiet_recheck_ms / 1000
         )
 
@@ -468,7 +462,8 @@ class Acker:
         # The partitions this commit has anything to do with: those read since the last one
         # and those with entries or output pending. At a large P most are neither, and every
         # step below would cost a few microseconds for each of them at every commit.
-        busy = {lp: st for lp, st in self.states.items() if lp in self._read or not st.idle()}
+        read = self.owned.read
+        busy = {lp: st for lp, st in self.states.items() if lp in read or not st.idle()}
         # Every decision that ends a record - expiry, orphans, deferred and held decisions -
         # only as far as the partition's inputs have been read: a backlog of acks is no
         # timeout. Each partition at its own tick: a key's records all live in one.
@@ -477,8 +472,7 @@ class Acker:
         # the end of a window wins over the dead letter it holds (broker.acker.superseding).
         late = superseding.hand_on(self.states, self.P, self.ingest.orphan_tick(), busy)
         collect_failures(busy, now_ms, expiry_ticks, self.config.fail_hold_ms, self.adaptive)
-        out = list(self._outgoing)
-        self._outgoing.clear()
+        out = self.owned.take_outgoing()
         decided: list[Decided] = []
         self.decider.decide(busy, decided, expiry_ticks)
         # Failures come out of the table in srid / slot order. Produce the replays in the
@@ -504,38 +498,27 @@ class Acker:
         # (again: a decision may have counted in a partition that was idle before it)
         changing = [(lp, st) for lp, st in self.states.items() if lp in busy or not st.idle()]
         self._changed.update(lp for lp, _ in changing)
-        take_changes(changing, self.ticker, self.clock.now_ms(), batch, self._positions, self.ns.persist,
+        take_changes(changing, self.ticker, self.clock.now_ms(), batch, self.owned.positions, self.ns.persist,
                      self.config.unlogged_ms)
-        if not batch and not self._read:
+        if not batch and not read:
             if not busy and not changing and not any(st.stops.tasks for st in self.states.values()):
                 # (a partition in an outage is not: its figures change with the clock)
                 self._quiet = (time.monotonic(), self.assignment.changes)
             return False
         # What this transaction changes: the partitions read, and those it writes for.
-        touched = self._read | {lp for lp, *_ in batch.changelog} | {lp for lp, *_ in batch.tombstones}
-        moved = self._moved_positions(touched)
+        touched = self.owned.take_read() | {lp for lp, *_ in batch.changelog} | {lp for lp, *_ in batch.tombstones}
+        moved = self.owned.moved_positions(touched)
         batch.positions = list(positions_of(moved))
-        self._read.clear()
         try:
             self.transactions.write(batch)
         except KafkaException as exc:
             self.recovery.on_commit_error(exc, touched)
             return False
-        self._committed_positions.update(moved)
+        self.owned.committed(moved)
         self.ingest.given.clear()  # every entry registered so far is logged now
         self.refusals.settle(batch.records)
         self.commits += 1
-        self._committed_totals.clear()
-        self._committed_totals.update(self.totals)
         return True
-
-    def _moved_positions(self, touched: set[int]) -> dict[tuple[str, int], int]:
-        """The input positions a transaction commits: those that moved since the last commit
-        and those of the ledger partitions ``touched``; all of them if that is none (a
-        transaction always carries offsets: the coordinator checks the member on them)."""
-        done = self._committed_positions
-        moved = {k: v for k, v in self._positions.items() if k[1] in touched or done.get(k) != v}
-        return moved or dict(self._positions)
 
     def _publish_metrics(self) -> None:
         """The figures of every owned partition as of this commit, for the next scrapes: a
@@ -564,7 +547,7 @@ class Acker:
                 topic: TopicEstimate(e.timeout_ms, e.quantile_ms, e.samples)
                 for topic, e in self.adaptive.estimates(now_ms).items()
             },
-            dict(self._committed_totals),
+            self.owned.committed_totals(),
         ))
 
     # ------------------------------------------------------------------ stats

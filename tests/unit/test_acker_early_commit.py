@@ -42,7 +42,7 @@ def test_an_idle_acker_commits_completions_early_a_busy_one_keeps_to_the_interva
     if waiting:
         outcome = OUTCOME_COMPLETED if waiting is True else OUTCOME_REPLAY
         acker.states[0].tombstones.append((np.array([world.S1]), outcome))
-        acker._read.add(0)  # as the fold that completed it would
+        acker.owned.consumed(acker.ns.acks, 0, acker.owned.positions.get((acker.ns.acks, 0), 0))  # as the fold that completed it would
     now = acker._last_commit + since_ms / 1000 + 1e-6  # (float seconds)
     assert acker._commit_due(now, idle) is due
 

@@ -66,7 +66,7 @@ def test_an_acker_that_read_something_polls_until_its_early_commit(fake_kafka: N
     run_steps(acker, 4)
     consumer.batches.append([persist_msg(persisted(1, 1, T0))])
     acker.step()  # reads the persist record: it is read, not yet committed
-    assert acker._read
+    assert acker.owned.read
     acker._last_commit = time.monotonic()
     acker.step()
     # half of the 100 ms interval: the early commit's point (Acker._commit_due)

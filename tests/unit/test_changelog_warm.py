@@ -24,6 +24,7 @@ from confluent_kafka import (
 
 from broker import ids
 from broker.acker.changelog import ChangelogReader
+from broker.acker.owned import OwnedPartitions
 from broker.ledger.clock import ManualClock, Ticker
 from broker.schemas import encode_ledger_entry
 from broker.topics import Namespace
@@ -141,7 +142,7 @@ class LedgerConsumer:
 
 
 def changelog_over(ledger: Ledger, clock: ManualClock, retention_ms: int | None = HOUR) -> ChangelogReader:
-    changelog = ChangelogReader(NS, Ticker(100, T0), {}, LedgerConsumer(ledger), None)  # type: ignore[arg-type]
+    changelog = ChangelogReader(NS, Ticker(100, T0), OwnedPartitions().new_state, LedgerConsumer(ledger), None)  # type: ignore[arg-type]
     changelog.clock = clock  # the acker's clock
     changelog.tombstone_retention_ms = retention_ms  # ns.ledger's delete.retention.ms, read at start
     return changelog
@@ -222,7 +223,7 @@ def test_a_standby_tailing_the_changelog_stays_reusable() -> None:
     ledger = Ledger()
     ledger.put(X, T0)
     tail = LedgerConsumer(ledger)
-    changelog = ChangelogReader(NS, Ticker(100, T0), {}, LedgerConsumer(ledger), tail)  # type: ignore[arg-type]
+    changelog = ChangelogReader(NS, Ticker(100, T0), OwnedPartitions().new_state, LedgerConsumer(ledger), tail)  # type: ignore[arg-type]
     changelog.clock = clock
     changelog.tombstone_retention_ms = HOUR
     changelog.assign_standby(1, owned=[])
@@ -255,7 +256,7 @@ class _MetadataLost:
 
 def test_a_partition_missing_from_the_restorers_metadata_is_looked_up_again_not_retried_blind() -> None:
     restorer = _MetadataLost()
-    changelog = ChangelogReader(NS, Ticker(100, T0), {}, restorer, None)  # type: ignore[arg-type]
+    changelog = ChangelogReader(NS, Ticker(100, T0), OwnedPartitions().new_state, restorer, None)  # type: ignore[arg-type]
     assert changelog.watermarks(2) == (0, 7)
     assert restorer.asked == [NS.ledger]
 

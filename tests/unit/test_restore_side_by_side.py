@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from broker import ids
 from broker.acker.changelog import MAX_READING, ChangelogReader
+from broker.acker.owned import OwnedPartitions
 from broker.acker.restoring import Restores
 from broker.acker.state import PartitionState
 from broker.ledger.clock import Ticker
@@ -68,7 +69,7 @@ class Restorer:
 
 
 def _restore(restorer: Restorer, lps: list[int]) -> dict[int, PartitionState]:
-    changelog = ChangelogReader(NS, Ticker(100, T0), {}, restorer, None, marks=restorer.marks)  # type: ignore[arg-type]
+    changelog = ChangelogReader(NS, Ticker(100, T0), OwnedPartitions().new_state, restorer, None, marks=restorer.marks)  # type: ignore[arg-type]
     registered: dict[int, list[Any]] = defaultdict(list)
     restores = Restores(
         changelog,
