@@ -18,10 +18,12 @@ only when the srid did not complete.
 | ``rb-source`` | quarantined input | ``topic/partition/offset`` it was read from |
 | ``rb-input`` | bridged source records (persist and data) | ``topic/partition/offset`` of the input record |
 | ``rb-input-ts`` | bridged source records | the input record's timestamp, ms (ASCII) |
+| ``rb-scope`` | outage beats | the source topics whose records wait behind the task, comma-separated (none: every record, ``scope_of``) |
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -79,7 +81,15 @@ H_INPUT = "rb-input"
 H_INPUT_TS = "rb-input-ts"
 LOST_PREFIX = "payload lost: "  # rb-reason of a failed record dead-lettered without its value
 
+# --- outage beats (broker.task.outage -> broker.ledger.outages): the source topics whose
+# records the beat holds. A header, not a field of the beat's value: an acker that does not
+# know it reads the beat as one for every record - what every beat meant before it - so a
+# scoped beat never holds less at an older acker, and a beat without it keeps that meaning.
+H_SCOPE = "rb-scope"
+MAX_SCOPE = 64  # topics a beat may name: a task reads a few
+
 Headers = Sequence[tuple[str, bytes | None]]
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # what Kafka allows
 
 
 def as_bytes(value: bytes | str | None) -> bytes | None:
@@ -112,6 +122,27 @@ def child_path(parent: str, index: int) -> str:
 def child_path_header(parent_headers: Headers | None, index: int) -> tuple[str, bytes]:
     """The ``rb-path`` header of the ``index``-th child of the record with ``parent_headers``."""
     return (H_PATH, child_path(path_of(parent_headers), index).encode())
+
+
+def scope_header(topics: Sequence[str]) -> tuple[str, bytes]:
+    """The ``rb-scope`` header of a beat holding the records of ``topics``."""
+    return (H_SCOPE, ",".join(sorted(set(topics))).encode())
+
+
+def scope_of(headers: Headers | None) -> frozenset[str] | None:
+    """The source topics an outage beat holds (None: no ``rb-scope``, every record). Raises
+    ``ValueError`` for a scope that names no topic, more than ``MAX_SCOPE``, or a name no
+    Kafka topic has: a writer's bug, the beat is quarantined like any undecodable input."""
+    raw = None
+    for k, v in headers or ():
+        if k == H_SCOPE:
+            raw = v
+    if raw is None:
+        return None
+    names = raw.decode("ascii", "replace").split(",")
+    if not 0 < len(names) <= MAX_SCOPE or not all(TOPIC_NAME.fullmatch(n) for n in names):
+        raise ValueError(f"rb-scope {raw[:300]!r} is not 1 to {MAX_SCOPE} topic names")
+    return frozenset(names)
 
 
 def outcome_of(headers: Headers | None) -> bytes:

@@ -179,6 +179,10 @@ def _counter_families(rows: Iterable[tuple[list[str], Mapping[str, int]]], label
         "replaybroker_acker_outage_stopped_seconds",
         "How long the ledger's timeout clock stood still for tasks in an outage (TaskConfig.outage)", labels=labels,
     )
+    held = CounterMetricFamily(
+        "replaybroker_acker_outage_held_deadlines",
+        "Deadlines held back by outage beats (each beat that moved one counts it)", labels=labels,
+    )
     attempts = HistogramMetricFamily(
         "replaybroker_acker_attempts",
         "The attempt at which records ended: completed (its tree) or dead-lettered", labels=["outcome", *labels],
@@ -195,6 +199,7 @@ def _counter_families(rows: Iterable[tuple[list[str], Mapping[str, int]]], label
         registered.add_metric(values, c.get("registered", 0))
         adaptive.add_metric(values, c.get("adaptive", 0))
         stopped.add_metric(values, c.get("outage_stopped_ms", 0) / 1000)
+        held.add_metric(values, c.get("outage_held", 0))
         # The attempt records ended at (PartitionState.count_ended), cumulative per bucket.
         for outcome in ENDED:
             seen, buckets = 0, []
@@ -206,7 +211,7 @@ def _counter_families(rows: Iterable[tuple[list[str], Mapping[str, int]]], label
         failures.add_metric(["transient", *values], c.get("failed", 0) - rejected)
         failures.add_metric(["timeout", *values], c.get("timed_out", 0))
         failures.add_metric(["rejected", *values], rejected)
-    return decisions, folded, registered, adaptive, stopped, attempts, failures
+    return decisions, folded, registered, adaptive, stopped, held, attempts, failures
 
 
 def _gauge_families(rows: Iterable[tuple[list[str], _Gauges]], labels: list[str]) -> Iterable[Metric]:

@@ -16,11 +16,11 @@ acker quarantines such a value when a replay needs it (``broker.acker.decisions`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import numpy as np
 
+from broker.headers import TOPIC_NAME
 from broker.partitioning import PARTITIONERS
 from broker.schemas import (
     MAX_ATTEMPTS,
@@ -67,8 +67,6 @@ def _why(pre: PersistPrefixes, i: int) -> str:
     return "deadline created_ms + timeout_ms is not a 64-bit long"
 
 
-_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-
 # A data topic -> the partition count of its replay topic (None: it does not exist).
 ReplayPartitions = Callable[[str], "int | None"]
 
@@ -83,7 +81,7 @@ def placement_error(placement: bytes, replay_partitions: ReplayPartitions | None
     if decoded is None:
         return "persist record ends before its topic and key_hash_partition"
     topic, partition = decoded
-    if not _TOPIC_NAME.fullmatch(topic):
+    if not TOPIC_NAME.fullmatch(topic):
         return f"topic {topic[:300]!r} is not a Kafka topic name"
     if partition < 0:
         return f"key_hash_partition {partition} < 0"
@@ -93,16 +91,25 @@ def placement_error(placement: bytes, replay_partitions: ReplayPartitions | None
     return None
 
 
+def placements_of(pre: PersistPrefixes, values: list[bytes], rows: np.ndarray) -> list[bytes]:
+    """The encoded placement (topic, key_hash_partition) of each of the ``rows`` of a batch."""
+    return [
+        values[i][a:b]
+        for i, a, b in zip(rows.tolist(), pre.placement_starts[rows].tolist(), pre.placement_ends[rows].tolist(),
+                           strict=True)
+    ]
+
+
 def placement_errors(
     pre: PersistPrefixes, values: list[bytes], rows: np.ndarray, replay_partitions: ReplayPartitions | None,
+    placements: list[bytes] | None = None,
 ) -> dict[int, str]:
     """Row -> why, for the ``rows`` of a batch whose placement can never be replayed; each
-    distinct placement (a batch has few) is judged once."""
+    distinct placement (a batch has few) is judged once. ``placements``: the rows' own
+    (``placements_of``), if read already."""
     at = rows.tolist()
-    placements = [
-        values[i][a:b]
-        for i, a, b in zip(at, pre.placement_starts[rows].tolist(), pre.placement_ends[rows].tolist(), strict=True)
-    ]
+    if placements is None:
+        placements = placements_of(pre, values, rows)
     verdicts = {p: placement_error(p, replay_partitions) for p in set(placements)}
     if not any(verdicts.values()):
         return {}

@@ -12,16 +12,22 @@ import logging
 import numpy as np
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from broker.acker.domain import ReplayPartitions, domain_errors, placement_errors, topic_of
+from broker.acker.domain import (
+    ReplayPartitions,
+    domain_errors,
+    placement_errors,
+    placements_of,
+    topic_of,
+)
 from broker.acker.owned import OwnedPartitions
 from broker.acker.payloads import PayloadCache
 from broker.acker.replay import quarantine_record
 from broker.acker.state import PartitionState
 from broker.errors import DecodeError
-from broker.headers import OUTCOME_COMPLETED
+from broker.headers import OUTCOME_COMPLETED, scope_of
 from broker.ledger.adaptive import AdaptiveTimeouts
 from broker.ledger.clock import Clock, Ticker
-from broker.ledger.outages import BEAT_BOUND_MS
+from broker.ledger.outages import ANY, BEAT_BOUND_MS
 from broker.ledger.table import Removed
 from broker.retry import MAX_RETRY_AFTER_MS
 from broker.schemas import (
@@ -32,6 +38,7 @@ from broker.schemas import (
     OutageBeat,
     PersistPrefixes,
     XorBatch,
+    decode_placement,
     read_persist_prefixes,
 )
 from broker.topics import Namespace
@@ -146,7 +153,12 @@ class Ingest:
         outside = domain_errors(pre)
         bad |= np.fromiter((w is not None for w in outside), bool, len(outside))
         # A record whose topic and key_hash_partition no replay could go to (broker.acker.domain).
-        unplaced = placement_errors(pre, values, np.flatnonzero(~bad), self.replay_partitions)
+        rows = np.flatnonzero(~bad)
+        placements = placements_of(pre, values, rows)
+        unplaced = placement_errors(pre, values, rows, self.replay_partitions, placements)
+        # Its data topic: what an outage beat's scope names (broker.ledger.outages).
+        tids = np.full(len(msgs), -1, np.int32)
+        tids[rows] = self._topic_ids(st, placements)
         if unplaced:
             bad[list(unplaced)] = True
             for i, why in unplaced.items():
@@ -155,7 +167,7 @@ class Ingest:
             for i in np.flatnonzero(bad & (not again)).tolist():
                 self.quarantine(st, msgs[i], self._why(i, lp, pre, bad_key, other, misrouted, outside))
             keep = ~bad
-            srids, deadline_ms, adaptive = srids[keep], deadline_ms[keep], adaptive[keep]
+            srids, deadline_ms, adaptive, tids = srids[keep], deadline_ms[keep], adaptive[keep], tids[keep]
             roots, attempts, created = pre.roots[keep], pre.attempts[keep], pre.created_ms[keep]
             kept = keep.tolist()
             msgs = [m for m, k in zip(msgs, kept, strict=True) if k]
@@ -170,12 +182,13 @@ class Ingest:
         ts_type, ts = msgs[0].timestamp()
         st.registrations.note(msgs[0].offset(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else self.clock.now_ms())
         offsets = np.array([m.offset() for m in msgs], dtype=np.int64)
+        st.topics.note(offsets, tids, gaps=again)
         auto_mask = self._adaptive_deadlines(st, srids, offsets, values, adaptive, deadline_ms)
         given = auto_mask
         if st.stops.until_ms:
             # Created while a task's outage stopped the clock: the timeout starts when it
             # moves again (broker.ledger.outages) - a deadline of the acker's, logged.
-            held = st.stops.held_back(created, deadline_ms)
+            held = st.stops.held_back(created, deadline_ms, st.topics.topics_of(tids))
             if held.any():
                 deadline_ms = deadline_ms + held
                 given = held > 0 if auto_mask is None else auto_mask | (held > 0)
@@ -202,6 +215,16 @@ class Ingest:
         if replays.size:  # the attempt a replay's completion ends at (PartitionState.count_ended)
             st.replay_attempts.update(zip(srids[replays].tolist(), attempts[replays].tolist(), strict=True))
         self.completed(st, result.completed)
+
+    @staticmethod
+    def _topic_ids(st: PartitionState, placements: list[bytes]) -> np.ndarray:
+        """The data topic id (``EntryTopics``) of each placement; each distinct one (a batch
+        has few) decoded once."""
+        ids_of: dict[bytes, int] = {}
+        for p in set(placements):
+            decoded = decode_placement(p)
+            ids_of[p] = st.topics.id_of(None if decoded is None else decoded[0])
+        return np.fromiter(map(ids_of.__getitem__, placements), np.int32, len(placements))
 
     def _adaptive_deadlines(
         self, st: PartitionState, srids: np.ndarray, offsets: np.ndarray, values: list[bytes], adaptive: np.ndarray,
@@ -375,11 +398,13 @@ class Ingest:
         """A task in an outage: the partition's timeout clock stops for the time its beat adds
         (broker.ledger.outages) - at most ``BEAT_BOUND_MS`` either side of the beat's own
         timestamp, so a beat with a start too early, a cover too long (or a clock far off)
-        cannot stop the clock for long.
+        cannot stop the clock for long - for the entries of the topics its scope names and
+        those of a topic not known (a beat without a scope: for every entry).
         Read in order with the events, so before any expiry at a tick after it was sent."""
         try:
             beat = OutageBeat.decode(msg.value())
-        except DecodeError as exc:
+            scope = scope_of(msg.headers())
+        except (DecodeError, ValueError) as exc:
             self.quarantine(st, msg, str(exc))
             return
         ts_type, ts = msg.timestamp()
@@ -387,17 +412,26 @@ class Ingest:
         start = max(beat.since_ms, sent - BEAT_BOUND_MS)
         until = min(beat.until_ms, sent + BEAT_BOUND_MS)
         st.count("outage_beats")
+        if scope is not None:
+            st.count("outage_scoped_beats")
         if until <= start:
             return
         # On tick bounds, so that the stops of beats meet where they touch.
         ticker = self.ticker
-        stopped = st.stops.beat(beat.task, beat.since_ms, ticker.ms_of(ticker.tick_of(until)),
-                                ticker.ms_of(ticker.current_tick(start)))
-        if stopped is None:
-            return
-        st.table.stop_clock(ticker.current_tick(stopped.start_ms), _ticks(ticker, stopped.before),
-                            _ticks(ticker, stopped.after))
-        st.count("outage_stopped_ms", stopped.added_ms)
+        changes = st.stops.cover(beat.task, beat.since_ms, ticker.ms_of(ticker.tick_of(until)),
+                                 ticker.ms_of(ticker.current_tick(start)), scope)
+        # Each class of entries (a scoped topic, the other known topics, the unknown) as its
+        # own stops moved: an entry is in one class, so one beat moves it once. With no
+        # scoped stop every class has the same stops: one.
+        scoped = st.stops.scoped
+        for holder, stopped in changes.items():
+            if not scoped and holder != ANY:
+                continue
+            moved = st.table.stop_clock(ticker.current_tick(stopped.start_ms), _ticks(ticker, stopped.before),
+                                        _ticks(ticker, stopped.after), st.topics.holds(holder, scoped) if scoped else None)
+            st.count("outage_held", moved)
+        if changes:
+            st.count("outage_stopped_ms", max(s.added_ms for s in changes.values()))
 
     def _quarantine_pairs(
         self, st: PartitionState, msg: Message, lp: int, xb: XorBatch, bad_s: np.ndarray, bad_f: np.ndarray,

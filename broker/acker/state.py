@@ -12,7 +12,7 @@ import numpy as np
 
 from broker.acker.fate import Reason
 from broker.ledger.adaptive import AutoRegistrations
-from broker.ledger.outages import ClockStops
+from broker.ledger.outages import ClockStops, EntryTopics
 from broker.ledger.table import LedgerTable
 from broker.metrics import ATTEMPT_BUCKETS
 
@@ -45,7 +45,9 @@ COUNTERS = (
     "dlq_held",  # last attempts whose dead letter waited (an earlier attempt's watch, or its own late events)
     "completed_late",  # timed-out records whose tree completed while their decision waited (in "completed")
     "outage_beats",  # outage beats of tasks received (broker.ledger.outages)
-    "outage_stopped_ms",  # how long the partition's timeout clock stood still for tasks in an outage
+    "outage_stopped_ms",  # how long the partition's timeout clock stood still for tasks in an outage (for some entries)
+    "outage_scoped_beats",  # outage beats that named the source topics they hold (rb-scope)
+    "outage_held",  # deadlines outage beats moved (an entry once per beat that moved it)
 )
 
 
@@ -181,6 +183,8 @@ class PartitionState:
     # How far the timeout clock stood still for tasks in an outage, and which tasks: durable,
     # in the counters record (broker.ledger.outages).
     stops: ClockStops = field(default_factory=ClockStops)
+    # The data topic of each registered entry, for the beats scoped to some (broker.ledger.outages).
+    topics: EntryTopics = field(default_factory=EntryTopics)
     # Decided in this commit, to be watched.
     watches: list[Watch] = field(default_factory=list)
     registrations: RegistrationTimes = field(default_factory=RegistrationTimes)
@@ -240,6 +244,7 @@ class PartitionState:
         self.oldest_pending_offset = None if offset < 0 else offset
         self.oldest_pending_ms = None if offset < 0 else self.registrations.time_of(offset)
         self.auto_runs.drop_below(offset)
+        self.topics.drop_below(offset)
 
     def decided(self, srid: int) -> int | None:
         """``srid`` is decided: forget what was kept for its decision; its XOR value at

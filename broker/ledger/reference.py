@@ -347,6 +347,7 @@ class ModelAttempt:
     rejected: bool = False  # its fail mark was a rejection (``failed_ms``): its last attempt
     retry_after_ms: int | None = None  # its fail mark asked its replay to wait this long
     replayed_ms: int | None = None  # when its replay was decided (its replay's history ``at_ms``), once known
+    topic: str | None = None  # its data topic: which scoped outage beats hold it (None: the unscoped only)
 
     @property
     def window_from_ms(self) -> int:
@@ -390,26 +391,28 @@ class FateModel:
         self.whole_window = whole_window
         self.attempts: dict[int, ModelAttempt] = {}
         self.origins: dict[int, list[ModelAttempt]] = {}
-        # When the clock stood still for a task's outage (§6, *Outages*): ``[since, until)``,
-        # oldest first, none overlapping; and each part of them a beat added, with the time
-        # it was sent: ``(start, until, sent)``, oldest first.
-        self.stops: list[tuple[int, int]] = []
-        self.pieces: list[tuple[int, int, int]] = []
+        # When the clock stood still for a task's outage (§6, *Outages*), per scope (a topic;
+        # None: every record): ``[since, until)``, oldest first, none overlapping; and per
+        # class of attempts (their topic; None: held by the unscoped stops only) each part its
+        # union gained from a beat, with the time it was sent: ``(start, until, sent)``, oldest first.
+        self.stops: dict[str | None, list[tuple[int, int]]] = {}
+        self.pieces: dict[str | None, list[tuple[int, int, int]]] = {None: []}
 
     def attempt(self, srid: int, origin: int, number: int, max_attempts: int, deadline_ms: int,
-                created_ms: int | None = None) -> ModelAttempt:
-        """A new attempt; created at ``created_ms`` (None: before every stop known), its
-        deadline held back by the stops since."""
-        a = ModelAttempt(srid, origin, number, max_attempts, self.held(created_ms, deadline_ms), created_ms)
+                created_ms: int | None = None, topic: str | None = None) -> ModelAttempt:
+        """A new attempt of data ``topic``; created at ``created_ms`` (None: before every stop
+        known), its deadline held back by the stops of its class since."""
+        a = ModelAttempt(srid, origin, number, max_attempts, self.held(created_ms, deadline_ms, topic), created_ms,
+                         topic=topic)
         self.attempts[srid] = a
         self.origins.setdefault(origin, []).append(a)
         return a
 
-    def held(self, created_ms: int | None, deadline_ms: int) -> int:
-        """A deadline as a clock that stood still in the stops must make it: each part of a
-        stop after the creation holds it back by its length, by the rest of it if created
-        during it (``_holds``)."""
-        for piece in self.pieces:
+    def held(self, created_ms: int | None, deadline_ms: int, topic: str | None = None) -> int:
+        """A deadline as a clock that stood still in the stops of its class must make it: each
+        part of a stop after the creation holds it back by its length, by the rest of it if
+        created during it (``_holds``)."""
+        for piece in self._pieces_of(topic):
             deadline_ms += self._holds(piece, created_ms, deadline_ms)
         return deadline_ms
 
@@ -426,37 +429,67 @@ class FateModel:
         begin = start if created_ms is None else max(created_ms, start)
         return until - begin if begin < until and deadline_ms > max(start, sent) else 0
 
-    def stop(self, since_ms: int, until_ms: int, sent_ms: int) -> None:
-        """An outage beat sent at ``sent_ms``: the clock stands still from ``since_ms`` (at
-        most ``BEAT_BOUND_MS`` before ``sent_ms``) to ``until_ms``, the stops become their
-        union with it; every attempt still pending is held back by each part not covered
-        yet as ``_holds`` says."""
-        since_ms = max(since_ms, sent_ms - BEAT_BOUND_MS)
-        if until_ms <= since_ms:
-            return
-        gaps: list[tuple[int, int]] = []
-        start = since_ms
-        for a, b in self.stops:
-            if b <= start or a >= until_ms:
-                continue
-            if a > start:
-                gaps.append((start, a))
-            start = max(start, b)
-        if start < until_ms:
-            gaps.append((start, until_ms))
+    def _pieces_of(self, topic: str | None) -> list[tuple[int, int, int]]:
+        """The parts the union of ``topic``'s class gained: a class new here had the
+        unscoped stops' until now (no scoped stop named it)."""
+        if topic not in self.pieces:
+            self.pieces[topic] = list(self.pieces[None])
+        return self.pieces[topic]
+
+    def _union(self, topic: str | None) -> list[tuple[int, int]]:
+        """The stops that hold an attempt of ``topic``: the unscoped ones and its topic's."""
+        both = [*self.stops.get(None, []), *(self.stops.get(topic, []) if topic is not None else [])]
         merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self.stops, (since_ms, until_ms)]):
+        for a, b in sorted(both):
             if merged and a <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], b))
             else:
                 merged.append((a, b))
-        self.stops = merged
-        for gap_start, gap_end in gaps:
-            piece = (gap_start, gap_end, sent_ms)
-            self.pieces.append(piece)
-            for attempt in self.attempts.values():
-                if attempt.outcome is None and attempt.reason is None:
-                    attempt.deadline_ms += self._holds(piece, attempt.created_ms, attempt.deadline_ms)
+        return merged
+
+    def stop(self, since_ms: int, until_ms: int, sent_ms: int, scope: frozenset[str] | None = None) -> None:
+        """An outage beat sent at ``sent_ms`` for the attempts of the topics ``scope`` (None:
+        every attempt): the clock stands still from ``since_ms`` (at most ``BEAT_BOUND_MS``
+        before ``sent_ms``) to ``until_ms`` for them, the stops of its scope become their
+        union with it; every attempt of a class it covers still pending is held back by each
+        part its class's stops did not cover yet, as ``_holds`` says. The acker may hold
+        more (an attempt whose topic it does not know: by every beat); the model asks the least."""
+        since_ms = max(since_ms, sent_ms - BEAT_BOUND_MS)
+        if until_ms <= since_ms:
+            return
+        known = {a.topic for a in self.attempts.values()} | set(self.pieces) | set(self.stops)
+        classes: list[str | None] = (
+            [*sorted(t for t in known if t is not None), None] if scope is None else [*sorted(scope)]
+        )
+        gained: dict[str | None, list[tuple[int, int]]] = {}
+        for topic in classes:
+            self._pieces_of(topic)
+            gaps: list[tuple[int, int]] = []
+            start = since_ms
+            for a, b in self._union(topic):
+                if b <= start or a >= until_ms:
+                    continue
+                if a > start:
+                    gaps.append((start, a))
+                start = max(start, b)
+            if start < until_ms:
+                gaps.append((start, until_ms))
+            gained[topic] = gaps
+        for key in [None] if scope is None else sorted(scope):
+            merged: list[tuple[int, int]] = []
+            for a, b in sorted([*self.stops.get(key, []), (since_ms, until_ms)]):
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            self.stops[key] = merged
+        for topic, gaps in gained.items():
+            for gap_start, gap_end in gaps:
+                piece = (gap_start, gap_end, sent_ms)
+                self.pieces[topic].append(piece)
+                for attempt in self.attempts.values():
+                    if attempt.topic == topic and attempt.outcome is None and attempt.reason is None:
+                        attempt.deadline_ms += self._holds(piece, attempt.created_ms, attempt.deadline_ms)
 
     def counts(self, a: ModelAttempt) -> bool | None:
         """Whether ``a``'s completed tree must complete the record (None: it may)."""

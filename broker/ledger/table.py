@@ -33,6 +33,8 @@ in the table does I/O or reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from broker.ledger.batches import xor_by_srid
@@ -123,10 +125,11 @@ class LedgerTable:
         """Push deadlines forward, never back (``Timeouts.touch``)."""
         return self._timeouts.touch(srids, deadlines, orphan_ttl)
 
-    def stop_clock(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
-        """From tick ``start`` on the clock stood still over ``after``, not ``before``
-        (``Timeouts.stop``)."""
-        return self._timeouts.stop(start, before, after)
+    def stop_clock(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]],
+                   only: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
+        """From tick ``start`` on the clock stood still over ``after``, not ``before``, for the
+        entries ``only`` selects by persist offset (``Timeouts.stop``)."""
+        return self._timeouts.stop(start, before, after, only)
 
     def expire(self, now_tick: int) -> Expired:
         """Remove and return the entries due at ``now_tick`` (``Timeouts.expire``)."""

@@ -23,6 +23,8 @@ clock: ticks come from the service (``broker.ledger.clock``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from broker.ledger.batches import INT32_MAX, INT32_MIN, as_int64, clamp_tick
@@ -94,7 +96,8 @@ class Timeouts:
             store.lower_min_deadline(int(target[later].min()))
         return int(applies.sum())
 
-    def stop(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+    def stop(self, start: int, before: list[tuple[int, int]], after: list[tuple[int, int]],
+             only: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """The clock stood still over the stops ``after`` (ticks ``[a, b)``, in order) where it
         stood still over ``before``, from tick ``start`` on (a task's outage,
         broker.ledger.outages): every registered, pending entry due after ``start`` is due
@@ -103,11 +106,15 @@ class Timeouts:
         came in, and a deadline due before ``start`` does not move. Failed, deferred and
         watched entries are decided already, orphans wait for a persist record, not a task:
         none of them moves. A deadline that moved is DIRTY (the changelog carries it: a
-        restore keeps the stop). Returns how many moved. One scan of the columns."""
+        restore keeps the stop). ``only``: of the entries at some persist offsets, which the
+        stop holds (None: every one; a beat scoped to some topics, broker.ledger.outages).
+        Returns how many moved. One scan of the columns."""
         t = self._store.hashtable
         moved = np.flatnonzero(
             ((t.flags & STATE) == REGISTERED) & (t.deadline > start) & (t.deadline < INT32_MAX)
         )
+        if only is not None and moved.size:
+            moved = moved[only(t.offset[moved].astype(np.int64))]
         if moved.size:
             due = t.deadline[moved].astype(np.int64)
             left = due - start  # the time the entry has left from ``start``, on a clock that runs

@@ -16,6 +16,7 @@ import numpy as np
 
 from broker import ids, kafka_io
 from broker.delivery import Failed, Outputs, failed_srids
+from broker.headers import scope_header
 from broker.schemas import OUTAGE_BEAT_KEY, OutageBeat, XorBatch
 
 log = logging.getLogger("broker.task")  # the task's own lines: a user filters them there
@@ -67,16 +68,20 @@ class Counts(Protocol):
 class TaskAcks:
     """The task's writer to ``ns.acks``; ``ledger_partitions`` gives P when first needed."""
 
-    __slots__ = ("acks", "counters", "ledger_partitions", "name", "outputs")
+    __slots__ = ("acks", "beat_scope", "counters", "ledger_partitions", "name", "outputs")
 
     def __init__(
-        self, outputs: Outputs, acks: str, name: str, counters: Counts, ledger_partitions: Callable[[], int]
+        self, outputs: Outputs, acks: str, name: str, counters: Counts, ledger_partitions: Callable[[], int],
+        beat_scope: tuple[str, ...] | None = None,
     ) -> None:
         self.outputs = outputs
         self.acks = acks
         self.name = name
         self.counters = counters
         self.ledger_partitions = ledger_partitions
+        # The source topics whose records wait behind the task in an outage (None: any,
+        # broker.task.outage.beat_scope): what its beats hold.
+        self.beat_scope = beat_scope
 
     def send(self, events: Events) -> None:
         """One ``XorBatch`` per ledger partition with the batch's events and fail marks."""
@@ -125,12 +130,15 @@ class TaskAcks:
     def outage_beat(self, since_ms: int, until_ms: int) -> None:
         """The task is in an outage since ``since_ms``: to every ledger partition, stop the
         timeout clock of what is pending there up to ``until_ms`` (broker.ledger.outages) -
-        every partition, because the records queued unread behind the task are unknown to it.
+        every partition, because the records queued unread behind the task are unknown to it;
+        of the records of the source topics ``beat_scope`` (``rb-scope``; None: of every record).
         Not waited for, and not sent again: a lost beat stops the clock less, as if the
         outage were shorter (the records time out as they would without it)."""
         value = OutageBeat(self.name, since_ms, until_ms).encode()
+        headers = None if self.beat_scope is None else [scope_header(self.beat_scope)]
         for lp in range(self.ledger_partitions()):
-            kafka_io.produce(self.outputs.producer, self.acks, key=OUTAGE_BEAT_KEY, value=value, partition=lp)
+            kafka_io.produce(self.outputs.producer, self.acks, key=OUTAGE_BEAT_KEY, value=value, partition=lp,
+                             headers=headers)
         self.outputs.producer.poll(0)
 
     def fail_undeliverable(self, lost: list[Failed], events: Events | None = None) -> set[int]:

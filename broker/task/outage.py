@@ -23,15 +23,22 @@ the task names none of them. It reports the outage instead: every ``BEAT_EVERY_M
 lasts an outage beat to every ledger partition says since when, covering ``BEAT_COVER_MS``
 ahead (never past ``outage_max_ms`` after it began), and the acker stops their timeout clock
 for that long (broker.ledger.outages, docs/design.md §6).
+
+The beat names the source topics whose records wait behind the task (``beat_scope``): a
+topic read with its replay topic is a source topic - replays go to a source topic's replay
+topic, so a pair is what a first hop reads - and a replay topic holds its source topic's
+records. An input that is neither is a later hop, whose records come from source topics the
+task cannot name: its beat has no scope, and holds every record.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from broker.retry import RetryPolicy
+from broker.topics import REPLAY_SUFFIX, replay_topic
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,21 @@ log = logging.getLogger(__name__)
 #: killed in an outage stops the clock at most this long after its last beat.
 BEAT_EVERY_MS = 1_000
 BEAT_COVER_MS = 3_000
+
+
+def beat_scope(topics: Iterable[str]) -> tuple[str, ...] | None:
+    """The source topics whose records wait behind a task reading ``topics`` (the module
+    doc), or None: an input at a later hop, records of any topic may."""
+    names = set(topics)
+    scope: set[str] = set()
+    for topic in names:
+        if topic.endswith(REPLAY_SUFFIX):
+            scope.add(topic[: -len(REPLAY_SUFFIX)])
+        elif replay_topic(topic) in names:
+            scope.add(topic)
+        else:
+            return None
+    return tuple(sorted(scope)) or None
 
 
 class Outage:

@@ -43,7 +43,7 @@ from broker.serde import Serde
 from broker.settings import KafkaSettings
 from broker.task.acks import Events, TaskAcks
 from broker.task.config import TaskConfig, TaskCounters, without_replay_topics
-from broker.task.outage import Outage
+from broker.task.outage import Outage, beat_scope
 from broker.task.records import (
     BatchHandler,
     Handler,
@@ -144,7 +144,8 @@ class Task:
         self._revoked: set[tuple[str, int]] = set()  # since the batch's first message
         self._stop = threading.Event()
         self.name = f"{group_id}@{os.getpid()}"
-        self._acks = TaskAcks(self._outputs, self.ns.acks, self.name, self.counters, lambda: self.ledger_partitions)
+        self._acks = TaskAcks(self._outputs, self.ns.acks, self.name, self.counters, lambda: self.ledger_partitions,
+                              beat_scope(self.topics))
         # Superseded markers (ns.superseded), read while run() runs; None: not read (off, or
         # batches handled outside run()).
         self._markers: SupersededMarkers | None = None
@@ -630,7 +631,8 @@ class Task:
             self._pause_all()
 
     def _outage_beat(self) -> None:
-        """Stop the timeout clock of what waits unread behind the paused task (broker.task.outage)."""
+        """Stop the timeout clock of what waits unread behind the paused task: the records of
+        the source topics it reads, or every record if it reads a later hop (broker.task.outage)."""
         due = self._outage.beat_due(int(time.time() * 1000))
         if due is not None:
             with contextlib.suppress(KafkaException):

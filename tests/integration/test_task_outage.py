@@ -14,6 +14,7 @@ import pytest
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
+from broker.dev.faults import skip_ack
 from broker.dev.testing import unique_name
 from broker.headers import Tracking
 from broker.kafka_io import read_to_end
@@ -139,3 +140,73 @@ def test_records_queued_unread_behind_a_task_in_an_outage_do_not_time_out(bootst
         del acker, task, source
         gc.collect()
     assert not services.errors
+
+
+def test_an_outage_holds_the_records_behind_its_task_not_another_pipelines(bootstrap: str) -> None:
+    """Two independent pipelines in one namespace (issue 57 item 3): orders -> enrich, payments
+    -> settle. Enrich's dependency is down for 10 s: its records are held (none replayed), but
+    payments' records that settle drops still time out on time - replayed within their 3 s
+    timeout + ``slack_s`` of being sent, by the replay topic's own timestamps - because the
+    beats of enrich name the topic they hold (docs/design.md §6, "Outages")."""
+    slack_s = 2.0  # a tick, a commit interval and the acker's read of its inputs, on a busy machine
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("outage"))
+    orders, payments = f"{ns.name}.orders", f"{ns.name}.payments"
+    topics.create(settings, ns, 2, {orders: 2, payments: 2})
+    down = threading.Event()
+
+    def enrich(record: TaskRecord, ctx: TaskContext) -> None:
+        if down.is_set():
+            raise ServiceDown("connection refused")
+
+    def settle(record: TaskRecord, ctx: TaskContext) -> None:
+        assert record.tracking is not None
+        if record.value == b"drop" and record.tracking.attempt == 1:
+            skip_ack(ctx)  # its event is lost: only its timeout and a replay complete it
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    config = TaskConfig(poll_timeout_ms=50, batch_size=5, outage=(ServiceDown,), outage_max_ms=60_000,
+                        outage_retry=RetryPolicy(500, 2.0, 1_000, 0.1), touch_timeout_ms=4_000)
+    enricher = Task(settings, ns, [orders, topics.replay_topic(orders)], unique_name("enrich"), enrich, config)
+    settler = Task(settings, ns, [payments, topics.replay_topic(payments)], unique_name("settle"), settle, config)
+    services = Services(settings, ns, acker, enricher, settler)
+    source = Source(settings, ns, SourceConfig(timeout_ms=3_000, max_attempts=3))
+    try:
+        warm = [source.send(t, f"k{i}", b"warm").origin for i in range(5) for t in (orders, payments)]
+        source.flush()
+        log = services.tail.log
+        services.wait(lambda: set(warm) <= set(log.completed_origins()), "the records before the outage")
+        down.set()
+        began = time.monotonic()
+        queued: list[int] = []
+        dropped: dict[int, float] = {}  # origin -> when it was sent (epoch s)
+        while time.monotonic() - began < 10:
+            queued.append(source.send(orders, f"k{len(queued) % 7}", b"order").origin)
+            if len(queued) % 4 == 0 and time.monotonic() - began < 6:
+                sent = time.time()
+                dropped[source.send(payments, f"p{len(dropped)}", b"drop").origin] = sent
+            source.flush()
+            time.sleep(0.05)
+        held = read_to_end(settings, topics.replay_topic(orders), 2)  # still in the outage
+        down.clear()
+        services.wait(lambda: set(queued) | set(dropped) <= set(log.completed_origins()),
+                      "the held orders and the dropped payments' replays", limit_s=90)
+        replays = read_to_end(settings, topics.replay_topic(payments), 2)
+        outages = (enricher.counters.outages, settler.counters.outages)
+    finally:
+        services.stop()
+        source.close()
+        del acker, enricher, settler, source
+        gc.collect()
+    assert not services.errors
+    assert not held and not read_to_end(settings, topics.replay_topic(orders), 2), "orders held by the outage replayed"
+    replayed_at = {}
+    for m in replays:
+        tracking = Tracking.from_headers(list(m.headers() or ()))
+        assert tracking is not None
+        replayed_at.setdefault(tracking.origin, m.timestamp()[1] / 1000)
+    assert set(replayed_at) == set(dropped)
+    late = sorted(round(replayed_at[o] - sent, 1) for o, sent in dropped.items() if replayed_at[o] - sent > 3.0 + slack_s)
+    assert not late, f"{len(late)} of {len(dropped)} payments replayed later than 3 s + {slack_s} s: {late} s"
+    assert len(dropped) >= 20 and outages[0] >= 1 and outages[1] == 0
+    assert not read_to_end(settings, ns.dlq, 1)

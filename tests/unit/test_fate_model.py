@@ -39,7 +39,10 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   writer, bounded), after the touches of what the task holds in the same poll or not: the model
   holds back every deadline by the union of the stops, each part a beat adds where it is due
   after the beat was sent (one due by then may have timed out before the beat was read), so a
-  tree completed before the held-back deadline must complete its record without a replay.
+  tree completed before the held-back deadline must complete its record without a replay; each
+  beat for every record or scoped to one of the two pipelines' topics (``TOPICS``), the model
+  holding an attempt by the stops of its topic's scope and the unscoped ones only (the acker
+  may hold more: an entry whose topic it does not know, after a takeover, by every beat).
 
 Whatever the dimensions, a task may fail an attempt that timed out and waits its back-off,
 with a retry-after longer than it (``fail_waiting``): its replay as a failure goes no sooner.
@@ -88,7 +91,7 @@ from broker import ids
 from broker.acker import Acker, AckerConfig
 from broker.acker.fate import Outcome, Reason
 from broker.acker.replay_topics import UNKNOWN, ReplayTopics
-from broker.headers import AUTO_TIMEOUT_MS, outcome_of
+from broker.headers import AUTO_TIMEOUT_MS, outcome_of, scope_header
 from broker.ledger.clock import ManualClock
 from broker.ledger.entries import DEFERRED
 from broker.ledger.reference import FateModel, ModelAttempt
@@ -133,6 +136,10 @@ MOVES = ("ack", "fail", "fail_after", "reject", "drop", "touch", *DELAYS, *(WIND
 _NONE = np.array([], np.int64)
 RETRY_AFTER_MS = 1_500  # a "fail_after" move's (longer than the drawn policy's first delay)
 TASKS = ("enrich", "score")  # the tasks whose outages beat
+# The data topics of two pipelines, and what a task's beat may hold (§6, *Outages*): a scope
+# of one of them, or every record (a task at a later hop, or an older one).
+TOPICS = ("orders", "payments")
+SCOPES = (None, ("orders",), ("payments",))
 RETRY = RetryPolicy(300, 2.0, 2_000, 0.2)  # the back-off a record may have (else none)
 KEYS = 3  # the records' keys: a key's records meet often, so its order is checked often
 
@@ -242,9 +249,10 @@ class FateMachine(RuleBasedStateMachine):
         open_txn=st.booleans() if "txn" in DIMENSIONS else st.just(False),
         # The back-off between attempts: at once, or a wait in the table (deferred, value kept).
         retry=st.sampled_from([None, RETRY]),
+        topic=st.sampled_from(TOPICS),
     )
     def send(self, n: int, max_attempts: int, timeout_ms: int, script: tuple[str, str, str], open_txn: bool = False,
-             retry: RetryPolicy | None = None, key: int | None = None) -> None:
+             retry: RetryPolicy | None = None, key: int | None = None, topic: str = "orders") -> None:
         """A source sends ``n`` records at once (their deadlines fall due together); the
         tasks will handle attempt k of each as ``script[k - 1]`` says. ``open_txn``: in a
         transaction left open (``end_transactions`` ends it). ``key``: every one of that key
@@ -256,7 +264,7 @@ class FateMachine(RuleBasedStateMachine):
             k = self.sent % KEYS if key is None else key
             srid, root = ids.new_id_in(k % self.cluster.partitions, self.cluster.partitions), ids.new_id()
             record = PersistedRecord(
-                srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic="orders",
+                srid=srid, origin=srid, attempt=1, root_xor=root, record_id=root, topic=topic,
                 key_hash_partition=k % 4, key=b"k%d" % k, value=b"v%d" % self.sent,
                 created_ms=self.clock.now_ms(), timeout_ms=timeout_ms, max_attempts=max_attempts, retry=retry,
             )
@@ -353,8 +361,10 @@ class FateMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: "outage" in DIMENSIONS)
     @rule(ms=st.sampled_from([1_000, 3_000, 8_000]), going_on=st.booleans(), task=st.sampled_from(TASKS),
-          back=st.sampled_from([0, 0, 2_000, 5_000, 3_600_000]), touch_first=st.booleans())
-    def outage(self, ms: int, going_on: bool, task: str = "enrich", back: int = 0, touch_first: bool = False) -> None:
+          back=st.sampled_from([0, 0, 2_000, 5_000, 3_600_000]), touch_first=st.booleans(),
+          scope=st.sampled_from(SCOPES))
+    def outage(self, ms: int, going_on: bool, task: str = "enrich", back: int = 0, touch_first: bool = False,
+               scope: tuple[str, ...] | None = None) -> None:
         """A task in an outage (§6, *Outages*): its beat to every ledger partition stops the
         clock from now (or from its outage's start: it goes on; or ``back`` ms ago: its
         earlier beats were lost - an hour: a broken writer) for ``ms``. Several tasks beat,
@@ -364,12 +374,14 @@ class FateMachine(RuleBasedStateMachine):
         since = self.outages.get(task, now) if going_on else now - back
         self.outages[task] = since
         beat = OutageBeat(task, since, now + ms).encode()
+        headers = None if scope is None else [scope_header(scope)]
         # The records queued behind the task that it would complete late or drop complete
-        # once it is back instead: after their deadline, before the held-back one.
+        # once it is back instead: after their deadline, before the held-back one - the
+        # records of the topics its beat holds (the others go their way: a replay).
         queued = {
             a.srid: a.deadline_ms for a in self.model.attempts.values()
             if a.outcome is None and a.reason is None and a.acked_ms is None and a.failed_ms is None
-            and a.deadline_ms > now and a.srid in self.roots
+            and a.deadline_ms > now and a.srid in self.roots and (scope is None or a.topic in scope)
             and self.scripts[a.origin][a.number - 1] in ("drop", *DELAYS, *WINDOW)
         }
         touched = {srid: now + 2_000 for srid in queued} if touch_first else {}
@@ -379,14 +391,14 @@ class FateMachine(RuleBasedStateMachine):
                 batch = XorBatch(lp, _NONE, _NONE, _NONE, touched=np.array(held, np.int64),
                                  touched_deadlines=np.array([touched[s] for s in held], np.int64))
                 self.cluster.append(NS.acks, lp, None, batch.encode())
-            self.cluster.append(NS.acks, lp, OUTAGE_BEAT_KEY, beat)
+            self.cluster.append(NS.acks, lp, OUTAGE_BEAT_KEY, beat, headers)
         # A touch read before the beat moves the deadline the stop then holds back - of an entry
         # registered already; one registered after both gets the later of the two.
         registered = {srid for srid in touched if self._registered(srid)}
         for srid in registered:
             a = self.model.attempts[srid]
             a.deadline_ms = max(a.deadline_ms, touched[srid])
-        self.model.stop(since, now + ms, now)
+        self.model.stop(since, now + ms, now, None if scope is None else frozenset(scope))
         for srid in set(touched) - registered:
             a = self.model.attempts[srid]
             a.deadline_ms = max(a.deadline_ms, touched[srid])
@@ -669,7 +681,7 @@ class FateMachine(RuleBasedStateMachine):
             if auto:
                 self.auto.add(r.srid)
             a = self.model.attempt(r.srid, r.origin, r.attempt, r.max_attempts,
-                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms), r.created_ms)
+                                   r.created_ms + (FLOOR_MS if auto else r.timeout_ms), r.created_ms, r.topic)
             self._plan(a, r.created_ms, FLOOR_MS if auto else r.timeout_ms)
         for r in records:
             for h in r.history:
