@@ -25,6 +25,7 @@ from broker.headers import tracking_headers
 from broker.markers import SupersededMarkers
 from broker.task import Task, TaskConfig, TaskCounters
 from broker.task.acks import Events
+from broker.task.superseded import SupersededSkip
 from broker.topics import Namespace
 
 
@@ -68,7 +69,10 @@ def _task(markers: SupersededMarkers | None) -> Task:
     task.ns, task._ledger_partitions, task.name = Namespace("bench"), 8, "bench"
     task.config, task.counters = TaskConfig(), TaskCounters()
     task.handler = lambda _r, _c: None
-    task._markers, task._slow_origins, task._slow_until = markers, set(), 0.0
+    task._skip = None if markers is None else SupersededSkip(
+        markers, task.counters, lambda: None, slow_batch_ms=task.config.slow_batch_ms,
+        superseded_wait_ms=task.config.superseded_wait_ms,
+    )
     return task
 
 

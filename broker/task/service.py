@@ -24,10 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from broker.background import running
 from broker.delivery import Outputs
 from broker.errors import ConfigurationError, KafkaClientError
-from broker.headers import (
-    Tracking,
-    tracking_of,
-)
+from broker.headers import tracking_of
 from broker.kafka_errors import Meaning, kafka_error, means
 from broker.kafka_io import (
     CONSUMER_PROTOCOL,
@@ -55,6 +52,7 @@ from broker.task.records import (
     fail_all,
     settle,
 )
+from broker.task.superseded import SupersededSkip
 from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
@@ -146,13 +144,9 @@ class Task:
         self.name = f"{group_id}@{os.getpid()}"
         self._acks = TaskAcks(self._outputs, self.ns.acks, self.name, self.counters, lambda: self.ledger_partitions,
                               beat_scope(self.topics))
-        # Superseded markers (ns.superseded), read while run() runs; None: not read (off, or
-        # batches handled outside run()).
-        self._markers: SupersededMarkers | None = None
-        # The origins of the last slow batch's inputs, and until when (monotonic) a replay of
-        # one of them waits for its marker: one window per slow batch, shared by its replays.
-        self._slow_origins: set[int] = set()
-        self._slow_until = 0.0
+        # The superseded skip (broker.task.superseded), with the markers read while run() runs;
+        # None: no skip (off, or batches handled outside run()).
+        self._skip: SupersededSkip | None = None
 
     def _consumer_config(self) -> dict[str, Any]:
         """The group consumer's settings for the group protocol in use.
@@ -313,8 +307,12 @@ class Task:
         if install_signals:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.check_topics()  # refuse to start on a namespace or topics that are not usable
-        if self.config.skip_superseded and self._markers is None:
-            self._markers = SupersededMarkers(self.settings, self.ns, group_id=self.group_id, kafka=self.kafka)
+        if self.config.skip_superseded and self._skip is None:
+            self._skip = SupersededSkip(
+                SupersededMarkers(self.settings, self.ns, group_id=self.group_id, kafka=self.kafka),
+                self.counters, self._producer.flush,
+                slow_batch_ms=self.config.slow_batch_ms, superseded_wait_ms=self.config.superseded_wait_ms,
+            )
         self._join_group()
         self._subscribe()
         idle_since = time.monotonic()
@@ -383,12 +381,8 @@ class Task:
         could not be delivered; ``finish`` confirms the rest. Empties ``batch`` (``_records``)."""
         events = Events()
         offsets: Offsets = {}
-        origins: list[int] | None = None
-        if self._markers is not None:
-            self._markers.poll()
-            origins = []
-        began = time.monotonic()
-        records = self._records(batch, events, offsets, origins)
+        skip = self._skip
+        records = self._records(batch, events, offsets, None if skip is None else skip.begin_batch())
         try:
             if self.batch_handler is None:
                 self._handle_each(records, events)
@@ -396,9 +390,8 @@ class Task:
                 self._handle_all(self.batch_handler, list(records), events)
         except PutBack as back:
             self._put_back(back.records, batch, offsets)
-        if origins is not None and time.monotonic() - began > self.config.slow_batch_ms / 1000:
-            self._slow_origins = set(origins)  # their replays may be superseded (_superseded)
-            self._slow_until = time.monotonic() + self.config.superseded_wait_ms / 1000
+        if skip is not None:
+            skip.end_batch()  # a slow batch: its inputs' replays may wait for their markers
         undeliverable: set[int] = set()
         if self._outputs_pending:
             # Sink outputs first: an input is acked only after its outputs are delivered - one
@@ -456,33 +449,14 @@ class Task:
         self.counters.retried_batches += 1
         return self._acks.fail_undeliverable(self._outputs.redeliver(), events)
 
-    def _superseded(self, tracking: Tracking) -> bool:
-        """Whether this replay is marked superseded; for a replay of a slow batch's input
-        (``TaskConfig.slow_batch_ms``), after waiting for the marker within the batch's window:
-        ``superseded_wait_ms`` from its end, shared by its inputs (a slow batch whose originals
-        do not complete stalls the task that long once, not once per replay)."""
-        markers = self._markers
-        assert markers is not None
-        if tracking.srid in markers.srids:
-            return True
-        left = self._slow_until - time.monotonic()
-        if left <= 0:
-            self._slow_origins = set()
-            return False
-        if tracking.origin not in self._slow_origins:
-            return False
-        self._slow_origins.discard(tracking.origin)
-        self.counters.superseded_waits += 1
-        self._producer.flush()  # the late ack of the original must be out for the acker to see it
-        return markers.wait_for(tracking.srid, left)
-
     def _records(self, batch: list[Message], events: Events, offsets: Offsets, origins: list[int] | None = None) -> Iterator[TaskRecord]:
         """The handler's inputs of ``batch``, in order, as it takes them; a superseded replay is
-        acked here, as a leaf, without the handler. The offsets to commit go to ``offsets``,
-        once per run of a partition; the tracked inputs' origins to ``origins`` (for a slow batch).
-        Empties ``batch``, letting go of each message once read: kept to the batch's end, its
-        messages (GC-tracked, with their header lists) reach the oldest generation."""
-        serde, counters, markers = self.config.serde, self.counters, self._markers
+        acked here, as a leaf, without the handler (broker.task.superseded). The offsets to
+        commit go to ``offsets``, once per run of a partition; the tracked inputs' origins to
+        ``origins`` (the skip's, for a slow batch). Empties ``batch``, letting go of each
+        message once read: kept to the batch's end, its messages (GC-tracked, with their
+        header lists) reach the oldest generation."""
+        serde, skip = self.config.serde, self._skip
         default, serdes = serde, self.config.serdes
         run_topic, run_partition, last, take = None, -1, 0, batch.pop
         batch.reverse()
@@ -504,16 +478,8 @@ class Task:
             tracking = tracking_of(headers)
             if tracking is not None and origins is not None:
                 origins.append(tracking.origin)
-            if (
-                tracking is not None and tracking.attempt > 1 and markers is not None
-                and (tracking.srid in markers.srids or self._slow_origins) and self._superseded(tracking)
-            ):
-                # Its original attempt completed after all: ack it as a leaf, do no work, emit
-                # nothing - the replay's tree completes, and no output is written twice.
-                events.srids.append(tracking.srid)
-                events.xors.append(tracking.record_id)
-                counters.skipped += 1
-                continue
+            if tracking is not None and tracking.attempt > 1 and skip is not None and skip.skip(tracking, events):
+                continue  # its original attempt completed after all: acked as a leaf
             yield _new_tuple(TaskRecord, (topic, partition, offset, msg.key(), msg.value(), headers, tracking, serde))
         if run_topic is not None:
             offsets[(run_topic, run_partition)] = last + 1
@@ -668,8 +634,8 @@ class Task:
             self._producer.flush(30)
         with contextlib.suppress(KafkaException, RuntimeError):
             self._consumer.close()
-        if self._markers is not None:
-            self._markers.close()
+        if self._skip is not None:
+            self._skip.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

@@ -63,7 +63,7 @@ def make_task(producer: FakeProducer, **config: Any) -> Task:
     task._outputs = Outputs(producer, task.config.delivery_retries, task.config.retry_backoff_ms / 1000)
     task._outputs_pending = False
     task._uncommitted, task._commit_due = {}, 0.0
-    task._markers, task._slow_origins, task._slow_until = None, set(), 0.0
+    task._skip = None
     task._acks = TaskAcks(task._outputs, NS.acks, task.name, task.counters, lambda: task.ledger_partitions)
     task._outage = Outage(task.config.outage_retry, task.config.outage_max_ms, 1_000)
     return task

@@ -8,6 +8,7 @@ from typing import Any
 from broker.markers import SupersededMarkers
 from broker.schemas import XorBatch
 from broker.task import Task, TaskContext, TaskRecord
+from broker.task.superseded import SupersededSkip
 from tests.unit.test_task_redelivery import NS, FakeConsumer, FakeMessage, FakeProducer, make_task
 
 
@@ -25,7 +26,10 @@ def task_with(marked: SupersededMarkers | None, **config: Any) -> tuple[Task, Fa
     producer = FakeProducer()
     task = make_task(producer, **config)
     task._consumer = FakeConsumer()
-    task._markers = marked
+    task._skip = None if marked is None else SupersededSkip(
+        marked, task.counters, producer.flush, slow_batch_ms=task.config.slow_batch_ms,
+        superseded_wait_ms=task.config.superseded_wait_ms,
+    )
     ran: list[int] = []
 
     def handler(record: TaskRecord, ctx: TaskContext) -> None:
@@ -66,15 +70,15 @@ def test_a_first_attempt_is_never_skipped_and_no_markers_change_nothing() -> Non
 
 
 def test_replays_of_a_slow_batch_wait_for_their_markers_in_one_shared_window(monkeypatch: Any) -> None:
-    task, _, ran = task_with(markers(), slow_batch_ms=0, superseded_wait_ms=300)
+    marked = markers()
     waits: list[float] = []
 
     def wait_for(srid: int, timeout_s: float) -> bool:
         waits.append(timeout_s)
         return srid == 22  # its marker arrives while the task waits
 
-    assert task._markers is not None
-    monkeypatch.setattr(task._markers, "wait_for", wait_for)
+    monkeypatch.setattr(marked, "wait_for", wait_for)
+    task, _, ran = task_with(marked, slow_batch_ms=0, superseded_wait_ms=300)
     task.process_batch([Msg(0, 20, 20, 1), Msg(1, 30, 30, 1), Msg(2, 40, 40, 1)])  # "slow": > 0 s
     task.process_batch([Msg(3, 22, 20, 2), Msg(4, 32, 30, 2), Msg(5, 52, 50, 2)])
     assert ran == [20, 30, 40, 32, 52]  # 22 skipped after its wait; 52's origin was not slow
