@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from numbers import Integral
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -20,73 +18,23 @@ from confluent_kafka import KafkaException, TopicPartition
 from broker import kafka_io
 from broker.delivery import PendingData, SendFailure
 from broker.errors import ConfigurationError, DeliveryError
-from broker.headers import AUTO, H_TRACKING, Headers, Tracking, as_bytes, user_headers
+from broker.headers import Headers
 from broker.kafka_io import client_error, kafka_errors
 from broker.kafka_port import KafkaClients, KafkaPort
-from broker.retry import DEFAULT_RETRY, RetryPolicy
-from broker.schemas import (
-    MAX_ATTEMPTS,
-    Failure,
-    avro_headers,
-    encode_first_persisted,
-    encode_persisted,
-)
-from broker.serde import BYTES, Serde
+from broker.retry import RetryPolicy
+from broker.schemas import Failure
+from broker.serde import Serde
 from broker.settings import KafkaSettings
 from broker.source.backpressure import Backpressure
+from broker.source.config import SourceConfig, Timeout, check_max_attempts, check_timeout
 from broker.source.placement import Placements
-from broker.source.sending import (
-    BatchRecord,
-    SendResult,
-    Timeout,
-    first_attempts,
-    new_id_pair,
-    new_id_pair_in,
-    residue_pools,
-    send_batch,
-    timeout_field,
-)
+from broker.source.sending import Again, BatchRecord, RecordSender, SendResult
 from broker.topics import Namespace, replay_topic
 
 log = logging.getLogger(__name__)
 
 
 __all__ = ["SendFailure", "SendResult", "Source", "SourceConfig", "Timeout"]
-
-@dataclass(frozen=True)
-class SourceConfig:
-    timeout_ms: Timeout = 30_000
-    max_attempts: int = 5
-    # Data topic -> partitioner name ("kafka" or "spark"); unlisted topics use "kafka".
-    partitioners: Mapping[str, str] = field(default_factory=dict)
-    producer: Mapping[str, Any] = field(default_factory=dict)
-    # Backpressure (Storm's max.spout.pending): at most this many of the source's records
-    # pending (persisted, neither completed nor dead-lettered); a send waits for a slot up to
-    # max_pending_timeout_ms, then raises BackpressureTimeout. None: no limit.
-    max_pending: int | None = None
-    max_pending_timeout_ms: int = 30_000
-    # How send() turns a value that is not bytes into bytes (broker.serde): the default sends
-    # str as UTF-8; JsonSerde(), AvroSerde("schema.avsc") serialize objects. ``serdes``: data
-    # topic -> its own serde, over ``serde`` (an App's topics with a serde of their own).
-    serde: Serde = BYTES
-    serdes: Mapping[str, Serde] = field(default_factory=dict)
-    # The back-off between attempts, carried in each persist record: the acker replays a
-    # failed or timed-out attempt only once it has passed (docs/design.md §6). The default,
-    # DEFAULT_RETRY, waits 0.5 s, 1 s, 2 s, ... (at most 30 s, jitter 0.2). None: at once.
-    retry: RetryPolicy | None = DEFAULT_RETRY
-
-
-def _check_timeout(timeout: object) -> None:
-    """A positive number of ms or "auto": a negative one would read as the auto marker in the
-    persist record (``AUTO_TIMEOUT_MS``)."""
-    if timeout != AUTO and (not isinstance(timeout, Integral) or isinstance(timeout, bool) or timeout <= 0):
-        raise ConfigurationError(f"timeout_ms must be a positive number of ms or {AUTO!r}, not {timeout!r}")
-
-
-def _check_max_attempts(max_attempts: object) -> None:
-    """1 to ``MAX_ATTEMPTS`` attempts: the acker quarantines a persist record outside them."""
-    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= MAX_ATTEMPTS:
-        raise ConfigurationError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, not {max_attempts!r}")
 
 
 class Source:
@@ -145,7 +93,6 @@ class Source:
         )
         self._producer = self.kafka.producer(self._producer_config)
         self._in_transaction = False
-        self._in_transaction_sent = 0
         self._transactions_ready = False
         self._placements = Placements(self.ns, self.config.partitioners, self.kafka.partition_counts)
         # Without a transaction, persist records go out in epochs alternating between this
@@ -156,9 +103,8 @@ class Source:
             self._producer, None if self._transactional else self.kafka.producer(self._producer_config),
             epoch_s=max(float(linger_ms), 1.0) / 1000,
         )
-        self.sent = 0
-        _check_timeout(self.config.timeout_ms)
-        _check_max_attempts(self.config.max_attempts)
+        check_timeout(self.config.timeout_ms)
+        check_max_attempts(self.config.max_attempts)
         if self.config.retry is not None and not isinstance(self.config.retry, RetryPolicy):
             raise ConfigurationError(f"SourceConfig.retry must be a RetryPolicy or None, not {self.config.retry!r}")
         if self.config.max_pending is not None and self.config.max_pending < 1:
@@ -167,7 +113,10 @@ class Source:
             settings, self.ns, self.config.max_pending, self.config.max_pending_timeout_ms,
             lambda: self.ledger_partitions, self._serve_waiting, kafka=self.kafka,
         )
-        self._transaction_srids: list[int] = []  # sent in the open transaction (with max_pending)
+        self._sender = RecordSender(
+            self.ns.persist, self.config, self._placements, self._pending, self._backpressure,
+            lambda: self.ledger_partitions, transactional=self._transactional,
+        )
 
     @property
     def ledger_partitions(self) -> int:
@@ -176,6 +125,11 @@ class Source:
         if not self._ledger_partitions:
             self._ledger_partitions = self.kafka.check(self.ns)
         return self._ledger_partitions
+
+    @property
+    def sent(self) -> int:
+        """The records this source has sent."""
+        return self._sender.sent
 
     @property
     def pending(self) -> int | None:
@@ -259,12 +213,7 @@ class Source:
         # A try costs nothing until it catches (3.11): the whole call is wrapped, not a record.
         try:
             self._before_send()
-            key_b = key if key is None or type(key) is bytes else as_bytes(key)
-            value_b = value if value is None or type(value) is bytes else self.serde(topic).serialize(value)
-            return self._send_first_attempt(
-                topic, key_b, value_b, headers, None, self._placements.key_hash_partition(topic, key_b),
-                None, (), timeout_ms, max_attempts,
-            )
+            return self._sender.send(topic, ((key, value, headers),), timeout_ms, max_attempts)[0]
         except KafkaException as exc:
             raise client_error(exc, f"sending to {topic}") from exc
 
@@ -283,12 +232,7 @@ class Source:
         ``failures`` names it, its ``sent`` holds the results of the records before it)."""
         try:
             self._before_send()
-            if timeout_ms:
-                _check_timeout(timeout_ms)
-            if max_attempts:
-                _check_max_attempts(max_attempts)
-            return send_batch(self, topic, records, timeout_ms or self.config.timeout_ms,
-                              max_attempts or self.config.max_attempts)
+            return self._sender.send(topic, records, timeout_ms, max_attempts)
         except KafkaException as exc:
             raise client_error(exc, f"sending to {topic}") from exc
 
@@ -319,89 +263,11 @@ class Source:
                 raise ConfigurationError(
                     f"{topic} has {self.data_partitions(topic)} partitions; cannot resend to {key_hash_partition}"
                 )
-            return self._send_first_attempt(
-                topic, key, value, headers, origin, key_hash_partition, partitioner, tuple(history),
-                timeout_ms, max_attempts, replay_topic(topic) if replay else topic,
-            )
+            again = Again(origin, key_hash_partition, partitioner, tuple(history),
+                          replay_topic(topic) if replay else topic)
+            return self._sender.send(topic, ((key, value, headers),), timeout_ms, max_attempts, again)[0]
         except KafkaException as exc:
             raise client_error(exc, f"resending to {topic}") from exc
-
-    def _send_first_attempt(
-        self,
-        topic: str,
-        key_b: bytes | None,
-        value_b: bytes | None,
-        headers: Headers | None,
-        origin: int | None,
-        partition: int,
-        partitioner: str | None,
-        history: tuple[Failure, ...],
-        timeout_ms: Timeout | None,
-        max_attempts: int | None,
-        data_topic: str | None = None,
-    ) -> SendResult:
-        """``partitioner`` None: a first send, with the topic's partitioner; otherwise a resend
-        of ``origin`` (which keeps the partitioner it was sent with). The data record goes to
-        ``data_topic`` (default ``topic``; the replay topic has as many partitions)."""
-        if self.config.max_pending is not None:
-            self._backpressure.await_slot(len(self._transaction_srids))
-        own_headers = user_headers(headers) if headers else ()
-        # Every attempt of an origin lives in one ledger partition: a first attempt's is its
-        # key's (any for a keyless record), a resend's its origin's (docs/design.md §6).
-        P = self.ledger_partitions
-        if origin is not None:
-            lp: int | None = origin % P
-        elif key_b is not None:
-            lp = self._placements.ledger_partition(topic, key_b, P, partition)
-        else:
-            lp = None
-        srid, record_id, srid_b, tracking, ids_avro, _ = (
-            new_id_pair() if lp is None else new_id_pair_in(residue_pools(P), lp))
-        created_ms = self._pending.created_ms()
-        if timeout_ms:
-            _check_timeout(timeout_ms)  # the config's was checked when the Source was built
-        if max_attempts:
-            _check_max_attempts(max_attempts)
-        # The persist value, encoded straight from its fields: its prefix lets the acker
-        # register it without decoding the rest, and it carries no header (broker.schemas).
-        timeout = timeout_field(timeout_ms or self.config.timeout_ms)
-        if partitioner is None:
-            origin = srid
-            shared = first_attempts(created_ms, timeout, max_attempts or self.config.max_attempts,
-                                    self._placements.partitioner(topic), self.config.retry)
-            value = encode_first_persisted(
-                tracking, ids_avro, self._placements.placement(topic, partition), key_b, value_b,
-                avro_headers(own_headers), shared,
-            )
-        else:
-            origin = srid if origin is None else origin
-            tracking = Tracking.pack(srid, record_id, origin, 1)
-            value = encode_persisted(
-                srid, origin, 1, record_id, record_id, topic, partition, partitioner, key_b, value_b,
-                own_headers, created_ms, timeout, max_attempts or self.config.max_attempts, history,
-                self.config.retry,
-            )
-        try:
-            kafka_io.produce(
-                self._pending.producer, self.ns.persist, key=srid_b, value=value, partition=srid % P,
-                on_delivery=self._pending.on_persist,
-            )
-        except KafkaException as exc:  # refused at once (e.g. over message.max.bytes): nothing sent
-            failure = SendFailure.of(value, exc.args[0])
-            raise DeliveryError(f"persist record not produced: {exc}", failures=[failure]) from exc
-        data_headers: list[tuple[str, bytes | None]] = [*own_headers, (H_TRACKING, tracking)]
-        data_topic = data_topic or topic
-        if self._transactional:  # atomic with the persist record: no need to wait for it
-            self._produce(data_topic, key=key_b, value=value_b, partition=partition, headers=data_headers)
-            self._in_transaction_sent += 1
-        else:
-            self._pending.add(srid_b, data_topic, key_b, value_b, partition, data_headers)
-        if (window := self._backpressure.window) is not None:
-            window.sent(srid, origin)
-            if self._transactional:
-                self._transaction_srids.append(srid)
-        self.sent += 1
-        return SendResult(srid, record_id, partition, origin)
 
     def produce(
         self,
@@ -480,8 +346,7 @@ class Source:
         except KafkaException as exc:
             raise client_error(exc, "begin_transaction") from exc
         self._in_transaction = True
-        self._in_transaction_sent = 0
-        self._transaction_srids = []
+        self._sender.new_transaction()
         try:
             try:
                 yield self
@@ -491,16 +356,17 @@ class Source:
             try:
                 self._producer.commit_transaction(60)
             except KafkaException as exc:
+                sent = self._sender.transaction_sent
                 failures = self._abort()
                 raise DeliveryError(
-                    f"transaction aborted, none of its {self._in_transaction_sent} records was "
+                    f"transaction aborted, none of its {sent} records was "
                     f"delivered ({exc}); `failures` lists the {len(failures)} persist records "
                     "that failed",
                     failures=failures,
                 ) from exc
         finally:
             self._in_transaction = False
-            self._transaction_srids = []
+            self._sender.new_transaction()
 
     def _abort(self) -> list[SendFailure]:
         """Abort the transaction; returns the persist records reported failed in it."""
@@ -508,8 +374,8 @@ class Source:
             self._producer.abort_transaction(30)
             self._producer.poll(0)  # the reports of the records the abort purged
         failures = self._pending.take_failures()
-        self._backpressure.not_persisted(self._transaction_srids)  # nothing of it was persisted
-        self._transaction_srids = []
+        self._backpressure.not_persisted(self._sender.transaction_srids)  # nothing of it was persisted
+        self._sender.new_transaction()
         # A record the broker refused leaves librdkafka's idempotence state behind (the next
         # transaction fails with skipped sequence numbers), and an abort can fail - even
         # fatally (INVALID_TXN_STATE on Kafka 4): a fresh producer with the same
