@@ -6,7 +6,8 @@
   each - and how that becomes the input's event or fail mark;
 - ``config``: ``TaskConfig``, ``TaskCounters``;
 - ``acks``: the events and marks of a batch, into ``ns.acks`` (``TaskAcks``);
-- ``outage``: a dependency that is down - the back-off, the put-back, the beats (``Outage``);
+- ``outage``: a dependency that is down - its back-off and timing (``Outage``), the put-back,
+  pauses, touches and beats (``OutageHold``);
 - ``superseded``: a replay whose original completed late, acked as a leaf (``SupersededSkip``).
 """
 

@@ -33,11 +33,18 @@ task cannot name: its beat has no scope, and holds every record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from broker.headers import tracking_of
 from broker.retry import RetryPolicy
+from broker.task.acks import TaskAcks
+from broker.task.config import TaskCounters
+from broker.task.records import Offsets, TaskRecord
 from broker.topics import REPLAY_SUFFIX, replay_topic
 
 log = logging.getLogger(__name__)
@@ -140,3 +147,96 @@ class Outage:
     def seconds(self) -> float:
         """How long the current outage has lasted (0: none)."""
         return 0.0 if self.since is None else self._clock() - self.since
+
+
+class OutageHold:
+    """What the task does while its dependency is down (the module doc, steps 1-3): puts the
+    input back, keeps every partition paused, touches what it put back, beats, and resumes
+    when the next try is due. The outage's own state is ``outage``'s; the consumer is the
+    task's current one (``consumer``: it is replaced on a fall-back of the group protocol)."""
+
+    __slots__ = ("_acks", "_consumer", "_counters", "_touch_timeout_ms", "outage")
+
+    def __init__(
+        self, outage: Outage, acks: TaskAcks, counters: TaskCounters, consumer: Callable[[], Consumer],
+        touch_timeout_ms: int,
+    ) -> None:
+        self.outage = outage
+        self._acks = acks
+        self._counters = counters
+        self._consumer = consumer
+        self._touch_timeout_ms = touch_timeout_ms
+
+    def put_back(self, records: list[TaskRecord], rest: list[Message], offsets: Offsets) -> None:
+        """``records`` and the messages of the batch not taken yet (``rest``, in reverse order)
+        are read again after a back-off - their partitions sought back to the first of them,
+        their offsets committed no further - and every assigned partition pauses meanwhile."""
+        starts: dict[tuple[str, int], int] = {}
+        srids: list[int] = []
+        for r in records:
+            key = (r.topic, r.partition)
+            starts[key] = min(starts.get(key, r.offset), r.offset)
+            if r.tracking is not None:
+                srids.append(r.tracking.srid)
+        for msg in rest:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if msg.error() is not None or offset is None or topic is None or partition is None:
+                continue
+            starts[(topic, partition)] = min(starts.get((topic, partition), offset), offset)
+            tracking = tracking_of(tuple(msg.headers() or ()))
+            if tracking is not None:
+                srids.append(tracking.srid)
+        rest.clear()
+        consumer = self._consumer()
+        for (topic, partition), offset in starts.items():
+            offsets[(topic, partition)] = offset
+            try:
+                consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:
+                # Not read again here: the committed offset stops before it, so its next owner
+                # (or this task, after a restart) reads it; meanwhile it may time out and be replayed.
+                log.warning("could not seek %s[%d] back to %d for the outage: %s", topic, partition, offset, exc)
+        first = self.outage.since is None
+        delay = self.outage.put_back(srids)
+        self._counters.outage_tries += 1
+        if first:
+            self._counters.outages += 1
+            log.warning("outage: %d input(s) put back (%s[%d]@%d first), inputs paused; trying again in %.2fs",
+                        len(srids), records[0].topic, records[0].partition, records[0].offset, delay)
+        self._pause_all()
+        self._touch_held()
+        self._beat()
+
+    def wait_out(self) -> None:
+        """While paused: touch what was put back now and then, keep every partition paused
+        (those assigned meanwhile too), and resume them when the next try is due."""
+        if self.outage.touch_due():
+            self._touch_held()
+        self._beat()
+        if self.outage.resume_due():
+            self.outage.paused = False
+            consumer = self._consumer()
+            with contextlib.suppress(KafkaException):
+                consumer.resume(consumer.assignment())
+        else:
+            self._pause_all()
+
+    def _beat(self) -> None:
+        """Stop the timeout clock of what waits unread behind the paused task: the records of
+        the source topics it reads, or every record if it reads a later hop."""
+        due = self.outage.beat_due(int(time.time() * 1000))
+        if due is not None:
+            with contextlib.suppress(KafkaException):
+                self._acks.outage_beat(*due)
+            self._counters.outage_beats += 1
+
+    def _pause_all(self) -> None:
+        consumer = self._consumer()
+        with contextlib.suppress(KafkaException):
+            consumer.pause(consumer.assignment())
+
+    def _touch_held(self) -> None:
+        deadline = int(time.time() * 1000) + self._touch_timeout_ms
+        for srid in self.outage.held:
+            self._acks.touch(srid, deadline)
+        self._counters.touches += len(self.outage.held)

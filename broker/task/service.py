@@ -40,7 +40,7 @@ from broker.serde import Serde
 from broker.settings import KafkaSettings
 from broker.task.acks import Events, TaskAcks
 from broker.task.config import TaskConfig, TaskCounters, without_replay_topics
-from broker.task.outage import Outage, beat_scope
+from broker.task.outage import Outage, OutageHold, beat_scope
 from broker.task.records import (
     BatchHandler,
     Handler,
@@ -116,12 +116,9 @@ class Task:
         self.handler: Handler = handler or _no_handler
         self.batch_handler = batch_handler
         self.counters = TaskCounters()
-        # A dependency that is down (broker.task.outage): puts inputs back instead of failing them.
-        self._outage = Outage(self.config.outage_retry, self.config.outage_max_ms,
-                              max(100, self.config.touch_timeout_ms // 3))
         # Its own registry (many tasks run in one process), read at scrape time; served by
         # run() when config.metrics_port is set.
-        self.metrics = TaskMetrics(lambda: self.counters, self._outage.seconds)
+        self.metrics = TaskMetrics(lambda: self.counters, lambda: self._outage.seconds())
         self.metrics_server: MetricsServer | None = None
         # Only failed deliveries matter (they are sent again): no callback per success.
         self._producer = self.kafka.producer(
@@ -144,9 +141,18 @@ class Task:
         self.name = f"{group_id}@{os.getpid()}"
         self._acks = TaskAcks(self._outputs, self.ns.acks, self.name, self.counters, lambda: self.ledger_partitions,
                               beat_scope(self.topics))
+        # A dependency that is down (broker.task.outage): puts inputs back instead of failing them.
+        self._hold = OutageHold(
+            Outage(self.config.outage_retry, self.config.outage_max_ms, max(100, self.config.touch_timeout_ms // 3)),
+            self._acks, self.counters, lambda: self._consumer, self.config.touch_timeout_ms,
+        )
         # The superseded skip (broker.task.superseded), with the markers read while run() runs;
         # None: no skip (off, or batches handled outside run()).
         self._skip: SupersededSkip | None = None
+
+    @property
+    def _outage(self) -> Outage:
+        return self._hold.outage
 
     def _consumer_config(self) -> dict[str, Any]:
         """The group consumer's settings for the group protocol in use.
@@ -320,7 +326,7 @@ class Task:
         try:
             while not self._stop.is_set():
                 if self._outage.paused:
-                    self._wait_out_outage()
+                    self._hold.wait_out()
                 # poll() returns as soon as one message is there (consume(n, timeout) would
                 # wait the whole timeout unless n messages arrive); then take what is ready.
                 first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
@@ -389,7 +395,7 @@ class Task:
             else:
                 self._handle_all(self.batch_handler, list(records), events)
         except PutBack as back:
-            self._put_back(back.records, batch, offsets)
+            self._hold.put_back(back.records, batch, offsets)
         if skip is not None:
             skip.end_batch()  # a slow batch: its inputs' replays may wait for their markers
         undeliverable: set[int] = set()
@@ -542,78 +548,6 @@ class Task:
                 self._outage.over()
         for ctx in contexts:
             settle(ctx, events, self.counters)
-
-    def _put_back(self, records: list[TaskRecord], rest: list[Message], offsets: Offsets) -> None:
-        """An outage (broker.task.outage): ``records`` and the messages of the batch not taken yet
-        (``rest``, in reverse order) are read again after a back-off - their partitions sought
-        back to the first of them, their offsets committed no further - and every assigned
-        partition pauses meanwhile."""
-        starts: dict[tuple[str, int], int] = {}
-        srids: list[int] = []
-        for r in records:
-            key = (r.topic, r.partition)
-            starts[key] = min(starts.get(key, r.offset), r.offset)
-            if r.tracking is not None:
-                srids.append(r.tracking.srid)
-        for msg in rest:
-            key, offset = (msg.topic(), msg.partition()), msg.offset()
-            if msg.error() is not None or offset is None or key[0] is None or key[1] is None:
-                continue
-            starts[(key[0], key[1])] = min(starts.get((key[0], key[1]), offset), offset)
-            tracking = tracking_of(tuple(msg.headers() or ()))
-            if tracking is not None:
-                srids.append(tracking.srid)
-        rest.clear()
-        for (topic, partition), offset in starts.items():
-            offsets[(topic, partition)] = offset
-            try:
-                self._consumer.seek(TopicPartition(topic, partition, offset))
-            except KafkaException as exc:
-                # Not read again here: the committed offset stops before it, so its next owner
-                # (or this task, after a restart) reads it; meanwhile it may time out and be replayed.
-                log.warning("could not seek %s[%d] back to %d for the outage: %s", topic, partition, offset, exc)
-        first = self._outage.since is None
-        delay = self._outage.put_back(srids)
-        self.counters.outage_tries += 1
-        if first:
-            self.counters.outages += 1
-            log.warning("outage: %d input(s) put back (%s[%d]@%d first), inputs paused; trying again in %.2fs",
-                        len(srids), records[0].topic, records[0].partition, records[0].offset, delay)
-        self._pause_all()
-        self._touch_held()
-        self._outage_beat()
-
-    def _wait_out_outage(self) -> None:
-        """In an outage: touch what was put back now and then, keep every partition paused
-        (those assigned meanwhile too), and resume them when the next try is due."""
-        if self._outage.touch_due():
-            self._touch_held()
-        self._outage_beat()
-        if self._outage.resume_due():
-            self._outage.paused = False
-            with contextlib.suppress(KafkaException):
-                self._consumer.resume(self._consumer.assignment())
-        else:
-            self._pause_all()
-
-    def _outage_beat(self) -> None:
-        """Stop the timeout clock of what waits unread behind the paused task: the records of
-        the source topics it reads, or every record if it reads a later hop (broker.task.outage)."""
-        due = self._outage.beat_due(int(time.time() * 1000))
-        if due is not None:
-            with contextlib.suppress(KafkaException):
-                self._acks.outage_beat(*due)
-            self.counters.outage_beats += 1
-
-    def _pause_all(self) -> None:
-        with contextlib.suppress(KafkaException):
-            self._consumer.pause(self._consumer.assignment())
-
-    def _touch_held(self) -> None:
-        deadline = int(time.time() * 1000) + self.config.touch_timeout_ms
-        for srid in self._outage.held:
-            self._acks.touch(srid, deadline)
-        self.counters.touches += len(self._outage.held)
 
     def _failed_by(self, exc: Exception, contexts: list[TaskContext]) -> bool:
         """User code raised: fail its inputs (replay). False with ``fail_on_exception`` off:

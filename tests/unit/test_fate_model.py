@@ -369,7 +369,7 @@ class FateMachine(RuleBasedStateMachine):
         clock from now (or from its outage's start: it goes on; or ``back`` ms ago: its
         earlier beats were lost - an hour: a broken writer) for ``ms``. Several tasks beat,
         each its own outage, so their stops meet in any order. ``touch_first``: it touches the
-        records it holds first (``_touch_held``, then ``_outage_beat``), read in one poll."""
+        records it holds first (``OutageHold._touch_held``, then ``_beat``), read in one poll."""
         now = self.clock.now_ms()
         since = self.outages.get(task, now) if going_on else now - back
         self.outages[task] = since

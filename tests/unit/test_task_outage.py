@@ -104,19 +104,19 @@ def test_an_outage_puts_the_input_and_the_rest_of_the_batch_back_and_tries_again
     assert (c.outages, c.outage_tries, c.failed, c.errors, c.processed) == (1, 1, 0, 0, 1)
     assert task.metrics.registry.get_sample_value("replaybroker_task_outage_seconds") == 0.0
 
-    task._wait_out_outage()  # not due yet: still paused
+    task._hold.wait_out()  # not due yet: still paused
     assert consumer.paused and task._outage.paused
     clock.now += 0.1  # the first back-off: 100 ms
-    task._wait_out_outage()
+    task._hold.wait_out()
     assert not consumer.paused  # resumed: the next poll reads the input again
     task.handle_batch([Message(0, 2), Message(0, 3)])  # still down: the next back-off doubles
     assert task._outage.next_try == pytest.approx(clock.now + 0.2)
     assert (task.counters.outages, task.counters.outage_tries) == (1, 2)
     clock.now += 5.0
     assert task.metrics.registry.get_sample_value("replaybroker_task_outage_seconds") == pytest.approx(5.1)
-    task._wait_out_outage()
+    task._hold.wait_out()
     task.handle_batch([Message(0, 2), Message(0, 3)])
-    task._wait_out_outage()
+    task._hold.wait_out()
     task.handle_batch([Message(0, 2), Message(0, 3)])  # up again: the outage is over
     assert [e.srids for e in sent[-1:]] == [[srid(2), srid(3)]]
     assert task._outage.since is None and not task._outage.paused
@@ -132,7 +132,7 @@ def test_an_input_still_in_the_outage_after_outage_max_ms_is_failed(monkeypatch:
     task.handle_batch([Message(0, 1)])
     assert not sent[-1].failed and task._outage.paused
     clock.now += 10.0
-    task._wait_out_outage()
+    task._hold.wait_out()
     task.handle_batch([Message(0, 1), Message(0, 2)])
     assert sent[-1].failed == [srid(1)]  # failed as before: replayed, an attempt spent
     # ... and the next input in it begins a new outage: put back, not failed
@@ -202,15 +202,15 @@ def test_an_outage_sends_a_beat_at_once_then_every_second_never_past_outage_max_
     assert since is not None and beats == [(since, wall["ms"] + 3_000)]  # at once, covering 3 s ahead
     clock.now += 0.5
     wall["ms"] += 500
-    task._wait_out_outage()
+    task._hold.wait_out()
     assert len(beats) == 1  # not due yet
     clock.now += 0.5
     wall["ms"] += 500
-    task._wait_out_outage()
+    task._hold.wait_out()
     assert beats[-1] == (since, wall["ms"] + 3_000) and task.counters.outage_beats == 2
     clock.now += 2.0
     wall["ms"] += 2_000
-    task._wait_out_outage()
+    task._hold.wait_out()
     assert beats[-1] == (since, since + 4_000)  # never past outage_max_ms after it began
 
 

@@ -17,7 +17,7 @@ from broker.headers import tracking_headers
 from broker.schemas import XorBatch
 from broker.task import Task, TaskConfig, TaskContext, TaskCounters, TaskRecord
 from broker.task.acks import TaskAcks
-from broker.task.outage import Outage
+from broker.task.outage import Outage, OutageHold
 from broker.topics import Namespace
 
 NS = Namespace("unit")
@@ -65,7 +65,8 @@ def make_task(producer: FakeProducer, **config: Any) -> Task:
     task._uncommitted, task._commit_due = {}, 0.0
     task._skip = None
     task._acks = TaskAcks(task._outputs, NS.acks, task.name, task.counters, lambda: task.ledger_partitions)
-    task._outage = Outage(task.config.outage_retry, task.config.outage_max_ms, 1_000)
+    task._hold = OutageHold(Outage(task.config.outage_retry, task.config.outage_max_ms, 1_000), task._acks,
+                            task.counters, lambda: None, task.config.touch_timeout_ms)  # type: ignore[arg-type,return-value]
     return task
 
 
