@@ -9,7 +9,9 @@ Ground truth is what the acker committed to the logs (tombstones and their outco
 and their histories) and what the world wrote; never the acker's own counters. After every
 step no tombstone may break the rule; after draining (the clock far past every window, the
 backlog read) every record has the fate the model gives it: nothing lost, nothing completed
-twice, nothing dead-lettered while an attempt could still complete.
+twice, nothing dead-lettered while an attempt could still complete. Each kind of violation
+raises its own error type (``_violation``), so hypothesis reports every rule a run broke and
+shrinks each to its own steps.
 
 Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, or unset for
 ``DEFAULT_DIMENSIONS``; each widens what the world and the acker may do):
@@ -39,13 +41,24 @@ Dimensions (``REPLAYBROKER_MODEL_DIMENSIONS``: a comma-separated list, ``all``, 
   writer, bounded), after the touches of what the task holds in the same poll or not: the model
   holds back every deadline by the union of the stops, each part a beat adds where it is due
   after the beat was sent (one due by then may have timed out before the beat was read), so a
-  tree completed before the held-back deadline must complete its record without a replay; each
+  tree completed before the held-back deadline must complete its record without a replay (the
+  trees of the records the task holds complete ``HELD_EDGE_MS`` before it, where a stop the
+  acker fell short of shows); ``crossing_beats`` lines up two tasks' beats that cross (the
+  second's stop starting before the first's, from 2 s, 5 s or an hour back), after touches in
+  the same poll or not - issue 57's sequences 1, 2 and 5; each
   beat for every record or scoped to one of the two pipelines' topics (``TOPICS``), the model
   holding an attempt by the stops of its topic's scope and the unscoped ones only (the acker
   may hold more: an entry whose topic it does not know, after a takeover, by every beat).
 
 Whatever the dimensions, a task may fail an attempt that timed out and waits its back-off,
-with a retry-after longer than it (``fail_waiting``): its replay as a failure goes no sooner.
+with a retry-after longer than it (``fail_waiting``; ``fail_while_waiting`` lines it up, with
+1.5 s or 10 s - issue 57's sequence 3): its replay as a failure goes no sooner.
+``leave_while_waiting`` checks that a turn is let go when its record leaves (issue 57's
+sequence 4), the one check of lateness: X, of a key of its own, times out and waits a 5 min
+back-off (``LONG_RETRY``), its tree completes late meanwhile; Y of its key then fails with no
+back-off - nothing of its key waits, so, the metadata answering and the ackers stepping, it is
+replayed within ``LATE_BOUND_MS`` (60 s of clock: room for any rate, lag or rewind the run
+drew, far less than X's turn).
 The replay topics' metadata may not answer the next few look-ups (``metadata_silent``: it
 comes in between two decisions of one commit, or a few commits later), and an acker may be
 killed while replays wait their turns (``takeover_mid_wait``).
@@ -59,7 +72,8 @@ changelog, not on its last attempt - and was neither replayed nor gone before it
 of the cluster's appends, ``Message.seq``).
 
 The compound rules (``trickle``, ``delete_then_crash``, ``warm_up``) are runs of the plain
-rules (``crossing_waits`` too), the invariant checked after each: sequences that one rule drawn at a time hardly ever
+rules (``crossing_waits``, ``crossing_beats``, ``fail_while_waiting`` and ``leave_while_waiting``
+too), the invariant checked after each: sequences that one rule drawn at a time hardly ever
 lines up (issue #42: on 6ee45d7, an entry never logged through early commits, lost by a
 deletion and a takeover; an adaptive deadline shortened by a rewind).
 
@@ -75,6 +89,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -142,6 +157,26 @@ TOPICS = ("orders", "payments")
 SCOPES = (None, ("orders",), ("payments",))
 RETRY = RetryPolicy(300, 2.0, 2_000, 0.2)  # the back-off a record may have (else none)
 KEYS = 3  # the records' keys: a key's records meet often, so its order is checked often
+# A queued record's completion (``outage``): this long before the deadline its outage held back
+# (three ticks: the acker rounds deadlines up to a tick), where a stop the acker fell short of shows.
+HELD_EDGE_MS = 300
+# ``leave_while_waiting``: the first record's back-off (far longer than any wait the acker may
+# legitimately add), and how long the second one, whose own turn is at once, may take.
+LONG_RETRY = RetryPolicy(300_000, 1.0, 300_000, 0.0)
+LATE_BOUND_MS = 60_000
+
+
+_KINDS: dict[str, type[AssertionError]] = {}
+
+
+def _violation(problem: str) -> type[AssertionError]:
+    """The error of a kind of violation (its message without its numbers): hypothesis tells
+    failures apart by their type, so a run that breaks two rules reports both, and a shrink
+    keeps the rule it found broken instead of sliding to another."""
+    kind = re.sub(r"-?\d+", "N", problem)
+    if kind not in _KINDS:
+        _KINDS[kind] = type(f"Violation{len(_KINDS)}", (AssertionError,), {"__doc__": kind})
+    return _KINDS[kind]
 
 
 class FateMachine(RuleBasedStateMachine):
@@ -184,6 +219,8 @@ class FateMachine(RuleBasedStateMachine):
         self.replay_seq: dict[int, int] = {}  # srid -> its replay's persist record
         self.left_seq: dict[int, int] = {}  # srid -> its tombstone
         self.ledger_scanned: dict[int, int] = {}  # ledger partition -> changelog records looked at
+        self.last_sent: list[int] = []  # the srids of the last send
+        self.own_keys = 0  # keys handed out to one compound rule each (``leave_while_waiting``)
         self.silent = 0  # look-ups of the replay topics' metadata that are not answered yet
         partitions = ReplayTopics.partitions
 
@@ -257,6 +294,7 @@ class FateMachine(RuleBasedStateMachine):
         tasks will handle attempt k of each as ``script[k - 1]`` says. ``open_txn``: in a
         transaction left open (``end_transactions`` ends it). ``key``: every one of that key
         (else one key after the other)."""
+        self.last_sent = []
         for _ in range(n):
             self.sent += 1
             # KEYS keys, each a key-hash partition and its srids in its ledger partition, as a
@@ -269,6 +307,7 @@ class FateMachine(RuleBasedStateMachine):
                 created_ms=self.clock.now_ms(), timeout_ms=timeout_ms, max_attempts=max_attempts, retry=retry,
             )
             self.scripts[srid] = script
+            self.last_sent.append(srid)
             lp = ids.ledger_partition(srid, self.cluster.partitions)
             if open_txn or (NS.persist, lp) in self.cluster.open_from:
                 self.cluster.open_transaction(NS.persist, lp, [(ids.encode_id(srid), record.encode())])
@@ -406,7 +445,10 @@ class FateMachine(RuleBasedStateMachine):
         held_ms = {srid: self.model.attempts[srid].deadline_ms for srid in queued}
         queued = {srid: before for srid, before in queued.items() if held_ms[srid] > before}
         self.planned = [p for p in self.planned if p[1] not in queued]
-        self.planned += [((before + held_ms[srid]) // 2, srid, "ack") for srid, before in queued.items()]
+        # Just before the held-back deadline (not halfway to it): a stop the acker fell short
+        # of by more than ``HELD_EDGE_MS`` shows as a replay of a tree completed in time.
+        self.planned += [(max((before + held_ms[srid]) // 2, held_ms[srid] - HELD_EDGE_MS), srid, "ack")
+                         for srid, before in queued.items()]
 
     def _registered(self, srid: int) -> bool:
         """Whether an acker's table holds ``srid`` registered and pending."""
@@ -428,11 +470,14 @@ class FateMachine(RuleBasedStateMachine):
         )
         if not waiting:
             return
-        srid = data.draw(st.sampled_from(waiting))
+        self._fail_after(data.draw(st.sampled_from(waiting)), RETRY_AFTER_MS)
+
+    def _fail_after(self, srid: int, retry_after_ms: int) -> None:
+        """A fail mark for ``srid`` written now, asking its replay to wait ``retry_after_ms``."""
         a = self.model.attempts[srid]
-        a.failed_ms, a.retry_after_ms = self.clock.now_ms(), RETRY_AFTER_MS
+        a.failed_ms, a.retry_after_ms = self.clock.now_ms(), retry_after_ms
         lp = ids.ledger_partition(srid, self.cluster.partitions)
-        batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64), retry_after_ms=np.array([RETRY_AFTER_MS], np.int64))
+        batch = XorBatch(lp, _NONE, _NONE, np.array([srid], np.int64), retry_after_ms=np.array([retry_after_ms], np.int64))
         self.cluster.append(NS.acks, lp, None, batch.encode())
 
     def _waiting(self, srid: int) -> bool:
@@ -560,6 +605,96 @@ class FateMachine(RuleBasedStateMachine):
         self.then(self.advance, wait)
         self.then(self.step, n=3)
 
+    def _step_all(self, n: int = 1) -> None:
+        """Every acker steps ``n`` polls (a compound rule's: whoever owns the partition)."""
+        for acker in list(self.ackers):
+            self._run(acker, n)
+        self.follows_the_rule()
+
+    def _until_waiting(self, srid: int, tries: int = 40) -> bool:
+        """Move the clock 100 ms at a time, the ackers stepping, until ``srid`` timed out and
+        waits its turn (deferred, with a turn) - False if it does not within ``tries``."""
+        for _ in range(tries):
+            self.then(self.advance, 100)
+            self._step_all()
+            if self._waiting(srid):
+                return True
+        return False
+
+    @precondition(lambda self: "outage" in DIMENSIONS and bool(self.ackers))
+    @rule(before=st.sampled_from([1_000, 2_000]), first_ms=st.sampled_from([1_000, 3_000]),
+          gap=st.sampled_from([300, 1_000]), back=st.sampled_from([2_000, 5_000, 3_600_000]),
+          ms=st.sampled_from([1_000, 3_000]), touch_first=st.booleans(), scope=st.sampled_from([None, ("orders",)]))
+    def crossing_beats(self, before: int, first_ms: int, gap: int, back: int, ms: int, touch_first: bool,
+                       scope: tuple[str, ...] | None) -> None:
+        """Two tasks' beats that cross (§6, *Outages*: a partition keeps the union of their
+        covers in any arrival order): records the tasks hold (dropped: their trees complete
+        once the tasks are back), sent ``before`` the first task's beat from now; ``gap``
+        later the second task's beat from ``back`` ago (its earlier beats lost; an hour: a
+        broken writer, bounded), its stop starting before the first's - after touches of what
+        it holds, in the same poll, or not; then the clock runs on, the ackers stepping."""
+        self.then(self.send, n=2, max_attempts=2, timeout_ms=3_000, script=("drop", "ack", "ack"), topic="orders")
+        self.then(self.advance, before)
+        self._step_all(2)
+        self.then(self.outage, ms=first_ms, going_on=False, task=TASKS[0], back=0, scope=scope)
+        self.then(self.advance, gap)
+        self._step_all(2)
+        self.then(self.outage, ms=ms, going_on=False, task=TASKS[1], back=back, touch_first=touch_first, scope=scope)
+        for _ in range(12):
+            self.then(self.advance, 1_000)
+            self._step_all(2)
+
+    @precondition(lambda self: bool(self.ackers))
+    @rule(max_attempts=st.integers(2, 3), retry_after_ms=st.sampled_from([RETRY_AFTER_MS, 10_000]))
+    def fail_while_waiting(self, max_attempts: int, retry_after_ms: int) -> None:
+        """``fail_waiting`` lined up (§6, *Turns*: a changed wait takes a new turn): a record
+        times out and waits its back-off; while it waits, its task fails it with a retry-after
+        longer than the back-off - its replay goes no sooner than the fail mark plus it."""
+        self.then(self.send, n=1, max_attempts=max_attempts, timeout_ms=1_000, script=("drop", "ack", "ack"), retry=RETRY)
+        srid = self.last_sent[0]
+        if not self._until_waiting(srid):
+            return
+        self._fail_after(srid, retry_after_ms)
+        for _ in range(retry_after_ms // 500 + 4):
+            self.then(self.advance, 500)
+            self._step_all()
+
+    @precondition(lambda self: bool(self.ackers) and not self.cluster.open_from)
+    @rule(gap=st.sampled_from([10, 300]))
+    def leave_while_waiting(self, gap: int) -> None:
+        """A turn is let go when its record leaves the table for any reason (§6, *Turns*): X,
+        of a key no other rule sends, times out and waits a long back-off (``LONG_RETRY``);
+        its tree completes late meanwhile (it leaves, completed). Y of its key, sent ``gap``
+        later, fails with no back-off: nothing of its key waits, so its turn is at once - with
+        the metadata answering and the ackers stepping, it is replayed within
+        ``LATE_BOUND_MS`` of the clock (far less than X's back-off: what a gone record's turn
+        would hold it)."""
+        self.own_keys += 1
+        key = KEYS + self.own_keys
+        self.then(self.send, n=1, max_attempts=2, timeout_ms=1_000, script=("drop", "ack", "ack"), retry=LONG_RETRY,
+                  key=key)
+        x = self.last_sent[0]
+        if not self._until_waiting(x):
+            return
+        self.planned.append((self.clock.now_ms(), x, "ack"))
+        self.then(self.advance, gap)
+        self.then(self.send, n=1, max_attempts=2, timeout_ms=1_000, script=("fail", "ack", "ack"), key=key)
+        y = self.last_sent[0]
+        self.silent = 0
+        for _ in range(LATE_BOUND_MS // 1_000):
+            self.then(self.advance, 1_000)
+            self._step_all(2)
+            if self.model.attempts[x].outcome is not None and self.model.attempts[y].outcome is not None:
+                return
+        self._replayed_in_time(x, y)
+
+    def _replayed_in_time(self, x: int, y: int) -> None:
+        """``leave_while_waiting``'s check: ``x`` left, so ``y`` (its key's, sent after it, with
+        no wait of its own) is replayed by now."""
+        assert self.model.attempts[x].outcome is None or self.model.attempts[y].outcome is not None, (
+            f"key order: {y} failed with no wait and nothing of its key waiting ({x} left "
+            f"{self.model.attempts[x].outcome}), not replayed {LATE_BOUND_MS} ms later")
+
     @precondition(lambda self: "delete" in DIMENSIONS and bool(self.ackers))
     @rule(which=st.integers(0, 1))
     def delete_then_crash(self, which: int) -> None:
@@ -648,7 +783,8 @@ class FateMachine(RuleBasedStateMachine):
         self._scan()
         self._see_deadlines()
         problems = self.model.violations()
-        assert not problems, problems
+        if problems:
+            raise _violation(problems[0])(problems)
 
     def _scan(self) -> None:
         """What the acker committed: new attempts (replays) and tombstones. The new records
