@@ -14,6 +14,8 @@ from broker.bench.figures import DEFAULT_SECTIONS, SECTIONS, default_results_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="CI smoke size (a few minutes); 10^7 fold skipped")
+    parser.add_argument("--smoke", action="store_true",
+                        help="--quick, smaller still: the harness's own test (its figures are no measurement)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every figure on stdout")
     parser.add_argument("--bootstrap", help="Kafka to use (default: KAFKA_BOOTSTRAP_SERVERS, else an embedded one)")
     parser.add_argument("--results-dir", type=Path, default=default_results_dir(),
@@ -40,6 +42,7 @@ def main_bench(args: argparse.Namespace) -> int:
 
     options = Options(
         quick=args.quick,
+        smoke=args.smoke,
         json=args.json,
         bootstrap=args.bootstrap,
         results_dir=args.results_dir,

@@ -31,6 +31,7 @@ unavailable with the reason, which is not an error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import shutil
@@ -60,7 +61,7 @@ from broker.bench.progress import Progress
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """How big each section is: ``--quick`` (CI smoke, ~60-90 s on 2 cores) or full."""
+    """How big each section is: ``--quick`` (a few minutes), ``--smoke`` (its harness's test) or full."""
 
     quick: bool
     throughput_s: float
@@ -109,7 +110,17 @@ class BenchPlan:
     console_repeat: int = 20
 
     @classmethod
-    def make(cls, quick: bool, replay_timeout_ms: int | None = None) -> BenchPlan:
+    def make(cls, quick: bool, replay_timeout_ms: int | None = None, *, smoke: bool = False) -> BenchPlan:
+        """``smoke``: ``--quick`` with the Spark section, the broker's warm-up and the dead letters
+        smaller still - the harness's own test (tests/integration/test_bench_smoke.py), whose
+        figures only have to exist; never a measurement."""
+        if smoke:
+            return dataclasses.replace(
+                cls.make(True, replay_timeout_ms), warm_broker_s=15.0,
+                spark_warm_s=20.0, spark_records=6_000, spark_batch_records=1_500, spark_rounds=3,
+                spark_large_records=10_000, spark_large_batch_records=5_000, spark_sink_sizes=(1_000, 10_000),
+                spark_optimize_every=2, redrive_dead=500, redrive_window_s=3.0, console_dead=2_000, console_repeat=3,
+            )
         if quick:
             return cls(True, 4.0, 1.0, 5.0, 200, 100.0, replay_timeout_ms or 2_000, 100_000, 4_400, (100_000,),
                        6_000, 48.0, redrive_dead=1_000, redrive_window_s=5.0,
@@ -134,6 +145,7 @@ class BenchPlan:
 @dataclass
 class Options:
     quick: bool = False
+    smoke: bool = False  # BenchPlan.make: quick, smaller still (the harness's own test)
     json: bool = False
     bootstrap: str | None = None
     results_dir: Path = field(default_factory=default_results_dir)
@@ -263,7 +275,7 @@ def run(options: Options) -> dict[str, Any]:
     """Run the sections; write the JSON, Markdown and PNGs; return the result object."""
     from broker.settings import KafkaSettings
 
-    plan = BenchPlan.make(options.quick, options.replay_timeout_ms)
+    plan = BenchPlan.make(options.quick or options.smoke, options.replay_timeout_ms, smoke=options.smoke)
     weights = {k: v for k, v in plan.weights().items() if k == "kafka" or k in options.sections}
     progress = Progress(weights, enabled=options.progress)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -274,7 +286,7 @@ def run(options: Options) -> dict[str, Any]:
     series: dict[str, Any] = {}
     meta: dict[str, Any] = {
         "stamp": stamp,
-        "mode": "quick" if plan.quick else "full",
+        "mode": "smoke" if options.smoke else "quick" if plan.quick else "full",
         "partitions": options.partitions,
         "commit_interval_ms": options.commit_interval_ms,
         "cpus": os.cpu_count(),

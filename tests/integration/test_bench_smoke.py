@@ -1,5 +1,6 @@
-"""``replaybroker bench --quick`` end to end, so the harness cannot rot. No timing is asserted:
-the figures only have to exist and be positive numbers, or say why they are unavailable."""
+"""``replaybroker bench --smoke`` (``--quick`` with smaller sizes) end to end, so the harness
+cannot rot. No timing is asserted: the figures only have to exist and be positive numbers, or
+say why they are unavailable."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ MAY_BE_ZERO = {"replay.fixed_spurious_per_1e5", "replay.adaptive_spurious_per_1e
 def test_bench_quick(bootstrap: str, tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "bench", "--quick", "--json",
+        [sys.executable, "-m", "broker.cli", "bench", "--smoke", "--json",
          "--bootstrap", bootstrap, "--results-dir", str(results)],
         capture_output=True,
         text=True,
