@@ -79,10 +79,10 @@ deletion and a takeover; an adaptive deadline shortened by a rewind).
 
 ``REPLAYBROKER_MODEL_EXAMPLES`` sets the number of examples (CI: the default below, which
 stays well under a minute on two cores, one fixed set of them; given, the examples are random).
-The long run that looks for new sequences::
+The long run that looks for new sequences (the default dimensions; ``txn`` on its own, with
+a few examples: each restore past an open transaction waits its slice in wall-clock time)::
 
-    REPLAYBROKER_MODEL_DIMENSIONS=all REPLAYBROKER_MODEL_EXAMPLES=1500 \\
-        timeout 900 python -m pytest tests/unit/test_fate_model.py -x
+    REPLAYBROKER_MODEL_EXAMPLES=1500 python -m pytest tests/unit/test_fate_model.py -x -k TestFateRule
 """
 
 from __future__ import annotations
