@@ -175,6 +175,9 @@ def _read_windows(
                 last[p] = msg.value()
         if done:
             consumer.pause([TopicPartition(topic, p) for p in done])
+    # A pause outlives the assignment: a partition paused here and assigned again for the next
+    # window would never be fetched.
+    consumer.resume([TopicPartition(topic, p) for p in starts])
     consumer.unassign()
     return last, read
 

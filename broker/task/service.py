@@ -260,10 +260,17 @@ class Task:
                 self.group_id, ", ".join(alone), ", ".join(map(replay_topic, alone)), self.ns.dlq,
             )
 
-    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Incremental: ``partitions`` are the ones added (confluent-kafka assigns them after
         # this returns, incremental_assign for a cooperative protocol).
         self._owned = self._owned | {(tp.topic, tp.partition) for tp in partitions}
+        # librdkafka keeps a partition's pause across its revocation and a later assignment: one
+        # revoked while paused for an outage and assigned again after it would never be fetched.
+        with contextlib.suppress(KafkaException):
+            if self._outage.paused:
+                consumer.pause(partitions)
+            else:
+                consumer.resume(partitions)
         for topic in self._pairs:
             data = {p for t, p in self._owned if t == topic}
             replay = {p for t, p in self._owned if t == replay_topic(topic)}

@@ -59,7 +59,8 @@ def test_latest_counters_read_is_bounded_by_window_not_partition_length(bootstra
     topic = f"status-window-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap})
+    # Idempotent: a retried first batch (the topic's leader just elected) keeps its place.
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     producer.produce(topic, b"old", key=b"__counters__", partition=0)
     for i in range(5000):
         producer.produce(topic, b"x", key=str(i).encode(), partition=0)
@@ -71,6 +72,34 @@ def test_latest_counters_read_is_bounded_by_window_not_partition_length(bootstra
     found, read = latest_with_key(KafkaSettings(bootstrap_servers=bootstrap), topic, 2, b"__counters__")
     assert found == {0: b"new", 1: b"only"}
     assert read <= 2 * FIRST_WINDOW
+    admin.delete_topics([topic])
+
+
+def test_latest_key_far_back_is_found_in_later_windows_of_every_partition(bootstrap: str) -> None:
+    """A key further back than the first window is found by the doubled windows that follow -
+    in a partition that reached its window's end (and was paused) in an earlier round too."""
+    import uuid
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from broker.settings import KafkaSettings
+    from broker.status import FIRST_WINDOW, latest_with_key
+
+    topic = f"status-far-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    behind = {0: 5 * FIRST_WINDOW, 1: 0, 2: FIRST_WINDOW + 3}  # messages after the key
+    for p, after in behind.items():
+        producer.produce(topic, f"v{p}".encode(), key=b"__counters__", partition=p)
+        for i in range(after):
+            producer.produce(topic, b"x", key=str(i).encode(), partition=p)
+    producer.flush(30)
+    found, read = latest_with_key(KafkaSettings(bootstrap_servers=bootstrap), topic, 3, b"__counters__", timeout_s=60)
+    assert found == {0: b"v0", 1: b"v1", 2: b"v2"}
+    # windows of 32, 64, 128, 256 from the end: each partition reads back no further than it must
+    assert read <= (5 * FIRST_WINDOW + 1) + 1 + (FIRST_WINDOW + 4)
     admin.delete_topics([topic])
 
 

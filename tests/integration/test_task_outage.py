@@ -9,8 +9,10 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from broker import topics
 from broker.acker import Acker, AckerConfig
@@ -24,6 +26,7 @@ from broker.source import Source, SourceConfig
 from broker.status import status
 from broker.task import Task, TaskConfig, TaskContext, TaskRecord
 from tests.integration.ground_truth import Services
+from tests.integration.test_task_rebalance import RecordingTask
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +213,85 @@ def test_an_outage_holds_the_records_behind_its_task_not_another_pipelines(boots
     assert not late, f"{len(late)} of {len(dropped)} payments replayed later than 3 s + {slack_s} s: {late} s"
     assert len(dropped) >= 20 and outages[0] >= 1 and outages[1] == 0
     assert not read_to_end(settings, ns.dlq, 1)
+
+
+class PausedAtRevoke(RecordingTask):
+    """Records whether the task was paused for an outage at each revocation."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused_at_revoke: list[bool] = []
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.paused_at_revoke.append(self._outage.paused)
+        super()._on_revoke(consumer, partitions)
+
+
+def test_partitions_revoked_during_an_outage_are_read_again_when_they_come_back(bootstrap: str) -> None:
+    """librdkafka keeps a partition's pause across its revocation and a later assignment: a
+    task that paused everything for an outage, lost half of it to a task that joined, resumed
+    what it held when the outage ended and then got the rest back when the other left, would
+    never read those partitions again. Each record sent after that completes (no replay by
+    timeout hides it: the timeout is ten minutes)."""
+    settings = KafkaSettings.from_env(bootstrap)
+    ns = topics.Namespace(unique_name("outage"))
+    topic = f"{ns.name}.orders"
+    topics.create(settings, ns, 2, {topic: 4})
+    down = threading.Event()
+    group = unique_name("task")
+
+    def enrich(record: TaskRecord, ctx: TaskContext) -> None:
+        if down.is_set():
+            raise ServiceDown("connection refused")
+
+    def task(name: str) -> PausedAtRevoke:
+        return PausedAtRevoke(
+            settings, ns, [topic, topics.replay_topic(topic)], group, enrich,
+            TaskConfig(poll_timeout_ms=50, outage=(ServiceDown,), outage_max_ms=60_000,
+                       # a try every 3 s: the join and its revocation come while paused
+                       outage_retry=RetryPolicy(3_000, 1.0, 3_000, 0.0), touch_timeout_ms=4_000,
+                       consumer={"client.id": name}),
+        )
+
+    def held(t: RecordingTask) -> set[int]:  # from its rebalance callbacks (its consumer is its thread's)
+        return {p for tp, p in t.owned() if tp == topic}
+
+    acker = Acker(settings, ns, AckerConfig(instance_id=unique_name("acker"), stats_interval_ms=3_600_000))
+    a = task("a")
+    services = Services(settings, ns, acker, a)
+    source = Source(settings, ns, SourceConfig(timeout_ms=600_000))
+
+    def send(n: int) -> list[int]:
+        out = [source.send(topic, f"k{i}", b"order").origin for i in range(n)]
+        source.flush()
+        return out
+
+    try:
+        log = services.tail.log
+        warm = send(40)
+        services.wait(lambda: set(warm) <= set(log.completed_origins()), "the records before the outage")
+        down.set()
+        during = send(40)
+        services.wait(lambda: a.counters.outages >= 1, "a's outage")
+        b = task("b")
+        joined = Services(settings, ns, b)
+        try:
+            services.wait(lambda: held(a) and held(b) and held(a) | held(b) == {0, 1, 2, 3},
+                          "b takes some of a's partitions", limit_s=90)
+            assert a.paused_at_revoke == [True], "the case under test: a revocation while paused"
+            down.clear()
+            services.wait(lambda: set(during) <= set(log.completed_origins()), "the records of the outage",
+                          limit_s=90)
+        finally:
+            joined.stop()
+        services.wait(lambda: held(a) == {0, 1, 2, 3}, "a holds every partition again", limit_s=90)
+        after = send(40)
+        services.wait(lambda: set(after) <= set(log.completed_origins()), "the records after b left",
+                      detail=lambda: f": a holds {sorted(held(a))}, "
+                                     f"{len(set(after) - set(log.completed_origins()))} of 40 not completed")
+        assert not read_to_end(settings, ns.dlq, 1)
+    finally:
+        services.stop()
+        source.close()
+        gc.collect()
+    assert not services.errors
