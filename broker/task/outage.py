@@ -230,6 +230,13 @@ class OutageHold:
                 self._acks.outage_beat(*due)
             self._counters.outage_beats += 1
 
+    def assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions were assigned: paused while the outage holds, else resumed - librdkafka
+        keeps a partition's pause across its revocation and a later assignment, so one revoked
+        while paused and assigned again after the outage would never be fetched."""
+        with contextlib.suppress(KafkaException):
+            (consumer.pause if self.outage.paused else consumer.resume)(partitions)
+
     def _pause_all(self) -> None:
         consumer = self._consumer()
         with contextlib.suppress(KafkaException):

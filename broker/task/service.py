@@ -264,13 +264,7 @@ class Task:
         # Incremental: ``partitions`` are the ones added (confluent-kafka assigns them after
         # this returns, incremental_assign for a cooperative protocol).
         self._owned = self._owned | {(tp.topic, tp.partition) for tp in partitions}
-        # librdkafka keeps a partition's pause across its revocation and a later assignment: one
-        # revoked while paused for an outage and assigned again after it would never be fetched.
-        with contextlib.suppress(KafkaException):
-            if self._outage.paused:
-                consumer.pause(partitions)
-            else:
-                consumer.resume(partitions)
+        self._hold.assigned(consumer, partitions)
         for topic in self._pairs:
             data = {p for t, p in self._owned if t == topic}
             replay = {p for t, p in self._owned if t == replay_topic(topic)}
